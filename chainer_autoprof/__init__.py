@@ -1,0 +1,39 @@
+"""chainer_autoprof: profile an unmodified Chainer training script.
+
+NVTX ranges (iteration, phases, links, functions), GPU synchronization at a
+chosen sync level, and an in-process recorder with a summary at exit; applied
+by an import hook when ``chainer`` is imported.  This module stays light: it
+is imported at start-up by the ``.pth`` hook.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["install", "uninstall", "annotate", "__version__"]
+
+
+def install(**settings: Any):
+    """Start the agent; keyword settings override ``CHAINER_PROF_*`` variables.
+
+    Returns the agent (``None`` when switched off by ``enable=False``).  A
+    second call returns the installed agent without wrapping anything twice.
+    """
+    from .agent import install as _install
+
+    return _install(**settings)
+
+
+def uninstall() -> None:
+    """Remove the agent and restore every patched Chainer function exactly."""
+    from .agent import uninstall as _uninstall
+
+    _uninstall()
+
+
+def annotate(name: str):
+    """A user range ``name`` in the agent's domain: context manager and decorator."""
+    from .annotate import Annotation
+
+    return Annotation(name)

@@ -1,0 +1,230 @@
+"""Events: begin/end of named ranges on a thread, and the iteration state machine.
+
+Patches call the :class:`Tracer`; the tracer applies the policies (sync level,
+capture window) and hands each range to the sinks.  Nothing here knows Chainer
+or NVTX.
+
+Hot-path contract: a range is a :class:`RangeInfo` created once per distinct
+name (attributes for every sink built then, not per call).  ``begin`` returns
+a token that must be passed to ``end`` (``None`` when nothing was emitted, so
+``end(None)`` is a cheap no-op).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from time import perf_counter_ns
+from typing import Any, Callable, Protocol
+
+from . import names
+from .policies import CaptureWindow, SyncPolicy
+
+
+class RangeInfo:
+    """A distinct range name: what sinks need to emit it, built once."""
+
+    __slots__ = ("index", "name", "category", "level", "color", "emit", "sync", "nvtx")
+
+    def __init__(self, index: int, name: str, category: str, level: int, color: int) -> None:
+        self.index = index
+        self.name = name
+        self.category = category
+        self.level = level
+        self.color = color
+        self.emit = True
+        self.sync = False
+        self.nvtx: Any = None  # the NVTX sink's prepared attributes
+
+    def __repr__(self) -> str:
+        return f"RangeInfo({self.name!r}, {self.category!r})"
+
+
+class ThreadState:
+    """Per-thread state: the open ranges and the training-loop state machine."""
+
+    __slots__ = ("tid", "thread_name", "stack", "iter_tok", "iter_explicit", "iter_busy",
+                 "phase", "phase_tok", "quiet", "links", "await_update", "update_tok",
+                 "opt_depth", "bwd_link", "bwd_link_tok", "record")
+
+    def __init__(self) -> None:
+        self.tid = threading.get_native_id()
+        self.thread_name = threading.current_thread().name
+        self.stack: list[tuple[RangeInfo, int]] = []
+        self.iter_tok: RangeInfo | None = None
+        self.iter_explicit = False  # opened by an updater rather than implicitly
+        self.iter_busy = False      # an iteration is open (even if not emitted)
+        self.phase: str | None = None
+        self.phase_tok: RangeInfo | None = None
+        self.quiet = 0              # >0 inside an extension or inference: not training
+        self.links: list[Any] = []  # link entries being called (patches' business)
+        self.await_update = False
+        self.update_tok: RangeInfo | None = None
+        self.opt_depth = 0
+        self.bwd_link: Any = None
+        self.bwd_link_tok: RangeInfo | None = None
+        self.record: Any = None     # the recorder sink's per-thread buffer
+
+
+class Sink(Protocol):
+    """Where ranges go.  ``prepare`` runs once per RangeInfo, off the hot path."""
+
+    def prepare(self, info: RangeInfo) -> None: ...
+    def begin(self, info: RangeInfo, ts: ThreadState) -> None: ...
+    def end(self, info: RangeInfo, t0: int, t1: int, ts: ThreadState) -> None: ...
+    def close(self, tracer: "Tracer") -> None: ...
+
+
+class Tracer:
+    """Turns begin/end calls into sink calls, under the sync and window policies."""
+
+    def __init__(self, granularity_level: int, sync: SyncPolicy,
+                 window: CaptureWindow | None = None, sinks: list[Any] | None = None,
+                 clock: Callable[[], int] = perf_counter_ns) -> None:
+        self.granularity_level = granularity_level
+        self.sync = sync
+        self.window = window
+        self.clock = clock
+        self.sinks: list[Any] = []
+        self._begin_fns: tuple[Callable[..., None], ...] = ()
+        self._end_fns: tuple[Callable[..., None], ...] = ()
+        self.infos: list[RangeInfo] = []
+        self._by_key: dict[tuple[str, str], RangeInfo] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self.states: dict[int, ThreadState] = {}
+        self.iterations = 0           # iterations begun in this process
+        self.facts: dict[str, Any] = {}  # e.g. batch_size, seen by patches
+        self.pid = os.getpid()
+        self.start_ns = clock()
+        for sink in sinks or ():
+            self.add_sink(sink)
+
+    # -- setup ------------------------------------------------------------
+    def add_sink(self, sink: Any) -> None:
+        self.sinks.append(sink)
+        for info in self.infos:
+            sink.prepare(info)
+        self._begin_fns = tuple(s.begin for s in self.sinks if getattr(s, "begin", None))
+        self._end_fns = tuple(s.end for s in self.sinks if getattr(s, "end", None))
+
+    def info(self, name: str, category: str) -> RangeInfo:
+        """The RangeInfo for ``name`` in ``category`` (created once)."""
+        key = (name, category)
+        info = self._by_key.get(key)
+        if info is None:
+            with self._lock:
+                info = self._by_key.get(key)
+                if info is None:
+                    level, color = names.CATEGORIES[category]
+                    info = RangeInfo(len(self.infos), name, category, level, color)
+                    info.emit = level <= self.granularity_level
+                    info.sync = level < self.sync.level
+                    for sink in self.sinks:
+                        sink.prepare(info)
+                    self.infos.append(info)
+                    self._by_key[key] = info
+        return info
+
+    def state(self) -> ThreadState:
+        """This thread's state (created on first use)."""
+        try:
+            return self._local.state
+        except AttributeError:
+            ts = self._local.state = ThreadState()
+            self.states[ts.tid] = ts
+            return ts
+
+    # -- hot path ----------------------------------------------------------
+    def begin(self, info: RangeInfo, ts: ThreadState | None = None) -> RangeInfo | None:
+        """Open ``info`` on this thread; returns the token for :meth:`end`."""
+        if not info.emit:
+            return None
+        window = self.window
+        if window is not None and not window.open:
+            return None
+        if ts is None:
+            ts = self.state()
+        if info.sync:
+            self.sync.synchronize()
+        ts.stack.append((info, self.clock()))
+        for fn in self._begin_fns:
+            fn(info, ts)
+        return info
+
+    def end(self, token: RangeInfo | None, ts: ThreadState | None = None) -> None:
+        """Close the range opened by :meth:`begin` (no-op for ``None``)."""
+        if token is None:
+            return
+        if ts is None:
+            ts = self.state()
+        if not ts.stack or ts.stack[-1][0] is not token:
+            return  # opened before a fork or a reset: nothing of ours to close
+        if token.sync:
+            self.sync.synchronize()
+        info, t0 = ts.stack.pop()
+        t1 = self.clock()
+        for fn in self._end_fns:
+            fn(info, t0, t1, ts)
+
+    # -- the iteration state machine --------------------------------------
+    def begin_iteration(self, ts: ThreadState, explicit: bool) -> None:
+        """Open an iteration on ``ts`` (caller checked ``ts.iter_busy`` is False)."""
+        n = self.iterations
+        self.iterations = n + 1
+        if self.window is not None:
+            self.window.at_iteration(n)
+        ts.iter_busy = True
+        ts.iter_explicit = explicit
+        ts.iter_tok = self.begin(self.info(names.ITERATION, names.ITERATION), ts)
+
+    def end_iteration(self, ts: ThreadState) -> None:
+        if ts.phase is not None:
+            self.end_phase(ts)
+        self.end(ts.iter_tok, ts)
+        ts.iter_tok = None
+        ts.iter_busy = False
+        ts.iter_explicit = False
+
+    def begin_phase(self, ts: ThreadState, phase: str) -> None:
+        """Open phase ``phase``, opening an implicit iteration if none is open."""
+        if not ts.iter_busy:
+            self.begin_iteration(ts, explicit=False)
+        ts.phase = phase
+        ts.phase_tok = self.begin(self.info(phase, phase), ts)
+
+    def end_phase(self, ts: ThreadState) -> None:
+        tok = ts.phase_tok
+        ts.phase = None
+        ts.phase_tok = None
+        self.end(tok, ts)
+
+    # -- process end and fork ---------------------------------------------
+    def close_thread(self, ts: ThreadState) -> int:
+        """Close every range still open on ``ts`` (call on its own thread)."""
+        closed = 0
+        while ts.stack:
+            self.end(ts.stack[-1][0], ts)
+            closed += 1
+        ts.iter_tok = ts.phase_tok = ts.update_tok = ts.bwd_link_tok = None
+        ts.iter_busy = False
+        ts.phase = None
+        return closed
+
+    def reset_after_fork(self) -> None:
+        """Give a forked child clean state: no inherited open ranges."""
+        self._local = threading.local()
+        self.states = {}
+        self._lock = threading.Lock()
+        self.pid = os.getpid()
+        self.iterations = 0
+        for sink in self.sinks:
+            reset = getattr(sink, "reset_after_fork", None)
+            if reset is not None:
+                reset(self)
+
+    def close(self) -> None:
+        """End of the process: close this thread's ranges, then every sink."""
+        self.close_thread(self.state())
+        for sink in list(self.sinks):
+            sink.close(self)

@@ -1,0 +1,498 @@
+"""What is wrapped in Chainer, and how each call maps to ranges.
+
+Targets (each a :class:`~.base.Patch`):
+
+* ``Updater.update`` (and overrides): the iteration boundary, one iteration
+  however many optimizers a custom updater steps.
+* ``Iterator.__next__``/``next`` and ``Converter.__call__`` /
+  ``convert._call_converter``: the *data* phase.
+* ``Link.__call__`` and every subclass's own ``__call__`` (old-style models):
+  the *forward* phase at the outermost link, link ranges below it.
+* ``Variable.backward`` and ``chainer.grad``: the *backward* phase.
+* ``Optimizer.update`` (``GradientMethod.update``, overrides, delegating
+  wrappers): the *update* phase, which is the parameter update itself; with a
+  ``lossfun`` the loss call is the forward phase and the update phase starts
+  when the backward inside it returns.
+* ``Extension.__call__`` (and overrides): an extension range; links called
+  inside are not training.
+* ``FunctionNode.apply`` and ``_backprop_utils.backprop_step`` at function
+  granularity (``backprop_step`` also at link granularity, for link ranges in
+  backward).
+
+Without an updater, an iteration opens at the first instrumented event after
+the last one closed and closes when the outermost optimizer update returns.
+A forward under ``train=False`` or ``no_backprop_mode`` outside an iteration is
+*inference*.  Nothing here knows NVTX; no array or Variable is kept.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+from .. import names
+from ..events import RangeInfo, ThreadState, Tracer
+from .base import Patch
+
+#: Chainer versions the agent knows (major): others run uninstrumented.
+SUPPORTED_MAJORS = (6, 7)
+
+
+class LinkEntry:
+    """A link as seen in the call tree: its path, depth and ranges."""
+
+    __slots__ = ("ref", "path", "depth", "info", "bwd_info", "children", "index", "__weakref__")
+
+    def __init__(self, ref: weakref.ref, path: str, depth: int, index: int) -> None:
+        self.ref = ref
+        self.path = path
+        self.depth = depth
+        self.index = index
+        self.info: RangeInfo | None = None
+        self.bwd_info: RangeInfo | None = None
+        self.children: dict[int, LinkEntry] = {}
+
+
+class ChainerPatches:
+    """Builds and applies the Chainer patch set for one tracer."""
+
+    def __init__(self, tracer: Tracer, link_depth: int = 0,
+                 replay: Any = None) -> None:
+        self.tracer = tracer
+        self.link_depth = link_depth
+        self.replay = replay  # optional: data-phase replay experiment hooks
+        self.patches: list[Patch] = []
+        self.roots: dict[int, LinkEntry] = {}
+        self.entries: list[LinkEntry] = []
+        self.link_ranges = tracer.granularity_level >= names.LINK_LEVEL
+        self.function_ranges = tracer.granularity_level >= names.FUNCTION_LEVEL
+        self.config: Any = None
+        self.variable_cls: Any = None
+
+    # -- targets ----------------------------------------------------------
+    def build(self, chainer: Any) -> list[Patch]:
+        from chainer import _backprop_utils, function_node, link, optimizer, variable
+        from chainer.dataset import convert, iterator
+        from chainer.training import extension, updater
+
+        self.config = chainer.config
+        self.variable_cls = variable.Variable
+        P = Patch  # noqa: N806
+        patches = [
+            P("Updater.update", updater.Updater, "update", self._wrap_updater, subclasses=True),
+            P("Iterator.__next__", iterator.Iterator, "__next__", self._wrap_data,
+              subclasses=True, also=("next",)),
+            P("Converter.__call__", convert.Converter, "__call__", self._wrap_data,
+              subclasses=True),
+            P("convert._call_converter", convert, "_call_converter", self._wrap_data),
+            P("Link.__call__", link.Link, "__call__", self._wrap_link, subclasses=True),
+            P("Variable.backward", variable.Variable, "backward", self._wrap_backward),
+            P("chainer.grad", function_node, "grad", self._wrap_backward),
+            P("Optimizer.update", optimizer.Optimizer, "update", self._wrap_optimizer,
+              subclasses=True),
+            P("Extension.__call__", extension.Extension, "__call__", self._wrap_extension,
+              subclasses=True),
+        ]
+        if self.link_ranges:
+            patches.append(P("_backprop_utils.backprop_step", _backprop_utils, "backprop_step",
+                             self._wrap_backprop_step))
+        if self.function_ranges:
+            patches.append(P("FunctionNode.apply", function_node.FunctionNode, "apply",
+                             self._wrap_function_apply))
+        self.patches = patches
+        return patches
+
+    def apply(self, chainer: Any) -> None:
+        for patch in self.build(chainer):
+            patch.apply()
+        # ``chainer.grad`` is re-exported at the top level: point it at ours too.
+        from chainer import function_node
+        self._grad_alias = chainer.__dict__.get("grad")
+        if self._grad_alias is not None and self._grad_alias is not function_node.grad:
+            chainer.grad = function_node.grad
+
+    def remove(self, chainer: Any) -> None:
+        for patch in reversed(self.patches):
+            patch.remove()
+        from chainer import function_node
+        if getattr(self, "_grad_alias", None) is not None:
+            chainer.grad = function_node.grad
+
+    # -- helpers ------------------------------------------------------------
+    def _in_training_mode(self) -> bool:
+        cfg = self.config
+        return bool(cfg.train) and bool(cfg.enable_backprop)
+
+    def _entry(self, link: Any, parent: LinkEntry | None) -> LinkEntry:
+        table = parent.children if parent is not None else self.roots
+        key = id(link)
+
+        def forget(_ref: Any, table: dict = table, key: int = key) -> None:
+            table.pop(key, None)
+
+        name = getattr(link, "name", None)
+        cls_name = type(link).__name__
+        if parent is None:
+            path, depth = (name or ""), 1
+        else:
+            own = name or cls_name
+            path = f"{parent.path}/{own}" if parent.path else own
+            depth = parent.depth + 1
+        entry = LinkEntry(weakref.ref(link, forget), path, depth, len(self.entries))
+        device = self._gpu_of(link)
+        if self.link_ranges and (self.link_depth == 0 or depth <= self.link_depth):
+            text = names.link_text(path, cls_name, f"gpu{device}" if device is not None else "")
+            entry.info = self.tracer.info(text, names.LINK)
+            entry.bwd_info = self.tracer.info(names.link_backward_text(text),
+                                              names.LINK_BACKWARD)
+        self.entries.append(entry)
+        table[key] = entry
+        return entry
+
+    def _gpu_of(self, link: Any) -> int | None:
+        """The GPU id holding ``link``'s arrays (and register it for sync)."""
+        try:
+            device = link.device
+        except Exception:
+            return None
+        cupy_device = getattr(device, "device", None)
+        dev_id = getattr(cupy_device, "id", None)
+        if isinstance(dev_id, int) and getattr(device, "xp", None).__name__ == "cupy":
+            self.tracer.sync.add_devices((dev_id,))
+            return dev_id
+        return None
+
+    # -- wrappers -----------------------------------------------------------
+    # Each make-wrapper receives its Patch and returns the wrapt wrapper.  The
+    # pattern: our bookkeeping inside try/except (fail -> patch off, call
+    # through), the user's call outside it, its exception untouched.
+
+    def _wrap_updater(self, patch: Patch) -> Callable:
+        tracer = self.tracer
+        state = tracer.state
+
+        def wrapper(wrapped, instance, args, kwargs):
+            patch.hits += 1
+            if not patch.on:
+                return wrapped(*args, **kwargs)
+            ts = state()
+            if ts.iter_explicit or ts.quiet:
+                return wrapped(*args, **kwargs)
+            try:
+                if ts.iter_busy:  # an implicit one left open: close it first
+                    tracer.end_iteration(ts)
+                tracer.begin_iteration(ts, explicit=True)
+            except Exception as exc:
+                patch.fail(exc)
+                return wrapped(*args, **kwargs)
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                try:
+                    tracer.end_iteration(ts)
+                except Exception as exc:
+                    patch.fail(exc)
+
+        return wrapper
+
+    def _wrap_data(self, patch: Patch) -> Callable:
+        tracer = self.tracer
+        state = tracer.state
+        facts = tracer.facts
+        is_iterator = patch.attr == "__next__"
+        training = self._in_training_mode
+
+        def wrapper(wrapped, instance, args, kwargs):
+            patch.hits += 1
+            if not patch.on:
+                return wrapped(*args, **kwargs)
+            ts = state()
+            if ts.quiet or ts.phase is not None:
+                return wrapped(*args, **kwargs)
+            try:
+                if not ts.iter_busy and not training():
+                    return wrapped(*args, **kwargs)  # evaluation by hand
+                tracer.begin_phase(ts, names.DATA)
+            except Exception as exc:
+                patch.fail(exc)
+                return wrapped(*args, **kwargs)
+            try:
+                result = wrapped(*args, **kwargs)
+            finally:
+                try:
+                    tracer.end_phase(ts)
+                except Exception as exc:
+                    patch.fail(exc)
+            if is_iterator and type(result) is list:
+                facts["batch_size"] = len(result)
+                facts.setdefault("iterator", type(instance).__name__)
+            return result
+
+        return wrapper
+
+    def _wrap_link(self, patch: Patch) -> Callable:
+        tracer = self.tracer
+        state, begin, end = tracer.state, tracer.begin, tracer.end
+        roots = self.roots
+        make_entry = self._entry
+        training = self._in_training_mode
+        inference_info = tracer.info(names.INFERENCE, names.INFERENCE)
+        variable_cls = self.variable_cls
+        attribute_backward = self.link_ranges and not self.function_ranges
+
+        def wrapper(wrapped, instance, args, kwargs):
+            patch.hits += 1
+            if not patch.on:
+                return wrapped(*args, **kwargs)
+            ts = state()
+            links = ts.links
+            if links and links[-1][0] is instance:  # super().__call__ of the same link
+                return wrapped(*args, **kwargs)
+            try:
+                if links:
+                    parent = links[-1][1]
+                    entry = parent.children.get(id(instance))
+                else:
+                    parent = None
+                    entry = roots.get(id(instance))
+                if entry is None or entry.ref() is not instance:
+                    entry = make_entry(instance, parent)
+                mode = 0  # 1: opened forward phase, 2: opened inference
+                if parent is None and not ts.quiet:
+                    if not training():
+                        if not ts.iter_busy or ts.phase is None:
+                            mode = 2
+                            ts.quiet += 1
+                            inf_tok = begin(inference_info, ts)
+                    elif ts.phase is None:
+                        mode = 1
+                        tracer.begin_phase(ts, names.FORWARD)
+                tok = begin(entry.info, ts) if entry.info is not None else None
+                links.append((instance, entry))
+            except Exception as exc:
+                patch.fail(exc)
+                return wrapped(*args, **kwargs)
+            try:
+                out = wrapped(*args, **kwargs)
+            finally:
+                try:
+                    links.pop()
+                    end(tok, ts)
+                    if mode == 1:
+                        tracer.end_phase(ts)
+                    elif mode == 2:
+                        end(inf_tok, ts)
+                        ts.quiet -= 1
+                except Exception as exc:
+                    patch.fail(exc)
+            if attribute_backward and isinstance(out, variable_cls):
+                node = out.creator_node
+                if node is not None and not hasattr(node, "_chainer_autoprof_link"):
+                    node._chainer_autoprof_link = entry.index
+            return out
+
+        return wrapper
+
+    def _wrap_backward(self, patch: Patch) -> Callable:
+        tracer = self.tracer
+        state = tracer.state
+
+        def wrapper(wrapped, instance, args, kwargs):
+            patch.hits += 1
+            if not patch.on:
+                return wrapped(*args, **kwargs)
+            ts = state()
+            if ts.quiet or ts.phase is not None:
+                return wrapped(*args, **kwargs)
+            try:
+                tracer.begin_phase(ts, names.BACKWARD)
+            except Exception as exc:
+                patch.fail(exc)
+                return wrapped(*args, **kwargs)
+            ok = False
+            try:
+                result = wrapped(*args, **kwargs)
+                ok = True
+                return result
+            finally:
+                try:
+                    if ts.bwd_link_tok is not None:
+                        tracer.end(ts.bwd_link_tok, ts)
+                    ts.bwd_link = ts.bwd_link_tok = None
+                    tracer.end_phase(ts)
+                    if ts.await_update and ok:
+                        ts.await_update = False
+                        tracer.begin_phase(ts, names.UPDATE)
+                except Exception as exc:
+                    patch.fail(exc)
+
+        return wrapper
+
+    def _wrap_optimizer(self, patch: Patch) -> Callable:
+        tracer = self.tracer
+        state = tracer.state
+
+        def forward_phase(ts: ThreadState, lossfun: Callable) -> Callable:
+            def loss_call(*a, **k):
+                opened = ts.phase is None
+                if opened:
+                    tracer.begin_phase(ts, names.FORWARD)
+                try:
+                    return lossfun(*a, **k)
+                finally:
+                    if opened:
+                        tracer.end_phase(ts)
+            return loss_call
+
+        def wrapper(wrapped, instance, args, kwargs):
+            patch.hits += 1
+            if not patch.on:
+                return wrapped(*args, **kwargs)
+            ts = state()
+            if ts.quiet:
+                return wrapped(*args, **kwargs)
+            try:
+                outer = ts.opt_depth == 0
+                ts.opt_depth += 1
+                if outer and not ts.iter_busy:
+                    tracer.begin_iteration(ts, explicit=False)
+                lossfun = args[0] if args else kwargs.get("lossfun")
+                opened_update = awaiting = False
+                if lossfun is not None:
+                    if args:
+                        args = (forward_phase(ts, lossfun),) + tuple(args[1:])
+                    else:
+                        kwargs = dict(kwargs, lossfun=forward_phase(ts, lossfun))
+                    if not ts.await_update:
+                        ts.await_update = awaiting = True
+                elif ts.phase is None:
+                    tracer.begin_phase(ts, names.UPDATE)
+                    opened_update = True
+            except Exception as exc:
+                patch.fail(exc)
+                ts.opt_depth = 0
+                return wrapped(*args, **kwargs)
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                try:
+                    ts.opt_depth -= 1
+                    if opened_update or (awaiting and ts.phase == names.UPDATE):
+                        tracer.end_phase(ts)
+                    if awaiting:
+                        ts.await_update = False
+                    if outer and ts.iter_busy and not ts.iter_explicit:
+                        tracer.end_iteration(ts)
+                except Exception as exc:
+                    patch.fail(exc)
+
+        return wrapper
+
+    def _wrap_extension(self, patch: Patch) -> Callable:
+        tracer = self.tracer
+        state, begin, end = tracer.state, tracer.begin, tracer.end
+        cache: dict[tuple[str, type], RangeInfo] = {}
+
+        def wrapper(wrapped, instance, args, kwargs):
+            patch.hits += 1
+            if not patch.on:
+                return wrapped(*args, **kwargs)
+            ts = state()
+            try:
+                cls = type(instance)
+                name = getattr(instance, "name", None) or getattr(instance, "default_name", "")
+                info = cache.get((name, cls))
+                if info is None:
+                    info = cache[(name, cls)] = tracer.info(
+                        names.extension_text(str(name), cls.__name__), names.EXTENSION)
+                ts.quiet += 1
+                tok = begin(info, ts)
+            except Exception as exc:
+                patch.fail(exc)
+                return wrapped(*args, **kwargs)
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                try:
+                    end(tok, ts)
+                    ts.quiet -= 1
+                except Exception as exc:
+                    patch.fail(exc)
+
+        return wrapper
+
+    def _wrap_backprop_step(self, patch: Patch) -> Callable:
+        tracer = self.tracer
+        state, begin, end = tracer.state, tracer.begin, tracer.end
+        entries = self.entries
+        function_ranges = self.function_ranges
+        infos: dict[str, RangeInfo] = {}
+
+        def wrapper(wrapped, instance, args, kwargs):
+            patch.hits += 1
+            if not patch.on:
+                return wrapped(*args, **kwargs)
+            ts = state()
+            if ts.phase != names.BACKWARD:
+                return wrapped(*args, **kwargs)
+            try:
+                func = args[0] if args else kwargs["func"]
+                owner = getattr(func, "_chainer_autoprof_link", None)
+                if owner is not None and owner != ts.bwd_link:
+                    if ts.bwd_link_tok is not None:
+                        end(ts.bwd_link_tok, ts)
+                    ts.bwd_link = owner
+                    ts.bwd_link_tok = begin(entries[owner].bwd_info, ts) \
+                        if entries[owner].bwd_info is not None else None
+                tok = None
+                if function_ranges:
+                    label = func.label
+                    info = infos.get(label)
+                    if info is None:
+                        info = infos[label] = tracer.info(
+                            names.function_text(label, True), names.FUNCTION)
+                    tok = begin(info, ts)
+            except Exception as exc:
+                patch.fail(exc)
+                return wrapped(*args, **kwargs)
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                try:
+                    end(tok, ts)
+                except Exception as exc:
+                    patch.fail(exc)
+
+        return wrapper
+
+    def _wrap_function_apply(self, patch: Patch) -> Callable:
+        tracer = self.tracer
+        state, begin, end = tracer.state, tracer.begin, tracer.end
+        infos: dict[str, RangeInfo] = {}
+
+        def wrapper(wrapped, instance, args, kwargs):
+            patch.hits += 1
+            if not patch.on:
+                return wrapped(*args, **kwargs)
+            ts = state()
+            try:
+                label = instance.label
+                info = infos.get(label)
+                if info is None:
+                    info = infos[label] = tracer.info(
+                        names.function_text(label, False), names.FUNCTION)
+                if ts.links:
+                    instance._chainer_autoprof_link = ts.links[-1][1].index
+                tok = begin(info, ts)
+            except Exception as exc:
+                patch.fail(exc)
+                return wrapped(*args, **kwargs)
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                try:
+                    end(tok, ts)
+                except Exception as exc:
+                    patch.fail(exc)
+
+        return wrapper

@@ -1,0 +1,78 @@
+"""Policies that sit between events and sinks: GPU sync level and capture window.
+
+They know nothing of Chainer and nothing of NVTX.  The tracer asks them two
+questions on the hot path, both answered by plain attributes:
+``SyncPolicy.below`` (sync at the boundaries of ranges with a level below it)
+and ``CaptureWindow.open`` (emit at all).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Iterable
+
+from .device import DeviceBackend
+
+
+class SyncPolicy:
+    """Synchronize every GPU in use at the boundaries of coarse-enough ranges.
+
+    ``level`` follows chainer_profutil: 0 none, 1 iteration boundaries, 2 also
+    phase boundaries, 3 also every finer range emitted.  ``devices`` is the set
+    of GPU ids that hold the model's arrays; patches add to it as they see
+    links on new devices.
+    """
+
+    __slots__ = ("level", "backend", "devices", "calls", "seconds")
+
+    def __init__(self, level: int, backend: DeviceBackend) -> None:
+        self.level = level
+        self.backend = backend
+        self.devices: set[int] = set()
+        self.calls = 0
+        self.seconds = 0.0
+
+    def add_devices(self, ids: Iterable[int]) -> None:
+        self.devices.update(ids)
+
+    def synchronize(self) -> None:
+        self.calls += 1
+        self.backend.synchronize(self.devices)
+
+
+class CaptureWindow:
+    """Emit ranges only for iterations ``start <= n < stop``.
+
+    At the window's edges the CUDA profiler is started and stopped through the
+    device backend, so ``nvprof --profile-from-start off`` and
+    ``nsys --capture-range=cudaProfilerApi`` capture exactly the window.
+    """
+
+    __slots__ = ("start", "stop", "backend", "exit_after", "open", "done", "on_close")
+
+    def __init__(self, start: int, stop: int, backend: DeviceBackend, exit_after: bool,
+                 on_close: Callable[[], None] | None = None) -> None:
+        self.start = start
+        self.stop = stop
+        self.backend = backend
+        self.exit_after = exit_after
+        self.open = start == 0
+        self.done = False
+        self.on_close = on_close
+        if self.open:
+            backend.profiler_start()
+
+    def at_iteration(self, n: int) -> None:
+        """Called before iteration ``n`` begins (n counts from 0)."""
+        if n == self.start and not self.open and not self.done:
+            self.open = True
+            self.backend.profiler_start()
+        elif n == self.stop and self.open:
+            self.open = False
+            self.done = True
+            self.backend.profiler_stop()
+            if self.on_close is not None:
+                self.on_close()
+            if self.exit_after:
+                sys.exit(0)
+

@@ -1,0 +1,307 @@
+"""The one table of settings, and everything derived from it.
+
+Each :class:`Setting` has an attribute name, a ``CHAINER_PROF_*`` environment
+variable, a launcher flag, a parser (the type), a default and one line of
+documentation.  Parsing the environment, validating it, building the
+launcher's options and the README table all come from :data:`SETTINGS`.
+
+This module is imported by the ``.pth`` start-up check of every interpreter
+where a ``CHAINER_PROF_*`` variable is set, so it imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+PREFIX = "CHAINER_PROF_"
+
+#: Variables of ours that are not user settings (set by the agent itself).
+INTERNAL_PREFIX = "_CHAINER_PROF_"
+
+
+class SettingsError(ValueError):
+    """A bad setting; ``str(err)`` is the one line shown to the user."""
+
+
+# -- parsers: str -> value, raising ValueError("accepted ...") ---------------
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_bool(text: str) -> bool:
+    """Parse 1/0, true/false, yes/no, on/off (any case)."""
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError("1/0, true/false, yes/no or on/off")
+
+
+def _int_range(lo: int, hi: int | None) -> Callable[[str], int]:
+    accepted = f"an integer from {lo} to {hi}" if hi is not None else f"an integer >= {lo}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise ValueError(accepted) from None
+        if value < lo or (hi is not None and value > hi):
+            raise ValueError(accepted)
+        return value
+
+    parse.accepted = accepted  # type: ignore[attr-defined]
+    return parse
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    accepted = "one of " + ", ".join(choices)
+
+    def parse(text: str) -> str:
+        low = text.strip().lower()
+        if low not in choices:
+            raise ValueError(accepted)
+        return low
+
+    parse.accepted = accepted  # type: ignore[attr-defined]
+    return parse
+
+
+def parse_str(text: str) -> str:
+    """Any non-empty string."""
+    if not text.strip():
+        raise ValueError("a non-empty string")
+    return text.strip()
+
+
+def parse_optional_path(text: str) -> str | None:
+    """A file path (may use %p, %h, %r, %q{VAR}); empty means none."""
+    return text.strip() or None
+
+
+def parse_window(text: str) -> tuple[int, int] | None:
+    """``START:STOP`` or ``START:+COUNT`` (iterations counted from 0, STOP excluded)."""
+    accepted = "START:STOP or START:+COUNT with 0 <= START < STOP, e.g. 10:20 or 10:+5"
+    raw = text.strip()
+    if not raw:
+        return None
+    start_s, sep, stop_s = raw.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        start = int(start_s)
+        stop = start + int(stop_s[1:]) if stop_s.startswith("+") else int(stop_s)
+    except ValueError:
+        raise ValueError(accepted) from None
+    if start < 0 or stop <= start:
+        raise ValueError(accepted)
+    return (start, stop)
+
+
+def parse_ranks(text: str) -> frozenset[int] | None:
+    """``all`` or a comma-separated list of MPI ranks such as ``0,3``."""
+    raw = text.strip().lower()
+    if raw in ("", "all"):
+        return None
+    try:
+        ranks = frozenset(int(part) for part in raw.split(","))
+    except ValueError:
+        raise ValueError("'all' or a comma-separated list of ranks such as 0,3") from None
+    if any(r < 0 for r in ranks):
+        raise ValueError("'all' or a comma-separated list of ranks such as 0,3")
+    return ranks
+
+
+GRANULARITIES = ("iteration", "phase", "link", "function")
+LOG_LEVELS = ("error", "warning", "info", "debug")
+
+parse_bool.accepted = "1/0, true/false, yes/no or on/off"  # type: ignore[attr-defined]
+parse_str.accepted = "a non-empty string"  # type: ignore[attr-defined]
+parse_optional_path.accepted = "a file path"  # type: ignore[attr-defined]
+parse_window.accepted = "START:STOP or START:+COUNT"  # type: ignore[attr-defined]
+parse_ranks.accepted = "'all' or a list such as 0,3"  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the settings table."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    metavar: str = "VALUE"
+    env: str = field(default="", init=False)
+    flag: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env", PREFIX + self.name.upper())
+        object.__setattr__(self, "flag", "--" + self.name.replace("_", "-"))
+
+    @property
+    def accepted(self) -> str:
+        return getattr(self.parse, "accepted", "")
+
+    @property
+    def default_text(self) -> str:
+        if self.default is None:
+            return "unset"
+        if isinstance(self.default, bool):
+            return "1" if self.default else "0"
+        return str(self.default)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("enable", parse_bool, True,
+            "Master switch: 0 keeps the agent off even where other CHAINER_PROF_* "
+            "variables are set.", "0|1"),
+    Setting("sync", parse_bool, False,
+            "Shorthand: 1 means sync level 1 unless CHAINER_PROF_SYNC_LEVEL says otherwise.",
+            "0|1"),
+    Setting("sync_level", _int_range(0, 3), None,
+            "GPU synchronization: 0 none, 1 at iteration boundaries, 2 also at phase "
+            "boundaries, 3 also at every finer range emitted (default 0, or 1 with SYNC=1).",
+            "0-3"),
+    Setting("granularity", _choice(*GRANULARITIES), "phase",
+            "Finest ranges emitted: iteration, phase, link (each Link call) or function "
+            "(each FunctionNode forward and backward).", "|".join(GRANULARITIES)),
+    Setting("link_depth", _int_range(0, None), 0,
+            "Deepest link range emitted, counting the outermost link as 1 (0: no limit).", "N"),
+    Setting("domain", parse_str, "chainer", "NVTX domain of every range.", "NAME"),
+    Setting("log", _choice(*LOG_LEVELS), "warning",
+            "Agent messages on stderr: error, warning, info, or debug (adds the patch "
+            "status report at start and exit).", "|".join(LOG_LEVELS)),
+    Setting("summary", parse_bool, True,
+            "Print the time summary on stderr when the program ends.", "0|1"),
+    Setting("trace", parse_optional_path, None,
+            "Write a Chrome/Perfetto trace-event JSON file here at exit (%p pid, %h host, "
+            "%r MPI rank, %q{VAR} environment variable).", "PATH"),
+    Setting("iterations", parse_window, None,
+            "Capture window START:STOP or START:+COUNT: ranges and recording only for "
+            "those iterations, CUDA profiler started/stopped at its edges.", "START:STOP"),
+    Setting("exit_after_window", parse_bool, False,
+            "End the program cleanly once the capture window has closed.", "0|1"),
+    Setting("warmup", _int_range(0, None), 3,
+            "Iterations left out of the summary's statistics at the start of the run.", "N"),
+    Setting("record_limit", _int_range(1000, None), 200_000,
+            "Ranges kept in memory for the trace (the newest; aggregates cover all).", "N"),
+    Setting("advice", parse_bool, True,
+            "Print the bottleneck verdict and configuration advice with the summary.", "0|1"),
+    Setting("replay_batch", parse_bool, False,
+            "Experiment: feed the first converted batch again every iteration "
+            "(how fast would training be if data were free?).", "0|1"),
+    Setting("children", parse_bool, True,
+            "Profile child processes too (fork, spawn, forkserver).", "0|1"),
+    Setting("ranks", parse_ranks, None,
+            "MPI ranks that profile: all, or a list such as 0,3.", "all|0,3"),
+)
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+BY_ENV: dict[str, Setting] = {s.env: s for s in SETTINGS}
+
+
+class Config:
+    """Parsed settings; attribute per setting name, plus derived values."""
+
+    __slots__ = tuple(s.name for s in SETTINGS) + ("effective_sync_level", "explicit")
+
+    def __init__(self, values: Mapping[str, Any], explicit: frozenset[str] = frozenset()) -> None:
+        for s in SETTINGS:
+            setattr(self, s.name, values.get(s.name, s.default))
+        self.explicit = explicit
+        self.effective_sync_level = _derive_sync_level(self)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {s.name: getattr(self, s.name) for s in SETTINGS}
+
+    def __repr__(self) -> str:
+        return f"Config({self.as_dict()!r})"
+
+
+def _derive_sync_level(cfg: Config) -> int:
+    level = cfg.sync_level
+    if "sync" in cfg.explicit and level is not None:
+        if cfg.sync and level == 0:
+            raise SettingsError(
+                f"{PREFIX}SYNC=1 contradicts {PREFIX}SYNC_LEVEL=0: "
+                "accepted: SYNC_LEVEL 1-3 with SYNC=1, or leave one of them unset")
+        if not cfg.sync and level > 0:
+            raise SettingsError(
+                f"{PREFIX}SYNC=0 contradicts {PREFIX}SYNC_LEVEL={level}: "
+                "accepted: SYNC=1 with SYNC_LEVEL 1-3, or leave one of them unset")
+    if level is None:
+        return 1 if cfg.sync else 0
+    return level
+
+
+def _bad_value(setting: Setting, raw: str, accepted: str) -> SettingsError:
+    return SettingsError(f"{setting.env}={raw!r} is not valid: accepted: {accepted}")
+
+
+def unknown_variable_message(name: str) -> str:
+    """The one line for an unknown CHAINER_PROF_* name, with a did-you-mean."""
+    guess = difflib.get_close_matches(name, list(BY_ENV), n=1, cutoff=0.6)
+    hint = f"; did you mean {guess[0]}?" if guess else ""
+    return f"{name} is not a chainer_autoprof setting{hint} (known: see --help)"
+
+
+def from_environ(environ: Mapping[str, str] | None = None,
+                 overrides: Mapping[str, Any] | None = None) -> Config:
+    """Parse the ``CHAINER_PROF_*`` variables (then ``overrides``) into a Config.
+
+    Raises :class:`SettingsError` with one line naming the variable, the value
+    and what is accepted.
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    explicit: set[str] = set()
+    for key in sorted(env):
+        if not key.startswith(PREFIX):
+            continue
+        setting = BY_ENV.get(key)
+        if setting is None:
+            raise SettingsError(unknown_variable_message(key))
+        raw = env[key]
+        try:
+            values[setting.name] = setting.parse(raw)
+        except ValueError as exc:
+            raise _bad_value(setting, raw, str(exc)) from None
+        explicit.add(setting.name)
+    for name, value in (overrides or {}).items():
+        if name not in BY_NAME:
+            raise SettingsError(f"unknown setting {name!r}; known: {', '.join(BY_NAME)}")
+        if isinstance(value, str):
+            try:
+                value = BY_NAME[name].parse(value)
+            except ValueError as exc:
+                raise _bad_value(BY_NAME[name], value, str(exc)) from None
+        values[name] = value
+        explicit.add(name)
+    return Config(values, frozenset(explicit))
+
+
+def to_environ_value(setting: Setting, value: Any) -> str:
+    """Render a parsed value back to its environment form (for children)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if setting.name == "iterations":
+        return f"{value[0]}:{value[1]}"
+    if setting.name == "ranks":
+        return ",".join(str(r) for r in sorted(value))
+    return str(value)
+
+
+def markdown_table() -> str:
+    """The README settings table."""
+    rows = ["| Variable | Launcher flag | Values | Default | Meaning |",
+            "|---|---|---|---|---|"]
+    for s in SETTINGS:
+        rows.append(f"| `{s.env}` | `{s.flag}` | {s.metavar.replace('|', ' / ')} "
+                    f"| {s.default_text} | {s.doc} |")
+    return "\n".join(rows)

@@ -1,0 +1,100 @@
+"""Shared test helpers: run Python in a fresh subprocess with the agent and NVTX recording.
+
+Every test that checks what a profiler would see runs the program in a real
+subprocess: NVTX decides at its first call whether to load the injection
+library, and the agent activates at interpreter start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nvtx_tool import NvtxEvent, build_injection_library, nvtx_env, read_events, tree
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The current environment without any CHAINER_PROF_* or NVTX variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CHAINER_PROF_", "_CHAINER_PROF_", "NVTX_", "CHAINER_AUTOPROF_"))}
+    path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + path if path else "")
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Run:
+    """A finished subprocess and what it recorded."""
+
+    proc: subprocess.CompletedProcess
+    tmp: Path
+    events: list[NvtxEvent] = field(default_factory=list)
+
+    @property
+    def stdout(self) -> str:
+        return self.proc.stdout
+
+    @property
+    def stderr(self) -> str:
+        return self.proc.stderr
+
+    @property
+    def returncode(self) -> int:
+        return self.proc.returncode
+
+    def tree(self, domain: str = "chainer", **kw) -> list[str]:
+        return tree(self.events, domain=domain, **kw)
+
+    def sync_log(self) -> list[str]:
+        lines: list[str] = []
+        for path in sorted(self.tmp.glob("device.*.log")):
+            lines += path.read_text().splitlines()
+        return lines
+
+
+def run_python(tmp: Path, args: list[str], env: dict[str, str] | None = None,
+               nvtx: bool = True, count_device: bool = True, cwd: Path | None = None,
+               timeout: float = 240, check: bool = False) -> Run:
+    """Run ``python ARGS`` with the NVTX recorder and the counting device backend."""
+    run_env = clean_env()
+    if nvtx:
+        build_injection_library()
+        run_env.update(nvtx_env(tmp / "nvtx.%p.tsv"))
+    if count_device:
+        run_env["CHAINER_AUTOPROF_TEST_DEVICE"] = "counting"
+        run_env["CHAINER_AUTOPROF_TEST_DEVICE_LOG"] = str(tmp / "device.%p.log")
+    run_env.update(env or {})
+    proc = subprocess.run([sys.executable, *args], env=run_env, cwd=cwd or tmp,
+                          capture_output=True, text=True, timeout=timeout)
+    run = Run(proc, tmp, read_events(tmp / "nvtx.*.tsv") if nvtx else [])
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\n"
+                             f"stderr:\n{proc.stderr}")
+    return run
+
+
+def write_script(tmp: Path, name: str, source: str) -> Path:
+    """Write a dedented script into ``tmp`` and return its path."""
+    path = tmp / name
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def run_with_agent(tmp: Path, source: str, settings: dict[str, str] | None = None,
+                   script_args: tuple[str, ...] = (), **kw) -> Run:
+    """Run ``source`` as a script with the agent activated from the environment."""
+    script = write_script(tmp, "script.py", source)
+    env = {"CHAINER_PROF_ENABLE": "1", "CHAINER_PROF_SUMMARY": "0"}
+    env.update(settings or {})
+    env.update(kw.pop("env", {}) or {})
+    boot = ("import chainer_autoprof, runpy, sys; chainer_autoprof.install(); "
+            "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+    return run_python(tmp, ["-c", boot, str(script), *script_args], env=env, **kw)
