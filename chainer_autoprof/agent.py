@@ -45,7 +45,8 @@ class Agent:
         self.nvtx = None
         self.recorder = None
         self._add_sinks()
-        self.patches = ChainerPatches(self.tracer, cfg.link_depth)
+        self.patches = ChainerPatches(self.tracer, cfg.link_depth, replay=_replay(cfg, self.tracer))
+        self.probes = _probes(cfg, self.tracer)
         self.chainer: Any = None
         self.active = True
         self.closed = False
@@ -73,6 +74,11 @@ class Agent:
         import wrapt
 
         wrapt.register_post_import_hook(self._on_chainer_imported, "chainer")
+        from .patches.chainermn import register_hook
+        register_hook(self)  # ChainerMN, once chainer is instrumented
+        if self.recorder is not None:
+            from . import exit_hooks
+            exit_hooks.install(self)  # SIGTERM: summary and trace, then the default death
         atexit.register(self.at_exit)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork_in_child)
@@ -87,6 +93,8 @@ class Agent:
                 return
             self.chainer = chainer
             self.patches.apply(chainer)
+            if self.probes is not None:
+                self.probes.apply(chainer)
             if log.enabled("debug"):
                 from .status import status_report
                 log.debug("patch status at start:\n" + status_report(self, at_exit=False))
@@ -97,6 +105,8 @@ class Agent:
             log.error(f"could not instrument Chainer ({type(exc).__name__}: {exc}); "
                       "running uninstrumented")
             try:
+                if self.probes is not None:
+                    self.probes.remove()
                 self.patches.remove(chainer)
             except Exception:
                 pass
@@ -119,6 +129,8 @@ class Agent:
     def _after_fork_in_child(self) -> None:
         try:
             self.tracer.reset_after_fork()
+            from .processes import after_fork_in_child
+            after_fork_in_child(self)
         except Exception as exc:
             log.error(f"could not reset after fork: {exc}")
 
@@ -147,12 +159,40 @@ class Agent:
     def uninstall(self) -> None:
         self.active = False
         if self.chainer is not None:
+            if self.probes is not None:
+                self.probes.remove()
             self.patches.remove(self.chainer)
             self.chainer = None
+        try:  # ranges still open on this thread end now: nothing would end them later
+            self.tracer.close_thread(self.tracer.state())
+        except Exception as exc:
+            log.error(f"could not close open ranges: {type(exc).__name__}: {exc}")
         try:
             atexit.unregister(self.at_exit)
+            from . import exit_hooks
+            exit_hooks.uninstall()
         except Exception:
             pass
+
+
+def _replay(cfg: Config, tracer: Any) -> Any:
+    """The replay experiment's data hooks (``CHAINER_PROF_REPLAY_BATCH=1``), else ``None``."""
+    if not cfg.replay_batch:
+        return None
+    from .patches.replay import Replay
+
+    log.warning("replay experiment on: the first batch is fed again every iteration "
+                "(speed only; the training results are meaningless)")
+    return Replay(tracer.facts)
+
+
+def _probes(cfg: Config, tracer: Any) -> Any:
+    """Run-time facts for the advice, when advice is printed or a trace is written."""
+    if not (cfg.advice or cfg.trace):
+        return None
+    from .patches.probes import Probes
+
+    return Probes(tracer)
 
 
 def current() -> Agent | None:
@@ -173,9 +213,13 @@ def install(**settings: Any) -> Agent | None:
         cfg = from_environ(overrides=settings)
         if not cfg.enable:
             return None
+        from . import processes
+        if not processes.admit(cfg):  # a child with children off, or a rank left out
+            return None
         agent = Agent(cfg)
         agent.start()
         _agent = agent
+        processes.started(agent)
         return agent
 
 
@@ -186,6 +230,8 @@ def uninstall() -> None:
         if _agent is not None:
             _agent.uninstall()
             _agent = None
+            from .processes import restore_environ
+            restore_environ()  # children started from now on are not profiled
 
 
 def activate_from_env() -> None:

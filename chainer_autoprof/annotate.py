@@ -5,32 +5,50 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from . import agent, names
+from . import agent, log, names
+
+
+def _report(exc: Exception) -> None:
+    log.error(f"internal error in annotate ({type(exc).__name__}: {exc}); the program goes on")
 
 
 class Annotation:
     """A named user range in the agent's domain; a no-op while no agent is installed.
 
-    Safe to share between threads: each thread closes its own range.
+    Safe to share between threads and to nest (recursion included): each
+    thread keeps the tokens of its open blocks.  Ranges opened inside the
+    block and still open at its end (an implicit iteration) end with it, so
+    the NVTX stream stays nested.  The agent's own errors never reach the
+    caller.
     """
 
     __slots__ = ("name",)
 
     def __init__(self, name: str) -> None:
-        self.name = name
+        self.name = str(name)
 
     def __enter__(self) -> "Annotation":
         current = agent.current()
         if current is not None:
-            tracer = current.tracer
-            tracer.begin(tracer.info(self.name, names.USER))
+            try:
+                tracer = current.tracer
+                ts = tracer.state()
+                ts.user.append(None)  # the slot first: a failing begin still pairs with __exit__
+                ts.user[-1] = tracer.begin(tracer.info(self.name, names.USER), ts)
+            except Exception as exc:
+                _report(exc)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         current = agent.current()
         if current is not None:
-            tracer = current.tracer
-            tracer.end(tracer.info(self.name, names.USER))
+            try:
+                tracer = current.tracer
+                ts = tracer.state()
+                if ts.user:
+                    tracer.end_block(ts.user.pop(), ts)
+            except Exception as err:
+                _report(err)
 
     def __call__(self, func: Callable) -> Callable:
         @functools.wraps(func)

@@ -45,7 +45,8 @@ class ThreadState:
 
     __slots__ = ("tid", "thread_name", "stack", "iter_tok", "iter_explicit", "iter_busy",
                  "phase", "phase_tok", "quiet", "links", "await_update", "update_tok",
-                 "opt_depth", "bwd_link", "bwd_link_tok", "record")
+                 "opt_depth", "bwd_link", "bwd_link_tok", "extension", "user", "in_trainer",
+                 "record")
 
     def __init__(self) -> None:
         self.tid = threading.get_native_id()
@@ -61,8 +62,11 @@ class ThreadState:
         self.await_update = False
         self.update_tok: RangeInfo | None = None
         self.opt_depth = 0
-        self.bwd_link: Any = None
+        self.bwd_link: int | None = None  # the link entry whose backward range is open
         self.bwd_link_tok: RangeInfo | None = None
+        self.extension: Any = None  # the extension being called (its own super() calls pass)
+        self.user: list[RangeInfo | None] = []  # tokens of the open annotate() blocks
+        self.in_trainer = 0         # >0 inside Trainer.run
         self.record: Any = None     # the recorder sink's per-thread buffer
 
 
@@ -119,7 +123,8 @@ class Tracer:
                     level, color = names.CATEGORIES[category]
                     info = RangeInfo(len(self.infos), name, category, level, color)
                     info.emit = level <= self.granularity_level
-                    info.sync = level < self.sync.level
+                    # level S syncs ranges coarser than S; S=3 (finest) every range emitted
+                    info.sync = level < self.sync.level or self.sync.level >= names.FUNCTION_LEVEL
                     for sink in self.sinks:
                         sink.prepare(info)
                     self.infos.append(info)
@@ -199,23 +204,83 @@ class Tracer:
         ts.phase_tok = None
         self.end(tok, ts)
 
+    def end_block(self, token: RangeInfo | None, ts: ThreadState | None = None) -> None:
+        """Close ``token`` and whatever opened after it is still open (a user block's end).
+
+        A block such as ``with annotate("x"):`` may open an implicit iteration
+        that outlives it; NVTX ranges must nest, so that iteration ends with
+        the block and the next training event opens a new one.
+        """
+        if token is None:
+            return
+        if ts is None:
+            ts = self.state()
+        stack = ts.stack
+        if stack and stack[-1][0] is token:
+            self.end(token, ts)
+            return
+        for depth in range(len(stack) - 2, -1, -1):
+            if stack[depth][0] is token:
+                self._unwind(ts, depth)
+                return
+
+    def _unwind(self, ts: ThreadState, depth: int) -> int:
+        """End every range of ``ts`` above ``depth``, innermost first; forget their state."""
+        stack = ts.stack
+        closed = 0
+        error: Exception | None = None
+        while len(stack) > depth:
+            size = len(stack)
+            try:
+                self.end(stack[-1][0], ts)
+            except Exception as exc:
+                error = error or exc
+            if len(stack) == size:  # a sync or sink failed before popping: drop it
+                stack.pop()
+            closed += 1
+        open_infos = [entry[0] for entry in stack]
+        if ts.iter_tok is not None and ts.iter_tok not in open_infos:
+            ts.iter_tok = None
+            ts.iter_busy = ts.iter_explicit = False
+            ts.phase = ts.phase_tok = None
+        elif ts.phase_tok is not None and ts.phase_tok not in open_infos:
+            ts.phase = ts.phase_tok = None
+        if ts.bwd_link_tok is not None and ts.bwd_link_tok not in open_infos:
+            ts.bwd_link = ts.bwd_link_tok = None
+        if error is not None:
+            raise error
+        return closed
+
     # -- process end and fork ---------------------------------------------
     def close_thread(self, ts: ThreadState) -> int:
         """Close every range still open on ``ts`` (call on its own thread)."""
-        closed = 0
-        while ts.stack:
-            self.end(ts.stack[-1][0], ts)
-            closed += 1
-        ts.iter_tok = ts.phase_tok = ts.update_tok = ts.bwd_link_tok = None
-        ts.iter_busy = False
-        ts.phase = None
-        return closed
+        try:
+            return self._unwind(ts, 0)
+        finally:
+            ts.iter_tok = ts.phase_tok = ts.update_tok = ts.bwd_link_tok = ts.bwd_link = None
+            ts.iter_busy = ts.iter_explicit = ts.await_update = False
+            ts.phase = ts.extension = None
+            ts.quiet = ts.opt_depth = ts.in_trainer = 0
+            ts.links.clear()
+            ts.user.clear()
 
     def reset_after_fork(self) -> None:
-        """Give a forked child clean state: no inherited open ranges."""
-        self._local = threading.local()
+        """Give a forked child clean state: no inherited open ranges.
+
+        The forking thread keeps its state object, so that calls in flight
+        unwind through it, but its open ranges are dropped: ending them is a
+        no-op, and the child never pops a range it did not push.  The other
+        threads do not exist in the child.
+        """
+        current = getattr(self._local, "state", None)
+        for ts in self.states.values():
+            ts.stack.clear()
         self.states = {}
         self._lock = threading.Lock()
+        if current is not None:
+            current.tid = threading.get_native_id()
+            current.record = None
+            self.states[current.tid] = current
         self.pid = os.getpid()
         self.iterations = 0
         for sink in self.sinks:
@@ -225,6 +290,8 @@ class Tracer:
 
     def close(self) -> None:
         """End of the process: close this thread's ranges, then every sink."""
-        self.close_thread(self.state())
-        for sink in list(self.sinks):
-            sink.close(self)
+        try:
+            self.close_thread(self.state())
+        finally:
+            for sink in list(self.sinks):
+                sink.close(self)

@@ -9,6 +9,7 @@ and ``CaptureWindow.open`` (emit at all).
 from __future__ import annotations
 
 import sys
+from time import perf_counter_ns
 from typing import Callable, Iterable
 
 from .device import DeviceBackend
@@ -37,7 +38,9 @@ class SyncPolicy:
 
     def synchronize(self) -> None:
         self.calls += 1
+        t0 = perf_counter_ns()
         self.backend.synchronize(self.devices)
+        self.seconds += (perf_counter_ns() - t0) * 1e-9  # time waited (the verdict's sync share)
 
 
 class CaptureWindow:

@@ -42,10 +42,13 @@ def parse_bool(text: str) -> bool:
     raise ValueError("1/0, true/false, yes/no or on/off")
 
 
-def _int_range(lo: int, hi: int | None) -> Callable[[str], int]:
+def _int_range(lo: int, hi: int | None, blank_unset: bool = False) -> Callable[[str], Any]:
+    """An integer in ``lo..hi``; with ``blank_unset`` an empty value means unset (``None``)."""
     accepted = f"an integer from {lo} to {hi}" if hi is not None else f"an integer >= {lo}"
 
-    def parse(text: str) -> int:
+    def parse(text: str) -> Any:
+        if blank_unset and not text.strip():
+            return None
         try:
             value = int(text.strip())
         except ValueError:
@@ -81,6 +84,19 @@ def parse_str(text: str) -> str:
 def parse_optional_path(text: str) -> str | None:
     """A file path (may use %p, %h, %r, %q{VAR}); empty means none."""
     return text.strip() or None
+
+
+def parse_trace_path(text: str) -> str | None:
+    """A trace file path that can be written (checked now, before the program runs)."""
+    path = parse_optional_path(text)
+    if path is not None:
+        from .trace import check_writable  # only when a trace is asked for
+
+        try:
+            check_writable(path)
+        except ValueError as exc:
+            raise ValueError(f"a file path in a writable directory ({exc})") from None
+    return path
 
 
 def parse_window(text: str) -> tuple[int, int] | None:
@@ -122,6 +138,7 @@ LOG_LEVELS = ("error", "warning", "info", "debug")
 parse_bool.accepted = "1/0, true/false, yes/no or on/off"  # type: ignore[attr-defined]
 parse_str.accepted = "a non-empty string"  # type: ignore[attr-defined]
 parse_optional_path.accepted = "a file path"  # type: ignore[attr-defined]
+parse_trace_path.accepted = "a file path in a writable directory"  # type: ignore[attr-defined]
 parse_window.accepted = "START:STOP or START:+COUNT"  # type: ignore[attr-defined]
 parse_ranks.accepted = "'all' or a list such as 0,3"  # type: ignore[attr-defined]
 
@@ -162,7 +179,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("sync", parse_bool, False,
             "Shorthand: 1 means sync level 1 unless CHAINER_PROF_SYNC_LEVEL says otherwise.",
             "0|1"),
-    Setting("sync_level", _int_range(0, 3), None,
+    Setting("sync_level", _int_range(0, 3, blank_unset=True), None,
             "GPU synchronization: 0 none, 1 at iteration boundaries, 2 also at phase "
             "boundaries, 3 also at every finer range emitted (default 0, or 1 with SYNC=1).",
             "0-3"),
@@ -177,7 +194,7 @@ SETTINGS: tuple[Setting, ...] = (
             "status report at start and exit).", "|".join(LOG_LEVELS)),
     Setting("summary", parse_bool, True,
             "Print the time summary on stderr when the program ends.", "0|1"),
-    Setting("trace", parse_optional_path, None,
+    Setting("trace", parse_trace_path, None,
             "Write a Chrome/Perfetto trace-event JSON file here at exit (%p pid, %h host, "
             "%r MPI rank, %q{VAR} environment variable).", "PATH"),
     Setting("iterations", parse_window, None,
@@ -207,7 +224,7 @@ BY_ENV: dict[str, Setting] = {s.env: s for s in SETTINGS}
 class Config:
     """Parsed settings; attribute per setting name, plus derived values."""
 
-    __slots__ = tuple(s.name for s in SETTINGS) + ("effective_sync_level", "explicit")
+    __slots__ = (*(s.name for s in SETTINGS), "effective_sync_level", "explicit")
 
     def __init__(self, values: Mapping[str, Any], explicit: frozenset[str] = frozenset()) -> None:
         for s in SETTINGS:
@@ -244,9 +261,12 @@ def _bad_value(setting: Setting, raw: str, accepted: str) -> SettingsError:
 
 def unknown_variable_message(name: str) -> str:
     """The one line for an unknown CHAINER_PROF_* name, with a did-you-mean."""
-    guess = difflib.get_close_matches(name, list(BY_ENV), n=1, cutoff=0.6)
-    hint = f"; did you mean {guess[0]}?" if guess else ""
-    return f"{name} is not a chainer_autoprof setting{hint} (known: see --help)"
+    # Compared without the common prefix, which would make every name look close.
+    suffixes = {env[len(PREFIX):]: env for env in BY_ENV}
+    guess = difflib.get_close_matches(name[len(PREFIX):], list(suffixes), n=1, cutoff=0.6)
+    hint = f"; did you mean {suffixes[guess[0]]}?" if guess else ""
+    return (f"{name} is not a chainer_autoprof setting{hint} "
+            "(all settings: python -m chainer_autoprof --help)")
 
 
 def from_environ(environ: Mapping[str, str] | None = None,

@@ -11,9 +11,19 @@ reported once, and the wrapped call goes on untouched.
 
 from __future__ import annotations
 
+import types
 from typing import Any, Callable
 
 Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
+
+
+def qualified_name(obj: Any) -> str:
+    """``package.module.Class`` for a class, ``package.module`` for a module."""
+    if isinstance(obj, types.ModuleType):
+        return obj.__name__
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
+    module = getattr(obj, "__module__", None)
+    return f"{module}.{name}" if module else name
 
 
 class Patch:
@@ -24,16 +34,18 @@ class Patch:
         self.label = label
         self.owner = owner
         self.attr = attr
-        self.also = also              # aliases defined beside attr (e.g. Iterator.next)
+        self.also = also              # aliases defined beside attr (e.g. ``next = __next__``)
         self.subclasses = subclasses
         self.status = "pending"
         self.reason = ""
         self.on = True
         self.hits = 0
-        self.owners: list[str] = []   # classes whose attribute is wrapped
-        self._handles: list[tuple[Any, str, Any]] = []
+        self.owners: list[str] = []   # classes (or the module) whose attribute is wrapped
+        # (owner, attribute, installed wrapper, original): one per attribute we replaced
+        self._handles: list[tuple[Any, str, Any, Any]] = []
         self._wrapper = make_wrapper(self)
         self._prev_init_subclass: Any = None
+        self._hooked = False
 
     # -- errors -------------------------------------------------------------
     def fail(self, exc: BaseException) -> None:
@@ -53,38 +65,41 @@ class Patch:
 
         try:
             if not hasattr(self.owner, self.attr):
-                self.status, self.reason = "skipped", f"{self._owner_name()} has no {self.attr}"
+                self.status, self.reason = "skipped", \
+                    f"{qualified_name(self.owner)} has no {self.attr}"
                 return
             self._wrap_class(self.owner, wrapt)
             if self.subclasses and isinstance(self.owner, type):
+                missed = []
                 for cls in _all_subclasses(self.owner):
-                    self._wrap_class(cls, wrapt, only_own=True)
+                    try:
+                        self._wrap_class(cls, wrapt, only_own=True)
+                    except Exception as exc:  # one odd subclass must not cost the rest
+                        missed.append(f"{qualified_name(cls)} ({type(exc).__name__}: {exc})")
+                if missed:
+                    self.reason = "not wrapped: " + "; ".join(missed)
                 self._hook_future_subclasses()
             self.status = "patched"
         except Exception as exc:  # contain: never break the user's import
-            self.status, self.reason = "failed", f"{type(exc).__name__}: {exc}"
             self.remove()
-
-    def _owner_name(self) -> str:
-        return getattr(self.owner, "__qualname__", None) or getattr(self.owner, "__name__", "?")
+            self.status, self.reason = "failed", f"{type(exc).__name__}: {exc}"
 
     def _wrap_class(self, cls: Any, wrapt: Any, only_own: bool = False) -> None:
         own = getattr(cls, "__dict__", {})
         if only_own and self.attr not in own:
             return
-        original = own.get(self.attr) if isinstance(cls, type) else getattr(cls, self.attr)
+        original = own.get(self.attr)
         if original is None:
             original = getattr(cls, self.attr)
         if getattr(original, "_self_wrapper", None) is self._wrapper:
-            return  # already ours: never wrap twice
+            return  # already ours (e.g. ``__call__ = Base.__call__``): never wrap twice
         handle = wrapt.wrap_function_wrapper(cls, self.attr, self._wrapper)
-        self._handles.append((cls, self.attr, handle))
+        self._handles.append((cls, self.attr, handle, original))
         for alias in self.also:
-            if own.get(alias) is original:  # e.g. ``next = __next__``
+            if own.get(alias) is original:  # e.g. ``next = __next__``: one wrapper for both
                 setattr(cls, alias, handle)
-                self._handles.append((cls, alias, None))
-        name = getattr(cls, "__qualname__", getattr(cls, "__name__", "?"))
-        self.owners.append(f"{getattr(cls, '__module__', '?')}.{name}")
+                self._handles.append((cls, alias, handle, original))
+        self.owners.append(qualified_name(cls))
 
     def _hook_future_subclasses(self) -> None:
         base = self.owner
@@ -97,7 +112,7 @@ class Patch:
                 previous.__func__(cls, **kwargs)
             else:
                 super(base, cls).__init_subclass__(**kwargs)
-            if patch.status == "patched" and patch.attr in cls.__dict__:
+            if patch.on and patch.status == "patched" and patch.attr in cls.__dict__:
                 try:
                     import wrapt
                     patch._wrap_class(cls, wrapt, only_own=True)
@@ -106,30 +121,33 @@ class Patch:
 
         __init_subclass__._chainer_autoprof = True  # type: ignore[attr-defined]
         base.__init_subclass__ = classmethod(__init_subclass__)
+        self._hooked = True
 
     # -- removing -------------------------------------------------------------
     def remove(self) -> None:
-        """Restore every original exactly."""
+        """Restore every original exactly; wrappers still referenced call straight through."""
         import wrapt
 
-        for cls, attr, handle in reversed(self._handles):
+        self.on = False
+        for cls, attr, handle, original in reversed(self._handles):
             try:
-                if handle is None:  # an alias we set to the wrapper
-                    original = cls.__dict__[attr]
-                    setattr(cls, attr, getattr(original, "__wrapped__", original))
+                if attr != self.attr:  # an alias we pointed at the wrapper
+                    if cls.__dict__.get(attr) is handle:
+                        setattr(cls, attr, original)
                 else:
                     wrapt.unwrap_object(cls, attr, handle)
             except Exception as exc:
                 from .. import log
-                log.warning(f"could not restore {attr} on {cls!r}: {exc}")
+                log.warning(f"could not restore {attr} on {qualified_name(cls)}: {exc}")
         self._handles.clear()
-        if self.subclasses and isinstance(self.owner, type):
+        if self._hooked:
             current = self.owner.__dict__.get("__init_subclass__")
             if current is not None and getattr(current.__func__, "_chainer_autoprof", False):
                 if self._prev_init_subclass is None:
                     del self.owner.__init_subclass__
                 else:
                     self.owner.__init_subclass__ = self._prev_init_subclass
+            self._hooked = False
         if self.status == "patched":
             self.status = "removed"
         self.owners.clear()
@@ -145,4 +163,3 @@ def _all_subclasses(cls: type) -> list[type]:
         seen.append(sub)
         todo.extend(type.__subclasses__(sub))
     return seen
-

@@ -39,7 +39,12 @@ SUPPORTED_MAJORS = (6, 7)
 
 
 class LinkEntry:
-    """A link as seen in the call tree: its path, depth and ranges."""
+    """A link as seen in the call tree: its path, depth and ranges.
+
+    ``index`` names the entry whose backward range covers this link's
+    backward: its own, or for a link deeper than the depth limit, its
+    nearest ancestor's.
+    """
 
     __slots__ = ("ref", "path", "depth", "info", "bwd_info", "children", "index", "__weakref__")
 
@@ -140,11 +145,15 @@ class ChainerPatches:
             depth = parent.depth + 1
         entry = LinkEntry(weakref.ref(link, forget), path, depth, len(self.entries))
         device = self._gpu_of(link)
-        if self.link_ranges and (self.link_depth == 0 or depth <= self.link_depth):
-            text = names.link_text(path, cls_name, f"gpu{device}" if device is not None else "")
-            entry.info = self.tracer.info(text, names.LINK)
-            entry.bwd_info = self.tracer.info(names.link_backward_text(text),
-                                              names.LINK_BACKWARD)
+        if self.link_ranges:
+            if self.link_depth == 0 or depth <= self.link_depth:
+                text = names.link_text(path, cls_name,
+                                       f"gpu{device}" if device is not None else "")
+                entry.info = self.tracer.info(text, names.LINK)
+                entry.bwd_info = self.tracer.info(names.link_backward_text(text),
+                                                  names.LINK_BACKWARD)
+            elif parent is not None:  # deeper than the limit: its backward is its ancestor's
+                entry.index = parent.index
         self.entries.append(entry)
         table[key] = entry
         return entry
@@ -184,14 +193,14 @@ class ChainerPatches:
                 tracer.begin_iteration(ts, explicit=True)
             except Exception as exc:
                 patch.fail(exc)
-                return wrapped(*args, **kwargs)
             try:
                 return wrapped(*args, **kwargs)
             finally:
-                try:
-                    tracer.end_iteration(ts)
-                except Exception as exc:
-                    patch.fail(exc)
+                if ts.iter_explicit:
+                    try:
+                        tracer.end_iteration(ts)
+                    except Exception as exc:
+                        patch.fail(exc)
 
         return wrapper
 
@@ -201,6 +210,7 @@ class ChainerPatches:
         facts = tracer.facts
         is_iterator = patch.attr == "__next__"
         training = self._in_training_mode
+        replay, kind = self.replay, patch.attr  # replay: the REPLAY_BATCH experiment
 
         def wrapper(wrapped, instance, args, kwargs):
             patch.hits += 1
@@ -209,15 +219,18 @@ class ChainerPatches:
             ts = state()
             if ts.quiet or ts.phase is not None:
                 return wrapped(*args, **kwargs)
+            opened = False
             try:
-                if not ts.iter_busy and not training():
-                    return wrapped(*args, **kwargs)  # evaluation by hand
-                tracer.begin_phase(ts, names.DATA)
+                if ts.iter_busy or training():  # else: evaluation by hand
+                    opened = True
+                    tracer.begin_phase(ts, names.DATA)
             except Exception as exc:
                 patch.fail(exc)
+            if not opened:
                 return wrapped(*args, **kwargs)
             try:
-                result = wrapped(*args, **kwargs)
+                result = wrapped(*args, **kwargs) if replay is None else \
+                    replay.call(kind, wrapped, instance, args, kwargs)
             finally:
                 try:
                     tracer.end_phase(ts)
@@ -248,6 +261,9 @@ class ChainerPatches:
             links = ts.links
             if links and links[-1][0] is instance:  # super().__call__ of the same link
                 return wrapped(*args, **kwargs)
+            mode = 0  # 1: opened the forward phase, 2: opened inference
+            tok = inf_tok = entry = None
+            pushed = False
             try:
                 if links:
                     parent = links[-1][1]
@@ -257,7 +273,6 @@ class ChainerPatches:
                     entry = roots.get(id(instance))
                 if entry is None or entry.ref() is not instance:
                     entry = make_entry(instance, parent)
-                mode = 0  # 1: opened forward phase, 2: opened inference
                 if parent is None and not ts.quiet:
                     if not training():
                         if not ts.iter_busy or ts.phase is None:
@@ -267,28 +282,34 @@ class ChainerPatches:
                     elif ts.phase is None:
                         mode = 1
                         tracer.begin_phase(ts, names.FORWARD)
-                tok = begin(entry.info, ts) if entry.info is not None else None
                 links.append((instance, entry))
+                pushed = True
+                if entry.info is not None:
+                    tok = begin(entry.info, ts)
             except Exception as exc:
-                patch.fail(exc)
-                return wrapped(*args, **kwargs)
+                patch.fail(exc)  # what was opened is closed below, as after a call
             try:
                 out = wrapped(*args, **kwargs)
             finally:
                 try:
-                    links.pop()
+                    if pushed:
+                        links.pop()
+                    if mode == 2:
+                        ts.quiet -= 1
                     end(tok, ts)
                     if mode == 1:
                         tracer.end_phase(ts)
                     elif mode == 2:
                         end(inf_tok, ts)
-                        ts.quiet -= 1
                 except Exception as exc:
                     patch.fail(exc)
-            if attribute_backward and isinstance(out, variable_cls):
-                node = out.creator_node
-                if node is not None and not hasattr(node, "_chainer_autoprof_link"):
-                    node._chainer_autoprof_link = entry.index
+            if attribute_backward and pushed and isinstance(out, variable_cls):
+                try:  # the innermost link that returned it owns its backward
+                    node = out.creator_node
+                    if node is not None and getattr(node, "_chainer_autoprof_link", None) is None:
+                        node._chainer_autoprof_link = entry.index
+                except Exception as exc:
+                    patch.fail(exc)
             return out
 
         return wrapper
@@ -307,8 +328,7 @@ class ChainerPatches:
             try:
                 tracer.begin_phase(ts, names.BACKWARD)
             except Exception as exc:
-                patch.fail(exc)
-                return wrapped(*args, **kwargs)
+                patch.fail(exc)  # closed below, as after a call
             ok = False
             try:
                 result = wrapped(*args, **kwargs)
@@ -319,10 +339,12 @@ class ChainerPatches:
                     if ts.bwd_link_tok is not None:
                         tracer.end(ts.bwd_link_tok, ts)
                     ts.bwd_link = ts.bwd_link_tok = None
-                    tracer.end_phase(ts)
-                    if ts.await_update and ok:
+                    if ts.phase == names.BACKWARD:
+                        tracer.end_phase(ts)
+                    if ts.await_update:  # inside Optimizer.update(lossfun): the update follows
                         ts.await_update = False
-                        tracer.begin_phase(ts, names.UPDATE)
+                        if ok and patch.on:
+                            tracer.begin_phase(ts, names.UPDATE)
                 except Exception as exc:
                     patch.fail(exc)
 
@@ -334,14 +356,21 @@ class ChainerPatches:
 
         def forward_phase(ts: ThreadState, lossfun: Callable) -> Callable:
             def loss_call(*a, **k):
-                opened = ts.phase is None
-                if opened:
-                    tracer.begin_phase(ts, names.FORWARD)
+                opened = False
+                if patch.on and ts.phase is None:
+                    opened = True
+                    try:
+                        tracer.begin_phase(ts, names.FORWARD)
+                    except Exception as exc:
+                        patch.fail(exc)
                 try:
                     return lossfun(*a, **k)
                 finally:
                     if opened:
-                        tracer.end_phase(ts)
+                        try:
+                            tracer.end_phase(ts)
+                        except Exception as exc:
+                            patch.fail(exc)
             return loss_call
 
         def wrapper(wrapped, instance, args, kwargs):
@@ -351,29 +380,29 @@ class ChainerPatches:
             ts = state()
             if ts.quiet:
                 return wrapped(*args, **kwargs)
+            outer = ts.opt_depth == 0
+            ts.opt_depth += 1
+            opened_update = awaiting = False
+            call_args, call_kwargs = args, kwargs
             try:
-                outer = ts.opt_depth == 0
-                ts.opt_depth += 1
                 if outer and not ts.iter_busy:
                     tracer.begin_iteration(ts, explicit=False)
                 lossfun = args[0] if args else kwargs.get("lossfun")
-                opened_update = awaiting = False
                 if lossfun is not None:
                     if args:
-                        args = (forward_phase(ts, lossfun),) + tuple(args[1:])
+                        call_args = (forward_phase(ts, lossfun), *args[1:])
                     else:
-                        kwargs = dict(kwargs, lossfun=forward_phase(ts, lossfun))
+                        call_kwargs = dict(kwargs, lossfun=forward_phase(ts, lossfun))
                     if not ts.await_update:
                         ts.await_update = awaiting = True
                 elif ts.phase is None:
-                    tracer.begin_phase(ts, names.UPDATE)
                     opened_update = True
+                    tracer.begin_phase(ts, names.UPDATE)
             except Exception as exc:
-                patch.fail(exc)
-                ts.opt_depth = 0
-                return wrapped(*args, **kwargs)
+                patch.fail(exc)  # the user's own arguments; what was opened is closed below
+                call_args, call_kwargs = args, kwargs
             try:
-                return wrapped(*args, **kwargs)
+                return wrapped(*call_args, **call_kwargs)
             finally:
                 try:
                     ts.opt_depth -= 1
@@ -398,6 +427,11 @@ class ChainerPatches:
             if not patch.on:
                 return wrapped(*args, **kwargs)
             ts = state()
+            if ts.extension is instance:  # super().__call__ of the same extension
+                return wrapped(*args, **kwargs)
+            previous = ts.extension
+            entered = False
+            tok = None
             try:
                 cls = type(instance)
                 name = getattr(instance, "name", None) or getattr(instance, "default_name", "")
@@ -406,18 +440,21 @@ class ChainerPatches:
                     info = cache[(name, cls)] = tracer.info(
                         names.extension_text(str(name), cls.__name__), names.EXTENSION)
                 ts.quiet += 1
+                ts.extension = instance
+                entered = True
                 tok = begin(info, ts)
             except Exception as exc:
                 patch.fail(exc)
-                return wrapped(*args, **kwargs)
             try:
                 return wrapped(*args, **kwargs)
             finally:
-                try:
-                    end(tok, ts)
+                if entered:
                     ts.quiet -= 1
-                except Exception as exc:
-                    patch.fail(exc)
+                    ts.extension = previous
+                    try:
+                        end(tok, ts)
+                    except Exception as exc:
+                        patch.fail(exc)
 
         return wrapper
 
@@ -435,16 +472,25 @@ class ChainerPatches:
             ts = state()
             if ts.phase != names.BACKWARD:
                 return wrapped(*args, **kwargs)
+            tok = None
             try:
                 func = args[0] if args else kwargs["func"]
+                # The link that owns this node: at link granularity the innermost link
+                # that returned its output (a node no link returned, such as an activation
+                # between two links, stays in the current range); at function granularity
+                # the innermost link it was applied in (none: outside every link).
                 owner = getattr(func, "_chainer_autoprof_link", None)
-                if owner is not None and owner != ts.bwd_link:
+                if owner is not None and owner < len(entries):
+                    if owner != ts.bwd_link:
+                        if ts.bwd_link_tok is not None:
+                            end(ts.bwd_link_tok, ts)
+                        ts.bwd_link = owner
+                        info = entries[owner].bwd_info
+                        ts.bwd_link_tok = begin(info, ts) if info is not None else None
+                elif function_ranges and ts.bwd_link is not None:
                     if ts.bwd_link_tok is not None:
                         end(ts.bwd_link_tok, ts)
-                    ts.bwd_link = owner
-                    ts.bwd_link_tok = begin(entries[owner].bwd_info, ts) \
-                        if entries[owner].bwd_info is not None else None
-                tok = None
+                    ts.bwd_link = ts.bwd_link_tok = None
                 if function_ranges:
                     label = func.label
                     info = infos.get(label)
@@ -454,14 +500,14 @@ class ChainerPatches:
                     tok = begin(info, ts)
             except Exception as exc:
                 patch.fail(exc)
-                return wrapped(*args, **kwargs)
             try:
                 return wrapped(*args, **kwargs)
             finally:
-                try:
-                    end(tok, ts)
-                except Exception as exc:
-                    patch.fail(exc)
+                if tok is not None:
+                    try:
+                        end(tok, ts)
+                    except Exception as exc:
+                        patch.fail(exc)
 
         return wrapper
 
@@ -475,24 +521,25 @@ class ChainerPatches:
             if not patch.on:
                 return wrapped(*args, **kwargs)
             ts = state()
+            tok = None
             try:
                 label = instance.label
                 info = infos.get(label)
                 if info is None:
                     info = infos[label] = tracer.info(
                         names.function_text(label, False), names.FUNCTION)
-                if ts.links:
+                if ts.links:  # the innermost link being called owns its backward
                     instance._chainer_autoprof_link = ts.links[-1][1].index
                 tok = begin(info, ts)
             except Exception as exc:
                 patch.fail(exc)
-                return wrapped(*args, **kwargs)
             try:
                 return wrapped(*args, **kwargs)
             finally:
-                try:
-                    end(tok, ts)
-                except Exception as exc:
-                    patch.fail(exc)
+                if tok is not None:
+                    try:
+                        end(tok, ts)
+                    except Exception as exc:
+                        patch.fail(exc)
 
         return wrapper

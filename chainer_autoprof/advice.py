@@ -1,0 +1,282 @@
+"""Configuration advice: checks of this run's setup, each only when the run shows it.
+
+Every check reads the run-time facts the probes recorded
+(:mod:`chainer_autoprof.patches.probes`) and the run's statistics, and
+returns a :class:`Finding` -- what was seen, the measured cost when there is
+one, the fix and the Chainer documentation section -- or nothing.  A run with
+nothing to say gets no advice.  Thresholds live in :mod:`.verdict`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import verdict as vd
+
+PERFORMANCE_DOC = "https://docs.chainer.org/en/stable/performance.html"
+CONFIG_DOC = "https://docs.chainer.org/en/stable/reference/configuration.html"
+
+#: Link class names whose work cuDNN accelerates (besides convolutions).
+CUDNN_LINKS = ("Convolution", "BatchNormalization", "LSTM", "GRU", "RNN")
+
+
+@dataclass
+class Finding:
+    """One piece of advice."""
+
+    key: str
+    title: str
+    seen: str
+    cost: str
+    fix: str
+    link: str
+
+
+def _mean_iteration(stats: Any) -> float:
+    return stats.mean() or stats.median()
+
+
+def _share_text(ms: float, stats: Any) -> str:
+    mean = _mean_iteration(stats)
+    share = ms / mean if mean > 0 else 0.0
+    return (f"about {ms:.3g} ms per iteration ({100 * share:.1f}% of the {mean:.3g} ms mean "
+            "iteration)")
+
+
+def _config(facts: dict[str, Any]) -> dict[str, Any]:
+    return facts.get("config") or {}
+
+
+def _gpu_params(facts: dict[str, Any]) -> int:
+    return int((facts.get("params") or {}).get("gpu") or 0)
+
+
+# -- the checks ------------------------------------------------------------------------
+
+def check_type_check(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+    if not _config(facts).get("type_check"):
+        return None
+    calls = vd.functions_per_iteration(stats)
+    us = facts.get("type_check_us")
+    if not calls or not isinstance(us, (int, float)):
+        return None
+    cost_ms = calls * us / 1000.0
+    mean = _mean_iteration(stats)
+    if mean <= 0 or cost_ms / mean < vd.ADVICE_MIN_SHARE:
+        return None
+    return Finding(
+        "type_check", "chainer.config.type_check is on during training",
+        f"{calls} function calls per iteration (counted in iteration "
+        f"{facts.get('functions_counted_in', '?')}), each type-checked; one check measured at "
+        f"{us:.2f} us",
+        _share_text(cost_ms, stats) + " (estimated: calls x measured check)",
+        "chainer.config.type_check = False (or CHAINER_TYPE_CHECK=0) once the model and its "
+        "inputs are tested",
+        f"{PERFORMANCE_DOC}#fine-tune-configuration")
+
+
+def check_autotune(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+    conv = facts.get("conv_links") or {}
+    cfg = _config(facts)
+    cuda = facts.get("cuda") or {}
+    if not conv.get("gpu") or cfg.get("autotune") is not False:
+        return None
+    if not cuda.get("cudnn_enabled") or cfg.get("use_cudnn") == "never":
+        return None  # cuDNN itself is missing: that advice comes first
+    return Finding(
+        "autotune", "cuDNN autotune is off while convolutions run on the GPU",
+        f"{conv['gpu']} convolution link(s) on the GPU, chainer.config.autotune = False",
+        "not measured: the default algorithm may be slower than the best one for these shapes",
+        "chainer.config.autotune = True (the first batch of each input shape gets slower "
+        "while cuDNN tries the algorithms); a larger "
+        "chainer.backends.cuda.set_max_workspace_size can allow faster ones",
+        f"{PERFORMANCE_DOC}#auto-tuner")
+
+
+def check_cudnn(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+    if not _gpu_params(facts):
+        return None
+    cuda = facts.get("cuda") or {}
+    cfg = _config(facts)
+    disabled = cfg.get("use_cudnn") == "never"
+    if cuda.get("cudnn_enabled", True) and not disabled:
+        return None
+    conv = int((facts.get("conv_links") or {}).get("gpu") or 0)
+    kinds = sorted({kind for link in stats.links for kind in CUDNN_LINKS if kind in link.name})
+    if not conv and not kinds:
+        return None
+    why = "chainer.config.use_cudnn = 'never'" if disabled else "cuDNN is not available to CuPy"
+    layers = f"{conv} convolution link(s) on the GPU" if conv else ", ".join(kinds) + " links"
+    return Finding(
+        "cudnn", "cuDNN is not used",
+        f"{why}; the model has {layers}",
+        "not measured: without cuDNN these layers run CuPy's own, slower kernels",
+        "install a CuPy wheel with cuDNN (e.g. cupy-cudaXXX) and check "
+        "chainer.print_runtime_info(); leave use_cudnn at 'auto'",
+        f"{PERFORMANCE_DOC}#using-gpu")
+
+
+def check_eval_backprop(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+    found = [e for e in facts.get("evaluation") or () if e.get("graph_functions")]
+    if not found:
+        return None
+    first = found[0]
+    name = first.get("extension", "an extension")
+    spent = stats.outside_ms.get(name)
+    loop = vd.loop_ms(stats)
+    cost = ("not measured separately: the graph's memory and bookkeeping are part of "
+            f"{name}'s {spent:.1f} ms over the run ({100 * spent / loop:.1f}% of the training "
+            "loop)") if spent and loop > 0 else \
+        "not measured: keeping the graph costs memory and time in every evaluation"
+    return Finding(
+        "eval_backprop", "evaluation builds the computational graph (enable_backprop on)",
+        f"{name}: {first['graph_functions']} of {first['functions']} function calls with "
+        "chainer.config.train off ran with enable_backprop on in its first call",
+        cost,
+        "evaluate under chainer.no_backprop_mode() (as chainer.training.extensions.Evaluator "
+        "does) or with chainer.using_config('enable_backprop', False)",
+        f"{PERFORMANCE_DOC}#fine-tune-configuration")
+
+
+def check_float64_gpu(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+    params = facts.get("params") or {}
+    examples = params.get("float64_gpu_examples")
+    if not params.get("gpu") or not examples:
+        return None
+    count = (params.get("dtypes") or {}).get("float64", len(examples))
+    return Finding(
+        "float64_gpu", "float64 parameters on the GPU",
+        f"{count} float64 parameter(s) on the GPU, e.g. {', '.join(examples[:3])}",
+        "not measured: GPUs run float64 arithmetic at a fraction of the float32 rate and move "
+        "twice the bytes",
+        "use float32 (chainer.config.dtype = numpy.float32, the default; cast inputs with "
+        "x.astype(numpy.float32)) or mixed16 where supported",
+        f"{CONFIG_DOC}")
+
+
+def check_transfers(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+    info = facts.get("transfers") or {}
+    seen_in = int(info.get("iterations") or 0)
+    total = stats.iterations + stats.warmup
+    if not seen_in or not total or seen_in / total < vd.TRANSFER_ITERATION_SHARE:
+        return None
+    by = ", ".join(f"{k} x{n}" for k, n in sorted((info.get("by") or {}).items()))
+    where = ", ".join(f"{k} {n}" for k, n in sorted((info.get("phases") or {}).items()))
+    return Finding(
+        "transfers", "copies between host and GPU inside the iteration",
+        f"{info.get('calls', 0)} copies outside the data phase in {seen_in} of {total} "
+        f"training iterations ({by}; by phase: {where})",
+        "not measured per copy: each copy to the host waits for all GPU work queued before it",
+        "keep values on the GPU during the iteration: report Variables (chainer.report) "
+        "instead of printing them or calling to_cpu/item(), and convert once per log interval",
+        f"{PERFORMANCE_DOC}#avoid-data-transfer")
+
+
+def check_blas(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+    blas = facts.get("blas")
+    if not blas or _gpu_params(facts) or vd.on_gpu(stats):
+        return None
+    optimized = blas.get("optimized")
+    gflops = blas.get("gflops")
+    slow = isinstance(gflops, (int, float)) and gflops < vd.BLAS_SLOW_GFLOPS
+    if not (optimized is False or (optimized is None and slow)):
+        return None
+    compute = sum(stats.phase_share(k) for k in ("forward", "backward", "update"))
+    if compute < vd.BLAS_MIN_COMPUTE_SHARE:
+        return None
+    name = blas.get("name") or "unknown"
+    return Finding(
+        "blas", "NumPy without an optimized BLAS on a CPU run",
+        f"NumPy's BLAS: {name}; forward/backward/update take {100 * compute:.1f}% of the "
+        "iteration time",
+        f"measured {gflops:.3g} GFLOP/s on a float32 128x128 matrix product"
+        if isinstance(gflops, (int, float)) else "not measured",
+        "install a NumPy built with OpenBLAS or MKL (the PyPI wheels bundle OpenBLAS; "
+        "check numpy.show_config())",
+        f"{PERFORMANCE_DOC}#using-cpu")
+
+
+def check_serial_iterator(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+    if facts.get("iterator") != "SerialIterator" or verdict is None:
+        return None
+    if verdict.kind != "input-bound" and not any(a.startswith("input-bound")
+                                                 for a in verdict.also):
+        return None
+    data = vd.per_iteration(stats, stats.phase_total("data"))
+    return Finding(
+        "serial_iterator", "SerialIterator while the run is input-bound",
+        "the training iterator is a SerialIterator: examples load one after another in the "
+        "training process",
+        f"data loading {data:.3g} ms per iteration ({100 * stats.phase_share('data'):.1f}% of "
+        "the iteration time)",
+        "chainer.iterators.MultiprocessIterator(dataset, batch_size, n_processes=N) when "
+        "loading is CPU work, MultithreadIterator(dataset, batch_size, n_threads=N) when it "
+        "waits on I/O",
+        f"{PERFORMANCE_DOC}#load-datasets-concurrently")
+
+
+def check_warmup(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+    warm_ms = stats.outside_ms.get("warm-up", 0.0)
+    if not stats.warmup or not warm_ms or not stats.iterations or vd.is_replay(stats):
+        return None  # (a replay run loads its first batch for real: not a warm-up cost)
+    median = stats.median()
+    mean_warm = warm_ms / stats.warmup
+    if median <= 0 or mean_warm < vd.WARMUP_SLOW_FACTOR * median:
+        return None
+    excess = warm_ms - stats.warmup * median
+    training = vd.loop_ms(stats) + warm_ms
+    if excess < vd.WARMUP_MIN_MS or training <= 0 or excess / training < vd.WARMUP_MIN_SHARE:
+        return None
+    autotune = bool(_config(facts).get("autotune"))
+    fix = ("one-time costs (lazy parameter initialization, CuPy kernel compilation, memory "
+           "pool growth) are paid once: for benchmarks, run more iterations and leave the "
+           "first ones out (CHAINER_PROF_WARMUP=N); if input shapes vary, each new shape pays "
+           "again -- pad batches to a few fixed shapes")
+    if autotune:
+        fix = ("cuDNN autotune (on) tries every algorithm for each new input shape: keep input "
+               "shapes fixed (pad to a few sizes), or turn autotune off for short runs; " + fix)
+    return Finding(
+        "warmup", "the first iterations are much slower than the rest",
+        f"the first {stats.warmup} iteration(s) took {mean_warm:.3g} ms each on average, "
+        f"{mean_warm / median:.1f}x the {median:.3g} ms median",
+        f"{excess:.1f} ms more than median iterations would take "
+        f"({100 * excess / training:.1f}% of the training time)",
+        fix,
+        f"{PERFORMANCE_DOC}#auto-tuner")
+
+
+#: Every check, in the order findings are printed.
+CHECKS: tuple[Callable[[Any, Any, dict[str, Any]], Finding | None], ...] = (
+    check_serial_iterator, check_type_check, check_eval_backprop, check_transfers,
+    check_cudnn, check_autotune, check_float64_gpu, check_blas, check_warmup,
+)
+
+
+def check(stats: Any, verdict: Any = None) -> list[Finding]:
+    """Every finding for ``stats`` (the verdict is computed when not given)."""
+    if not stats.iterations:
+        return []
+    if verdict is None:
+        verdict = vd.decide(stats)
+    facts = vd.facts_of(stats)
+    findings = []
+    for fn in CHECKS:
+        try:
+            finding = fn(stats, verdict, facts)
+        except Exception:  # a fact of an unexpected shape: that check says nothing
+            finding = None
+        if finding is not None:
+            findings.append(finding)
+    return findings
+
+
+def format_advice(findings: list[Finding]) -> str:
+    lines = ["Advice (CHAINER_PROF_ADVICE=0 turns this off):"]
+    for f in findings:
+        lines.append(f"  [{f.key}] {f.title}")
+        lines.append(f"      seen: {f.seen}")
+        lines.append(f"      cost: {f.cost}")
+        lines.append(f"      fix:  {f.fix}")
+        lines.append(f"      doc:  {f.link}")
+    return "\n".join(lines)

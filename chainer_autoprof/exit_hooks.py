@@ -1,0 +1,113 @@
+"""The ways a program ends, and the summary and trace written once for each.
+
+* Normal end, ``sys.exit``, an uncaught exception, Ctrl-C (KeyboardInterrupt):
+  the interpreter runs its ``atexit`` functions, where the agent closes.
+* SIGTERM with no handler of the user's: the default action would kill the
+  process without ``atexit``.  :func:`install` sets a handler that closes the
+  main thread's open ranges, writes the summary and the trace, then restores
+  the default action and sends SIGTERM again, so the exit status still says
+  "killed by SIGTERM" to the caller (a shell, a scheduler, ``Popen``).
+
+If the signal arrives while the agent is already finishing (or while this
+thread is in the middle of aggregating ranges), the handler only notes it;
+the kill follows as soon as that work is done.  A handler the user installs
+later simply replaces ours.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+_agent: Any = None
+_installed = False
+_finishing = False
+_kill_pending = False
+
+
+def install(agent: Any) -> bool:
+    """Take over SIGTERM for ``agent`` when nobody else handles it (main thread only).
+
+    Call before the agent registers its own ``atexit`` function: the check
+    registered here then runs after the agent has closed.
+    """
+    global _agent, _installed
+    _agent = agent
+    if _installed:
+        return True
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+            return False  # the program (or its launcher) handles SIGTERM itself
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError, AttributeError):
+        return False
+    import atexit
+
+    atexit.register(_after_close)
+    _installed = True
+    return True
+
+
+def uninstall() -> None:
+    """Give SIGTERM back to the default action, if the handler is still ours."""
+    global _installed, _agent
+    _agent = None
+    if not _installed:
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except (ValueError, OSError):
+        pass
+    _installed = False
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    global _kill_pending
+    agent = _agent
+    if agent is None:
+        _die()
+        return
+    if _finishing or getattr(agent, "closed", False):
+        _kill_pending = True  # the summary and trace are being written: kill after
+        return
+    recorder = getattr(agent, "recorder", None)
+    if recorder is not None and recorder.flushing_here():
+        recorder.deferred = _finish_and_die  # interrupted mid-aggregation: finish it first
+        return
+    _finish_and_die()
+
+
+def _finish_and_die() -> None:
+    global _finishing
+    _finishing = True
+    try:
+        agent = _agent
+        if agent is not None:
+            agent.at_exit()  # closes this (the main) thread's open ranges, flushes the sinks
+    except Exception:
+        pass
+    finally:
+        _die()
+
+
+def _after_close() -> None:
+    """Runs after the agent's own ``atexit`` function: a SIGTERM noted meanwhile kills now."""
+    if _kill_pending:
+        _die()
+
+
+def _die() -> None:
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        import time
+
+        time.sleep(1.0)  # the signal is normally delivered before kill() returns
+    except Exception:
+        pass
+    os._exit(128 + signal.SIGTERM)

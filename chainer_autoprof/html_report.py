@@ -1,0 +1,483 @@
+"""One self-contained HTML page for a recorded run (``report TRACE --html out.html``).
+
+Everything is inline -- CSS, SVG drawn here, a few lines of JavaScript for
+tooltips and table sorting -- and a Content-Security-Policy forbids loading
+anything, so the page opens offline and never reaches the network.  Sections:
+the run's key figures, the verdict and the advice, where the wall time went,
+a stacked bar of phase times per iteration across the run (warm-up shaded),
+the median iteration drawn as a timeline, and the top links.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from . import names
+from .stats import percentile
+
+#: Bars drawn at most in the per-iteration chart (more iterations are averaged in bins).
+MAX_BARS = 600
+#: Timeline rows drawn at most (deeper ranges are left out).
+MAX_ROWS = 10
+#: Links listed in the table.
+TABLE_LINKS = 15
+CHART_WIDTH = 1100
+OTHER_COLOR = "#b8b8b8"
+OUTSIDE_COLORS = {"iterations": "#76b900", "warm-up": "#d8e8b0", "startup": "#9e9e9e",
+                  "idle": "#e0e0e0", "shutdown": "#cfcfcf", "before window": "#9e9e9e",
+                  "after window": "#cfcfcf", "inference": "#3d85c6"}
+
+CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
+       "img-src data:")
+
+
+def css_color(category: str) -> str:
+    """The NVTX colour of ``category`` as ``#rrggbb``."""
+    if category == "other":
+        return OTHER_COLOR
+    argb = names.CATEGORIES.get(category, (0, 0xFF888888))[1]
+    return f"#{argb & 0xFFFFFF:06x}"
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _ms(x: float) -> str:
+    if x >= 1000:
+        return f"{x / 1000:.2f} s"
+    if x >= 10:
+        return f"{x:.1f} ms"
+    return f"{x:.3g} ms"
+
+
+# -- per-iteration rows from the trace --------------------------------------------------
+
+@dataclass
+class IterationRow:
+    """One iteration read from the trace: when, how long, its phases (ms)."""
+
+    number: int
+    t0: int
+    t1: int
+    depth: int
+    warm: bool
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ms(self) -> float:
+        return (self.t1 - self.t0) / 1e6
+
+
+def loop_tid(trace: Any) -> int | None:
+    """The thread with the most iteration ranges."""
+    counts: dict[int, int] = {}
+    for r in trace.ranges:
+        if r.category == names.ITERATION:
+            counts[r.tid] = counts.get(r.tid, 0) + 1
+    if not counts:
+        return None
+    return max(counts, key=lambda tid: counts[tid])
+
+
+def iteration_rows(trace: Any) -> list[IterationRow]:
+    """The loop thread's iterations in time order, each with its phase times."""
+    tid = loop_tid(trace)
+    if tid is None:
+        return []
+    mine = sorted((r for r in trace.ranges if r.tid == tid), key=lambda r: (r.t0, r.depth))
+    warm_skip = 0 if trace.meta.get("dropped_ranges") else int(trace.meta.get("warmup_skip", 0))
+    rows: list[IterationRow] = []
+    current: IterationRow | None = None
+    for r in mine:
+        if r.category == names.ITERATION:
+            number = r.iteration if r.iteration is not None else len(rows)
+            current = IterationRow(number, r.t0, r.t1, r.depth, len(rows) < warm_skip)
+            rows.append(current)
+        elif (current is not None and r.category in names.PHASES
+              and r.t0 >= current.t0 and r.t1 <= current.t1):
+            current.phases[r.category] = current.phases.get(r.category, 0.0) + (r.t1 - r.t0) / 1e6
+    for row in rows:
+        row.phases["other"] = max(0.0, row.ms - sum(row.phases.get(k, 0.0)
+                                                    for k in names.PHASES))
+    return rows
+
+
+# -- SVG pieces ---------------------------------------------------------------------------
+
+def _svg(width: int, height: int, body: list[str], label: str) -> str:
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" aria-label="{_e(label)}">'
+            + "".join(body) + "</svg>")
+
+
+def _tip(text: str) -> str:
+    return f' data-tip="{_e(text)}"'
+
+
+def phase_chart(rows: Sequence[IterationRow]) -> str:
+    """Stacked bars: phase times of every iteration (binned past :data:`MAX_BARS`)."""
+    if not rows:
+        return '<p class="empty">No iteration ranges in this trace.</p>'
+    keys = (*names.PHASES, "other")
+    bins: list[tuple[int, int, bool, dict[str, float], float]] = []
+    per = max(1, -(-len(rows) // MAX_BARS))
+    for start in range(0, len(rows), per):
+        chunk = rows[start:start + per]
+        n = len(chunk)
+        mean = {k: sum(r.phases.get(k, 0.0) for r in chunk) / n for k in keys}
+        bins.append((chunk[0].number, chunk[-1].number, all(r.warm for r in chunk), mean,
+                     sum(r.ms for r in chunk) / n))
+    totals = [b[4] for b in bins]
+    counted = [b[4] for b in bins if not b[2]] or totals
+    top = max(percentile(counted, 99.0) * 1.15, percentile(counted, 50.0) * 1.5, 1e-6)
+    top = min(top, max(totals))
+    left, bottom, height = 60, 30, 300
+    width = CHART_WIDTH
+    plot_w = width - left - 10
+    bar_w = plot_w / len(bins)
+    body = [f'<rect x="{left}" y="10" width="{plot_w}" height="{height}" class="plot"/>']
+    for i in range(5):
+        value = top * i / 4
+        y = 10 + height - height * i / 4
+        body.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" '
+                    'class="grid"/>')
+        body.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="axis" '
+                    f'text-anchor="end">{_e(_ms(value))}</text>')
+    for i, (first, last, warm, mean, total) in enumerate(bins):
+        x = left + i * bar_w
+        label = f"iteration {first}" if first == last else f"iterations {first}-{last} (mean)"
+        tip = (f"{label}{' (warm-up)' if warm else ''}: {_ms(total)}; "
+               + ", ".join(f"{k} {_ms(mean[k])}" for k in keys if mean[k] > 0))
+        if warm:
+            body.append(f'<rect x="{x:.2f}" y="10" width="{bar_w:.2f}" height="{height}" '
+                        'class="warm"/>')
+        y = 10 + height
+        clipped = False
+        for k in keys:
+            h = height * mean[k] / top
+            if y - h < 10:
+                h = y - 10
+                clipped = True
+            if h <= 0:
+                continue
+            y -= h
+            body.append(f'<rect x="{x:.2f}" y="{y:.2f}" width="{max(bar_w - 0.3, 0.6):.2f}" '
+                        f'height="{h:.2f}" fill="{css_color(k)}" class="bar"{_tip(tip)}/>')
+        if clipped:
+            body.append(f'<path d="M{x:.2f},18 l{bar_w / 2:.2f},-8 l{bar_w / 2:.2f},8 z" '
+                        f'class="clip"{_tip(tip)}/>')
+    span = f"{bins[0][0]}" if len(bins) == 1 else f"{bins[0][0]} to {bins[-1][1]}"
+    body.append(f'<text x="{left + plot_w / 2:.0f}" y="{height + bottom + 2}" class="axis" '
+                f'text-anchor="middle">iterations {span}'
+                + (f" ({per} per bar)" if per > 1 else "") + "</text>")
+    legend = "".join(f'<span class="key"><i style="background:{css_color(k)}"></i>{_e(k)}</span>'
+                     for k in keys)
+    legend += '<span class="key"><i class="warmkey"></i>warm-up</span>'
+    legend += '<span class="key">&#9650; clipped (hover for the value)</span>'
+    return (_svg(width, height + bottom + 12, body, "phase times per iteration")
+            + f'<div class="legend">{legend}</div>')
+
+
+def timeline(trace: Any, rows: Sequence[IterationRow]) -> tuple[str, str]:
+    """(heading, SVG) of the counted iteration closest to the median."""
+    counted = [r for r in rows if not r.warm] or list(rows)
+    if not counted:
+        return "Median iteration", '<p class="empty">No iteration ranges in this trace.</p>'
+    med = percentile([r.ms for r in counted], 50.0)
+    it = min(counted, key=lambda r: (abs(r.ms - med), r.number))
+    tid = loop_tid(trace)
+    inside = [r for r in trace.ranges if r.tid == tid and r.t0 >= it.t0 and r.t1 <= it.t1
+              and r.depth - it.depth < MAX_ROWS]
+    inside.sort(key=lambda r: (r.depth, r.t0))
+    left, row_h = 10, 22
+    width = CHART_WIDTH
+    plot_w = width - 2 * left
+    span = max(it.t1 - it.t0, 1)
+    depth = max((r.depth - it.depth for r in inside), default=0) + 1
+    body = []
+    for r in inside:
+        x = left + plot_w * (r.t0 - it.t0) / span
+        w = max(plot_w * (r.t1 - r.t0) / span, 0.5)
+        y = 4 + (r.depth - it.depth) * row_h
+        dur = (r.t1 - r.t0) / 1e6
+        tip = f"{r.name}: {_ms(dur)} (at +{_ms((r.t0 - it.t0) / 1e6)})"
+        body.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row_h - 3}" '
+                    f'fill="{css_color(r.category)}" class="span"{_tip(tip)}/>')
+        chars = int(w / 6.6)
+        if chars >= 4:
+            text = r.name if len(r.name) <= chars else r.name[:chars - 1] + "\u2026"
+            body.append(f'<text x="{x + 3:.2f}" y="{y + 14}" class="label">{_e(text)}</text>')
+    axis_y = 4 + depth * row_h + 12
+    for i in range(6):
+        x = left + plot_w * i / 5
+        body.append(f'<text x="{x:.1f}" y="{axis_y}" class="axis" text-anchor="'
+                    f'{"start" if i == 0 else "end" if i == 5 else "middle"}">'
+                    f'{_e(_ms(it.ms * i / 5))}</text>')
+    heading = f"Median iteration: iteration {it.number}, {_ms(it.ms)} (median {_ms(med)})"
+    return heading, _svg(width, axis_y + 6, body, "timeline of the median iteration")
+
+
+def wall_bar(stats: Any) -> str:
+    """One bar: the wall time split into iterations and what ran outside them."""
+    parts = [("iterations", stats.iteration_total_ms)]
+    parts += sorted(stats.outside_ms.items(), key=lambda kv: -kv[1])
+    wall = max(stats.wall_ms, sum(v for _k, v in parts), 1e-9)
+    width, left = CHART_WIDTH, 10
+    plot_w = width - 2 * left
+    x = left
+    body, legend = [], []
+    ext_color = css_color(names.EXTENSION)
+    for key, ms in parts:
+        if ms <= 0:
+            continue
+        w = plot_w * ms / wall
+        color = OUTSIDE_COLORS.get(key) or (ext_color if key.startswith("extension:")
+                                            else css_color(names.USER))
+        tip = f"{key}: {_ms(ms)} ({100 * ms / wall:.1f}% of the wall time)"
+        body.append(f'<rect x="{x:.2f}" y="4" width="{max(w, 0.5):.2f}" height="28" '
+                    f'fill="{color}" class="seg"{_tip(tip)}/>')
+        x += w
+        legend.append(f'<span class="key"><i style="background:{color}"></i>{_e(key)} '
+                      f'{_e(_ms(ms))}</span>')
+    return (_svg(width, 36, body, "wall time") + f'<div class="legend">{"".join(legend)}</div>')
+
+
+# -- tables and text -----------------------------------------------------------------------
+
+def links_table(stats: Any) -> str:
+    if not stats.links:
+        return ('<p class="empty">No link ranges in this trace (recorded at granularity '
+                f'{_e(stats.meta.get("granularity", "?"))}; run with '
+                'CHAINER_PROF_GRANULARITY=link to see them).</p>')
+    n = max(stats.iterations, 1)
+    own_total = sum(link.self_ms + link.bwd_ms for link in stats.links) or 1.0
+    ordered = sorted(stats.links, key=lambda link: -(link.self_ms + link.bwd_ms))
+    rows = []
+    for link in ordered[:TABLE_LINKS]:
+        own = link.self_ms + link.bwd_ms
+        rows.append(
+            f"<tr><td class=\"name\">{_e(link.name)}</td><td>{link.calls / n:.3g}</td>"
+            f"<td>{link.incl_ms / n:.3f}</td><td>{link.self_ms / n:.3f}</td>"
+            f"<td>{link.bwd_ms / n:.3f}</td><td>{100 * own / own_total:.1f}</td></tr>")
+    more = (f'<p class="more">{len(ordered) - TABLE_LINKS} more links not shown.</p>'
+            if len(ordered) > TABLE_LINKS else "")
+    return ('<table class="sortable"><thead><tr><th>link</th><th>calls / iter</th>'
+            '<th>fwd incl ms / iter</th><th>fwd self ms / iter</th><th>bwd ms / iter</th>'
+            '<th>% of link time</th></tr></thead><tbody>' + "".join(rows)
+            + "</tbody></table>" + more)
+
+
+def verdict_html(verdict: Any) -> str:
+    items = "".join(f"<li>{_e(line.strip())}</li>" for line in verdict.evidence)
+    tries = "".join(f"<li>{_e(line)}</li>" for line in verdict.suggestions)
+    also = (f'<p class="also">Also over threshold: {_e("; ".join(verdict.also))}</p>'
+            if verdict.also else "")
+    notes = "".join(f'<p class="note">{_e(n)}</p>' for n in verdict.notes)
+    return (f'<p class="kind">{_e(verdict.kind)}</p><p class="title">{_e(verdict.title)}</p>'
+            f'<ul class="evidence">{items}</ul>'
+            + (f'<h3>What to try</h3><ul class="suggest">{tries}</ul>' if tries else "")
+            + also + notes)
+
+
+def advice_html(findings: Sequence[Any]) -> str:
+    if not findings:
+        return '<p class="empty">Nothing in this run\'s configuration to change.</p>'
+    out = []
+    for f in findings:
+        out.append(f'<article class="finding" id="advice-{_e(f.key)}"><h3>{_e(f.title)}</h3>'
+                   f"<dl><dt>seen</dt><dd>{_e(f.seen)}</dd><dt>cost</dt><dd>{_e(f.cost)}</dd>"
+                   f"<dt>fix</dt><dd>{_e(f.fix)}</dd><dt>doc</dt>"
+                   f'<dd><a href="{_e(f.link)}">{_e(f.link)}</a></dd></dl></article>')
+    return "".join(out)
+
+
+def key_figures(stats: Any) -> str:
+    meta = stats.meta or {}
+    figures = [("iterations", f"{stats.iterations} counted + {stats.warmup} warm-up")]
+    if stats.iterations:
+        figures.append(("iteration time", f"median {_ms(stats.median())}, "
+                                          f"p95 {_ms(stats.p95())}"))
+        sps = stats.samples_per_second()
+        rate = f"{stats.iterations_per_second():.1f} it/s"
+        if sps:
+            rate += f", {sps:,.0f} samples/s (batch {stats.batch_size})"
+        figures.append(("throughput", rate))
+    figures.append(("wall time", _ms(stats.wall_ms)))
+    settings = meta.get("settings") or {}
+    figures.append(("sync level", f"{stats.sync_level} ({stats.sync_calls:,} synchronize calls)"))
+    figures.append(("granularity",
+                    str(meta.get("granularity") or settings.get("granularity", "?"))))
+    devices = meta.get("devices") or []
+    figures.append(("devices", ", ".join(f"GPU {d.get('id')} {d.get('name', '')}".strip()
+                                         for d in devices) or "CPU"))
+    versions = meta.get("versions") or {}
+    if versions:
+        figures.append(("versions", ", ".join(f"{k} {v}" for k, v in versions.items())))
+    clock = meta.get("clock") or {}
+    if clock.get("unix_time_ns_at_start"):
+        start = time.strftime("%Y-%m-%d %H:%M:%S",
+                              time.localtime(clock["unix_time_ns_at_start"] / 1e9))
+        figures.append(("started", f"{start} on {meta.get('host', '?')}"))
+    return "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>" for k, v in figures)
+
+
+# -- the page ---------------------------------------------------------------------------------
+
+def render(trace: Any, stats: Any, replay: Any = None) -> str:
+    """The whole HTML page for ``trace`` (``stats`` computed from it)."""
+    from .advice import check
+    from .verdict import decide
+
+    verdict = decide(stats, replay)
+    findings = check(stats, verdict)
+    rows = iteration_rows(trace)
+    heading, line = timeline(trace, rows)
+    meta = stats.meta or {}
+    command = meta.get("command", "")
+    data = {"verdict": verdict.kind, "iterations": stats.iterations,
+            "median_ms": round(stats.median(), 4), "advice": [f.key for f in findings]}
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{CSP}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>chainer_autoprof report: {_e(command or trace.path)}</title>
+<style>{_CSS}</style></head>
+<body>
+<header><h1>chainer_autoprof report</h1><p class="cmd">{_e(command)}</p>
+<dl class="figures">{key_figures(stats)}</dl></header>
+<section id="verdict" class="verdict kind-{_e(verdict.kind)}"><h2>Verdict</h2>
+{verdict_html(verdict)}</section>
+<section id="advice"><h2>Advice</h2>{advice_html(findings)}</section>
+<section id="wall"><h2>Where the wall time went</h2>{wall_bar(stats)}</section>
+<section id="phases"><h2>Phase times per iteration</h2>{phase_chart(rows)}</section>
+<section id="timeline"><h2>{_e(heading)}</h2>{line}</section>
+<section id="links"><h2>Top links</h2>{links_table(stats)}</section>
+<footer>chainer_autoprof {_e(meta.get("version", ""))} &middot; trace {_e(trace.path)}</footer>
+<div id="tip" role="tooltip"></div>
+<script type="application/json" id="report-data">{_json(data)}</script>
+<script>{_JS}</script>
+</body></html>
+"""
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data).replace("</", "<\\/")
+
+
+def write_report(out_path: str, runs: Sequence[tuple[Any, Any]]) -> None:
+    """Write the page for ``runs`` (``(trace, stats)`` pairs, one or two) to ``out_path``.
+
+    The page shows the first run; when one of two runs is a replay run, it
+    shows the normal one, compared with the replay.
+    """
+    from .verdict import pick_replay
+
+    trace, stats = runs[0]
+    replay = None
+    if len(runs) > 1:
+        pair = pick_replay(runs[0][1], runs[1][1])
+        if pair is not None:
+            trace, stats = runs[0] if runs[0][1] is pair[0] else runs[1]
+            replay = pair[1]
+    page = render(trace, stats, replay)
+    with open(out_path, "w", encoding="utf-8") as f:
+        f.write(page)
+
+
+def write_html(trace_path: str, out_path: str) -> None:
+    """Read ``trace_path`` and write its page to ``out_path``."""
+    from .trace import read_trace
+
+    trace = read_trace(trace_path)
+    write_report(out_path, [(trace, trace.stats())])
+
+
+_CSS = """
+:root{--fg:#1d1d1f;--muted:#666;--line:#e3e3e3;--bg:#fafafa;--accent:#76b900}
+*{box-sizing:border-box}
+body{font:14px/1.45 -apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;color:var(--fg);
+background:var(--bg);margin:0;padding:20px 28px;max-width:1180px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:0 0 10px}
+h3{font-size:14px;margin:8px 0 4px}
+section,header{background:#fff;border:1px solid var(--line);border-radius:8px;padding:14px 18px;
+margin:0 0 16px}
+.cmd{font-family:ui-monospace,"DejaVu Sans Mono",monospace;color:var(--muted);margin:0 0 10px;
+word-break:break-all}
+dl.figures{display:grid;grid-template-columns:repeat(auto-fill,minmax(250px,1fr));
+gap:6px 18px;margin:0}
+dl.figures dt{color:var(--muted);font-size:12px}dl.figures dd{margin:0;font-weight:600}
+.verdict{border-left:6px solid var(--accent)}
+.verdict .kind{display:inline-block;background:var(--accent);color:#fff;border-radius:4px;
+padding:1px 8px;font-weight:700;margin:0 0 6px}
+.kind-input-bound{border-left-color:#a05dd6}.kind-input-bound .kind{background:#a05dd6}
+.kind-extension-bound{border-left-color:#ff8c00}.kind-extension-bound .kind{background:#ff8c00}
+.kind-synchronization-bound{border-left-color:#e60012}
+.kind-synchronization-bound .kind{background:#e60012}
+.kind-host-bound{border-left-color:#3d85c6}.kind-host-bound .kind{background:#3d85c6}
+.kind-balanced .kind,.kind-unknown .kind{background:#888}
+.verdict .title{font-size:15px;font-weight:600;margin:0 0 6px}
+.evidence li,.suggest li{margin:2px 0}.note,.also{color:var(--muted);margin:6px 0 0}
+.finding{border-top:1px solid var(--line);padding:6px 0}.finding:first-of-type{border-top:0}
+.finding dl{display:grid;grid-template-columns:48px 1fr;gap:2px 10px;margin:0}
+.finding dt{color:var(--muted)}.finding dd{margin:0}
+.empty{color:var(--muted);margin:0}
+svg{display:block;max-width:100%;height:auto}
+.plot{fill:#fff;stroke:var(--line)}.grid{stroke:#eee}.axis{font-size:11px;fill:var(--muted)}
+.warm{fill:#f1f1f1}.clip{fill:#333}.label{font-size:11px;fill:#111;pointer-events:none}
+.span,.bar,.seg{stroke:#fff;stroke-width:.4}.span:hover,.bar:hover,.seg:hover{opacity:.75}
+.legend{margin:6px 0 0;font-size:12px;color:var(--muted)}
+.key{margin-right:14px;white-space:nowrap}
+.key i{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:4px;
+vertical-align:-1px}
+.warmkey{background:#f1f1f1;border:1px solid #ccc}
+table{border-collapse:collapse;width:100%;font-size:13px}
+th,td{padding:4px 8px;border-bottom:1px solid var(--line);text-align:right}
+th{cursor:pointer;user-select:none;background:#f4f4f4}th:first-child,td.name{text-align:left}
+td.name{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:12px}
+.more{color:var(--muted);font-size:12px}
+footer{color:var(--muted);font-size:12px}
+#tip{position:fixed;pointer-events:none;background:#222;color:#fff;font-size:12px;
+padding:4px 8px;border-radius:4px;max-width:460px;display:none;z-index:9}
+"""
+
+_JS = """
+(function () {
+  "use strict";
+  var tip = document.getElementById("tip");
+  document.addEventListener("mousemove", function (ev) {
+    var el = ev.target.closest ? ev.target.closest("[data-tip]") : null;
+    if (!el) { tip.style.display = "none"; return; }
+    tip.textContent = el.getAttribute("data-tip");
+    tip.style.display = "block";
+    var x = Math.min(ev.clientX + 14, window.innerWidth - tip.offsetWidth - 8);
+    tip.style.left = x + "px";
+    tip.style.top = (ev.clientY + 16) + "px";
+  });
+  Array.prototype.forEach.call(document.querySelectorAll("table.sortable"), function (table) {
+    var heads = table.querySelectorAll("th");
+    Array.prototype.forEach.call(heads, function (th, col) {
+      th.addEventListener("click", function () {
+        var body = table.tBodies[0];
+        var rows = Array.prototype.slice.call(body.rows);
+        var desc = th.getAttribute("data-desc") !== "1";
+        rows.sort(function (a, b) {
+          var x = a.cells[col].textContent, y = b.cells[col].textContent;
+          var nx = parseFloat(x), ny = parseFloat(y);
+          var c = (isNaN(nx) || isNaN(ny)) ? x.localeCompare(y) : nx - ny;
+          return desc ? -c : c;
+        });
+        rows.forEach(function (r) { body.appendChild(r); });
+        th.setAttribute("data-desc", desc ? "1" : "0");
+      });
+    });
+  });
+  var data = JSON.parse(document.getElementById("report-data").textContent);
+  document.body.setAttribute("data-verdict", data.verdict);
+  document.body.setAttribute("data-ready", "1");
+})();
+"""

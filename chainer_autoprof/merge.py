@@ -1,0 +1,425 @@
+"""``python -m chainer_autoprof merge rank*.json -o job.json``: one timeline for a whole job.
+
+Every input is a trace written by the recorder (one per rank, and per child
+process).  The output is one Chrome trace-event file (Perfetto UI,
+chrome://tracing) with one process track per input, named ``rank N`` (children
+``rank N child``) and sorted by rank, and a summary across ranks printed on
+stdout and kept in ``otherData.chainer_autoprof.summary``: per-rank iteration
+time, time spent in communication, and the slowest rank (the straggler) with
+how long the others wait for it.
+
+Clock alignment (``--align``, default ``auto``), per input:
+
+1. ``clock``: the input ran on the same host as the reference rank (the
+   lowest rank): ``perf_counter`` is the host's monotonic clock, shared by
+   every process there: exact.
+2. ``collective``: another host, both traces hold a clock reference (the end of
+   the first synchronizing collective, which completes on every rank at the
+   same instant up to the collective's latency): the two references are made
+   to coincide.
+3. ``wall``: otherwise, the wall clock (``time.time_ns`` at the agent's start),
+   as good as the hosts' clock synchronization (NTP: about a millisecond).
+
+``--align collective`` and ``--align wall`` force a method for every input
+that allows it.  Traces keep their own times; only the offsets change.
+
+Per-rank statistics need no alignment: the first ``warmup`` iterations of each
+rank (the recorder's setting, or ``--warmup``) are left out; communication is
+the time in ``comm:*`` ranges inside the counted iterations; compute is the
+rest of the iteration.  In a data-parallel job every rank waits in the
+gradient all-reduce for the slowest one, so the rank with the most compute per
+iteration is the straggler and the others' extra communication time is how
+long it holds them back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from . import names
+from .stats import median
+
+ALIGN_METHODS = ("auto", "clock", "collective", "wall")
+
+
+class MergeError(Exception):
+    """A problem with the inputs: one line for the user, exit status 2."""
+
+
+@dataclass
+class Input:
+    """One trace file to merge."""
+
+    path: str
+    data: dict[str, Any]
+    meta: dict[str, Any]
+    pid: int | None
+    rank: int | None
+    host: str
+    child: bool
+    start_perf: int
+    start_unix: int
+    reference: dict[str, Any] | None
+    offset_ns: int = 0        # own perf clock -> the merged timeline's clock
+    method: str = ""
+    new_pid: int = 0
+    label: str = ""
+
+    @property
+    def sort_key(self) -> tuple:
+        return (self.rank if self.rank is not None else 1 << 30, self.child, self.pid or 0,
+                self.path)
+
+
+@dataclass
+class RankStats:
+    """One process's iterations, from its own ranges (no alignment needed)."""
+
+    label: str
+    rank: int | None
+    host: str
+    pid: int | None
+    child: bool
+    iterations: int
+    iteration_ms: list[float] = field(default_factory=list)
+    comm_ms: list[float] = field(default_factory=list)
+    comm_outside_ms: float = 0.0
+
+    @property
+    def compute_ms(self) -> list[float]:
+        return [it - c for it, c in zip(self.iteration_ms, self.comm_ms)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label, "rank": self.rank, "host": self.host, "pid": self.pid,
+            "child": self.child, "iterations": self.iterations,
+            "iteration_ms_median": median(self.iteration_ms),
+            "iteration_ms_mean": _mean(self.iteration_ms),
+            "comm_ms_per_iteration": median(self.comm_ms),
+            "comm_share": _share(median(self.comm_ms), median(self.iteration_ms)),
+            "compute_ms_per_iteration": median(self.compute_ms),
+            "comm_outside_iterations_ms": self.comm_outside_ms,
+        }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _share(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else 0.0
+
+
+# -- reading ------------------------------------------------------------------------
+def load_input(path: str) -> Input:
+    """Read one trace file and what merging needs of its metadata."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise MergeError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise MergeError(f"{path} is not valid JSON ({exc})") from None
+    if isinstance(data, list):
+        data = {"traceEvents": data}
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise MergeError(f"{path} is not a trace-event file (no traceEvents list)")
+    other = data.get("otherData")
+    meta = other.get("chainer_autoprof") if isinstance(other, dict) else None
+    if not isinstance(meta, dict):
+        raise MergeError(f"{path} was not written by chainer_autoprof (no otherData."
+                         "chainer_autoprof metadata)")
+    if meta.get("merged"):
+        raise MergeError(f"{path} is already a merged trace; merge the per-rank traces")
+    clock = meta.get("clock") or {}
+    process = meta.get("process") or {}
+    try:
+        start_perf = int(clock["perf_counter_ns_at_start"])
+        start_unix = int(clock["unix_time_ns_at_start"])
+    except (KeyError, TypeError, ValueError):
+        raise MergeError(f"{path} has no clock readings (otherData.chainer_autoprof.clock)") \
+            from None
+    rank = process.get("mpi_rank", meta.get("rank"))
+    reference = process.get("clock_reference")
+    return Input(path=path, data=data, meta=meta, pid=meta.get("pid"),
+                 rank=int(rank) if isinstance(rank, int) else None,
+                 host=str(meta.get("host", "")), child=bool(process.get("child", False)),
+                 start_perf=start_perf, start_unix=start_unix,
+                 reference=reference if isinstance(reference, dict) else None)
+
+
+# -- clock alignment -------------------------------------------------------------------
+def align(inputs: list[Input], method: str = "auto") -> None:
+    """Set every input's ``offset_ns`` and ``method`` (see the module docstring)."""
+    anchor = next((i for i in inputs if not i.child and i.reference is not None), None) \
+        or next((i for i in inputs if not i.child), None) or inputs[0]
+    anchor.offset_ns, anchor.method = 0, "reference"
+    anchor_wall = anchor.start_unix - anchor.start_perf
+    ref_op = anchor.reference.get("op") if anchor.reference else None
+    aligned = [anchor]
+    pending = [i for i in inputs if i is not anchor]
+
+    def by_collective(i: Input) -> bool:
+        if anchor.reference is None or i.reference is None or i.reference.get("op") != ref_op:
+            return False
+        i.offset_ns = int(anchor.reference["perf_counter_ns"]) - int(i.reference["perf_counter_ns"])
+        i.method = "collective"
+        return True
+
+    def by_clock(i: Input) -> bool:
+        for other in aligned:
+            if other.host and other.host == i.host:
+                i.offset_ns, i.method = other.offset_ns, "clock"
+                return True
+        return False
+
+    def by_wall(i: Input) -> None:
+        i.offset_ns = (i.start_unix - i.start_perf) - anchor_wall
+        i.method = "wall"
+
+    if method == "wall":
+        for i in pending:
+            by_wall(i)
+        return
+    rest = []
+    for i in pending:
+        if method == "collective":
+            done = by_collective(i) or (i.child and by_clock(i))
+        else:  # auto, clock
+            done = by_clock(i) or (method == "auto" and by_collective(i))
+        if done:
+            aligned.append(i)
+        else:
+            rest.append(i)
+    for i in rest:  # e.g. a child on a host aligned through one of its ranks
+        if not by_clock(i):
+            by_wall(i)
+
+
+# -- statistics ------------------------------------------------------------------------
+def rank_stats(inp: Input, warmup: int | None) -> RankStats:
+    """Per-iteration time and communication time of one input, from its ranges."""
+    iterations: dict[Any, list[tuple[int, int]]] = {}
+    comm: dict[Any, list[tuple[int, int]]] = {}
+    for ev in inp.data["traceEvents"]:
+        if not isinstance(ev, dict) or ev.get("ph") != "X":
+            continue
+        cat = ev.get("cat")
+        if cat != names.ITERATION and cat != names.COMM:
+            continue
+        try:
+            t0 = round(float(ev["ts"]) * 1000)
+            t1 = t0 + round(float(ev["dur"]) * 1000)
+        except (KeyError, TypeError, ValueError):
+            continue
+        table = iterations if cat == names.ITERATION else comm
+        table.setdefault(ev.get("tid"), []).append((t0, t1))
+    loop_tid = max(iterations, key=lambda tid: len(iterations[tid]), default=None)
+    iters = sorted(iterations.get(loop_tid, []))
+    skip = int(inp.meta.get("warmup_skip", 0)) if warmup is None else warmup
+    if len(iters) <= skip:
+        skip = 0
+    starts = [t0 for t0, _ in iters]
+    comm_in = [0] * len(iters)
+    outside = 0
+    for t0, t1 in comm.get(loop_tid, []):
+        k = bisect_right(starts, t0) - 1
+        if k >= 0 and t1 <= iters[k][1]:
+            comm_in[k] += t1 - t0
+        else:
+            outside += t1 - t0
+    for tid, rows in comm.items():
+        if tid != loop_tid:
+            outside += sum(t1 - t0 for t0, t1 in rows)
+    counted = range(skip, len(iters))
+    return RankStats(
+        label=inp.label, rank=inp.rank, host=inp.host, pid=inp.pid, child=inp.child,
+        iterations=len(counted),
+        iteration_ms=[(iters[k][1] - iters[k][0]) / 1e6 for k in counted],
+        comm_ms=[comm_in[k] / 1e6 for k in counted],
+        comm_outside_ms=outside / 1e6)
+
+
+def straggler(stats: list[RankStats]) -> dict[str, Any] | None:
+    """The rank the others wait for, and for how long (``None`` with fewer than two ranks)."""
+    ranks = [s for s in stats if not s.child and s.iterations and s.rank is not None]
+    if len(ranks) < 2:
+        return None
+    slow = max(ranks, key=lambda s: median(s.compute_ms))
+    others = [s for s in ranks if s is not slow]
+    slow_compute = median(slow.compute_ms)
+    others_compute = median([median(s.compute_ms) for s in others])
+    slow_comm = median(slow.comm_ms)
+    waits = [max(0.0, median(s.comm_ms) - slow_comm) for s in others]
+    held_back = median(waits)
+    others_iter = median([median(s.iteration_ms) for s in others])
+    return {
+        "rank": slow.rank, "label": slow.label,
+        "compute_ms_per_iteration": slow_compute,
+        "others_compute_ms_per_iteration": others_compute,
+        "extra_compute_ms_per_iteration": slow_compute - others_compute,
+        "held_back_ms_per_iteration": held_back,
+        "held_back_share": _share(held_back, others_iter),
+    }
+
+
+# -- writing ---------------------------------------------------------------------------
+def _labels(inputs: list[Input]) -> None:
+    inputs.sort(key=lambda i: i.sort_key)
+    for n, inp in enumerate(inputs):
+        inp.new_pid = n + 1
+        if inp.rank is None:
+            inp.label = f"child pid {inp.pid}" if inp.child else f"pid {inp.pid}"
+        else:
+            inp.label = f"rank {inp.rank} child pid {inp.pid}" if inp.child else f"rank {inp.rank}"
+
+
+def merged_events(inputs: list[Input], zero_ns: int) -> list[dict[str, Any]]:
+    """Every input's events on the merged timeline, one process track per input."""
+    out: list[dict[str, Any]] = []
+    for inp in inputs:
+        shift_us = (inp.start_perf + inp.offset_ns - zero_ns) / 1000.0
+        pid = inp.new_pid
+        detail = f"{inp.host}, pid {inp.pid}" if "pid" not in inp.label else inp.host
+        out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                    "args": {"name": f"{inp.label} ({detail})"}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                    "args": {"sort_index": pid}})
+        if inp.rank is not None:
+            out.append({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0,
+                        "args": {"labels": f"rank {inp.rank}"}})
+        for ev in inp.data["traceEvents"]:
+            if not isinstance(ev, dict):
+                continue
+            if ev.get("ph") == "M" and ev.get("name") in ("process_name", "process_sort_index",
+                                                          "process_labels"):
+                continue
+            ev = dict(ev)
+            ev["pid"] = pid
+            if "ts" in ev and ev.get("ph") != "M":
+                try:
+                    ev["ts"] = round(float(ev["ts"]) + shift_us, 3)
+                except (TypeError, ValueError):
+                    continue
+            out.append(ev)
+    return out
+
+
+def merge(paths: Sequence[str], output: str, method: str = "auto",
+          warmup: int | None = None) -> dict[str, Any]:
+    """Merge ``paths`` into ``output``; returns the summary written with it."""
+    inputs = [load_input(p) for p in paths]
+    _labels(inputs)
+    align(inputs, method)
+    zero_ns = min(i.start_perf + i.offset_ns for i in inputs)
+    stats = [rank_stats(i, warmup) for i in inputs]
+    summary = {
+        "ranks": [s.as_dict() for s in stats],
+        "straggler": straggler(stats),
+        "alignment": [{"path": i.path, "label": i.label, "method": i.method,
+                       "offset_ns": i.offset_ns} for i in inputs],
+    }
+    other = {"chainer_autoprof": {
+        "merged": True,
+        "inputs": [{"path": i.path, "label": i.label, "pid": i.pid, "merged_pid": i.new_pid,
+                    "rank": i.rank, "host": i.host, "child": i.child, "meta": i.meta}
+                   for i in inputs],
+        "clock": {"method": method, "zero_perf_counter_ns": zero_ns},
+        "summary": summary,
+    }}
+    events = merged_events(inputs, zero_ns)
+    directory = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(directory):
+        raise MergeError(f"directory {directory} does not exist")
+    tmp = f"{output}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write('{"displayTimeUnit":"ms","otherData":')
+            json.dump(other, f, default=str)
+            f.write(',"traceEvents":[\n')
+            for n, ev in enumerate(events):
+                if n:
+                    f.write(",\n")
+                f.write(json.dumps(ev, separators=(",", ":")))
+            f.write("\n]}\n")
+        os.replace(tmp, output)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise MergeError(f"cannot write {output}: {exc.strerror or exc}") from None
+    return summary
+
+
+def format_summary(summary: dict[str, Any], output: str) -> str:
+    """The merged summary as text."""
+    rows = summary["ranks"]
+    methods = sorted({a["method"] for a in summary["alignment"]} - {"reference"})
+    lines = [f"merged {len(rows)} trace(s) into {output} (clocks: "
+             f"{', '.join(methods) if methods else 'one process'})", ""]
+    header = (f"  {'process':<28} {'iters':>6} {'iter ms':>9} {'comm ms':>9} {'comm':>5} "
+              f"{'compute ms':>10}")
+    lines.append(header)
+    for r in rows:
+        lines.append(f"  {r['label']:<28} {r['iterations']:>6} {r['iteration_ms_median']:>9.2f} "
+                     f"{r['comm_ms_per_iteration']:>9.2f} {r['comm_share']:>5.0%} "
+                     f"{r['compute_ms_per_iteration']:>10.2f}")
+    lines.append("  (medians per iteration; comm: time in comm:* ranges, compute: the rest)")
+    slow = summary.get("straggler")
+    if slow is not None:
+        lines += ["", f"slowest rank (straggler): {slow['rank']}: "
+                      f"{slow['compute_ms_per_iteration']:.2f} ms of compute per iteration, "
+                      f"{slow['extra_compute_ms_per_iteration']:+.2f} ms against the others; "
+                      f"the others wait {slow['held_back_ms_per_iteration']:.2f} ms per "
+                      f"iteration for it ({slow['held_back_share']:.0%} of their iteration "
+                      "time)"]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m chainer_autoprof merge",
+        description="Merge the traces of the ranks (and child processes) of one job into one "
+                    "Perfetto timeline, and summarize iteration and communication time per "
+                    "rank.")
+    parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (rank*.json)")
+    parser.add_argument("-o", "--output", required=True, metavar="PATH",
+                        help="the merged trace file to write")
+    parser.add_argument("--align", choices=ALIGN_METHODS, default="auto",
+                        help="clock alignment: auto (shared host clock, else the collective "
+                             "reference, else wall clock), or force collective or wall")
+    parser.add_argument("--warmup", type=int, default=None, metavar="N",
+                        help="iterations left out at the start of each rank (default: the "
+                             "recorder's setting)")
+    parser.add_argument("--quiet", "-q", action="store_true", help="print nothing")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``merge`` subcommand; returns the exit status."""
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.warmup is not None and args.warmup < 0:
+        sys.stderr.write("merge: --warmup must be >= 0\n")
+        return 2
+    if os.path.abspath(args.output) in {os.path.abspath(p) for p in args.traces}:
+        sys.stderr.write(f"merge: the output {args.output} is one of the inputs\n")
+        return 2
+    try:
+        summary = merge(args.traces, args.output, args.align, args.warmup)
+    except MergeError as exc:
+        sys.stderr.write(f"merge: {exc}\n")
+        return 2
+    if not args.quiet:
+        sys.stdout.write(format_summary(summary, args.output) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,445 @@
+"""Run-time facts for the advice checks, gathered off the hot path.
+
+What is looked at, and when:
+
+* when the first training ``Optimizer.update`` of the run returns (once): the
+  Chainer configuration in force (``type_check``, ``autotune``, ``use_cudnn``,
+  ``enable_backprop``), CUDA/cuDNN availability, the optimizer's parameters
+  (count, dtypes, devices), convolution links and their devices, NumPy's BLAS
+  (library name and a measured matmul rate; CPU runs only) and the host cost
+  of one type check (when ``type_check`` is on);
+* during training iteration :data:`COUNT_ITERATION` only: the functions
+  applied, counted by a Chainer ``FunctionHook`` present for that iteration;
+* during the first call of each ``Extension``: the functions applied while
+  ``train`` is off, and how many of them built a graph (``enable_backprop``
+  on), i.e. an evaluation that keeps the graph;
+* only when CuPy is imported: copies between host and GPU inside training
+  iterations outside the data phase (``to_cpu``, ``Variable.to_cpu``,
+  ``Variable.item``, printing a GPU variable; ``to_gpu``).
+
+Results are plain JSON values in ``tracer.facts``; the recorder writes them
+into the trace.  A probe's own error turns that probe off, reported once.
+"""
+
+from __future__ import annotations
+
+import sys
+from time import perf_counter_ns
+from typing import Any, Callable
+
+from .. import names
+from .base import Patch
+
+#: The training iteration (counted from 0) whose function calls are counted.
+#: The second one: the first may run lazy initialization, and the count runs
+#: inside the summary's warm-up by default.
+COUNT_ITERATION = 1
+#: NumPy BLAS libraries that count as optimized (substring of the library name).
+OPTIMIZED_BLAS = ("openblas", "mkl", "blis", "accelerate", "atlas", "armpl", "nvpl",
+                  "essl", "flexiblas", "libsci", "veclib")
+#: Type checks timed to estimate the host cost of one.
+TYPE_CHECK_REPEATS = 200
+#: Size of the square float32 matmul that measures NumPy's BLAS.
+MATMUL_SIZE = 128
+_HOOK_NAME = "chainer_autoprof_probe"
+
+
+class Probes:
+    """The probes of one tracer: build with :meth:`apply`, undo with :meth:`remove`."""
+
+    def __init__(self, tracer: Any, count_iteration: int = COUNT_ITERATION) -> None:
+        self.tracer = tracer
+        self.facts: dict[str, Any] = tracer.facts
+        self.count_iteration = count_iteration
+        self.patches: list[Patch] = []
+        self.chainer: Any = None
+        self.snapshot_done = False
+        self.update_done = False
+        self._count_hook: Any = None
+        self._seen_extensions: set[int] = set()
+        self._hook_cls: Any = None
+        self._last_transfer_iteration = -1
+
+    # -- applying -------------------------------------------------------------
+    def build(self, chainer: Any) -> list[Patch]:
+        from chainer import optimizer
+        from chainer.training import extension
+
+        self.chainer = chainer
+        self._hook_cls = _hook_classes(chainer)
+        patches = [
+            Patch("probe:Optimizer.update", optimizer.Optimizer, "update", self._wrap_update,
+                  subclasses=True),
+            Patch("probe:Extension.__call__", extension.Extension, "__call__",
+                  self._wrap_extension, subclasses=True),
+        ]
+        if "cupy" in sys.modules:
+            patches += self._transfer_patches()
+        self.patches = patches
+        return patches
+
+    def apply(self, chainer: Any) -> None:
+        """Wrap the probe targets (after the Chainer patches, so ours run outside)."""
+        try:
+            for patch in self.build(chainer):
+                patch.apply()
+        except Exception as exc:
+            from .. import log
+            log.warning(f"run-time checks unavailable ({type(exc).__name__}: {exc})")
+            self.remove()
+
+    def remove(self) -> None:
+        """Undo every probe (call before the Chainer patches are removed)."""
+        self.close()
+        for patch in reversed(self.patches):
+            patch.remove()
+        self.patches = []
+
+    def close(self) -> None:
+        """End of the run: take off a counting hook still present on this thread."""
+        hook = self._count_hook
+        if hook is not None:
+            self._count_hook = None
+            _exit_hook(hook)
+            self._publish_count(hook, complete=False)
+
+    # -- Optimizer.update: one snapshot, one counted iteration ------------------
+    def _wrap_update(self, patch: Patch) -> Callable:
+        state = self.tracer.state
+
+        def wrapper(wrapped, instance, args, kwargs):
+            patch.hits += 1
+            if self.update_done or not patch.on:
+                return wrapped(*args, **kwargs)
+            result = wrapped(*args, **kwargs)
+            try:
+                ts = state()
+                if ts.iter_busy and not ts.quiet:
+                    self._after_training_update(instance)
+            except Exception as exc:
+                patch.fail(exc)
+                self.close()
+            return result
+
+        return wrapper
+
+    def _after_training_update(self, optimizer: Any) -> None:
+        if not self.snapshot_done:
+            self.snapshot_done = True
+            self._snapshot(optimizer)
+        begun = self.tracer.iterations  # iterations begun, the current one included
+        hook = self._count_hook
+        if hook is None and begun == self.count_iteration:
+            hook = self._hook_cls[0](self.tracer, self.count_iteration + 1)
+            if _enter_hook(hook):
+                self._count_hook = hook
+        elif hook is not None and begun > self.count_iteration + 1:
+            self._count_hook = None
+            _exit_hook(hook)
+            self._publish_count(hook, complete=True)
+        if begun > self.count_iteration + 1 and self._count_hook is None:
+            self.update_done = True
+
+    def _publish_count(self, hook: Any, complete: bool) -> None:
+        if hook.functions or complete:
+            self.facts["functions_per_iteration"] = hook.functions
+            self.facts["functions_counted_in"] = self.count_iteration
+
+    def _snapshot(self, optimizer: Any) -> None:
+        chainer = self.chainer
+        facts = self.facts
+        cfg = chainer.config
+        config = {}
+        for key in ("train", "enable_backprop", "type_check", "autotune", "use_cudnn",
+                    "cudnn_deterministic"):
+            value = getattr(cfg, key, None)
+            config[key] = value if isinstance(value, (bool, int, str)) or value is None \
+                else str(value)
+        facts["config"] = config
+        try:
+            from chainer.backends import cuda
+            facts["cuda"] = {"available": bool(cuda.available),
+                             "cudnn_enabled": bool(cuda.cudnn_enabled)}
+        except Exception:
+            pass
+        target = getattr(optimizer, "target", None)
+        if target is not None and hasattr(target, "params"):
+            facts["params"] = _param_facts(target)
+            facts["conv_links"] = _conv_facts(target)
+        if not facts.get("params", {}).get("gpu"):
+            facts["blas"] = blas_facts()
+        if config.get("type_check"):
+            cost = type_check_cost_us()
+            if cost is not None:
+                facts["type_check_us"] = round(cost, 2)
+
+    # -- Extension.__call__: does an evaluation build the graph? ---------------
+    def _wrap_extension(self, patch: Patch) -> Callable:
+        seen = self._seen_extensions
+
+        def wrapper(wrapped, instance, args, kwargs):
+            patch.hits += 1
+            if not patch.on or id(instance) in seen:
+                return wrapped(*args, **kwargs)
+            hook = None
+            try:
+                seen.add(id(instance))
+                hook = self._hook_cls[1]()
+                if not _enter_hook(hook):
+                    hook = None
+            except Exception as exc:
+                patch.fail(exc)
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                if hook is not None:
+                    try:
+                        _exit_hook(hook)
+                        if hook.eval_functions:
+                            self._record_evaluation(instance, hook)
+                    except Exception as exc:
+                        patch.fail(exc)
+
+        return wrapper
+
+    def _record_evaluation(self, extension: Any, hook: Any) -> None:
+        cls = type(extension).__name__
+        name = getattr(extension, "name", None) or getattr(extension, "default_name", None) \
+            or cls
+        evaluations = self.facts.setdefault("evaluation", [])
+        evaluations.append({"extension": names.extension_text(str(name), cls),
+                            "functions": hook.eval_functions,
+                            "graph_functions": hook.graph_functions})
+
+    # -- host <-> device copies inside iterations (CuPy only) -------------------
+    def _transfer_patches(self) -> list[Patch]:
+        import cupy
+        from chainer import variable
+        from chainer.backends import _cpu, cuda
+
+        gpu_array = cupy.ndarray
+
+        def to_host(obj: Any) -> bool:
+            return type(obj) is gpu_array
+
+        def to_device(obj: Any) -> bool:
+            return obj is not None and type(obj) is not gpu_array
+
+        def var_on_gpu(obj: Any) -> bool:
+            return type(getattr(obj, "array", None)) is gpu_array
+
+        targets = [
+            ("to_cpu", cuda, "_array_to_cpu", to_host),
+            ("to_cpu", _cpu, "_array_to_cpu", to_host),
+            ("to_gpu", cuda, "_array_to_gpu", to_device),
+            ("print", variable, "variable_str", var_on_gpu),
+            ("print", variable, "variable_repr", var_on_gpu),
+            ("item", variable.Variable, "item", None),
+        ]
+        patches = []
+        for label, owner, attr, test in targets:
+            patches.append(Patch(f"probe:{label} ({attr})", owner, attr,
+                                 self._transfer_wrapper(label, test, var_on_gpu)))
+        return patches
+
+    def _transfer_wrapper(self, label: str, test: Callable[[Any], bool] | None,
+                          var_on_gpu: Callable[[Any], bool]) -> Callable[[Patch], Callable]:
+        state = self.tracer.state
+        tracer = self.tracer
+
+        def make(patch: Patch) -> Callable:
+            def wrapper(wrapped, instance, args, kwargs):
+                patch.hits += 1
+                if patch.on:
+                    try:
+                        ts = state()
+                        if ts.iter_busy and not ts.quiet and ts.phase != names.DATA:
+                            obj = args[0] if args else None
+                            hit = var_on_gpu(instance) if test is None else test(obj)
+                            if hit:
+                                self._record_transfer(label, ts.phase, tracer.iterations)
+                    except Exception as exc:
+                        patch.fail(exc)
+                return wrapped(*args, **kwargs)
+
+            return wrapper
+
+        return make
+
+    def _record_transfer(self, label: str, phase: str | None, iteration: int) -> None:
+        info = self.facts.get("transfers")
+        if info is None:
+            info = self.facts["transfers"] = {"calls": 0, "by": {}, "phases": {},
+                                              "iterations": 0}
+        info["calls"] += 1
+        info["by"][label] = info["by"].get(label, 0) + 1
+        where = phase or "between phases"
+        info["phases"][where] = info["phases"].get(where, 0) + 1
+        if self._last_transfer_iteration != iteration:
+            self._last_transfer_iteration = iteration
+            info["iterations"] += 1
+
+
+# -- function hooks (classes built once Chainer is imported) --------------------
+
+def _hook_classes(chainer: Any) -> tuple[type, type]:
+    base = chainer.FunctionHook
+    config = chainer.config
+
+    class CountHook(base):
+        """Counts functions applied inside one training iteration."""
+
+        name = _HOOK_NAME + "_count"
+
+        def __init__(self, tracer: Any, begun: int) -> None:
+            self.tracer = tracer
+            self.begun = begun
+            self.functions = 0
+
+        def forward_preprocess(self, function: Any, in_data: Any) -> None:
+            tracer = self.tracer
+            if tracer.iterations == self.begun:
+                ts = tracer.state()
+                if ts.iter_busy and not ts.quiet:
+                    self.functions += 1
+
+    class EvalHook(base):
+        """Counts functions applied with ``train`` off, and those that build a graph."""
+
+        name = _HOOK_NAME + "_eval"
+
+        def __init__(self) -> None:
+            self.eval_functions = 0
+            self.graph_functions = 0
+
+        def forward_preprocess(self, function: Any, in_data: Any) -> None:
+            if not config.train:
+                self.eval_functions += 1
+                if config.enable_backprop:
+                    self.graph_functions += 1
+
+    return CountHook, EvalHook
+
+
+def _enter_hook(hook: Any) -> bool:
+    """Register ``hook`` on this thread unless one of that name is present."""
+    import chainer
+
+    if hook.name in chainer.get_function_hooks():
+        return False
+    hook.__enter__()
+    return True
+
+
+def _exit_hook(hook: Any) -> None:
+    import chainer
+
+    hooks = chainer.get_function_hooks()
+    if hooks.get(hook.name) is hook:
+        hook.__exit__(None, None, None)
+
+
+# -- one-shot facts ---------------------------------------------------------------
+
+def _on_gpu(array: Any) -> bool:
+    return array is not None and type(array).__module__.split(".")[0] == "cupy"
+
+
+def _param_facts(target: Any) -> dict[str, Any]:
+    count = size = gpu = 0
+    dtypes: dict[str, int] = {}
+    float64_gpu: list[str] = []
+    for path, param in target.namedparams():
+        array = param.array
+        if array is None:
+            continue
+        count += 1
+        size += int(array.size)
+        dtype = str(array.dtype)
+        dtypes[dtype] = dtypes.get(dtype, 0) + 1
+        if _on_gpu(array):
+            gpu += 1
+            if dtype == "float64" and len(float64_gpu) < 5:
+                float64_gpu.append(path)
+    facts: dict[str, Any] = {"count": count, "size": size, "dtypes": dtypes, "gpu": gpu}
+    if float64_gpu:
+        facts["float64_gpu_examples"] = float64_gpu
+    return facts
+
+
+def _conv_facts(target: Any) -> dict[str, int]:
+    total = gpu = 0
+    for link in target.links():
+        if "Convolution" not in type(link).__name__:
+            continue
+        total += 1
+        if any(_on_gpu(p.array) for p in link.params(include_uninit=False)):
+            gpu += 1
+    return {"count": total, "gpu": gpu}
+
+
+def blas_facts() -> dict[str, Any]:
+    """NumPy's BLAS: library name, whether it is a known optimized one, measured GFLOP/s."""
+    import numpy
+
+    name = _blas_name(numpy)
+    optimized = None if name is None else any(lib in name.lower() for lib in OPTIMIZED_BLAS)
+    return {"name": name, "optimized": optimized, "gflops": round(matmul_gflops(numpy), 2)}
+
+
+def _blas_name(numpy: Any) -> str | None:
+    config = getattr(numpy, "__config__", None)
+    deps = getattr(config, "CONFIG", {}).get("Build Dependencies", {})
+    blas = deps.get("blas") if isinstance(deps, dict) else None
+    if isinstance(blas, dict) and blas.get("name"):
+        return str(blas["name"]) if blas.get("found", True) else "none"
+    for key in ("blas_opt_info", "blas_ilp64_opt_info", "blas_info"):
+        info = getattr(config, key, None)
+        if isinstance(info, dict) and info.get("libraries"):
+            return ",".join(info["libraries"])
+    return None
+
+
+def matmul_gflops(numpy: Any, n: int = MATMUL_SIZE, repeats: int = 3) -> float:
+    """GFLOP/s of the best of ``repeats`` float32 ``n x n`` matmuls."""
+    a = numpy.ones((n, n), numpy.float32)
+    b = numpy.ones((n, n), numpy.float32)
+    a @ b
+    best = None
+    for _ in range(repeats):
+        t0 = perf_counter_ns()
+        a @ b
+        dt = perf_counter_ns() - t0
+        best = dt if best is None else min(best, dt)
+    return 2.0 * n ** 3 / max(best or 1, 1)
+
+
+def type_check_cost_us() -> float | None:
+    """Host microseconds of one forward type check: the mean over three common functions.
+
+    Times ``FunctionNode._check_data_type_forward`` of ReLU, Linear and Add on
+    small float32 arrays: what ``chainer.config.type_check`` adds to each
+    function call.
+    """
+    try:
+        import numpy
+        from chainer.functions.activation.relu import ReLU
+        from chainer.functions.connection.linear import LinearFunction
+        from chainer.functions.math.basic_math import Add
+
+        x = numpy.zeros((2, 3), numpy.float32)
+        w = numpy.zeros((4, 3), numpy.float32)
+        cases = ((ReLU(), (x,)), (LinearFunction(), (x, w)), (Add(), (x, x)))
+        total = 0
+        for node, inputs in cases:
+            node._input_layouts = (None,) * len(inputs)
+            check = node._check_data_type_forward
+            for _ in range(10):
+                check(inputs)
+            t0 = perf_counter_ns()
+            for _ in range(TYPE_CHECK_REPEATS):
+                check(inputs)
+            total += perf_counter_ns() - t0
+        return total / (TYPE_CHECK_REPEATS * len(cases)) / 1e3
+    except Exception:
+        return None

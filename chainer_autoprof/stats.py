@@ -1,0 +1,620 @@
+"""Run statistics: what the summary, the report and the verdict read.
+
+One event model feeds both the live recorder and a saved trace: *ranges in
+end order per thread*, each ``(name index, t0 ns, t1 ns, depth)``.
+:class:`Aggregator` turns that stream into a :class:`RunStats`, so a summary
+printed at exit and a summary computed from the trace of the same run agree.
+
+Aggregation, per thread, as each range ends (children end before parents):
+
+* ``iteration`` ranges: one iteration; the phase ranges (data, forward,
+  backward, update) that ended inside it are its phases, and
+  ``other = iteration - sum(phases)``.  The first ``warmup`` iterations are
+  excluded from the statistics (their time is reported as ``warm-up``).
+* ``link`` ranges: calls, inclusive time and self time (inclusive minus the
+  child link ranges) per link path; ``link_backward`` ranges: backward calls
+  and time, attributed to the link whose forward created each function.
+  Both only inside counted iterations.
+* depth-0 ranges on the loop thread (the thread that ran most iterations)
+  and the gaps between them make up the wall time: ``startup`` (before the
+  first iteration), ``warm-up``, extension / inference / user ranges,
+  ``idle`` (gaps between iterations that no range covers) and ``shutdown``
+  (after the last iteration), so ``sum(iterations) + sum(outside) == wall``.
+
+Memory: totals are exact running sums; the per-iteration lists keep every
+iteration up to :data:`MAX_KEPT_ITERATIONS`, then a uniform sample (every
+``sample_stride``-th iteration), so median and p95 stay representative over
+millions of iterations.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from . import names
+
+#: Keys of :attr:`RunStats.phase_ms`: the four phases and the rest of the iteration.
+PHASE_KEYS = ("data", "forward", "backward", "update", "other")
+#: Per-iteration values kept before the lists are thinned to a uniform sample.
+MAX_KEPT_ITERATIONS = 1 << 16
+#: A recorded depth field: the depth in the low bits; an iteration range also
+#: carries its iteration number + 1 above them.
+DEPTH_BITS = 16
+DEPTH_MASK = (1 << DEPTH_BITS) - 1
+
+STARTUP = "startup"
+WARMUP = "warm-up"
+IDLE = "idle"
+SHUTDOWN = "shutdown"
+BEFORE_WINDOW = "before window"
+AFTER_WINDOW = "after window"
+
+# Kinds of a range name, for aggregation.
+_K_SKIP, _K_ITER, _K_LINK, _K_LINK_BWD, _K_QUIET, _K_OTHER = 0, 1, 2, 3, 4, 5
+_K_PHASE0 = 10  # + index in PHASE_KEYS
+
+
+def median(values: Sequence[float]) -> float:
+    """Median (0.0 for no values)."""
+    return percentile(values, 50.0)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile with linear interpolation (0.0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass
+class LinkStat:
+    """One link (by its path in the model) over the counted iterations."""
+
+    name: str
+    calls: int
+    incl_ms: float
+    self_ms: float
+    bwd_calls: int
+    bwd_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        """Forward inclusive plus attributed backward time."""
+        return self.incl_ms + self.bwd_ms
+
+
+@dataclass
+class RunStats:
+    """Everything the summary prints, from a live run or a saved trace."""
+
+    iterations: int
+    warmup: int
+    iteration_ms: list[float]
+    phase_ms: dict[str, list[float]]
+    outside_ms: dict[str, float]
+    wall_ms: float
+    links: list[LinkStat]
+    batch_size: int | None
+    sync_level: int
+    sync_calls: int
+    overhead_ms: float
+    gpu_phase_ms: dict[str, list[float]] | None
+    meta: dict
+    #: Exact total of the counted iterations (the lists may be a sample).
+    iteration_total_ms: float = 0.0
+    #: Exact per-phase totals over the counted iterations.
+    phase_total_ms: dict[str, float] = field(default_factory=dict)
+    #: The lists hold every ``sample_stride``-th counted iteration.
+    sample_stride: int = 1
+    #: Ranges recorded, and ranges dropped from the trace by the record limit.
+    ranges: int = 0
+    dropped_ranges: int = 0
+    #: Whether phase ranges were recorded (granularity phase or finer).
+    has_phases: bool = True
+    #: How the overhead figure was obtained (one line).
+    overhead_method: str = ""
+
+    # -- iterations --------------------------------------------------------
+    def median(self) -> float:
+        """Median iteration time (ms)."""
+        return median(self.iteration_ms)
+
+    def p95(self) -> float:
+        """95th percentile of iteration time (ms)."""
+        return percentile(self.iteration_ms, 95.0)
+
+    def mean(self) -> float:
+        """Mean iteration time (ms), exact."""
+        return self.iteration_total_ms / self.iterations if self.iterations else 0.0
+
+    def iterations_per_second(self) -> float:
+        """Counted iterations per second of iteration time."""
+        return 1000.0 / self.mean() if self.iterations and self.mean() > 0 else 0.0
+
+    def samples_per_second(self) -> float | None:
+        """Samples per second, when the batch size is known."""
+        if not self.batch_size:
+            return None
+        return self.iterations_per_second() * self.batch_size
+
+    # -- phases --------------------------------------------------------------
+    def phase_total(self, phase: str) -> float:
+        """Exact total of ``phase`` over the counted iterations (ms)."""
+        return self.phase_total_ms.get(phase, 0.0)
+
+    def phase_share(self, phase: str) -> float:
+        """Share (0-1) of the counted iteration time spent in ``phase``."""
+        total = self.iteration_total_ms
+        return self.phase_total(phase) / total if total > 0 else 0.0
+
+    def phase_median(self, phase: str) -> float:
+        """Median time per iteration in ``phase`` (ms)."""
+        return median(self.phase_ms.get(phase, []))
+
+    def dominant_phase(self) -> str | None:
+        """The phase key with the largest total (``None`` without iterations)."""
+        if not self.iterations:
+            return None
+        keys = PHASE_KEYS if self.has_phases else ("other",)
+        return max(keys, key=self.phase_total)
+
+    # -- outside iterations --------------------------------------------------
+    def outside_total(self) -> float:
+        return sum(self.outside_ms.values())
+
+    def wall_share(self, ms: float) -> float:
+        """Share (0-1) of the wall time."""
+        return ms / self.wall_ms if self.wall_ms > 0 else 0.0
+
+    # -- serialization -------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunStats:
+        data = dict(data)
+        data["links"] = [LinkStat(**link) for link in data.get("links", [])]
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class _Series:
+    """Per-iteration rows: all of them up to ``cap``, then a uniform sample.
+
+    Row ``i`` (counted from the first) is kept when ``i % stride == 0``;
+    reaching ``cap`` kept rows halves them and doubles ``stride``.  Feeding
+    rows one by one or in blocks gives the same result.
+    """
+
+    __slots__ = ("cap", "skip", "stride", "values")
+
+    def __init__(self, cap: int, width: int) -> None:
+        self.cap = max(2, cap + (cap & 1))
+        self.stride = 1
+        self.skip = 0  # rows to pass over before the next kept one
+        self.values = [array("d") for _ in range(width)]
+
+    def extend(self, rows: Any) -> None:
+        """Add the rows of a 2-D float array (one row per iteration)."""
+        import numpy as np
+
+        rows = np.asarray(rows, dtype=np.float64)
+        k = len(rows)
+        pos = 0
+        while pos < k:
+            start = pos + self.skip
+            if start >= k:
+                self.skip = start - k
+                return
+            room = self.cap - len(self.values[0])
+            picked = np.arange(start, k, self.stride)[:room]
+            for column, values in zip(self.values, rows[picked].T):
+                column.frombytes(np.ascontiguousarray(values).tobytes())
+            last = int(picked[-1])
+            if len(self.values[0]) >= self.cap:
+                self.values = [column[::2] for column in self.values]
+                self.skip = self.stride - 1
+                self.stride *= 2
+                pos = last + 1
+            else:
+                self.skip = last + self.stride - k
+                return
+
+
+class _ThreadAgg:
+    """Aggregation state of one thread carried from one block of ranges to the next."""
+
+    __slots__ = ("child_ns", "gap_pending", "iterations", "last_top_end", "links",
+                 "nested_counted", "nested_warm", "outside", "phase_ns", "seen_iter")
+
+    def __init__(self, start_ns: int) -> None:
+        self.phase_ns = [0, 0, 0, 0]     # phases of the iteration still open
+        self.child_ns: dict[int, int] = {}  # depth -> child link time of the open range there
+        self.links: Any = None           # link figures not yet assigned to an iteration
+        self.last_top_end = start_ns
+        self.gap_pending = 0
+        self.seen_iter = False
+        self.nested_counted = 0          # iterations inside the open depth-0 range
+        self.nested_warm = 0
+        self.outside: dict[str, int] = {}
+        self.iterations = 0
+
+
+class Aggregator:
+    """Ranges in end order per thread -> :class:`RunStats`.
+
+    :meth:`feed` takes a block of rows ``(index, t0, t1, depth)`` and works on
+    the whole block with NumPy (the per-range cost is a few array
+    operations); state that spans blocks (open iteration, open parents,
+    gaps) is carried per thread, so any split into blocks gives the same
+    result.  ``warmup_skip`` iterations are excluded (counted from the first
+    recorded one); ``window`` (``(start, stop)`` or ``None``) only renames
+    the time before and after it.
+    """
+
+    def __init__(self, start_ns: int = 0, warmup_skip: int = 0,
+                 window: tuple[int, int] | None = None,
+                 max_kept: int = MAX_KEPT_ITERATIONS) -> None:
+        self.start_ns = start_ns
+        self.warmup_skip = warmup_skip
+        self.before_label = BEFORE_WINDOW if window and window[0] > 0 else STARTUP
+        self.after_label = AFTER_WINDOW if window else SHUTDOWN
+        self.names: list[str] = []
+        self.kinds: list[int] = []
+        self.keys: list[str] = []          # outside key per name index
+        self.link_ids: list[int] = []      # link key id per name index (-1: not a link)
+        self.link_keys: list[str] = []
+        self._link_key_index: dict[str, int] = {}
+        self._np_tables: Any = None
+        self.threads: dict[int, _ThreadAgg] = {}
+        self.series = _Series(max_kept, 1 + len(PHASE_KEYS))
+        self.seen = 0                      # iterations seen (warm-up included)
+        self.counted = 0
+        self.iter_total = 0
+        self.phase_total = [0, 0, 0, 0, 0]
+        self.link_totals: Any = None       # int64 array (link keys, 5)
+        self.ranges = 0
+        self.phase_seen = False
+
+    # -- names ----------------------------------------------------------------
+    def add_name(self, index: int, name: str, category: str) -> None:
+        """Register name ``index`` (indexes may arrive in any order)."""
+        while len(self.names) <= index:
+            self.names.append("")
+            self.kinds.append(_K_SKIP)
+            self.keys.append("")
+            self.link_ids.append(-1)
+        self.names[index] = name
+        kind, key = _kind_of(name, category)
+        self.kinds[index], self.keys[index] = kind, key
+        if kind in (_K_LINK, _K_LINK_BWD):
+            lid = self._link_key_index.get(key)
+            if lid is None:
+                lid = self._link_key_index[key] = len(self.link_keys)
+                self.link_keys.append(key)
+            self.link_ids[index] = lid
+        self._np_tables = None
+
+    def _tables(self) -> tuple[Any, Any]:
+        import numpy as np
+
+        tables = self._np_tables
+        if tables is None or len(tables[0]) != len(self.kinds):
+            tables = self._np_tables = (np.array(self.kinds, dtype=np.int64),
+                                        np.array(self.link_ids, dtype=np.int64))
+        return tables
+
+    # -- feeding --------------------------------------------------------------
+    def feed(self, tid: int, rows: Any) -> None:
+        """Aggregate a block of rows of thread ``tid``, in end order.
+
+        ``rows``: an int64 array of shape ``(n, 4)`` (or anything NumPy turns
+        into one).
+        """
+        import numpy as np
+
+        a = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+        n = len(a)
+        if not n:
+            return
+        th = self.threads.get(tid)
+        if th is None:
+            th = self.threads[tid] = _ThreadAgg(self.start_ns)
+        self.ranges += n
+        kinds_t, link_ids_t = self._tables()
+        index = a[:, 0]
+        known = index < len(kinds_t)
+        safe = np.where(known, index, 0)
+        kind = np.where(known, kinds_t[safe] if len(kinds_t) else 0, _K_SKIP)
+        t0, t1 = a[:, 1], a[:, 2]
+        depth = a[:, 3] & DEPTH_MASK
+        dur = t1 - t0
+
+        is_iter = kind == _K_ITER
+        it_pos = np.flatnonzero(is_iter)
+        n_it = len(it_pos)
+        seq = self.seen + np.arange(1, n_it + 1)
+        it_counted = seq > self.warmup_skip
+        self.seen += n_it
+        th.iterations += n_it
+
+        self._links(th, a, kind, depth, dur, is_iter, it_pos, it_counted, link_ids_t)
+        phases = self._phases(th, kind, dur, it_pos)
+        if n_it:
+            it_dur = dur[it_pos]
+            other = it_dur - phases.sum(axis=1)
+            table = np.column_stack([it_dur, phases, other])[it_counted]
+            if len(table):
+                self.counted += len(table)
+                self.iter_total += int(table[:, 0].sum())
+                sums = table[:, 1:].sum(axis=0).tolist()
+                for i in range(5):
+                    self.phase_total[i] += int(sums[i])
+                self.series.extend(table / 1e6)
+        self._top_level(th, kind, index, t0, t1, depth, dur, is_iter, it_pos, it_counted)
+
+    def _phases(self, th: _ThreadAgg, kind: Any, dur: Any, it_pos: Any) -> Any:
+        """(iterations in block, 4) phase sums; the phases of an open iteration are carried."""
+        import numpy as np
+
+        n_it = len(it_pos)
+        ph = np.flatnonzero(kind >= _K_PHASE0)
+        sums = np.zeros((n_it, 4), dtype=np.int64)
+        if len(ph):
+            self.phase_seen = True
+            owner = np.searchsorted(it_pos, ph)
+            slot = kind[ph] - _K_PHASE0
+            inside = owner < n_it
+            flat = _bincount(owner[inside] * 4 + slot[inside], dur[ph][inside], n_it * 4)
+            sums += flat.reshape(n_it, 4)
+            left = _bincount(slot[~inside], dur[ph][~inside], 4)
+        else:
+            left = None
+        carried = th.phase_ns
+        if n_it:
+            sums[0] += np.array(carried, dtype=np.int64)
+            carried = [0, 0, 0, 0]
+        if left is not None:
+            carried = [c + int(x) for c, x in zip(carried, left.tolist())]
+        th.phase_ns = carried
+        return sums
+
+    def _links(self, th: _ThreadAgg, a: Any, kind: Any, depth: Any, dur: Any, is_iter: Any,
+               it_pos: Any, it_counted: Any, link_ids_t: Any) -> None:
+        """Link calls, inclusive/self time and attributed backward time, per counted iteration."""
+        import numpy as np
+
+        n = len(a)
+        is_link = kind == _K_LINK
+        is_bwd = kind == _K_LINK_BWD
+        lk = np.flatnonzero(is_link | is_bwd)
+        if not len(lk) and th.links is None and not th.child_ns:
+            return
+        # child link time: a range's parent is the next range to end one level up
+        child = np.zeros(n, dtype=np.int64)
+        for d, carried in list(th.child_ns.items()):
+            first = np.flatnonzero(depth == d)
+            if len(first):
+                child[first[0]] += carried
+                del th.child_ns[d]
+        fwd = np.flatnonzero(is_link & (depth > 0))
+        if len(fwd):
+            fwd_depth = depth[fwd]
+            for d in np.unique(fwd_depth).tolist():
+                rows = fwd[fwd_depth == d]
+                parents = np.flatnonzero(depth == d - 1)
+                k = np.searchsorted(parents, rows, side="right")
+                inside = k < len(parents)
+                child += _bincount(parents[k[inside]], dur[rows[inside]], n)
+                rest = int(dur[rows[~inside]].sum())
+                if rest:
+                    th.child_ns[d - 1] = th.child_ns.get(d - 1, 0) + rest
+        n_keys = len(self.link_keys)
+        # which iteration each link range belongs to: the next iteration or quiet range
+        markers = np.flatnonzero(is_iter | (kind == _K_QUIET))
+        marker_counted = np.zeros(len(markers), dtype=bool)
+        marker_counted[np.searchsorted(markers, it_pos)] = it_counted
+        if th.links is not None and len(markers):
+            if marker_counted[0]:
+                self._add_links(th.links)
+            th.links = None
+        if not len(lk):
+            return
+        m = np.searchsorted(markers, lk, side="right")
+        pending = m >= len(markers)
+        keep = np.zeros(len(lk), dtype=bool)
+        keep[~pending] = marker_counted[m[~pending]]
+        ids = link_ids_t[a[lk, 0]]
+        ones = is_link[lk].astype(np.int64)
+        bwd = 1 - ones
+        d = dur[lk]
+        self_ns = (d - child[lk]) * ones
+        cols = (ones, d * ones, self_ns, bwd, d * bwd)
+
+        def block(sel: Any) -> Any:
+            return np.column_stack([_bincount(ids[sel], col[sel], n_keys) for col in cols])
+
+        if keep.any():
+            self._add_links(block(keep))
+        if pending.any():
+            part = block(pending)
+            th.links = part if th.links is None else _grow(th.links, n_keys) + part
+
+    def _add_links(self, part: Any) -> None:
+        if self.link_totals is None:
+            self.link_totals = part.copy()
+        else:
+            n = max(len(self.link_totals), len(part))
+            self.link_totals = _grow(self.link_totals, n) + _grow(part, n)
+
+    def _top_level(self, th: _ThreadAgg, kind: Any, index: Any, t0: Any, t1: Any, depth: Any,
+                   dur: Any, is_iter: Any, it_pos: Any, it_counted: Any) -> None:
+        """Wall-time accounting of the depth-0 ranges and the gaps between them."""
+        import numpy as np
+
+        top = np.flatnonzero(depth == 0)
+        nested = np.flatnonzero(is_iter & (depth > 0))
+        nested_counted = it_counted[np.searchsorted(it_pos, nested)] if len(nested) else None
+        # iterations nested in a depth-0 range: assign to the next depth-0 range to end
+        counted_in = np.zeros(len(top) + 1, dtype=np.int64)
+        warm_in = np.zeros(len(top) + 1, dtype=np.int64)
+        if len(nested):
+            owner = np.searchsorted(top, nested)
+            counted_in += _bincount(owner, dur[nested] * nested_counted, len(top) + 1)
+            warm_in += _bincount(owner, dur[nested] * ~nested_counted, len(top) + 1)
+        counted_in[0] += th.nested_counted
+        warm_in[0] += th.nested_warm
+        th.nested_counted = int(counted_in[-1])
+        th.nested_warm = int(warm_in[-1])
+        if not len(top):
+            return
+        outside = th.outside
+        top_is_iter = is_iter[top]
+        ends = t1[top]
+        gaps = t0[top] - np.concatenate(([th.last_top_end], ends[:-1]))
+        np.maximum(gaps, 0, out=gaps)
+        th.last_top_end = max(th.last_top_end, int(ends.max()))
+        iters = np.flatnonzero(top_is_iter)
+        # a gap before the first iteration is start-up; later gaps are idle once
+        # another iteration follows them, pending until then
+        seen_before = np.ones(len(top), dtype=bool)
+        if not th.seen_iter:
+            seen_before[:iters[0] + 1 if len(iters) else len(top)] = False
+        before = int(gaps[~seen_before].sum())
+        if before:
+            outside[self.before_label] = outside.get(self.before_label, 0) + before
+        later = np.where(seen_before, gaps, 0)
+        if len(iters):
+            idle = th.gap_pending + int(later[:iters[-1] + 1].sum())
+            if idle:
+                outside[IDLE] = outside.get(IDLE, 0) + idle
+            th.gap_pending = int(later[iters[-1] + 1:].sum())
+            th.seen_iter = True
+            counted = it_counted[np.searchsorted(it_pos, top[iters])]
+            warm = int(dur[top[iters]][~counted].sum())
+        else:
+            th.gap_pending += int(later.sum())
+            warm = 0
+        others = np.flatnonzero(~top_is_iter)
+        if len(others):
+            rows = top[others]
+            warm += int(warm_in[others].sum())
+            own = dur[rows] - counted_in[others] - warm_in[others]
+            keys = self.keys
+            for idx, ns in _sum_by(index[rows], own):
+                key = keys[idx] if idx < len(keys) else "?"
+                outside[key] = outside.get(key, 0) + ns
+        if warm:
+            outside[WARMUP] = outside.get(WARMUP, 0) + warm
+
+    # -- result -----------------------------------------------------------------
+    def loop_thread(self, prefer: int | None = None) -> int | None:
+        """The thread that ran most iterations (``prefer`` when none did)."""
+        best, best_n = prefer, 0
+        for tid, th in self.threads.items():
+            if th.iterations > best_n:
+                best, best_n = tid, th.iterations
+        if best is None and self.threads:
+            best = next(iter(self.threads))
+        return best
+
+    def result(self, end_ns: int, main_tid: int | None = None, **extra: Any) -> RunStats:
+        """The statistics so far, the run ending at ``end_ns``."""
+        tid = self.loop_thread(main_tid)
+        outside_ns: dict[str, int] = {}
+        if tid is not None and tid in self.threads:
+            th = self.threads[tid]
+            outside_ns = dict(th.outside)
+            tail = max(0, end_ns - th.last_top_end) + th.gap_pending
+            label = self.after_label if th.seen_iter else self.before_label
+            if tail:
+                outside_ns[label] = outside_ns.get(label, 0) + tail
+        elif end_ns > self.start_ns:
+            outside_ns[self.before_label] = end_ns - self.start_ns
+        values = self.series.values
+        links = []
+        if self.link_totals is not None:
+            for key, s in zip(self.link_keys, self.link_totals.tolist()):
+                if s[0] or s[3]:
+                    links.append(LinkStat(key, s[0], s[1] / 1e6, s[2] / 1e6, s[3], s[4] / 1e6))
+        links.sort(key=lambda link: (-link.incl_ms, -link.bwd_ms, link.name))
+        fields: dict[str, Any] = {
+            "iterations": self.counted,
+            "warmup": self.seen - self.counted,
+            "iteration_ms": values[0].tolist(),
+            "phase_ms": {key: values[i + 1].tolist() for i, key in enumerate(PHASE_KEYS)},
+            "outside_ms": {k: v / 1e6 for k, v in outside_ns.items() if v > 0},
+            "wall_ms": max(0, end_ns - self.start_ns) / 1e6,
+            "links": links,
+            "batch_size": None, "sync_level": 0, "sync_calls": 0, "overhead_ms": 0.0,
+            "gpu_phase_ms": None, "meta": {},
+            "iteration_total_ms": self.iter_total / 1e6,
+            "phase_total_ms": {key: self.phase_total[i] / 1e6
+                               for i, key in enumerate(PHASE_KEYS)},
+            "sample_stride": self.series.stride,
+            "ranges": self.ranges,
+            "has_phases": self.phase_seen or self.counted == 0,
+        }
+        fields.update(extra)
+        return RunStats(**fields)
+
+
+def _sum_by(keys: Any, values: Any) -> list[tuple[int, int]]:
+    """``(key, sum of values)`` for each distinct key (small non-negative ints)."""
+    import numpy as np
+
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    sums = _bincount(inverse, values, len(uniq))
+    return list(zip(uniq.tolist(), sums.tolist()))
+
+
+def _bincount(bins: Any, values: Any, size: int) -> Any:
+    """Integer sums of ``values`` per bin (exact below 2**53 ns, about 104 days)."""
+    import numpy as np
+
+    if not len(bins):
+        return np.zeros(size, dtype=np.int64)
+    return np.rint(np.bincount(bins, weights=values, minlength=size)).astype(np.int64)
+
+
+def _grow(table: Any, rows: int) -> Any:
+    """``table`` padded with zero rows to ``rows`` rows."""
+    import numpy as np
+
+    if len(table) >= rows:
+        return table
+    return np.vstack([table, np.zeros((rows - len(table), table.shape[1]), dtype=table.dtype)])
+
+
+def _kind_of(name: str, category: str) -> tuple[int, str]:
+    """Aggregation kind and key (link name / outside label) of a range name."""
+    if category == names.ITERATION:
+        return _K_ITER, name
+    if category in names.PHASES:
+        return _K_PHASE0 + PHASE_KEYS.index(category), name
+    if category == names.LINK:
+        return _K_LINK, name
+    if category == names.LINK_BACKWARD:
+        suffix = " backward"
+        return _K_LINK_BWD, name[:-len(suffix)] if name.endswith(suffix) else name
+    if category in (names.EXTENSION, names.INFERENCE):
+        return _K_QUIET, name
+    if category == names.USER:
+        return _K_OTHER, f"user:{name}"
+    if category == names.FUNCTION:
+        return _K_SKIP, name
+    return _K_OTHER, name
+
+
+def stats_from_trace(path: str) -> RunStats:
+    """The :class:`RunStats` of a trace file written by the recorder."""
+    from .trace import read_trace
+
+    return read_trace(path).stats()

@@ -1,0 +1,348 @@
+"""Timeline traces: Chrome trace-event JSON files (Perfetto UI, chrome://tracing).
+
+File layout (a JSON object)::
+
+    {"traceEvents": [...], "displayTimeUnit": "ms",
+     "otherData": {"chainer_autoprof": {
+         "version", "pid", "host", "rank", "command", "settings", "versions",
+         "devices", "clock": {"perf_counter_ns_at_start", "unix_time_ns_at_start",
+                              "duration_ns"},
+         "dropped_ranges", "main_tid", "warmup_skip", "batch_size", "sync_level",
+         "sync_calls", "overhead_ms", "overhead_method", "gpu_phase_ms",
+         "run_stats" (only when ranges were dropped), "facts"}}}
+
+Events:
+
+* metadata ``{"ph": "M", "name": "process_name" | "thread_name" |
+  "thread_sort_index", "pid", "tid", "args": {...}}``: one track per thread;
+* ranges as complete events ``{"ph": "X", "name", "cat", "cname", "ts",
+  "dur", "pid", "tid", "args": {"depth": d, "color": "0xAARRGGBB"}}``
+  (iteration ranges also carry ``"iteration": n``, counted from 0), written
+  per thread in begin order (ties: outer range first).  ``ts`` is in
+  microseconds since the agent started (3 decimals: nanosecond exact),
+  ``dur`` likewise; ``cat`` is the range category (names.CATEGORIES).
+
+Colours: Chrome's trace viewer knows only its named colours, so each category
+maps to the closest ``cname`` (:data:`CNAMES`); the NVTX ARGB colour is in
+``args.color``.
+
+The file is written to a temporary name beside the target and renamed, so a
+crash never leaves half a file.  Path templates take Nsight's substitutions:
+``%p`` pid, ``%h`` host name, ``%q{VAR}`` environment variable, plus ``%r``
+MPI rank and ``%%`` a percent sign.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from . import names
+from .stats import DEPTH_BITS, DEPTH_MASK
+
+#: category -> Chrome trace-viewer colour name (closest to the NVTX colour)
+CNAMES: dict[str, str] = {
+    names.ITERATION: "yellow",
+    names.DATA: "detailed_memory_dump",
+    names.FORWARD: "cq_build_attempt_passed",
+    names.BACKWARD: "rail_response",
+    names.UPDATE: "rail_animation",
+    names.EXTENSION: "thread_state_iowait",
+    names.INFERENCE: "background_memory_dump",
+    names.COMM: "bad",
+    names.USER: "cq_build_failed",
+    names.LINK: "cq_build_passed",
+    names.LINK_BACKWARD: "thread_state_runnable",
+    names.FUNCTION: "grey",
+}
+
+#: Environment variables holding the MPI rank, first found wins.
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK")
+
+_SUBST = re.compile(r"%(?:q\{([^}]*)\}|(.))")
+
+
+def mpi_rank(environ: Mapping[str, str] | None = None) -> int:
+    """The MPI rank from the launcher's environment (0 when none is set or empty).
+
+    Without ``environ``, the rank this process learned (launcher or ChainerMN
+    communicator, see :mod:`.processes`) comes first.
+    """
+    if environ is None:
+        from .processes import current_rank
+
+        known = current_rank()
+        if known is not None:
+            return known
+    env = os.environ if environ is None else environ
+    for var in RANK_VARIABLES:
+        value = env.get(var, "").strip()
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                continue
+    return 0
+
+
+def expand_path(template: str, pid: int | None = None,
+                environ: Mapping[str, str] | None = None) -> str:
+    """Apply ``%p %h %r %q{VAR} %%`` to ``template`` (unknown ``%x`` kept as is)."""
+    env = os.environ if environ is None else environ
+
+    def sub(match: re.Match) -> str:
+        var, code = match.group(1), match.group(2)
+        if var is not None:
+            return env.get(var, "")
+        if code == "p":
+            return str(os.getpid() if pid is None else pid)
+        if code == "h":
+            return socket.gethostname()
+        if code == "r":
+            return str(mpi_rank(env))
+        if code == "%":
+            return "%"
+        return match.group(0)
+
+    return os.path.expanduser(_SUBST.sub(sub, template))
+
+
+def check_writable(template: str) -> None:
+    """Raise ``ValueError`` (one line) if the trace could not be written there."""
+    path = expand_path(template)
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory")
+    if not os.path.isdir(directory):
+        raise ValueError(f"directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError(f"directory {directory} is not writable")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ValueError(f"{path} is not writable")
+
+
+# --------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------
+
+@dataclass
+class ThreadRanges:
+    """One thread's recorded ranges: int64 blocks of rows ``(index, t0, t1, depth)``."""
+
+    tid: int
+    name: str
+    blocks: list[Any]
+
+
+def _argb_hex(color: int) -> str:
+    return f"0x{color & 0xFFFFFFFF:08X}"
+
+
+def _fixed3(ns: int) -> str:
+    """Nanoseconds as microseconds with 3 decimals, exactly."""
+    if ns < 0:
+        return f"{ns / 1000:.3f}"
+    q, r = divmod(ns, 1000)
+    return f"{q}.{r:03d}"
+
+
+def _rows_in_begin_order(blocks: list[Any]) -> list[list[int]]:
+    import numpy as np
+
+    if not blocks:
+        return []
+    rows = np.concatenate([np.asarray(b, dtype=np.int64).reshape(-1, 4) for b in blocks])
+    order = np.lexsort((rows[:, 3] & DEPTH_MASK, rows[:, 1]))
+    return rows[order].tolist()
+
+
+def write_trace(path: str, *, pid: int, start_ns: int, infos: Sequence[tuple[str, str, int]],
+                threads: Iterable[ThreadRanges], other: dict[str, Any],
+                process_name: str, main_tid: int | None = None) -> int:
+    """Write the trace file atomically; returns the number of ranges written.
+
+    ``infos[i]`` is ``(name, category, ARGB colour)`` of name index ``i``.
+    """
+    prefixes: list[str] = []
+    for name, category, _color in infos:
+        cname = json.dumps(CNAMES.get(category, "generic_work"))
+        prefixes.append(f'{{"ph":"X","name":{json.dumps(name)},"cat":{json.dumps(category)},'
+                        f'"cname":{cname},"pid":{pid},"tid":')
+    colors = [_argb_hex(color) for _n, _c, color in infos]
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".chainer_autoprof.", suffix=".tmp", dir=directory)
+    written = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write('{"displayTimeUnit":"ms","otherData":')
+            out.write(json.dumps({"chainer_autoprof": other}, default=str))
+            out.write(',"traceEvents":[\n')
+            meta = {"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                    "args": {"name": process_name}}
+            out.write(json.dumps(meta))
+            threads = list(threads)
+            threads.sort(key=lambda t: (t.tid != main_tid, t.tid))
+            for order, thread in enumerate(threads):
+                for event in (
+                        {"ph": "M", "name": "thread_name", "pid": pid, "tid": thread.tid,
+                         "args": {"name": thread.name}},
+                        {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": thread.tid,
+                         "args": {"sort_index": order}}):
+                    out.write(",\n" + json.dumps(event))
+            n_infos = len(prefixes)
+            for thread in threads:
+                tid = thread.tid
+                for index, t0, t1, packed in _rows_in_begin_order(thread.blocks):
+                    if index >= n_infos:
+                        continue
+                    depth = packed & DEPTH_MASK
+                    extra = (f',"iteration":{(packed >> DEPTH_BITS) - 1}'
+                             if packed > DEPTH_MASK else "")
+                    out.write(f',\n{prefixes[index]}{tid},"ts":{_fixed3(t0 - start_ns)},'
+                              f'"dur":{_fixed3(t1 - t0)},"args":{{"depth":{depth},'
+                              f'"color":"{colors[index]}"{extra}}}}}')
+                    written += 1
+            out.write("\n]}\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return written
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# --------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------
+
+@dataclass
+class Range:
+    """One complete event read back: times in ns since the agent started."""
+
+    name: str
+    category: str
+    tid: int
+    t0: int
+    t1: int
+    depth: int
+    iteration: int | None = None
+
+
+@dataclass
+class Trace:
+    """A trace file read back."""
+
+    path: str
+    meta: dict[str, Any]
+    ranges: list[Range]
+    thread_names: dict[int, str] = field(default_factory=dict)
+    pid: int | None = None
+
+    def by_thread(self) -> dict[int, list[Range]]:
+        """Ranges per thread, in end order (inner range first on ties)."""
+        out: dict[int, list[Range]] = {}
+        for r in self.ranges:
+            out.setdefault(r.tid, []).append(r)
+        for rows in out.values():
+            rows.sort(key=lambda r: (r.t1, -r.depth))
+        return out
+
+    def stats(self, from_events: bool = False):
+        """The run's :class:`~chainer_autoprof.stats.RunStats`.
+
+        Computed from the events, unless the recorder dropped ranges (the
+        record limit) and saved the whole run's statistics in the metadata.
+        """
+        from .stats import Aggregator, RunStats
+
+        meta = self.meta
+        if not from_events and meta.get("dropped_ranges") and meta.get("run_stats"):
+            return RunStats.from_dict(meta["run_stats"])
+        settings = meta.get("settings") or {}
+        window = settings.get("iterations")
+        agg = Aggregator(0, int(meta.get("warmup_skip", 0)),
+                         tuple(window) if window else None)
+        index: dict[tuple[str, str], int] = {}
+        per_thread = self.by_thread()
+        for rows in per_thread.values():
+            for r in rows:
+                key = (r.name, r.category)
+                if key not in index:
+                    index[key] = len(index)
+                    agg.add_name(index[key], r.name, r.category)
+        for tid, rows in per_thread.items():
+            agg.feed(tid, [(index[(r.name, r.category)], r.t0, r.t1, r.depth) for r in rows])
+        clock = meta.get("clock") or {}
+        end_ns = int(clock.get("duration_ns") or max((r.t1 for r in self.ranges), default=0))
+        return agg.result(end_ns, meta.get("main_tid"), **stats_extras(meta))
+
+
+def stats_extras(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The RunStats fields that come from the metadata rather than the ranges."""
+    gpu = meta.get("gpu_phase_ms")
+    return {
+        "batch_size": meta.get("batch_size"),
+        "sync_level": int(meta.get("sync_level", 0)),
+        "sync_calls": int(meta.get("sync_calls", 0)),
+        "overhead_ms": float(meta.get("overhead_ms", 0.0)),
+        "overhead_method": str(meta.get("overhead_method", "")),
+        "gpu_phase_ms": dict(gpu) if gpu else None,
+        "dropped_ranges": int(meta.get("dropped_ranges", 0)),
+        "meta": dict(meta),
+    }
+
+
+class TraceError(ValueError):
+    """A file that is not a trace this tool can read (one-line message)."""
+
+
+def read_trace(path: str) -> Trace:
+    """Read a trace written by :func:`write_trace` (or merged from several)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise TraceError(f"{path} is not valid JSON ({exc})") from None
+    if isinstance(data, list):
+        data = {"traceEvents": data}
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise TraceError(f"{path} is not a trace-event file (no traceEvents list)")
+    other = data.get("otherData") or {}
+    meta = other.get("chainer_autoprof") if isinstance(other, dict) else None
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    pid = meta.get("pid")
+    ranges: list[Range] = []
+    thread_names: dict[int, str] = {}
+    for ev in data["traceEvents"]:
+        if not isinstance(ev, dict):
+            continue
+        if pid is not None and ev.get("pid") != pid:
+            continue
+        ph = ev.get("ph")
+        if ph == "X":
+            args = ev.get("args") or {}
+            t0 = round(float(ev["ts"]) * 1000)
+            ranges.append(Range(str(ev.get("name", "")), str(ev.get("cat", "")),
+                                int(ev.get("tid", 0)), t0, t0 + round(float(ev["dur"]) * 1000),
+                                int(args.get("depth", 0)), args.get("iteration")))
+        elif ph == "M" and ev.get("name") == "thread_name":
+            thread_names[int(ev.get("tid", 0))] = str((ev.get("args") or {}).get("name", ""))
+    return Trace(path, meta, ranges, thread_names, pid)

@@ -1,0 +1,111 @@
+"""Packaging for chainer_autoprof.
+
+Besides the package and the ``chainer-autoprof`` console script, the
+distribution puts ``chainer_autoprof.pth`` into site-packages: its one line
+activates the agent at interpreter start-up wherever a ``CHAINER_PROF_*``
+variable is set (and only checks ``os.environ`` elsewhere).  The ``build_pth``
+command below places it for both kinds of install: into the build tree (so it
+lands at the root of the wheel, next to the package) for ``pip install .``,
+and into the editable wheel for ``pip install -e .``.
+"""
+
+import os
+import re
+
+from setuptools import Command, find_namespace_packages, setup
+from setuptools.command.build import build
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PTH = "chainer_autoprof.pth"
+
+
+def read(name: str) -> str:
+    with open(os.path.join(HERE, name), encoding="utf-8") as f:
+        return f.read()
+
+
+def version() -> str:
+    match = re.search(r'^__version__ = "([^"]+)"', read("chainer_autoprof/__init__.py"), re.M)
+    if match is None:
+        raise RuntimeError("no __version__ in chainer_autoprof/__init__.py")
+    return match.group(1)
+
+
+class build_pth(Command):  # noqa: N801 - setuptools command names are lower case
+    """Copy chainer_autoprof.pth to where the install puts it into site-packages."""
+
+    description = "place chainer_autoprof.pth (start-up activation) beside the package"
+    user_options = []
+
+    def initialize_options(self) -> None:
+        self.build_lib = None
+        self.editable_mode = False  # set by setuptools' editable_wheel (PEP 660 installs)
+        self.outputs = []
+
+    def finalize_options(self) -> None:
+        self.set_undefined_options("build", ("build_lib", "build_lib"))
+
+    def run(self) -> None:
+        if self.editable_mode:
+            # An editable wheel is made of what lies in install_lib (the wheel's tree);
+            # build_lib is a scratch directory there.
+            target = self.get_finalized_command("install").install_lib
+        else:
+            target = self.build_lib
+        self.mkpath(target)
+        dest = os.path.join(target, PTH)
+        self.copy_file(os.path.join(HERE, PTH), dest)
+        self.outputs = [] if self.editable_mode else [dest]
+
+    def get_outputs(self) -> list:
+        return self.outputs
+
+    def get_source_files(self) -> list:
+        return [PTH]
+
+
+class build_with_pth(build):  # noqa: N801
+    sub_commands = [*build.sub_commands, ("build_pth", None)]
+
+
+setup(
+    name="chainer-autoprof",
+    version=version(),
+    description="Zero-code profiling agent for Chainer: NVTX ranges, GPU sync and a time summary",
+    long_description=read("README.md"),
+    long_description_content_type="text/markdown",
+    # Namespace-style subpackages (no __init__.py) included too.
+    packages=find_namespace_packages(include=["chainer_autoprof", "chainer_autoprof.*"],
+                                     exclude=["*.__pycache__"]),
+    include_package_data=True,
+    # Chainer 7.8.1 imports numpy.distutils, which numpy has no more for Python 3.12.
+    python_requires=">=3.8,<3.12",
+    install_requires=[
+        "chainer>=7,<8",
+        "numpy<2",  # Chainer 7 uses NumPy 1 APIs
+        "setuptools<81",  # Chainer 7 imports pkg_resources at run time (gone in setuptools 81)
+        "wrapt>=2.4,<3",  # handle-based unwrap_object / is_wrapped_by
+        "nvtx>=0.2.12,<0.3",  # DummyDomain, Domain.get_event_attributes, push_range(attrs, domain)
+    ],
+    extras_require={
+        # CuPy for CUDA 12 (Chainer 7 asks for CuPy 7; newer ones warn about the mismatch).
+        "gpu": ["cupy-cuda12x"],
+        "test": [
+            "pytest>=7",
+            "ruff>=0.17,<0.18",
+            "nvidia-nvtx>=13",  # NVTX headers the tests' NVTX recorder is compiled against
+            "mpi4py>=4",  # MPI tests (they skip where no MPI runtime is installed)
+        ],
+    },
+    entry_points={"console_scripts": ["chainer-autoprof = chainer_autoprof.cli:main"]},
+    cmdclass={"build": build_with_pth, "build_pth": build_pth},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Development Status :: 4 - Beta",
+        "Environment :: GPU :: NVIDIA CUDA",
+        "Intended Audience :: Science/Research",
+        "Topic :: Software Development :: Testing",
+        "Topic :: System :: Benchmark",
+    ],
+    zip_safe=False,
+)

@@ -1,0 +1,200 @@
+"""Child processes: forked, spawned and forkserver children profile on their own, or not at all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from nvtx_tool import ranges_by_thread
+from support import REPO, run_with_agent
+
+PARENT_STEPS = 3
+CHILD_STEPS = 4
+
+CHILDREN_SCRIPT = f"""
+import multiprocessing
+import os
+import sys
+
+import numpy as np
+
+import chainer
+import chainer.links as L
+
+import chainer_autoprof
+
+
+def train(steps, marker=None):
+    rng = np.random.RandomState(steps)
+    model = L.Classifier(L.Linear(20, 5))
+    optimizer = chainer.optimizers.SGD()
+    optimizer.setup(model)
+    x = rng.randn(16, 20).astype(np.float32)
+    t = rng.randint(0, 5, size=16).astype(np.int32)
+    for _ in range(steps):
+        optimizer.update(model, x, t)
+    if marker:
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+
+
+def child(method, marker):
+    if method == "os.fork":
+        # Forked inside an open range: the child must never end it.
+        with chainer_autoprof.annotate("around fork"):
+            pid = os.fork()
+            if pid == 0:
+                train({CHILD_STEPS}, marker)
+                sys.exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert status == 0, status
+    else:
+        ctx = multiprocessing.get_context(method)
+        proc = ctx.Process(target=train, args=({CHILD_STEPS}, marker))
+        proc.start()
+        proc.join()
+        assert proc.exitcode == 0, proc.exitcode
+
+
+if __name__ == "__main__":
+    for n, method in enumerate(sys.argv[1:]):
+        child(method, f"child{{n}}.done")
+    train({PARENT_STEPS})
+    print("ok")
+"""
+
+
+def _site_shim(tmp: Path) -> str:
+    """A directory for PYTHONPATH whose sitecustomize processes the project's ``.pth`` file.
+
+    Fresh interpreters (spawn, forkserver) then start exactly as with the
+    package installed: the ``.pth`` line activates the agent from the environment.
+    """
+    shim = tmp / "site_shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(REPO)!r})\n")
+    return f"{shim}:{REPO}"
+
+
+def _traces(tmp: Path) -> dict[str, dict]:
+    """{"parent" | "child": metadata + iteration count + range names} of the trace files."""
+    out: dict[str, dict] = {}
+    for path in sorted(tmp.glob("trace*.json")):
+        data = json.loads(path.read_text())
+        meta = data["otherData"]["chainer_autoprof"]
+        names = [ev["name"] for ev in data["traceEvents"] if ev["ph"] == "X"]
+        role = "child" if meta["process"]["child"] else "parent"
+        assert role not in out, f"two {role} traces: {sorted(tmp.glob('trace*.json'))}"
+        out[role] = {"meta": meta, "names": names, "path": path,
+                     "iterations": names.count("iteration")}
+    return out
+
+
+def _nvtx_iterations(run) -> dict[int, int]:
+    """{pid: iterations pushed} over the processes' NVTX records (asserting balance)."""
+    counts: dict[int, int] = {}
+    for (pid, _tid), ranges in ranges_by_thread(run.events, "chainer").items():
+        counts[pid] = counts.get(pid, 0) + sum(1 for _d, text, _c in ranges
+                                               if text == "iteration")
+    return counts
+
+
+@pytest.mark.parametrize("method", ["os.fork", "fork", "spawn", "forkserver"])
+def test_child_process_profiles_on_its_own(tmp_path, method):
+    # Without %p in the path a child writes beside the parent's file, never over it.
+    template = "trace.json" if method == "os.fork" else "trace.%p.json"
+    run = run_with_agent(tmp_path, CHILDREN_SCRIPT,
+                         {"CHAINER_PROF_TRACE": str(tmp_path / template),
+                          "CHAINER_PROF_GRANULARITY": "link", "CHAINER_PROF_WARMUP": "0"},
+                         script_args=(method,), env={"PYTHONPATH": _site_shim(tmp_path)})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "ok\n"
+    child_pid = int((tmp_path / "child0.done").read_text())
+
+    traces = _traces(tmp_path)
+    assert set(traces) == {"parent", "child"}
+    parent, child = traces["parent"], traces["child"]
+    assert parent["iterations"] == PARENT_STEPS
+    assert child["iterations"] == CHILD_STEPS
+    assert child["meta"]["pid"] == child_pid
+    assert child["path"].name == f"trace.{child_pid}.json"
+    if method == "os.fork":
+        assert parent["path"].name == "trace.json"
+        assert "around fork" in parent["names"]
+        assert "around fork" not in child["names"]  # no inherited open range
+    if method != "forkserver":  # a forkserver child's parent is the fork server
+        assert child["meta"]["process"]["parent_pid"] == parent["meta"]["pid"]
+    # The settings reached the child: link ranges, and its own settings say so.
+    assert child["meta"]["settings"]["granularity"] == "link"
+    assert "predictor (Linear)" in child["names"]
+
+    # NVTX: both processes' ranges arrive, balanced, each with its own iterations.
+    iterations = _nvtx_iterations(run)
+    assert iterations[child_pid] == CHILD_STEPS
+    assert iterations[parent["meta"]["pid"]] == PARENT_STEPS
+    assert set(iterations) == {child_pid, parent["meta"]["pid"]}
+
+
+def test_children_off(tmp_path):
+    run = run_with_agent(tmp_path, CHILDREN_SCRIPT,
+                         {"CHAINER_PROF_TRACE": str(tmp_path / "trace.%p.json"),
+                          "CHAINER_PROF_CHILDREN": "0", "CHAINER_PROF_WARMUP": "0"},
+                         script_args=("os.fork", "fork", "spawn"),
+                         env={"PYTHONPATH": _site_shim(tmp_path)})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "ok\n"
+    child_pids = {int((tmp_path / f"child{n}.done").read_text()) for n in range(3)}
+
+    traces = _traces(tmp_path)
+    assert set(traces) == {"parent"}
+    assert traces["parent"]["iterations"] == PARENT_STEPS
+    iterations = _nvtx_iterations(run)
+    assert set(iterations) == {traces["parent"]["meta"]["pid"]}
+    # The children trained, and made no NVTX range at all.
+    pushes = {ev.pid for ev in run.events if ev.event == "push"}
+    assert not pushes & child_pids
+
+
+MULTIPROCESS_ITERATOR_SCRIPT = """
+import numpy as np
+
+import chainer
+import chainer.links as L
+from chainer import training
+
+if __name__ == "__main__":
+    np.random.seed(0)  # the weights' initialization
+    rng = np.random.RandomState(0)
+    data = chainer.datasets.TupleDataset(rng.randn(64, 20).astype(np.float32),
+                                         rng.randint(0, 5, size=64).astype(np.int32))
+    it = chainer.iterators.MultiprocessIterator(data, 8, shuffle=False, n_processes=2)
+    model = L.Classifier(L.Linear(20, 5))
+    optimizer = chainer.optimizers.SGD()
+    optimizer.setup(model)
+    updater = training.updaters.StandardUpdater(it, optimizer)
+    trainer = training.Trainer(updater, (12, "iteration"), out="result")
+    trainer.run()
+    it.finalize()
+    print(float(model.predictor.W.array.sum()))
+"""
+
+
+def test_multiprocess_iterator(tmp_path):
+    plain = run_with_agent(tmp_path, MULTIPROCESS_ITERATOR_SCRIPT, {"CHAINER_PROF_ENABLE": "0"},
+                           nvtx=False)
+    assert plain.returncode == 0, plain.stderr
+    run = run_with_agent(tmp_path, MULTIPROCESS_ITERATOR_SCRIPT,
+                         {"CHAINER_PROF_TRACE": str(tmp_path / "trace.%p.json"),
+                          "CHAINER_PROF_WARMUP": "0"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == plain.stdout  # the same training result
+
+    traces = _traces(tmp_path)
+    assert set(traces) == {"parent"}  # the workers trained nothing: no file of theirs
+    names = traces["parent"]["names"]
+    assert traces["parent"]["iterations"] == 12
+    assert names.count("data") >= 12
+    # Every process's NVTX ranges balanced; the iterations are the parent's alone.
+    iterations = _nvtx_iterations(run)
+    assert iterations == {traces["parent"]["meta"]["pid"]: 12}

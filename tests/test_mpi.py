@@ -1,0 +1,196 @@
+"""ChainerMN under real MPI: per-rank traces, communication ranges, rank selection, merge."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from nvtx_tool import nvtx_env, ranges_by_thread, read_events
+from support import EXAMPLES, clean_env
+
+from chainer_autoprof.processes import rank_from_environ
+
+ITERATIONS = 10
+
+
+@lru_cache(maxsize=1)
+def _mpiexec() -> tuple[str, ...] | None:
+    """The ``mpiexec`` command line prefix, or ``None`` where MPI is absent."""
+    exe = shutil.which("mpiexec")
+    if exe is None:
+        return None
+    try:
+        version = subprocess.run([exe, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if "Open MPI" in version or "OpenRTE" in version:
+        return (exe, "--oversubscribe")  # 2 ranks on a machine that may have fewer cores
+    return (exe,)
+
+
+def _missing_mpi() -> str | None:
+    if _mpiexec() is None:
+        return "MPI is not installed (no mpiexec on PATH; .ci/run installs openmpi-bin)"
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py is not installed (.ci/run installs it)"
+    return None
+
+
+needs_mpi = pytest.mark.skipif(_missing_mpi() is not None, reason=_missing_mpi() or "")
+
+
+def run_mpi(tmp: Path, launcher_args: list[str], script_args: list[str],
+            env: dict[str, str] | None = None, ranks: int = 2) -> subprocess.CompletedProcess:
+    """``mpiexec -n RANKS python -m chainer_autoprof ARGS examples/train_mn.py ARGS`` in ``tmp``."""
+    run_env = clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                        OMPI_MCA_btl_base_warn_component_unused="0",
+                        CHAINER_AUTOPROF_TEST_DEVICE="counting",
+                        CHAINER_AUTOPROF_TEST_DEVICE_LOG=str(tmp / "device.%p.log"))
+    run_env.update(nvtx_env(tmp / "nvtx.%p.tsv"))
+    run_env.update(env or {})
+    cmd = [*(_mpiexec() or ()), "-n", str(ranks), sys.executable, "-m", "chainer_autoprof",
+           "--summary", "0", *launcher_args, str(EXAMPLES / "train_mn.py"),
+           "-i", str(ITERATIONS), "-o", str(tmp / "result"), *script_args]
+    proc = subprocess.run(cmd, env=run_env, cwd=tmp, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert f"ranks: {ranks}  iterations: {ITERATIONS}" in proc.stdout
+    return proc
+
+
+def merge(tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "chainer_autoprof", "merge", *args],
+                          env=clean_env(), cwd=tmp, capture_output=True, text=True, timeout=120)
+
+
+def complete_events(path: Path) -> list[dict]:
+    return [ev for ev in json.loads(path.read_text())["traceEvents"] if ev["ph"] == "X"]
+
+
+def inside(inner: dict, outer: dict) -> bool:
+    return outer["ts"] <= inner["ts"] and \
+        inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"] + 1e-3
+
+
+@needs_mpi
+def test_rank_traces_communication_and_merge(tmp_path):
+    run_mpi(tmp_path, ["--trace", "rank%r.json"], [])
+    pids = {}
+    for rank in (0, 1):
+        path = tmp_path / f"rank{rank}.json"
+        meta = json.loads(path.read_text())["otherData"]["chainer_autoprof"]
+        assert meta["rank"] == rank
+        assert meta["process"]["world_size"] == 2
+        assert meta["process"]["rank_source"]  # the launcher named it
+        assert meta["process"]["clock_reference"]["op"] == "comm:multi_node_mean_grad"
+        pids[rank] = meta["pid"]
+
+        events = complete_events(path)
+        iterations = [e for e in events if e["name"] == "iteration"]
+        updates = [e for e in events if e["name"] == "update"]
+        comm = [e for e in events if e["cat"] == "comm"]
+        assert len(iterations) == ITERATIONS
+        names = {e["name"] for e in comm}
+        # Gradient all-reduce, parameter broadcast and the data set's scatter.
+        assert {"comm:multi_node_mean_grad", "comm:bcast_data", "comm:scatter_dataset"} <= names
+        # Each iteration's update holds exactly one communication: the all-reduce
+        # (or, the first time, the broadcast of the parameters).
+        for it in iterations:
+            update = [u for u in updates if inside(u, it)]
+            assert len(update) == 1
+            in_update = [c for c in comm if inside(c, update[0])]
+            assert len(in_update) == 1
+            assert in_update[0]["name"] in ("comm:multi_node_mean_grad", "comm:bcast_data")
+        assert "comm:scatter_dataset" not in {c["name"] for c in comm
+                                              if any(inside(c, it) for it in iterations)}
+
+    # NVTX: each rank tagged by a process-wide "rank N" range; iterations balanced.
+    events = read_events(tmp_path / "nvtx.*.tsv")
+    tags = {ev.pid: ev.text for ev in events if ev.event == "start" and ev.domain == "chainer"}
+    assert tags == {pids[0]: "rank 0", pids[1]: "rank 1"}
+    pushed: dict[int, int] = {}
+    for (pid, _tid), ranges in ranges_by_thread(events, "chainer").items():
+        pushed[pid] = pushed.get(pid, 0) + sum(1 for _d, t, _c in ranges if t == "iteration")
+    assert pushed == {pids[0]: ITERATIONS, pids[1]: ITERATIONS}
+
+    # Merge: one valid trace, one process track per rank, clocks aligned.
+    result = merge(tmp_path, "rank0.json", "rank1.json", "-o", "job.json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads((tmp_path / "job.json").read_text())
+    tracks = {ev["pid"]: ev["args"]["name"] for ev in data["traceEvents"]
+              if ev["ph"] == "M" and ev["name"] == "process_name"}
+    assert sorted(name.split(" (")[0] for name in tracks.values()) == ["rank 0", "rank 1"]
+    by_rank = {int(name.split()[1]): pid for pid, name in tracks.items()}
+    merged = [ev for ev in data["traceEvents"] if ev["ph"] == "X"]
+    assert all(ev["ts"] >= 0 for ev in merged)
+    assert len(merged) == sum(len(complete_events(tmp_path / f"rank{r}.json")) for r in (0, 1))
+    # An all-reduce completes on every rank at once: on the merged timeline the
+    # k-th all-reduce of rank 0 and of rank 1 overlap.
+    allreduce = {r: sorted((ev for ev in merged if ev["pid"] == by_rank[r]
+                            and ev["name"] == "comm:multi_node_mean_grad"),
+                           key=lambda ev: ev["ts"]) for r in (0, 1)}
+    assert len(allreduce[0]) == len(allreduce[1]) >= ITERATIONS - 1
+    for a, b in zip(allreduce[0], allreduce[1]):
+        assert a["ts"] <= b["ts"] + b["dur"] and b["ts"] <= a["ts"] + a["dur"]
+    summary = data["otherData"]["chainer_autoprof"]["summary"]
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1]
+    assert "rank 0" in result.stdout and "rank 1" in result.stdout
+
+    # The collective reference (for ranks on different hosts) agrees with the
+    # shared clock of this host (up to the scheduling noise of a busy machine).
+    result = merge(tmp_path, "rank0.json", "rank1.json", "-o", "job2.json", "--align",
+                   "collective", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    alignment = json.loads((tmp_path / "job2.json").read_text())["otherData"][
+        "chainer_autoprof"]["summary"]["alignment"]
+    assert [a["method"] for a in alignment] == ["reference", "collective"]
+    assert abs(alignment[1]["offset_ns"]) < 25_000_000
+
+
+@needs_mpi
+def test_slowed_rank_is_named_straggler(tmp_path):
+    slow_ms = 40.0
+    run_mpi(tmp_path, ["--trace", "rank%r.json"], ["--slow-rank", "0", "--slow-ms", str(slow_ms)])
+    result = merge(tmp_path, "rank0.json", "rank1.json", "-o", "job.json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "job.json").read_text())["otherData"]["chainer_autoprof"][
+        "summary"]
+    straggler = summary["straggler"]
+    assert straggler["rank"] == 0
+    # Rank 1 waits in the all-reduce for about the delay of rank 0.
+    assert straggler["held_back_ms_per_iteration"] > slow_ms / 2
+    ranks = {r["rank"]: r for r in summary["ranks"]}
+    assert ranks[1]["comm_ms_per_iteration"] > ranks[0]["comm_ms_per_iteration"] + slow_ms / 2
+    assert "slowest rank (straggler): 0" in result.stdout
+
+
+@needs_mpi
+def test_ranks_setting_selects_ranks(tmp_path):
+    run_mpi(tmp_path, ["--trace", "rank%r.json", "--ranks", "1"], [])
+    assert sorted(p.name for p in tmp_path.glob("rank*.json")) == ["rank1.json"]
+    events = read_events(tmp_path / "nvtx.*.tsv")
+    pid1 = json.loads((tmp_path / "rank1.json").read_text())["otherData"]["chainer_autoprof"][
+        "pid"]
+    assert {ev.pid for ev in events if ev.event in ("push", "start")} == {pid1}
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8", "SLURM_PROCID": "0"},
+     (3, 8, "Open MPI")),
+    ({"PMI_RANK": "5", "PMI_SIZE": "6"}, (5, 6, "MPICH/PMI")),
+    ({"SLURM_PROCID": "2", "SLURM_NTASKS": "4"}, (2, 4, "Slurm")),
+    ({"PMIX_RANK": "1"}, (1, None, "PMIx")),
+    ({"PMI_RANK": ""}, None),
+    ({}, None),
+])
+def test_rank_from_launcher_environment(environ, expected):
+    info = rank_from_environ(environ)
+    assert (None if info is None else (info.rank, info.size, info.source)) == expected

@@ -1,0 +1,152 @@
+"""GPU synchronization per sync level and granularity, counted by the CPU stand-in backend.
+
+Level 0 never synchronizes, 1 at iteration boundaries, 2 also at phase
+boundaries, 3 at the boundaries of every range emitted.  Synchronizing
+happens at both ends of a range, so a synchronized range costs two calls.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from nvtx_tool import ranges_by_thread
+from support import run_python, run_with_agent, write_script
+from test_ranges import GRANULARITIES, check_stream, segments
+
+from chainer_autoprof import names
+
+LEVELS = (0, 1, 2, 3)
+ITERATIONS = 3  # two of a custom loop, one of optimizer.update(lossfun)
+
+MATRIX_PROGRAM = r'''
+import os
+import sys
+
+import numpy as np
+import chainer
+import chainer.links as L
+import nvtx
+
+import chainer_autoprof
+
+log = os.environ["CHAINER_AUTOPROF_TEST_DEVICE_LOG"].replace("%p", str(os.getpid()))
+x = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+t = np.array([0, 1, 0, 1], np.int32)
+for config in sys.argv[1:]:
+    level, granularity = config.split(":")
+    chainer_autoprof.install(sync_level=int(level), granularity=granularity, summary=False)
+    nvtx.mark(message=config, domain="scenario")
+    with open(log, "a") as f:
+        f.write("# " + config + "\n")
+    model = L.Classifier(L.Linear(3, 2))
+    opt = chainer.optimizers.SGD()
+    opt.setup(model)
+    for _ in range(2):
+        loss = model(x, t)
+        model.cleargrads()
+        loss.backward()
+        opt.update()
+    opt.update(model, x, t)
+    chainer_autoprof.uninstall()
+print("cupy" in sys.modules)
+'''
+
+CONFIGS = [f"{level}:{g}" for level, g in itertools.product(LEVELS, GRANULARITIES)]
+
+
+def syncs_by_config(log: list[str]) -> dict[str, list[str]]:
+    parts: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in log:
+        if line.startswith("# "):
+            current = parts.setdefault(line[2:], [])
+        else:
+            current.append(line)
+    return parts
+
+
+def synced_ranges(level: int, ranges: list[tuple[int, str, int]]) -> int:
+    """How many of ``ranges`` sync at ``level``: category levels below it, all at 3."""
+    level_of_colour = {colour: lvl for lvl, colour in names.CATEGORIES.values()}
+    count = 0
+    for _depth, _text, colour in ranges:
+        lvl = level_of_colour[colour]
+        if lvl < level or level >= names.FUNCTION_LEVEL:
+            count += 1
+    return count
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sync")
+    script = write_script(tmp, "matrix.py", MATRIX_PROGRAM)
+    run = run_python(tmp, [str(script), *CONFIGS], check=True)
+    assert run.stdout == "False\n"  # NumPy only: CuPy never imported
+    return run, syncs_by_config(run.sync_log()), segments(run.events)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_sync_calls_per_iteration(matrix, config: str):
+    run, syncs, parts = matrix
+    level, granularity = int(config[0]), config[2:]
+    assert set(syncs[config]) <= {"sync"}  # NumPy arrays: no device ids
+    ranges = next(iter(ranges_by_thread(parts[config], "chainer").values()))
+    assert [text for d, text, _ in ranges if d == 0] == ["iteration"] * ITERATIONS
+    assert len(syncs[config]) == 2 * synced_ranges(level, ranges)
+    per_iteration = len(syncs[config]) / ITERATIONS
+    if level == 0:
+        assert per_iteration == 0
+    elif level == 1:
+        assert per_iteration == 2  # begin and end of the iteration
+    elif level == 2:  # and of forward, backward, update when they are emitted
+        assert per_iteration == (2 if granularity == "iteration" else 8)
+    elif granularity == "link":  # level 3: every range; links Classifier/predictor x 2 ways
+        assert per_iteration == 8 + 2 * 4
+
+
+def test_matrix_stream_is_balanced(matrix):
+    run, _, parts = matrix
+    check_stream(run.events)
+    assert set(parts) == set(CONFIGS)
+
+
+TRAIN = r'''
+import sys
+
+import numpy as np
+import chainer
+import chainer.links as L
+
+x = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+t = np.array([0, 1, 0, 1], np.int32)
+model = L.Classifier(L.Linear(3, 2))
+opt = chainer.optimizers.SGD()
+opt.setup(model)
+for _ in range(3):
+    opt.update(model, x, t)
+import chainer_autoprof.agent as agent
+tracer = agent.current().tracer
+print(type(tracer.sync.backend).__name__, tracer.sync.calls, "cupy" in sys.modules)
+'''
+
+
+def test_sync_1_means_level_1(tmp_path: Path):
+    run = run_with_agent(tmp_path, TRAIN, {"CHAINER_PROF_SYNC": "1"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "CountingBackend 6 False\n"
+    assert run.sync_log() == ["sync"] * 6
+    assert run.tree() == ["iteration", "  forward", "  backward", "  update"] * 3
+
+
+def test_sync_is_a_no_op_for_numpy_and_never_imports_cupy(tmp_path: Path):
+    """Without the stand-in, level 3 calls the real backend, which has nothing to wait for."""
+    run = run_with_agent(tmp_path, TRAIN, {"CHAINER_PROF_SYNC_LEVEL": "3"},
+                         count_device=False)
+    assert run.returncode == 0, run.stderr
+    backend, calls, cupy = run.stdout.split()
+    assert backend in ("LazyBackend", "NullBackend")
+    assert int(calls) == 3 * 2 * 4  # iteration and three phases, both ends
+    assert cupy == "False"
+    check_stream(run.events)

@@ -1,0 +1,224 @@
+"""One process: threads training at once keep NVTX and the trace correct; several GPUs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from nvtx_tool import ranges_by_thread
+from support import run_with_agent
+
+THREADS_SCRIPT = """
+import sys
+import threading
+
+import numpy as np
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+STEPS = 5
+sys.setswitchinterval(1e-6)  # switch threads as often as possible: stress the bookkeeping
+
+
+class MLP(chainer.Chain):
+    def __init__(self):
+        super().__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(256, 256)
+            self.l2 = L.Linear(256, 10)
+
+    def forward(self, x):
+        return self.l2(F.relu(self.l1(x)))
+
+
+def train(seed, barrier):
+    rng = np.random.RandomState(seed)
+    model = L.Classifier(MLP())
+    optimizer = chainer.optimizers.SGD()
+    optimizer.setup(model)
+    x = rng.randn(256, 256).astype(np.float32)
+    t = rng.randint(0, 10, size=256).astype(np.int32)
+    if barrier is not None:
+        barrier.wait()
+    for _ in range(STEPS):
+        optimizer.update(model, x, t)
+
+
+# First one thread alone: the reference tree.  Then two threads at once.
+alone = threading.Thread(target=train, args=(0, None), name="alone")
+alone.start()
+alone.join()
+barrier = threading.Barrier(2)
+pair = [threading.Thread(target=train, args=(i + 1, barrier), name=f"trainer-{i}")
+        for i in range(2)]
+for thread in pair:
+    thread.start()
+for thread in pair:
+    thread.join()
+print("ok")
+"""
+
+
+def _trace_threads(path):
+    """{thread name: [(name, t0, t1, depth), ...]} of a recorder trace, in begin order."""
+    data = json.loads(path.read_text())
+    names = {ev["tid"]: ev["args"]["name"] for ev in data["traceEvents"]
+             if ev["ph"] == "M" and ev["name"] == "thread_name"}
+    out: dict[str, list] = {}
+    for ev in data["traceEvents"]:
+        if ev["ph"] == "X":
+            out.setdefault(names[ev["tid"]], []).append(
+                (ev["name"], float(ev["ts"]), float(ev["ts"]) + float(ev["dur"]),
+                 ev["args"]["depth"]))
+    return out
+
+
+def _check_nesting(rows):
+    """Each range of depth d > 0 lies inside the last open range of depth d - 1."""
+    open_at: dict[int, tuple] = {}
+    for name, t0, t1, depth in rows:
+        if depth:
+            parent = open_at[depth - 1]
+            assert parent[1] <= t0 and t1 <= parent[2] + 1e-3, (name, parent)
+        open_at[depth] = (name, t0, t1)
+
+
+def test_two_threads_running_links_at_once(tmp_path):
+    run = run_with_agent(tmp_path, THREADS_SCRIPT,
+                         {"CHAINER_PROF_GRANULARITY": "link",
+                          "CHAINER_PROF_TRACE": str(tmp_path / "trace.json"),
+                          "CHAINER_PROF_WARMUP": "0"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "ok\n"
+
+    # NVTX: every push has its pop on its own thread (ranges_by_thread asserts it).
+    by_thread = ranges_by_thread(run.events, "chainer")
+    trees = [[f"{'  ' * depth}{text}" for depth, text, _color in ranges]
+             for ranges in by_thread.values()]
+    assert len(trees) == 3  # alone, trainer-0, trainer-1 (the main thread trains nothing)
+    reference = next(t for t in trees if t)  # threads start in order: "alone" is first
+    assert reference.count("iteration") == 5
+    assert any(line.strip() == "l1 (Linear)" or line.strip().endswith("/l1 (Linear)")
+               for line in reference), reference
+    for tree in trees:
+        assert tree == reference  # concurrently, the same ranges as alone
+
+    # The trace: one track per thread, each with its own well-nested ranges.
+    threads = _trace_threads(tmp_path / "trace.json")
+    assert {"alone", "trainer-0", "trainer-1"} <= set(threads)
+    for name in ("alone", "trainer-0", "trainer-1"):
+        rows = threads[name]
+        assert [r[0] for r in rows].count("iteration") == 5
+        _check_nesting(rows)
+        assert [r[0] for r in rows] == [r[0] for r in threads["alone"]]
+
+    # The two trainers really ran at the same time.
+    def span(rows):
+        its = [r for r in rows if r[0] == "iteration"]
+        return its[0][1], its[-1][2]
+
+    a0, a1 = span(threads["trainer-0"])
+    b0, b1 = span(threads["trainer-1"])
+    assert a0 < b1 and b0 < a1
+
+
+# -- several GPUs in one process (GPU-marked) ------------------------------------------
+
+def _gpu_count() -> int:
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # no CuPy, or no CUDA device
+        return 0
+
+
+needs_two_gpus = pytest.mark.skipif(_gpu_count() < 2, reason="needs CuPy and two CUDA GPUs")
+
+MODEL_PARALLEL_SCRIPT = """
+import numpy as np
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+
+class TwoDevices(chainer.Chain):
+    def __init__(self):
+        super().__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(32, 64)
+            self.l2 = L.Linear(64, 10)
+        self.l1.to_device("@cupy:0")
+        self.l2.to_device("@cupy:1")
+
+    def forward(self, x, t):
+        h = F.copy(F.relu(self.l1(x)), 1)
+        return F.softmax_cross_entropy(self.l2(h), t)
+
+
+rng = np.random.RandomState(0)
+model = TwoDevices()
+optimizer = chainer.optimizers.SGD()
+optimizer.setup(model)
+x = chainer.get_device("@cupy:0").send(rng.randn(16, 32).astype(np.float32))
+t = chainer.get_device("@cupy:1").send(rng.randint(0, 10, size=16).astype(np.int32))
+for _ in range(3):
+    optimizer.update(model, x, t)
+print("ok")
+"""
+
+PARALLEL_UPDATER_SCRIPT = """
+import numpy as np
+
+import chainer
+import chainer.links as L
+from chainer import training
+
+rng = np.random.RandomState(0)
+data = chainer.datasets.TupleDataset(rng.randn(128, 32).astype(np.float32),
+                                     rng.randint(0, 10, size=128).astype(np.int32))
+model = L.Classifier(L.Linear(32, 10))
+optimizer = chainer.optimizers.SGD()
+optimizer.setup(model)
+it = chainer.iterators.SerialIterator(data, 32)
+updater = training.updaters.ParallelUpdater(it, optimizer, devices={"main": 0, "second": 1})
+trainer = training.Trainer(updater, (3, "iteration"), out="result")
+trainer.run()
+print("ok")
+"""
+
+
+def _gpu_run(tmp_path, source):
+    trace = tmp_path / "trace.json"
+    run = run_with_agent(tmp_path, source,
+                         {"CHAINER_PROF_GRANULARITY": "link", "CHAINER_PROF_SYNC": "1",
+                          "CHAINER_PROF_TRACE": str(trace), "CHAINER_PROF_WARMUP": "0"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "ok\n"
+    data = json.loads(trace.read_text())
+    names = [ev["name"] for ev in data["traceEvents"] if ev["ph"] == "X"]
+    devices = [d["id"] for d in data["otherData"]["chainer_autoprof"]["devices"]]
+    return run, names, devices
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_model_parallel_links_on_two_gpus(tmp_path):
+    run, names, devices = _gpu_run(tmp_path, MODEL_PARALLEL_SCRIPT)
+    assert names.count("iteration") == 3
+    assert "l1 (Linear) @gpu0" in names and "l2 (Linear) @gpu1" in names
+    assert devices == [0, 1]
+    assert "sync 0,1" in run.sync_log()  # each synchronization covers both devices
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_parallel_updater_on_two_gpus(tmp_path):
+    run, names, devices = _gpu_run(tmp_path, PARALLEL_UPDATER_SCRIPT)
+    assert names.count("iteration") == 3
+    assert any(n.endswith("@gpu0") for n in names) and any(n.endswith("@gpu1") for n in names)
+    assert devices == [0, 1]
+    assert "sync 0,1" in run.sync_log()

@@ -1,0 +1,179 @@
+"""Traps: what looks like training but is not, and ranges still open when the program ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from support import run_with_agent
+from test_ranges import check_stream, prune
+
+MODEL = r'''
+import sys
+
+import numpy as np
+import chainer
+import chainer.functions as F
+import chainer.links as L
+from chainer import training
+from chainer.dataset import concat_examples
+from chainer.training import extensions
+
+import chainer_autoprof
+
+
+class MLP(chainer.Chain):
+    def __init__(self):
+        super().__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(3, 2)
+
+    def forward(self, x):
+        return self.l1(x)
+
+
+x = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+t = np.array([0, 1, 0, 1], np.int32)
+dataset = chainer.datasets.TupleDataset(x, t)
+model = L.Classifier(MLP())
+optimizer = chainer.optimizers.SGD()
+optimizer.setup(model)
+'''
+
+CLASSIFIER = """
+L Classifier
+  L predictor (MLP)
+    L predictor/l1 (Linear)
+"""
+PREDICTOR = """
+L predictor (MLP)
+  L predictor/l1 (Linear)
+"""
+ITERATION = """
+I iteration
+  P data
+  P data
+  P forward
+    L Classifier
+      L predictor (MLP)
+        L predictor/l1 (Linear)
+  P backward
+    L Classifier backward
+    L predictor/l1 (Linear) backward
+  P update
+"""
+
+
+def indent(block: str, by: int = 1) -> str:
+    return "".join("  " * by + line + "\n" for line in block.splitlines() if line.strip())
+
+
+def test_evaluation_and_extensions_are_not_training(tmp_path: Path):
+    """Inference by hand is ``inference``; extensions calling the model are extension ranges.
+
+    The program ends with ``sys.exit`` inside an extension: every range is closed.
+    """
+    source = MODEL + r'''
+with chainer.using_config("train", False):
+    model(x, t)
+with chainer.no_backprop_mode():
+    model(x, t)
+test_iter = chainer.iterators.SerialIterator(dataset, 2, repeat=False, shuffle=False)
+batches = 0
+with chainer.using_config("train", False), chainer.no_backprop_mode():
+    for batch in test_iter:  # ends with StopIteration, untouched
+        model(*concat_examples(batch))
+        batches += 1
+print("evaluated", batches, "batches")
+
+
+class ImageGen(training.Extension):
+    trigger = (1, "iteration")
+
+    def __call__(self, trainer):
+        with chainer.using_config("train", False):
+            model.predictor(x)
+
+
+@training.make_extension(trigger=(1, "iteration"))
+def sample(trainer):
+    model.predictor(x)  # train mode, no using_config: still not training
+
+
+class Stop(training.Extension):
+    trigger = (1, "iteration")
+
+    def __call__(self, trainer):
+        if trainer.updater.iteration == 2:
+            sys.exit(3)
+
+
+train_iter = chainer.iterators.SerialIterator(dataset, 2, shuffle=False)
+trainer = training.Trainer(training.updaters.StandardUpdater(train_iter, optimizer), (5, "iteration"))
+trainer.extend(ImageGen())
+trainer.extend(sample)
+trainer.extend(Stop())
+trainer.run()
+'''
+    run = run_with_agent(tmp_path, source, {"CHAINER_PROF_GRANULARITY": "link"})
+    assert run.returncode == 3, run.stderr
+    assert run.stdout == "evaluated 2 batches\n"
+    check_stream(run.events)
+    inference = "P inference\n" + indent(CLASSIFIER)
+    extensions = ("P extension:ImageGen\n" + indent(PREDICTOR) + "P extension:sample\n"
+                  + indent(PREDICTOR) + "P extension:Stop\n")
+    expected = inference * 4 + (ITERATION + extensions) * 2
+    assert run.tree() == prune(expected, "link")
+
+
+def test_open_iteration_closed_at_exit_after_uncaught_exception(tmp_path: Path):
+    """An exception escaping a custom loop between forward and backward."""
+    source = MODEL + r'''
+loss = model(x, t)
+raise RuntimeError("stopped after forward")
+'''
+    run = run_with_agent(tmp_path, source, {"CHAINER_PROF_GRANULARITY": "phase"})
+    assert run.returncode == 1
+    assert "\nRuntimeError: stopped after forward\n" in run.stderr
+    check_stream(run.events)
+    assert run.tree() == ["iteration", "  forward"]
+
+
+def test_sys_exit_inside_annotate_block(tmp_path: Path):
+    source = MODEL + r'''
+with chainer_autoprof.annotate("step"):
+    loss = model(x, t)
+    sys.exit(4)
+'''
+    run = run_with_agent(tmp_path, source, {"CHAINER_PROF_GRANULARITY": "phase"})
+    assert run.returncode == 4, run.stderr
+    check_stream(run.events, user=("step",))
+    assert run.tree() == ["step", "  iteration", "    forward"]
+
+
+def test_exception_escaping_trainer(tmp_path: Path):
+    """The exception reaches the user unchanged; ranges end balanced."""
+    source = MODEL + r'''
+def lossfun(*args):
+    if optimizer.t == 1:
+        raise KeyError("bad batch at update 2")
+    return model(*args)
+
+
+train_iter = chainer.iterators.SerialIterator(dataset, 2, shuffle=False)
+updater = training.updaters.StandardUpdater(train_iter, optimizer, loss_func=lossfun)
+training.Trainer(updater, (5, "iteration")).run()
+'''
+    run = run_with_agent(tmp_path, source, {"CHAINER_PROF_GRANULARITY": "link"})
+    assert run.returncode == 1
+    tail = run.stderr.rstrip().splitlines()
+    assert tail[-1] == "KeyError: 'bad batch at update 2'"
+    assert tail[-3].strip().startswith(f'File "{tmp_path / "script.py"}"')
+    assert tail[-3].strip().endswith("in lossfun")
+    check_stream(run.events)
+    failed = """
+I iteration
+  P data
+  P data
+  P forward
+"""
+    assert run.tree() == prune(ITERATION + failed, "link")
