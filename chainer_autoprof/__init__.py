@@ -34,6 +34,6 @@ def uninstall() -> None:
 
 def annotate(name: str):
     """A user range ``name`` in the agent's domain: context manager and decorator."""
-    from .annotate import Annotation
+    from .user_ranges import Annotation
 
     return Annotation(name)

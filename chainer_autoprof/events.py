@@ -153,9 +153,35 @@ class Tracer:
         if info.sync:
             self.sync.synchronize()
         ts.stack.append((info, self.clock()))
-        for fn in self._begin_fns:
-            fn(info, ts)
+        try:
+            for fn in self._begin_fns:
+                fn(info, ts)
+        except Exception:
+            self._undo_begin(info, ts, fn)
+            raise
         return info
+
+    def _undo_begin(self, info: RangeInfo, ts: ThreadState, failed: Any) -> None:
+        """A sink failed to begin ``info``: end it in the sinks that began it, and forget it.
+
+        The caller gets the error (its hook turns off) and never ends this range,
+        so nothing of it may stay open: not in NVTX, not on the stack.
+        """
+        if not ts.stack or ts.stack[-1][0] is not info:
+            return
+        _, t0 = ts.stack.pop()
+        for sink in self.sinks:
+            begin = getattr(sink, "begin", None)
+            if begin is None:
+                continue
+            if begin == failed:
+                break
+            end = getattr(sink, "end", None)
+            if end is not None:
+                try:
+                    end(info, t0, t0, ts)
+                except Exception:
+                    pass  # already failing: the first error is the one reported
 
     def end(self, token: RangeInfo | None, ts: ThreadState | None = None) -> None:
         """Close the range opened by :meth:`begin` (no-op for ``None``)."""

@@ -40,12 +40,14 @@ import os
 import sys
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from . import names
 from .stats import median
 
 ALIGN_METHODS = ("auto", "clock", "collective", "wall")
+#: Below this share of the others' iteration time spent waiting, the ranks count as balanced.
+BALANCED_SHARE = 0.05
 
 
 class MergeError(Exception):
@@ -57,7 +59,6 @@ class Input:
     """One trace file to merge."""
 
     path: str
-    data: dict[str, Any]
     meta: dict[str, Any]
     pid: int | None
     rank: int | None
@@ -66,6 +67,7 @@ class Input:
     start_perf: int
     start_unix: int
     reference: dict[str, Any] | None
+    stats: RankStats | None = None
     offset_ns: int = 0        # own perf clock -> the merged timeline's clock
     method: str = ""
     new_pid: int = 0
@@ -117,8 +119,7 @@ def _share(part: float, whole: float) -> float:
 
 
 # -- reading ------------------------------------------------------------------------
-def load_input(path: str) -> Input:
-    """Read one trace file and what merging needs of its metadata."""
+def _read_json(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -130,6 +131,16 @@ def load_input(path: str) -> Input:
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise MergeError(f"{path} is not a trace-event file (no traceEvents list)")
+    return data
+
+
+def load_input(path: str, warmup: int | None = None) -> Input:
+    """Read one trace file: what merging needs of its metadata, and its statistics.
+
+    The events are not kept (they are read again when the merged file is
+    written), so merging many large traces needs the memory of one.
+    """
+    data = _read_json(path)
     other = data.get("otherData")
     meta = other.get("chainer_autoprof") if isinstance(other, dict) else None
     if not isinstance(meta, dict):
@@ -147,11 +158,13 @@ def load_input(path: str) -> Input:
             from None
     rank = process.get("mpi_rank", meta.get("rank"))
     reference = process.get("clock_reference")
-    return Input(path=path, data=data, meta=meta, pid=meta.get("pid"),
-                 rank=int(rank) if isinstance(rank, int) else None,
-                 host=str(meta.get("host", "")), child=bool(process.get("child", False)),
-                 start_perf=start_perf, start_unix=start_unix,
-                 reference=reference if isinstance(reference, dict) else None)
+    inp = Input(path=path, meta=meta, pid=meta.get("pid"),
+                rank=int(rank) if isinstance(rank, int) else None,
+                host=str(meta.get("host", "")), child=bool(process.get("child", False)),
+                start_perf=start_perf, start_unix=start_unix,
+                reference=reference if isinstance(reference, dict) else None)
+    inp.stats = rank_stats(inp, data["traceEvents"], warmup)
+    return inp
 
 
 # -- clock alignment -------------------------------------------------------------------
@@ -203,11 +216,11 @@ def align(inputs: list[Input], method: str = "auto") -> None:
 
 
 # -- statistics ------------------------------------------------------------------------
-def rank_stats(inp: Input, warmup: int | None) -> RankStats:
+def rank_stats(inp: Input, events: list[Any], warmup: int | None) -> RankStats:
     """Per-iteration time and communication time of one input, from its ranges."""
     iterations: dict[Any, list[tuple[int, int]]] = {}
     comm: dict[Any, list[tuple[int, int]]] = {}
-    for ev in inp.data["traceEvents"]:
+    for ev in events:
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
         cat = ev.get("cat")
@@ -239,7 +252,7 @@ def rank_stats(inp: Input, warmup: int | None) -> RankStats:
             outside += sum(t1 - t0 for t0, t1 in rows)
     counted = range(skip, len(iters))
     return RankStats(
-        label=inp.label, rank=inp.rank, host=inp.host, pid=inp.pid, child=inp.child,
+        label=inp.path, rank=inp.rank, host=inp.host, pid=inp.pid, child=inp.child,
         iterations=len(counted),
         iteration_ms=[(iters[k][1] - iters[k][0]) / 1e6 for k in counted],
         comm_ms=[comm_in[k] / 1e6 for k in counted],
@@ -266,6 +279,7 @@ def straggler(stats: list[RankStats]) -> dict[str, Any] | None:
         "extra_compute_ms_per_iteration": slow_compute - others_compute,
         "held_back_ms_per_iteration": held_back,
         "held_back_share": _share(held_back, others_iter),
+        "balanced": _share(held_back, others_iter) < BALANCED_SHARE,
     }
 
 
@@ -280,21 +294,20 @@ def _labels(inputs: list[Input]) -> None:
             inp.label = f"rank {inp.rank} child pid {inp.pid}" if inp.child else f"rank {inp.rank}"
 
 
-def merged_events(inputs: list[Input], zero_ns: int) -> list[dict[str, Any]]:
+def merged_events(inputs: list[Input], zero_ns: int) -> Iterator[dict[str, Any]]:
     """Every input's events on the merged timeline, one process track per input."""
-    out: list[dict[str, Any]] = []
     for inp in inputs:
         shift_us = (inp.start_perf + inp.offset_ns - zero_ns) / 1000.0
         pid = inp.new_pid
         detail = f"{inp.host}, pid {inp.pid}" if "pid" not in inp.label else inp.host
-        out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                    "args": {"name": f"{inp.label} ({detail})"}})
-        out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-                    "args": {"sort_index": pid}})
+        yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+               "args": {"name": f"{inp.label} ({detail})"}}
+        yield {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+               "args": {"sort_index": pid}}
         if inp.rank is not None:
-            out.append({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0,
-                        "args": {"labels": f"rank {inp.rank}"}})
-        for ev in inp.data["traceEvents"]:
+            yield {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0,
+                   "args": {"labels": f"rank {inp.rank}"}}
+        for ev in _read_json(inp.path)["traceEvents"]:
             if not isinstance(ev, dict):
                 continue
             if ev.get("ph") == "M" and ev.get("name") in ("process_name", "process_sort_index",
@@ -307,18 +320,20 @@ def merged_events(inputs: list[Input], zero_ns: int) -> list[dict[str, Any]]:
                     ev["ts"] = round(float(ev["ts"]) + shift_us, 3)
                 except (TypeError, ValueError):
                     continue
-            out.append(ev)
-    return out
+            yield ev
 
 
 def merge(paths: Sequence[str], output: str, method: str = "auto",
           warmup: int | None = None) -> dict[str, Any]:
     """Merge ``paths`` into ``output``; returns the summary written with it."""
-    inputs = [load_input(p) for p in paths]
+    inputs = [load_input(p, warmup) for p in paths]
     _labels(inputs)
     align(inputs, method)
     zero_ns = min(i.start_perf + i.offset_ns for i in inputs)
-    stats = [rank_stats(i, warmup) for i in inputs]
+    stats = [i.stats for i in inputs if i.stats is not None]
+    for i in inputs:
+        if i.stats is not None:
+            i.stats.label = i.label
     summary = {
         "ranks": [s.as_dict() for s in stats],
         "straggler": straggler(stats),
@@ -380,6 +395,9 @@ def format_summary(summary: dict[str, Any], output: str) -> str:
                       f"the others wait {slow['held_back_ms_per_iteration']:.2f} ms per "
                       f"iteration for it ({slow['held_back_share']:.0%} of their iteration "
                       "time)"]
+        if slow["balanced"]:
+            lines.append(f"  the ranks are balanced (waits under {BALANCED_SHARE:.0%} of the "
+                         "iteration time)")
     return "\n".join(lines)
 
 

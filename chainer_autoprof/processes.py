@@ -327,9 +327,3 @@ def child_trace_template(template: str) -> str:
     stem, ext = os.path.splitext(template)
     return f"{stem}.%p{ext}"
 
-
-def _reset_for_tests() -> None:
-    global _rank, _clock_ref, _rank_range
-    _rank = None
-    _clock_ref = None
-    _rank_range = None

@@ -306,9 +306,10 @@ class Aggregator:
         import numpy as np
 
         tables = self._np_tables
-        if tables is None or len(tables[0]) != len(self.kinds):
-            tables = self._np_tables = (np.array(self.kinds, dtype=np.int64),
-                                        np.array(self.link_ids, dtype=np.int64))
+        n = min(len(self.kinds), len(self.link_ids))  # another thread may be adding a name
+        if tables is None or len(tables[0]) != n:
+            tables = self._np_tables = (np.array(self.kinds[:n], dtype=np.int64),
+                                        np.array(self.link_ids[:n], dtype=np.int64))
         return tables
 
     # -- feeding --------------------------------------------------------------

@@ -273,7 +273,9 @@ class Trace:
 
         meta = self.meta
         if not from_events and meta.get("dropped_ranges") and meta.get("run_stats"):
-            return RunStats.from_dict(meta["run_stats"])
+            stats = RunStats.from_dict(meta["run_stats"])
+            stats.meta = {k: v for k, v in meta.items() if k != "run_stats"}
+            return stats
         settings = meta.get("settings") or {}
         window = settings.get("iterations")
         agg = Aggregator(0, int(meta.get("warmup_skip", 0)),

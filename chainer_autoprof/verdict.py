@@ -15,7 +15,7 @@ Kinds, checked in this order of evidence:
 * ``synchronization-bound``: at sync level 2 or 3 the agent's own GPU
   synchronizations take :data:`SYNC_SHARE` of the iteration time or more;
 * ``host-bound``: forward/backward/update dominate but each function call is
-  short (under :data:`HOST_US_PER_FUNCTION` on average over at least
+  short (under :func:`host_threshold_us` on average over at least
   :data:`HOST_MIN_FUNCTIONS` calls per iteration), or on a GPU at sync level 1
   the host almost never waits for the GPU (under :data:`GPU_WAIT_SHARE`);
 * ``compute-bound``: forward + backward + update take :data:`COMPUTE_SHARE`
@@ -51,9 +51,12 @@ SYNC_INSIDE_LEVEL = 2
 #: the model's own work dominates (compute-bound, or host-bound when calls are short).
 COMPUTE_SHARE = 0.50
 #: Mean host time of one function call (forward + backward + update time over
-#: the forward function calls of an iteration) under which the work is mostly
-#: Python overhead; Chainer's own per-call cost is tens of microseconds.
+#: the function calls of an iteration) under which the work is mostly Python
+#: overhead; Chainer's own per-call cost is tens of microseconds ...
 HOST_US_PER_FUNCTION = 100.0
+#: ... or, on a slower or busier host, under this many type checks as measured
+#: in the same run (one call's own overhead is 10-15 of them), whichever is larger.
+HOST_CHECKS_PER_FUNCTION = 50
 #: Function calls per iteration needed before "many small calls" is claimed.
 HOST_MIN_FUNCTIONS = 20
 #: On a GPU at sync level 1: share of the iteration time the host waits at the
@@ -238,7 +241,14 @@ def _host_bound(stats: Any, fig: dict[str, float]) -> bool:
         return fig["sync_share"] < GPU_WAIT_SHARE
     us = us_per_function(stats, fig)
     calls = functions_per_iteration(stats) or 0
-    return us is not None and calls >= HOST_MIN_FUNCTIONS and us < HOST_US_PER_FUNCTION
+    return us is not None and calls >= HOST_MIN_FUNCTIONS and us < host_threshold_us(stats)
+
+
+def host_threshold_us(stats: Any) -> float:
+    """Per-call host time under which calls are mostly overhead, scaled to this host."""
+    check = facts_of(stats).get("type_check_us")
+    scaled = HOST_CHECKS_PER_FUNCTION * check if isinstance(check, (int, float)) else 0.0
+    return max(HOST_US_PER_FUNCTION, scaled)
 
 
 def us_per_function(stats: Any, fig: dict[str, float]) -> float | None:
@@ -333,7 +343,9 @@ def _host(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
     us = us_per_function(stats, fig)
     if calls and us is not None:
         v.evidence.append(f"{calls} function calls per iteration, {us:.0f} us each on average "
-                          f"(threshold {HOST_US_PER_FUNCTION:.0f} us)")
+                          f"(threshold {host_threshold_us(stats):.0f} us: the larger of "
+                          f"{HOST_US_PER_FUNCTION:.0f} us and {HOST_CHECKS_PER_FUNCTION} type "
+                          "checks as timed in this run)")
     if stats.links:
         v.evidence.append(f"{link_calls_per_iteration(stats):.0f} link calls per iteration")
     if on_gpu(stats):

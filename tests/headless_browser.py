@@ -7,7 +7,7 @@ protocol runs on file descriptors 3 and 4, NUL-separated JSON), so no port
 is opened.
 
 Run as a script to take a screenshot: ``python tests/headless_browser.py
-page.html out.png [WIDTH HEIGHT]``.
+page.html out.png [WIDTH HEIGHT] [--full-page]``.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class Browser:
         if exe is None:
             raise BrowserError("no chromium executable found")
         self.timeout = timeout
+        self.width = width
         self.profile = tempfile.mkdtemp(prefix="chromium-profile-")
         to_browser_r, self._to_browser = os.pipe()
         self._from_browser, from_browser_w = os.pipe()
@@ -165,8 +166,15 @@ class Browser:
         return [e["params"]["request"]["url"] for e in self.events
                 if e.get("method") == "Network.requestWillBeSent"]
 
-    def screenshot(self, out: Path) -> None:
-        data = self.call("Page.captureScreenshot", {"format": "png"})["data"]
+    def screenshot(self, out: Path, full_page: bool = False) -> None:
+        """A PNG of the viewport (or of the whole page, as tall as its content)."""
+        params: dict[str, Any] = {"format": "png"}
+        if full_page:
+            size = self.call("Page.getLayoutMetrics")["cssContentSize"]
+            params.update(captureBeyondViewport=True,
+                          clip={"x": 0, "y": 0, "width": max(size["width"], self.width),
+                                "height": size["height"], "scale": 1})
+        data = self.call("Page.captureScreenshot", params)["data"]
         Path(out).write_bytes(base64.b64decode(data))
 
     def close(self) -> None:
@@ -194,13 +202,15 @@ class Browser:
 
 
 def main(argv: list[str]) -> int:
+    full = "--full-page" in argv
+    argv = [a for a in argv if a != "--full-page"]
     if len(argv) < 2:
         print(__doc__)
         return 2
     width, height = (int(argv[2]), int(argv[3])) if len(argv) >= 4 else (1280, 1600)
     with Browser(width, height) as browser:
         browser.open(Path(argv[0]))
-        browser.screenshot(Path(argv[1]))
+        browser.screenshot(Path(argv[1]), full_page=full)
         for problem in browser.problems():
             print(problem)
     return 0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from nvtx_tool import ranges_by_thread
-from support import REPO, run_with_agent
+from support import REPO, run_python, run_with_agent
 
 PARENT_STEPS = 3
 CHILD_STEPS = 4
@@ -198,3 +198,59 @@ def test_multiprocess_iterator(tmp_path):
     # Every process's NVTX ranges balanced; the iterations are the parent's alone.
     iterations = _nvtx_iterations(run)
     assert iterations == {traces["parent"]["meta"]["pid"]: 12}
+
+
+INSTALL_SCRIPT = f"""
+import multiprocessing
+import os
+import sys
+
+import numpy as np
+
+import chainer
+import chainer.links as L
+
+import chainer_autoprof
+
+
+def train(steps):
+    model = L.Classifier(L.Linear(20, 5))
+    optimizer = chainer.optimizers.SGD()
+    optimizer.setup(model)
+    x = np.ones((16, 20), np.float32)
+    t = np.zeros(16, np.int32)
+    for _ in range(steps):
+        optimizer.update(model, x, t)
+
+
+if __name__ == "__main__":
+    chainer_autoprof.install(granularity="link", trace=sys.argv[1], summary=False, warmup=0)
+    proc = multiprocessing.get_context("spawn").Process(target=train, args=({CHILD_STEPS},))
+    proc.start()
+    proc.join()
+    assert proc.exitcode == 0
+    train({PARENT_STEPS})
+    exported = sorted(k for k in os.environ if "CHAINER_PROF_" in k)
+    chainer_autoprof.uninstall()
+    left = sorted(k for k in os.environ if "CHAINER_PROF_" in k)
+    print(exported, left)
+"""
+
+
+def test_settings_given_to_install_reach_spawned_children(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(INSTALL_SCRIPT)
+    run = run_python(tmp_path, [str(script), str(tmp_path / "trace.%p.json")],
+                     env={"PYTHONPATH": _site_shim(tmp_path)}, nvtx=False)
+    assert run.returncode == 0, run.stderr
+    traces = _traces(tmp_path)
+    assert set(traces) == {"child"}  # the parent uninstalled before its exit: no trace
+    assert traces["child"]["iterations"] == CHILD_STEPS
+    assert traces["child"]["meta"]["settings"]["granularity"] == "link"
+    assert "predictor (Linear)" in traces["child"]["names"]
+    # While installed, the settings were in the environment; uninstalling took them back.
+    exported, left = run.stdout.strip().split("] [")
+    for name in ("CHAINER_PROF_ENABLE", "CHAINER_PROF_GRANULARITY", "CHAINER_PROF_TRACE",
+                 "_CHAINER_PROF_ROOT_PID"):
+        assert repr(name) in exported
+    assert left == "]"

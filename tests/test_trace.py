@@ -152,18 +152,23 @@ def test_trainer_run_writes_a_valid_trace(tmp_path):
 def test_one_track_per_thread(tmp_path):
     source = """
 import threading
-import chainer_autoprof
+import numpy as np
+import chainer
+import chainer.links as L
 
-def work():
-    for _ in range(3):
-        with chainer_autoprof.annotate("fetch"):
-            pass
+model = L.Linear(8, 2)
+x = np.ones((4, 8), dtype=np.float32)
 
-t = threading.Thread(target=work, name="loader")
+def predict():
+    with chainer.using_config("train", False):
+        for _ in range(3):
+            model(x)
+
+t = threading.Thread(target=predict, name="predictor")
 t.start()
 t.join()
-with chainer_autoprof.annotate("main work"):
-    pass
+with chainer.using_config("train", False):
+    model(x)
 """
     trace = tmp_path / "t.json"
     run = run_with_agent(tmp_path, source, settings={"CHAINER_PROF_TRACE": str(trace)},
@@ -173,8 +178,8 @@ with chainer_autoprof.annotate("main work"):
     threads = {e["args"]["name"]: e["tid"] for e in data["traceEvents"]
                if e["ph"] == "M" and e["name"] == "thread_name"}
     xs = [e for e in data["traceEvents"] if e["ph"] == "X"]
-    assert [e["name"] for e in xs if e["tid"] == threads["loader"]] == ["fetch"] * 3
-    assert [e["name"] for e in xs if e["tid"] == threads["MainThread"]] == ["main work"]
+    assert [e["name"] for e in xs if e["tid"] == threads["predictor"]] == ["inference"] * 3
+    assert [e["name"] for e in xs if e["tid"] == threads["MainThread"]] == ["inference"]
 
 
 def test_sigterm_leaves_a_complete_trace(tmp_path):

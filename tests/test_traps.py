@@ -117,6 +117,7 @@ trainer.run()
     run = run_with_agent(tmp_path, source, {"CHAINER_PROF_GRANULARITY": "link"})
     assert run.returncode == 3, run.stderr
     assert run.stdout == "evaluated 2 batches\n"
+    assert run.stderr == ""  # StopIteration ended the loop; nothing for the agent to report
     check_stream(run.events)
     inference = "P inference\n" + indent(CLASSIFIER)
     extensions = ("P extension:ImageGen\n" + indent(PREDICTOR) + "P extension:sample\n"

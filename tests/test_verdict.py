@@ -76,7 +76,10 @@ def test_large_layers_are_compute_bound(runs):
     assert verdict.kind == "compute-bound", vd.format_verdict(verdict)
     assert summary_verdict(w.stderr) == "compute-bound"
     assert verdict.figures["compute_share"] >= vd.COMPUTE_SHARE
-    assert vd.us_per_function(w.stats, verdict.figures) >= vd.HOST_US_PER_FUNCTION
+    text = vd.format_verdict(verdict)
+    for phase in ("forward", "backward", "update"):  # each phase with its figures
+        ms = w.stats.phase_total(phase) / w.stats.iterations
+        assert f"{phase} {vd._ms(ms)} ({100 * w.stats.phase_share(phase):.1f}%)" in text
 
 
 def test_compute_bound_names_the_top_links(runs):
@@ -185,14 +188,16 @@ def test_thresholds_are_documented():
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "verdict.md").read_text()
     for name in ("INPUT_SHARE", "EXTENSION_SHARE", "SYNC_SHARE", "COMPUTE_SHARE",
-                 "HOST_US_PER_FUNCTION", "HOST_MIN_FUNCTIONS", "GPU_WAIT_SHARE",
+                 "HOST_US_PER_FUNCTION", "HOST_CHECKS_PER_FUNCTION", "HOST_MIN_FUNCTIONS",
+                 "GPU_WAIT_SHARE",
                  "ADVICE_MIN_SHARE", "TRANSFER_ITERATION_SHARE", "BLAS_SLOW_GFLOPS",
                  "BLAS_MIN_COMPUTE_SHARE", "WARMUP_SLOW_FACTOR", "WARMUP_MIN_SHARE",
-                 "WARMUP_MIN_MS"):
+                 "WARMUP_MIN_MS", "OVERHEAD_NOTE_SHARE"):
         value = getattr(vd, name)
-        assert f"`{name}`" in doc, name
+        rows = [line for line in doc.splitlines() if line.startswith(f"| `{name}`")]
+        assert len(rows) == 1, name
         shown = f"{value:g}" if isinstance(value, float) else str(value)
-        assert shown in doc, (name, shown)
+        assert f"| {shown} " in rows[0], (name, shown, rows[0])
 
 
 def test_verdict_figures_are_json(runs):

@@ -127,9 +127,9 @@ class ChainerMNPatches:
                 return wrapped(*args, **kwargs)
             finally:
                 try:
+                    end(tok, ts)  # at sync level 2 or more, after the GPU has finished
                     if synchronizing and processes.clock_reference() is None:
                         note_end(op, clock())
-                    end(tok, ts)
                 except Exception as exc:
                     patch.fail(exc)
 

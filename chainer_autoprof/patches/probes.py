@@ -7,7 +7,8 @@ What is looked at, and when:
   ``enable_backprop``), CUDA/cuDNN availability, the optimizer's parameters
   (count, dtypes, devices), convolution links and their devices, NumPy's BLAS
   (library name and a measured matmul rate; CPU runs only) and the host cost
-  of one type check (when ``type_check`` is on);
+  of one type check (the advice's unit for ``type_check``, the verdict's
+  measure of how fast this host runs Chainer's Python code);
 * during training iteration :data:`COUNT_ITERATION` only: the functions
   applied, counted by a Chainer ``FunctionHook`` present for that iteration;
 * during the first call of each ``Extension``: the functions applied while
@@ -168,10 +169,9 @@ class Probes:
             facts["conv_links"] = _conv_facts(target)
         if not facts.get("params", {}).get("gpu"):
             facts["blas"] = blas_facts()
-        if config.get("type_check"):
-            cost = type_check_cost_us()
-            if cost is not None:
-                facts["type_check_us"] = round(cost, 2)
+        cost = type_check_cost_us()  # also the verdict's measure of this host's speed
+        if cost is not None:
+            facts["type_check_us"] = round(cost, 2)
 
     # -- Extension.__call__: does an evaluation build the graph? ---------------
     def _wrap_extension(self, patch: Patch) -> Callable:

@@ -85,6 +85,7 @@ class Recorder:
         self.retained: deque[tuple[int, Any]] = deque()
         self.retained_ranges = 0
         self.dropped = 0
+        self.lost = 0
         self.flush_ns = 0
         self.iterations_ended = 0
         self.busy_thread: int | None = None
@@ -149,6 +150,10 @@ class Recorder:
                 self.agg.feed(tid, block)
                 if self.trace_path:
                     self._retain(tid, block)
+            except Exception as exc:  # our bug must not reach the training's call stack
+                self.lost += len(buf)
+                log.error(f"recorder: {type(exc).__name__}: {exc}; some ranges are missing "
+                          "from the summary and the trace")
             finally:
                 self.flush_ns += perf_counter_ns() - t_start
                 self.busy_thread = None
@@ -264,7 +269,7 @@ class Recorder:
                 self.gpu.finish()
             except Exception as exc:
                 log.warning(f"GPU phase times incomplete ({type(exc).__name__}: {exc})")
-        if self.fork_child and self.agg.counted == 0:
+        if self.fork_child and self.agg.seen == 0:
             return  # a worker process that did no training: nothing to say
         if self.agg.ranges == 0 and is_child():
             return  # a helper interpreter (resource tracker, ...) that recorded nothing
@@ -273,13 +278,13 @@ class Recorder:
         if self.trace_path:
             stats.meta["trace_path"] = self.write_trace(stats, end_ns)
         if self.cfg.summary:
-            from ..summary import format_summary
-            text = format_summary(stats, advice=bool(getattr(self.cfg, "advice", True)))
             try:
+                from ..summary import format_summary
+                text = format_summary(stats, advice=bool(getattr(self.cfg, "advice", True)))
                 sys.stderr.write(text + "\n")
                 sys.stderr.flush()
-            except Exception:
-                pass
+            except Exception as exc:
+                log.error(f"no summary ({type(exc).__name__}: {exc})")
 
     def write_trace(self, stats: RunStats, end_ns: int) -> str | None:
         """Write the trace file; returns its path (``None`` on failure, said once)."""
@@ -453,8 +458,9 @@ def calibrate(granularity_level: int, pairs: int = 4000) -> tuple[float, float]:
     tracer = Tracer(granularity_level, SyncPolicy(0, NullBackend()))
     cfg = Config({"summary": False, "trace": None})
     tracer.add_sink(Recorder(cfg, tracer, chunk_ranges=pairs + 1, scratch=True))
-    outer = tracer.info("calibration", names.USER)
-    info = tracer.info("calibration range", names.USER)
+    # iteration-level names: emitted at every granularity
+    outer = tracer.info("calibration", names.ITERATION)
+    info = tracer.info("calibration range", names.ITERATION)
     ts = tracer.state()
     begin, end = tracer.begin, tracer.end
     begin(outer, ts)

@@ -1,4 +1,8 @@
-"""User ranges: ``with annotate("name"):`` or ``@annotate("name")``."""
+"""User ranges: ``with annotate("name"):`` or ``@annotate("name")``.
+
+Not named ``annotate``: a submodule of that name would replace the package's
+``annotate`` function once imported.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,329 @@
+"""install()/uninstall(), annotate(), import-time safety, version check and the status report."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from support import run_python, run_with_agent, write_script
+from test_ranges import check_stream, prune, segments, tree_of
+
+MODEL = r'''
+import numpy as np
+import chainer
+import chainer.links as L
+
+
+class Old(chainer.Chain):
+    """Old style (__call__, no forward)."""
+
+    def __init__(self):
+        super().__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(3, 2)
+
+    def __call__(self, x):
+        return self.l1(x)
+
+
+x = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+t = np.array([0, 1, 0, 1], np.int32)
+
+
+def step(model, opt):
+    loss = model(x, t)
+    model.cleargrads()
+    loss.backward()
+    opt.update()
+
+
+def new_model():
+    model = L.Classifier(Old())
+    opt = chainer.optimizers.SGD()
+    opt.setup(model)
+    return model, opt
+'''
+
+LIFECYCLE_PROGRAM = MODEL + r'''
+import sys
+
+import nvtx
+import chainer.dataset
+import chainer.iterators
+import chainer.optimizers
+import chainer.training
+import chainer.training.extensions
+import chainer.training.updaters
+import chainer._backprop_utils
+
+import chainer_autoprof
+
+
+def mark(name):
+    nvtx.mark(message=name, domain="scenario")
+
+
+def routines():
+    """Every attribute of Chainer's modules and classes (and Old), with the routines' identity."""
+    seen = {}
+    classes = [Old]
+    for name, module in sorted(sys.modules.items()):
+        if module is None or not (name == "chainer" or name.startswith("chainer.")):
+            continue
+        for key, value in vars(module).items():
+            seen[(name, key)] = value
+            if isinstance(value, type) and value.__module__.startswith("chainer"):
+                classes.append(value)
+    for cls in classes:
+        for key, value in vars(cls).items():
+            seen[(cls.__module__, cls.__qualname__, key)] = value
+    return seen
+
+
+def differences(before, after):
+    """Keys added or removed, and routines (or descriptors) that are not the same object."""
+    out = sorted(str(k) for k in before.keys() ^ after.keys())
+    for key, value in before.items():
+        if key in after and callable(value) and after[key] is not value:
+            out.append(str(key))
+    return out
+
+
+original = routines()
+agent = chainer_autoprof.install(granularity="function", summary=False)
+print("second install returns the same agent:",
+      chainer_autoprof.install(granularity="link") is agent)
+
+
+class OldAfter(Old):
+    def __call__(self, x):
+        return super().__call__(x)
+
+
+wrapped_after = OldAfter.__dict__["__call__"]
+print("class defined later wrapped:", type(wrapped_after).__name__)
+from chainer.dataset.iterator import Iterator
+from chainer.iterators import SerialIterator
+print("next alias shares the wrapper:", SerialIterator.__dict__["next"]
+      is SerialIterator.__dict__["__next__"], type(SerialIterator.__dict__["next"]).__name__)
+mark("installed")
+step(*new_model())
+m = L.Classifier(OldAfter())
+opt = chainer.optimizers.SGD()
+opt.setup(m)
+step(m, opt)
+chainer_autoprof.uninstall()
+print("restored after uninstall:", differences(original, routines()))
+print("class defined later restored:",
+      OldAfter.__dict__["__call__"] is wrapped_after.__wrapped__)
+print("__init_subclass__ hook removed:", "__init_subclass__" not in chainer.Link.__dict__)
+print("Iterator.next untouched:", Iterator.__dict__["next"] is original[
+    ("chainer.dataset.iterator", "Iterator", "next")])
+mark("uninstalled")
+step(*new_model())
+chainer_autoprof.install(granularity="link", summary=False)
+mark("reinstalled")
+step(*new_model())
+chainer_autoprof.uninstall()
+print("restored after the second uninstall:", differences(original, routines()))
+mark("end")
+'''
+
+ONCE = """
+I iteration
+  P forward
+    L Classifier
+      L predictor ({cls})
+        L predictor/l1 (Linear)
+          F LinearFunction.forward
+      F SoftmaxCrossEntropy.forward
+      F Accuracy.forward
+  P backward
+    L Classifier backward
+      F SoftmaxCrossEntropy.backward
+        F _SoftmaxCrossEntropyGrad_NoDoubleBackprop.forward
+    L predictor/l1 (Linear) backward
+      F LinearFunction.backward
+        F LinearGradWeight.forward
+        F Sum.forward
+  P update
+"""
+
+
+def test_install_uninstall_reinstall(tmp_path: Path):
+    """After ``import chainer``: applies at once, never twice, and uninstall restores exactly."""
+    script = write_script(tmp_path, "lifecycle.py", LIFECYCLE_PROGRAM)
+    run = run_python(tmp_path, [str(script)], check=True)
+    assert run.stdout.splitlines() == [
+        "second install returns the same agent: True",
+        "class defined later wrapped: FunctionWrapper",
+        "next alias shares the wrapper: True FunctionWrapper",
+        "restored after uninstall: []",
+        "class defined later restored: True",
+        "__init_subclass__ hook removed: True",
+        "Iterator.next untouched: True",
+        "restored after the second uninstall: []",
+    ]
+    check_stream(run.events)
+    parts = segments(run.events)
+    # one range per call: the first install's settings (function granularity) hold
+    assert tree_of(parts["installed"]) == \
+        prune(ONCE.format(cls="Old") + ONCE.format(cls="OldAfter"), "function")
+    assert parts["uninstalled"] == []
+    assert tree_of(parts["reinstalled"]) == prune(ONCE.format(cls="Old"), "link")
+    assert parts["end"] == []
+
+
+def test_annotate_and_install_before_import(tmp_path: Path):
+    """User ranges in the agent's (custom) domain; the agent installed before ``import chainer``."""
+    source = r'''
+import sys
+
+import chainer_autoprof
+
+print("chainer imported at start:", "chainer" in sys.modules)
+''' + MODEL + r'''
+print("Link.__call__ wrapped at import:",
+      type(chainer.Link.__dict__["__call__"]).__name__)
+model, opt = new_model()
+
+
+@chainer_autoprof.annotate("train_step")
+def train_step():
+    step(model, opt)
+
+
+train_step()
+with chainer_autoprof.annotate("eval"):
+    with chainer.using_config("train", False):
+        model(x, t)
+with chainer_autoprof.annotate("fwd"):  # the iteration it opens ends with the block
+    loss = model(x, t)
+model.cleargrads()
+loss.backward()
+opt.update()
+chainer_autoprof.uninstall()
+with chainer_autoprof.annotate("no agent"):
+    step(model, opt)
+print("done")
+'''
+    run = run_with_agent(tmp_path, source, {"CHAINER_PROF_DOMAIN": "mine"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["chainer imported at start: False",
+                                       "Link.__call__ wrapped at import: FunctionWrapper",
+                                       "done"]
+    check_stream(run.events, domain="mine", user=("train_step", "eval", "fwd"))
+    assert not [ev for ev in run.events if ev.domain == "chainer"]
+    assert run.tree(domain="mine") == [
+        "train_step",
+        "  iteration",
+        "    forward",
+        "    backward",
+        "    update",
+        "eval",
+        "  inference",
+        "fwd",
+        "  iteration",
+        "    forward",
+        "iteration",
+        "  backward",
+        "  update",
+    ]
+
+
+def test_failing_hook_never_breaks_import(tmp_path: Path):
+    """An internal error while instrumenting: ``import chainer`` works, training runs plainly."""
+    source = r'''
+import chainer_autoprof.patches.chainer as chainer_patches
+
+
+def broken(self, chainer):
+    raise RuntimeError("instrumenting failed")
+
+
+chainer_patches.ChainerPatches.apply = broken
+''' + MODEL + r'''
+step(*new_model())
+print("Link.__call__ untouched:", type(chainer.Link.__dict__["__call__"]).__name__)
+'''
+    run = run_with_agent(tmp_path, source)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "Link.__call__ untouched: function\n"
+    assert run.stderr == ("chainer_autoprof: could not instrument Chainer (RuntimeError: "
+                          "instrumenting failed); running uninstrumented\n")
+    assert [ev for ev in run.events if ev.event == "push"] == []
+
+
+def test_unknown_chainer_version_runs_uninstrumented(tmp_path: Path):
+    source = MODEL + r'''
+import chainer_autoprof
+
+real = chainer.__version__
+chainer.__version__ = "99.0.0"
+chainer_autoprof.install()
+chainer_autoprof.uninstall()
+chainer_autoprof.install()  # the same warning is not repeated
+step(*new_model())
+print("Link.__call__ untouched:", type(chainer.Link.__dict__["__call__"]).__name__)
+'''
+    script = write_script(tmp_path, "version.py", source)
+    run = run_python(tmp_path, [str(script)], env={"CHAINER_PROF_SUMMARY": "0"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "Link.__call__ untouched: function\n"
+    assert run.stderr == ("chainer_autoprof: Chainer 99.0.0 is not a version the agent knows "
+                          "(6.x, 7.x); running uninstrumented\n")
+    assert [ev for ev in run.events if ev.event == "push"] == []
+
+
+def test_status_report(tmp_path: Path):
+    """CHAINER_PROF_LOG=debug: every target with owners and state at start, hits at exit."""
+    source = r'''
+import wrapt
+
+import chainer.dataset.convert
+
+del chainer.dataset.convert._call_converter  # a target this Chainer lacks
+real_wrap = wrapt.wrap_function_wrapper
+
+
+def refusing(target, name, wrapper):
+    if name == "backward":
+        raise RuntimeError("refused")
+    return real_wrap(target, name, wrapper)
+
+
+wrapt.wrap_function_wrapper = refusing
+import chainer_autoprof
+
+chainer_autoprof.install()
+''' + MODEL + r'''
+model, opt = new_model()
+for _ in range(3):
+    step(model, opt)
+'''
+    script = write_script(tmp_path, "status.py", source)
+    run = run_python(tmp_path, [str(script)],
+                     env={"CHAINER_PROF_LOG": "debug", "CHAINER_PROF_SUMMARY": "0"})
+    assert run.returncode == 0, run.stderr
+    err = run.stderr
+    start = err.split("patch status at start:\n")[1].split("chainer_autoprof:")[0]
+    end = err.split("patch status at exit:\n")[1]
+
+    def line(report: str, label: str) -> str:
+        (found,) = [ln for ln in report.splitlines() if ln.split()[0] == label]
+        return found
+
+    assert re.search(r"patched +chainer\.link\.Link$", line(start, "Link.__call__"))
+    assert line(start, "convert._call_converter").endswith(
+        "skipped (chainer.dataset.convert has no _call_converter) ")
+    assert "failed (RuntimeError: refused)" in line(start, "Variable.backward")
+    assert line(start, "chainer.grad").endswith("patched    chainer.function_node")
+    assert "could not instrument Variable.backward: RuntimeError: refused" in err
+    # 3 steps: Classifier, predictor, l1 per step
+    # the old-style model, defined after the start, joined the owners
+    assert line(end, "Link.__call__").endswith("chainer.link.Link, __main__.Old  hits=9")
+    assert line(end, "Optimizer.update").endswith("hits=3")
+    assert line(end, "Updater.update").endswith("hits=0  <- never hit while Chainer trained")
+    assert "never hit" not in line(end, "Variable.backward")  # failed, not silently missed
+    check_stream(run.events)
+    assert run.tree() == ["iteration", "  forward", "  update"] * 3
