@@ -198,41 +198,52 @@ def cmd_floor(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_memory(args: argparse.Namespace) -> dict[str, Any]:
-    """Recorder memory per range, and whether it stays bounded past ``record_limit``."""
+    """Recorder memory per range kept for the trace, and whether it stops at ``record_limit``.
+
+    The trace keeps the newest ``record_limit`` ranges, so memory must grow
+    by a fixed amount per range up to the limit, then stay flat.  Ranges
+    buffered per thread are aggregated first (``flush_all``), so each figure
+    is what stays in memory.
+    """
     import gc
+    import shutil
+    import tempfile
     import tracemalloc
 
     import chainer_autoprof
 
-    agent = chainer_autoprof.install(granularity="link", summary=True, advice=False,
-                                     log="error", record_limit=args.limit)
+    trace = Path(tempfile.mkdtemp(prefix="autoprof-bench-")) / "trace.json"
+    agent = chainer_autoprof.install(granularity="link", summary=False, advice=False,
+                                     log="error", record_limit=args.limit, trace=str(trace))
     import workloads
 
     if agent is None or agent.recorder is None:
         return {"config": "memory", "recorder": False}
+    recorder = agent.recorder
     step = workloads.build("link", None)
     per_call = workloads.LINK_CALLS + 2  # link ranges + the forward phase
-    calls = max(1, args.limit // 2 // per_call)
+
+    def run(ranges: int) -> tuple[int, int]:
+        calls = max(1, ranges // per_call)
+        for _ in range(calls):
+            step()
+        recorder.flush_all()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0], calls * per_call
+
     for _ in range(3):
         step()
-    gc.collect()
     tracemalloc.start()
-
-    def run(k: int) -> int:
-        for _ in range(k):
-            step()
-        gc.collect()
-        return tracemalloc.get_traced_memory()[0]
-
-    m0 = tracemalloc.get_traced_memory()[0]
-    m1 = run(calls)              # about limit/2 ranges kept
-    m2 = run(calls)              # about limit ranges kept
-    m3 = run(4 * calls)          # well past the limit
+    m0, _ = run(args.limit // 5)          # the aggregates' first allocations
+    m1, n1 = run(args.limit // 2)         # up to about 0.7 x limit kept
+    m2, _ = run(3 * args.limit)           # far past the limit: the newest `limit` kept
+    m3, n3 = run(args.limit)
     tracemalloc.stop()
-    ranges = calls * per_call
+    agent.uninstall()  # no trace is written: the run ends here
+    shutil.rmtree(trace.parent, ignore_errors=True)
     return {"config": "memory", "recorder": True, "limit": args.limit,
-            "bytes_per_range": (m2 - m1) / ranges, "m0": m0, "m1": m1, "m2": m2, "m3": m3,
-            "growth_past_limit_per_range": (m3 - m2) / (4 * ranges)}
+            "bytes_per_range": (m1 - m0) / n1, "m": [m0, m1, m2, m3],
+            "growth_past_limit_per_range": (m3 - m2) / n3}
 
 
 def main(argv: list[str] | None = None) -> None:

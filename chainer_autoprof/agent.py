@@ -20,7 +20,7 @@ from . import log, names
 from .settings import Config, SettingsError, from_environ
 
 _lock = threading.RLock()
-_agent: "Agent | None" = None
+_agent: Agent | None = None
 
 
 class Agent:

@@ -24,7 +24,7 @@ from .policies import CaptureWindow, SyncPolicy
 class RangeInfo:
     """A distinct range name: what sinks need to emit it, built once."""
 
-    __slots__ = ("index", "name", "category", "level", "color", "emit", "sync", "nvtx")
+    __slots__ = ("category", "color", "emit", "index", "level", "name", "nvtx", "sync")
 
     def __init__(self, index: int, name: str, category: str, level: int, color: int) -> None:
         self.index = index
@@ -43,10 +43,27 @@ class RangeInfo:
 class ThreadState:
     """Per-thread state: the open ranges and the training-loop state machine."""
 
-    __slots__ = ("tid", "thread_name", "stack", "iter_tok", "iter_explicit", "iter_busy",
-                 "phase", "phase_tok", "quiet", "links", "await_update", "update_tok",
-                 "opt_depth", "bwd_link", "bwd_link_tok", "extension", "user", "in_trainer",
-                 "record")
+    __slots__ = (
+        "await_update",
+        "bwd_link",
+        "bwd_link_tok",
+        "extension",
+        "in_trainer",
+        "iter_busy",
+        "iter_explicit",
+        "iter_tok",
+        "links",
+        "opt_depth",
+        "phase",
+        "phase_tok",
+        "quiet",
+        "record",
+        "stack",
+        "thread_name",
+        "tid",
+        "update_tok",
+        "user",
+    )
 
     def __init__(self) -> None:
         self.tid = threading.get_native_id()
@@ -76,7 +93,7 @@ class Sink(Protocol):
     def prepare(self, info: RangeInfo) -> None: ...
     def begin(self, info: RangeInfo, ts: ThreadState) -> None: ...
     def end(self, info: RangeInfo, t0: int, t1: int, ts: ThreadState) -> None: ...
-    def close(self, tracer: "Tracer") -> None: ...
+    def close(self, tracer: Tracer) -> None: ...
 
 
 class Tracer:
@@ -92,6 +109,7 @@ class Tracer:
         self.sinks: list[Any] = []
         self._begin_fns: tuple[Callable[..., None], ...] = ()
         self._end_fns: tuple[Callable[..., None], ...] = ()
+        self._timed = False  # a sink reads t0/t1: read the clock (else both are 0)
         self.infos: list[RangeInfo] = []
         self._by_key: dict[tuple[str, str], RangeInfo] = {}
         self._lock = threading.Lock()
@@ -111,6 +129,8 @@ class Tracer:
             sink.prepare(info)
         self._begin_fns = tuple(s.begin for s in self.sinks if getattr(s, "begin", None))
         self._end_fns = tuple(s.end for s in self.sinks if getattr(s, "end", None))
+        # A sink that ignores t0/t1 says so with ``timed = False`` (NVTX): two clock reads saved
+        self._timed = any(getattr(s, "timed", True) for s in self.sinks)
 
     def info(self, name: str, category: str) -> RangeInfo:
         """The RangeInfo for ``name`` in ``category`` (created once)."""
@@ -152,7 +172,7 @@ class Tracer:
             ts = self.state()
         if info.sync:
             self.sync.synchronize()
-        ts.stack.append((info, self.clock()))
+        ts.stack.append((info, self.clock() if self._timed else 0))
         try:
             for fn in self._begin_fns:
                 fn(info, ts)
@@ -194,7 +214,7 @@ class Tracer:
         if token.sync:
             self.sync.synchronize()
         info, t0 = ts.stack.pop()
-        t1 = self.clock()
+        t1 = self.clock() if self._timed else 0
         for fn in self._end_fns:
             fn(info, t0, t1, ts)
 

@@ -25,6 +25,7 @@ _agent: Any = None
 _installed = False
 _finishing = False
 _kill_pending = False
+_closed = False  # the agent's atexit work is over
 
 
 def install(agent: Any) -> bool:
@@ -69,7 +70,7 @@ def uninstall() -> None:
 def _on_sigterm(signum: int, frame: Any) -> None:
     global _kill_pending
     agent = _agent
-    if agent is None:
+    if agent is None or _closed:
         _die()
         return
     if _finishing or getattr(agent, "closed", False):
@@ -97,6 +98,8 @@ def _finish_and_die() -> None:
 
 def _after_close() -> None:
     """Runs after the agent's own ``atexit`` function: a SIGTERM noted meanwhile kills now."""
+    global _closed
+    _closed = True
     if _kill_pending:
         _die()
 

@@ -8,7 +8,7 @@ continue chainer_profutil's palette for iteration/forward/backward/update.
 from __future__ import annotations
 
 # Levels, coarse to fine.  Granularity G emits every range with level <= G;
-# sync level S synchronizes at the boundaries of ranges with level < S.
+# sync level S synchronizes at the boundaries of ranges with level < S (S=3: all).
 ITERATION_LEVEL = 0
 PHASE_LEVEL = 1
 LINK_LEVEL = 2

@@ -24,7 +24,7 @@ class SyncPolicy:
     links on new devices.
     """
 
-    __slots__ = ("level", "backend", "devices", "calls", "seconds")
+    __slots__ = ("backend", "calls", "devices", "level", "seconds")
 
     def __init__(self, level: int, backend: DeviceBackend) -> None:
         self.level = level
@@ -51,7 +51,7 @@ class CaptureWindow:
     ``nsys --capture-range=cudaProfilerApi`` capture exactly the window.
     """
 
-    __slots__ = ("start", "stop", "backend", "exit_after", "open", "done", "on_close")
+    __slots__ = ("backend", "done", "exit_after", "on_close", "open", "start", "stop")
 
     def __init__(self, start: int, stop: int, backend: DeviceBackend, exit_after: bool,
                  on_close: Callable[[], None] | None = None) -> None:

@@ -37,8 +37,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -102,6 +100,8 @@ def expand_path(template: str, pid: int | None = None,
         if code == "p":
             return str(os.getpid() if pid is None else pid)
         if code == "h":
+            import socket
+
             return socket.gethostname()
         if code == "r":
             return str(mpi_rank(env))
@@ -174,6 +174,8 @@ def write_trace(path: str, *, pid: int, start_ns: int, infos: Sequence[tuple[str
         prefixes.append(f'{{"ph":"X","name":{json.dumps(name)},"cat":{json.dumps(category)},'
                         f'"cname":{cname},"pid":{pid},"tid":')
     colors = [_argb_hex(color) for _n, _c, color in infos]
+    import tempfile
+
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".chainer_autoprof.", suffix=".tmp", dir=directory)
     written = 0

@@ -31,7 +31,7 @@ class Annotation:
     def __init__(self, name: str) -> None:
         self.name = str(name)
 
-    def __enter__(self) -> "Annotation":
+    def __enter__(self) -> Annotation:
         current = agent.current()
         if current is not None:
             try:

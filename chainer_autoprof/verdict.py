@@ -22,8 +22,9 @@ Kinds, checked in this order of evidence:
   of the iteration time or more;
 * ``balanced``: none of the above; the shares are printed.
 
-When two kinds pass their thresholds the one with more time is the verdict
-and the other is listed under "also".
+When several kinds pass their thresholds the one with the most time behind it
+is the verdict and the others are listed under "also"; synchronization-bound
+goes before host- and compute-bound, whose phase times include its waits.
 """
 
 from __future__ import annotations
@@ -187,6 +188,10 @@ def decide(stats: Any, replay: Any = None) -> Verdict:
         verdict = _balanced(stats, figures)
     else:
         candidates.sort(key=lambda c: -c[1])
+        kinds = [c[0] for c in candidates]
+        if "synchronization-bound" in kinds:  # the others' figures include its waits
+            first = min(i for i, k in enumerate(kinds) if k in _INSIDE_PHASES)
+            candidates.insert(first, candidates.pop(kinds.index("synchronization-bound")))
         kind = candidates[0][0]
         verdict = _BUILDERS[kind](stats, figures, replay)
         verdict.also = [f"{k} ({_pct(share)})" for k, _total, share in candidates[1:]]
@@ -407,6 +412,9 @@ def _balanced(stats: Any, fig: dict[str, float]) -> Verdict:
                           "phases)")
     return v
 
+
+#: Kinds measured inside the phases, where the sync waits of levels 2-3 fall.
+_INSIDE_PHASES = ("synchronization-bound", "host-bound", "compute-bound")
 
 _BUILDERS = {"extension-bound": _extension, "input-bound": _input,
              "synchronization-bound": _sync, "host-bound": _host, "compute-bound": _compute}

@@ -89,7 +89,7 @@ def matrix(tmp_path_factory):
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_sync_calls_per_iteration(matrix, config: str):
-    run, syncs, parts = matrix
+    _, syncs, parts = matrix
     level, granularity = int(config[0]), config[2:]
     assert set(syncs[config]) <= {"sync"}  # NumPy arrays: no device ids
     ranges = next(iter(ranges_by_thread(parts[config], "chainer").values()))

@@ -68,7 +68,8 @@ def indent(block: str, by: int = 1) -> str:
 
 
 def test_evaluation_and_extensions_are_not_training(tmp_path: Path):
-    """Inference by hand is ``inference``; extensions calling the model are extension ranges.
+    """Inference by hand is ``inference``; extensions calling the model are extension ranges:
+    an Evaluator (overridden), an Extension and a function made by ``make_extension``.
 
     The program ends with ``sys.exit`` inside an extension: every range is closed.
     """
@@ -99,6 +100,11 @@ def sample(trainer):
     model.predictor(x)  # train mode, no using_config: still not training
 
 
+class MyEvaluator(extensions.Evaluator):
+    def __call__(self, trainer=None):  # an override calling its base: still one range
+        return super().__call__(trainer)
+
+
 class Stop(training.Extension):
     trigger = (1, "iteration")
 
@@ -108,9 +114,11 @@ class Stop(training.Extension):
 
 
 train_iter = chainer.iterators.SerialIterator(dataset, 2, shuffle=False)
-trainer = training.Trainer(training.updaters.StandardUpdater(train_iter, optimizer), (5, "iteration"))
+updater = training.updaters.StandardUpdater(train_iter, optimizer)
+trainer = training.Trainer(updater, (5, "iteration"))
 trainer.extend(ImageGen())
 trainer.extend(sample)
+trainer.extend(MyEvaluator(test_iter, model), trigger=(1, "iteration"))
 trainer.extend(Stop())
 trainer.run()
 '''
@@ -120,7 +128,9 @@ trainer.run()
     assert run.stderr == ""  # StopIteration ended the loop; nothing for the agent to report
     check_stream(run.events)
     inference = "P inference\n" + indent(CLASSIFIER)
-    extensions = ("P extension:ImageGen\n" + indent(PREDICTOR) + "P extension:sample\n"
+    # the Evaluator first (its priority), then in the order of extend()
+    extensions = ("P extension:validation (MyEvaluator)\n" + indent(CLASSIFIER) * 2
+                  + "P extension:ImageGen\n" + indent(PREDICTOR) + "P extension:sample\n"
                   + indent(PREDICTOR) + "P extension:Stop\n")
     expected = inference * 4 + (ITERATION + extensions) * 2
     assert run.tree() == prune(expected, "link")

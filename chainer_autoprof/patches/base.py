@@ -29,8 +29,9 @@ def qualified_name(obj: Any) -> str:
 class Patch:
     """One instrumented target and its state."""
 
-    def __init__(self, label: str, owner: Any, attr: str, make_wrapper: Callable[["Patch"], Wrapper],
-                 subclasses: bool = False, also: tuple[str, ...] = ()) -> None:
+    def __init__(self, label: str, owner: Any, attr: str,
+                 make_wrapper: Callable[[Patch], Wrapper], subclasses: bool = False,
+                 also: tuple[str, ...] = ()) -> None:
         self.label = label
         self.owner = owner
         self.attr = attr

@@ -15,6 +15,9 @@ Targets (each a :class:`~.base.Patch`):
   when the backward inside it returns.
 * ``Extension.__call__`` (and overrides): an extension range; links called
   inside are not training.
+* ``Trainer.run`` and ``Trainer.extend`` (:mod:`.trainer`): whatever the
+  trainer runs outside ``Updater.update`` is not training, and extensions
+  given as plain functions get an extension range too.
 * ``FunctionNode.apply`` and ``_backprop_utils.backprop_step`` at function
   granularity (``backprop_step`` also at link granularity, for link ranges in
   backward).
@@ -27,6 +30,7 @@ A forward under ``train=False`` or ``no_backprop_mode`` outside an iteration is
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Any, Callable
 
@@ -46,7 +50,7 @@ class LinkEntry:
     nearest ancestor's.
     """
 
-    __slots__ = ("ref", "path", "depth", "info", "bwd_info", "children", "index", "__weakref__")
+    __slots__ = ("__weakref__", "bwd_info", "children", "depth", "index", "info", "path", "ref")
 
     def __init__(self, ref: weakref.ref, path: str, depth: int, index: int) -> None:
         self.ref = ref
@@ -68,7 +72,8 @@ class ChainerPatches:
         self.replay = replay  # optional: data-phase replay experiment hooks
         self.patches: list[Patch] = []
         self.roots: dict[int, LinkEntry] = {}
-        self.entries: list[LinkEntry] = []
+        self.entries: dict[int, LinkEntry] = {}  # by number, while the link lives
+        self._numbers = itertools.count()  # thread-safe numbering
         self.link_ranges = tracer.granularity_level >= names.LINK_LEVEL
         self.function_ranges = tracer.granularity_level >= names.FUNCTION_LEVEL
         self.config: Any = None
@@ -78,7 +83,9 @@ class ChainerPatches:
     def build(self, chainer: Any) -> list[Patch]:
         from chainer import _backprop_utils, function_node, link, optimizer, variable
         from chainer.dataset import convert, iterator
-        from chainer.training import extension, updater
+        from chainer.training import extension, trainer, updater
+
+        from . import trainer as trainer_patches
 
         self.config = chainer.config
         self.variable_cls = variable.Variable
@@ -97,6 +104,11 @@ class ChainerPatches:
               subclasses=True),
             P("Extension.__call__", extension.Extension, "__call__", self._wrap_extension,
               subclasses=True),
+            P("Trainer.run", trainer.Trainer, "run",
+              lambda p: trainer_patches.wrap_trainer_run(self.tracer, p)),
+            P("Trainer.extend", trainer.Trainer, "extend",
+              lambda p: trainer_patches.wrap_trainer_extend(self.tracer, p,
+                                                           extension.Extension)),
         ]
         if self.link_ranges:
             patches.append(P("_backprop_utils.backprop_step", _backprop_utils, "backprop_step",
@@ -132,8 +144,12 @@ class ChainerPatches:
         table = parent.children if parent is not None else self.roots
         key = id(link)
 
+        number = next(self._numbers)
+        entries = self.entries
+
         def forget(_ref: Any, table: dict = table, key: int = key) -> None:
             table.pop(key, None)
+            entries.pop(number, None)  # links made on the fly must not pile up
 
         name = getattr(link, "name", None)
         cls_name = type(link).__name__
@@ -143,7 +159,7 @@ class ChainerPatches:
             own = name or cls_name
             path = f"{parent.path}/{own}" if parent.path else own
             depth = parent.depth + 1
-        entry = LinkEntry(weakref.ref(link, forget), path, depth, len(self.entries))
+        entry = LinkEntry(weakref.ref(link, forget), path, depth, number)
         device = self._gpu_of(link)
         if self.link_ranges:
             if self.link_depth == 0 or depth <= self.link_depth:
@@ -154,7 +170,7 @@ class ChainerPatches:
                                                   names.LINK_BACKWARD)
             elif parent is not None:  # deeper than the limit: its backward is its ancestor's
                 entry.index = parent.index
-        self.entries.append(entry)
+        entries[number] = entry
         table[key] = entry
         return entry
 
@@ -185,8 +201,13 @@ class ChainerPatches:
             if not patch.on:
                 return wrapped(*args, **kwargs)
             ts = state()
-            if ts.iter_explicit or ts.quiet:
+            if ts.iter_explicit:
                 return wrapped(*args, **kwargs)
+            lifted = ts.quiet
+            if lifted:
+                if lifted != ts.in_trainer:  # in an extension or inference: not training
+                    return wrapped(*args, **kwargs)
+                ts.quiet = 0  # only Trainer.run's own quiet: its update is training
             try:
                 if ts.iter_busy:  # an implicit one left open: close it first
                     tracer.end_iteration(ts)
@@ -196,6 +217,7 @@ class ChainerPatches:
             try:
                 return wrapped(*args, **kwargs)
             finally:
+                ts.quiet += lifted
                 if ts.iter_explicit:
                     try:
                         tracer.end_iteration(ts)
@@ -480,12 +502,13 @@ class ChainerPatches:
                 # between two links, stays in the current range); at function granularity
                 # the innermost link it was applied in (none: outside every link).
                 owner = getattr(func, "_chainer_autoprof_link", None)
-                if owner is not None and owner < len(entries):
+                if owner is not None:
                     if owner != ts.bwd_link:
                         if ts.bwd_link_tok is not None:
                             end(ts.bwd_link_tok, ts)
                         ts.bwd_link = owner
-                        info = entries[owner].bwd_info
+                        entry = entries.get(owner)
+                        info = entry.bwd_info if entry is not None else None
                         ts.bwd_link_tok = begin(info, ts) if info is not None else None
                 elif function_ranges and ts.bwd_link is not None:
                     if ts.bwd_link_tok is not None:

@@ -5,12 +5,13 @@ What is looked at, and when:
 * when the first training ``Optimizer.update`` of the run returns (once): the
   Chainer configuration in force (``type_check``, ``autotune``, ``use_cudnn``,
   ``enable_backprop``), CUDA/cuDNN availability, the optimizer's parameters
-  (count, dtypes, devices), convolution links and their devices, NumPy's BLAS
-  (library name and a measured matmul rate; CPU runs only) and the host cost
-  of one type check (the advice's unit for ``type_check``, the verdict's
-  measure of how fast this host runs Chainer's Python code);
+  (count, dtypes, devices), convolution links and their devices, and NumPy's
+  BLAS (library name and a measured matmul rate; CPU runs only);
 * during training iteration :data:`COUNT_ITERATION` only: the functions
-  applied, counted by a Chainer ``FunctionHook`` present for that iteration;
+  applied, counted by a Chainer ``FunctionHook`` present for that iteration,
+  which also times a second type check of the first calls (the advice's cost
+  of ``type_check``, the verdict's measure of how fast this host runs
+  Chainer's Python code);
 * during the first call of each ``Extension``: the functions applied while
   ``train`` is off, and how many of them built a graph (``enable_backprop``
   on), i.e. an evaluation that keeps the graph;
@@ -38,8 +39,8 @@ COUNT_ITERATION = 1
 #: NumPy BLAS libraries that count as optimized (substring of the library name).
 OPTIMIZED_BLAS = ("openblas", "mkl", "blis", "accelerate", "atlas", "armpl", "nvpl",
                   "essl", "flexiblas", "libsci", "veclib")
-#: Type checks timed to estimate the host cost of one.
-TYPE_CHECK_REPEATS = 200
+#: Type checks timed (a second check of the first calls of the counted iteration).
+TIMED_CHECKS = 200
 #: Size of the square float32 matmul that measures NumPy's BLAS.
 MATMUL_SIZE = 128
 _HOOK_NAME = "chainer_autoprof_probe"
@@ -143,8 +144,7 @@ class Probes:
 
     def _publish_count(self, hook: Any, complete: bool) -> None:
         if hook.functions or complete:
-            self.facts["functions_per_iteration"] = hook.functions
-            self.facts["functions_counted_in"] = self.count_iteration
+            hook.publish()
 
     def _snapshot(self, optimizer: Any) -> None:
         chainer = self.chainer
@@ -169,9 +169,6 @@ class Probes:
             facts["conv_links"] = _conv_facts(target)
         if not facts.get("params", {}).get("gpu"):
             facts["blas"] = blas_facts()
-        cost = type_check_cost_us()  # also the verdict's measure of this host's speed
-        if cost is not None:
-            facts["type_check_us"] = round(cost, 2)
 
     # -- Extension.__call__: does an evaluation build the graph? ---------------
     def _wrap_extension(self, patch: Patch) -> Callable:
@@ -287,7 +284,12 @@ def _hook_classes(chainer: Any) -> tuple[type, type]:
     config = chainer.config
 
     class CountHook(base):
-        """Counts functions applied inside one training iteration."""
+        """Counts functions applied inside one training iteration; times type checks.
+
+        The first :data:`TIMED_CHECKS` calls get their forward type check run
+        once more, timed: the cost of ``type_check`` for this model's own
+        functions, on this host, under this run's load.
+        """
 
         name = _HOOK_NAME + "_count"
 
@@ -295,13 +297,36 @@ def _hook_classes(chainer: Any) -> tuple[type, type]:
             self.tracer = tracer
             self.begun = begun
             self.functions = 0
+            self.timed = 0
+            self.check_ns = 0
 
         def forward_preprocess(self, function: Any, in_data: Any) -> None:
             tracer = self.tracer
-            if tracer.iterations == self.begun:
-                ts = tracer.state()
-                if ts.iter_busy and not ts.quiet:
-                    self.functions += 1
+            if tracer.iterations != self.begun:
+                return
+            ts = tracer.state()
+            if not ts.iter_busy or ts.quiet:
+                return
+            self.functions += 1
+            if self.timed < TIMED_CHECKS:
+                check = getattr(function, "_check_data_type_forward", None)
+                if check is not None:
+                    t0 = perf_counter_ns()
+                    try:
+                        check(in_data)
+                    except Exception:
+                        return
+                    self.check_ns += perf_counter_ns() - t0
+                    self.timed += 1
+            self.publish()
+
+        def publish(self) -> None:
+            facts = self.tracer.facts
+            facts["functions_per_iteration"] = self.functions
+            facts["functions_counted_in"] = self.begun - 1
+            if self.timed:
+                facts["type_check_us"] = round(self.check_ns / self.timed / 1e3, 3)
+                facts["type_checks_timed"] = self.timed
 
     class EvalHook(base):
         """Counts functions applied with ``train`` off, and those that build a graph."""
@@ -412,34 +437,3 @@ def matmul_gflops(numpy: Any, n: int = MATMUL_SIZE, repeats: int = 3) -> float:
         dt = perf_counter_ns() - t0
         best = dt if best is None else min(best, dt)
     return 2.0 * n ** 3 / max(best or 1, 1)
-
-
-def type_check_cost_us() -> float | None:
-    """Host microseconds of one forward type check: the mean over three common functions.
-
-    Times ``FunctionNode._check_data_type_forward`` of ReLU, Linear and Add on
-    small float32 arrays: what ``chainer.config.type_check`` adds to each
-    function call.
-    """
-    try:
-        import numpy
-        from chainer.functions.activation.relu import ReLU
-        from chainer.functions.connection.linear import LinearFunction
-        from chainer.functions.math.basic_math import Add
-
-        x = numpy.zeros((2, 3), numpy.float32)
-        w = numpy.zeros((4, 3), numpy.float32)
-        cases = ((ReLU(), (x,)), (LinearFunction(), (x, w)), (Add(), (x, x)))
-        total = 0
-        for node, inputs in cases:
-            node._input_layouts = (None,) * len(inputs)
-            check = node._check_data_type_forward
-            for _ in range(10):
-                check(inputs)
-            t0 = perf_counter_ns()
-            for _ in range(TYPE_CHECK_REPEATS):
-                check(inputs)
-            total += perf_counter_ns() - t0
-        return total / (TYPE_CHECK_REPEATS * len(cases)) / 1e3
-    except Exception:
-        return None

@@ -70,16 +70,19 @@ def _extension_call(tracer: Any, patch: Patch, info: Any) -> Callable:
         if not patch.on:
             return wrapped(*args, **kwargs)
         ts = state()
+        ts.quiet += 1
+        tok = None
         try:
-            ts.quiet += 1
             tok = begin(info, ts)
         except Exception as exc:
             patch.fail(exc)
-            return wrapped(*args, **kwargs)
         try:
             return wrapped(*args, **kwargs)
         finally:
-            end(tok, ts)
             ts.quiet -= 1
+            try:
+                end(tok, ts)
+            except Exception as exc:
+                patch.fail(exc)
 
     return call

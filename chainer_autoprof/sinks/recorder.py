@@ -78,7 +78,9 @@ class Recorder:
 
     def _reset(self, start_ns: int) -> None:
         self.start_ns = start_ns
-        self._lock = threading.Lock()
+        # re-entrant: a signal handler may close the recorder between our acquiring the
+        # lock and marking busy_thread (flushing_here() covers the rest)
+        self._lock = threading.RLock()
         self.agg = Aggregator(start_ns, self.warm_skip, self.window, self.max_kept)
         for index, (name, category, _color) in enumerate(self.infos):
             self.agg.add_name(index, name, category)
