@@ -33,17 +33,6 @@ class Finding:
     link: str
 
 
-def _mean_iteration(stats: Any) -> float:
-    return stats.mean() or stats.median()
-
-
-def _share_text(ms: float, stats: Any) -> str:
-    mean = _mean_iteration(stats)
-    share = ms / mean if mean > 0 else 0.0
-    return (f"about {ms:.3g} ms per iteration ({100 * share:.1f}% of the {mean:.3g} ms mean "
-            "iteration)")
-
-
 def _config(facts: dict[str, Any]) -> dict[str, Any]:
     return facts.get("config") or {}
 
@@ -59,18 +48,22 @@ def check_type_check(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding
         return None
     calls = vd.functions_per_iteration(stats)
     us = facts.get("type_check_us")
-    if not calls or not isinstance(us, (int, float)):
+    span = facts.get("function_span_ms")
+    if not calls or not isinstance(us, (int, float)) or not isinstance(span, (int, float)):
         return None
     cost_ms = calls * us / 1000.0
-    mean = _mean_iteration(stats)
-    if mean <= 0 or cost_ms / mean < vd.ADVICE_MIN_SHARE:
+    share = cost_ms / span if span > 0 else 0.0
+    if share < vd.ADVICE_MIN_SHARE:
         return None
+    counted_in = facts.get("functions_counted_in", "?")
     return Finding(
         "type_check", "chainer.config.type_check is on during training",
-        f"{calls} function calls per iteration (counted in iteration "
-        f"{facts.get('functions_counted_in', '?')}), each type-checked; the checks of "
-        f"{facts.get('type_checks_timed', '?')} of them, timed again, took {us:.2f} us each",
-        _share_text(cost_ms, stats) + " (estimated: calls x measured check)",
+        f"{calls} function calls per iteration, each type-checked; in iteration {counted_in} "
+        f"the checks of {facts.get('type_checks_timed', '?')} calls, timed again, took "
+        f"{us:.2f} us each",
+        f"about {cost_ms:.3g} ms per iteration: {100 * share:.1f}% of the {span:.3g} ms from "
+        f"the first function call of iteration {counted_in} to its last (estimated: calls x "
+        "the timed check)",
         "chainer.config.type_check = False (or CHAINER_TYPE_CHECK=0) once the model and its "
         "inputs are tested",
         f"{PERFORMANCE_DOC}#fine-tune-configuration")

@@ -15,8 +15,9 @@ Kinds, checked in this order of evidence:
 * ``synchronization-bound``: at sync level 2 or 3 the agent's own GPU
   synchronizations take :data:`SYNC_SHARE` of the iteration time or more;
 * ``host-bound``: forward/backward/update dominate but each function call is
-  short (under :func:`host_threshold_us` on average over at least
-  :data:`HOST_MIN_FUNCTIONS` calls per iteration), or on a GPU at sync level 1
+  short (under :data:`HOST_US_PER_FUNCTION` or :data:`HOST_CHECKS_PER_FUNCTION`
+  type checks, over at least :data:`HOST_MIN_FUNCTIONS` calls per
+  iteration), or on a GPU at sync level 1
   the host almost never waits for the GPU (under :data:`GPU_WAIT_SHARE`);
 * ``compute-bound``: forward + backward + update take :data:`COMPUTE_SHARE`
   of the iteration time or more;
@@ -55,8 +56,10 @@ COMPUTE_SHARE = 0.50
 #: the function calls of an iteration) under which the work is mostly Python
 #: overhead; Chainer's own per-call cost is tens of microseconds ...
 HOST_US_PER_FUNCTION = 100.0
-#: ... or, on a slower or busier host, under this many type checks as measured
-#: in the same run (one call's own overhead is 10-15 of them), whichever is larger.
+#: ... or, measured in host-speed units, under this many type checks: in the
+#: counted iteration, the time per call over the time of one of its type checks
+#: (both timed there, so a busy or slow host changes neither; one call's own
+#: overhead is 10-15 checks).
 HOST_CHECKS_PER_FUNCTION = 50
 #: Function calls per iteration needed before "many small calls" is claimed.
 HOST_MIN_FUNCTIONS = 20
@@ -246,14 +249,22 @@ def _host_bound(stats: Any, fig: dict[str, float]) -> bool:
         return fig["sync_share"] < GPU_WAIT_SHARE
     us = us_per_function(stats, fig)
     calls = functions_per_iteration(stats) or 0
-    return us is not None and calls >= HOST_MIN_FUNCTIONS and us < host_threshold_us(stats)
+    if us is None or calls < HOST_MIN_FUNCTIONS:
+        return False
+    checks = checks_per_function(stats)
+    return us < HOST_US_PER_FUNCTION or (checks is not None
+                                         and checks < HOST_CHECKS_PER_FUNCTION)
 
 
-def host_threshold_us(stats: Any) -> float:
-    """Per-call host time under which calls are mostly overhead, scaled to this host."""
-    check = facts_of(stats).get("type_check_us")
-    scaled = HOST_CHECKS_PER_FUNCTION * check if isinstance(check, (int, float)) else 0.0
-    return max(HOST_US_PER_FUNCTION, scaled)
+def checks_per_function(stats: Any) -> float | None:
+    """In the counted iteration: time per function call / time of one of its type checks."""
+    facts = facts_of(stats)
+    calls = functions_per_iteration(stats)
+    span, check = facts.get("function_span_ms"), facts.get("type_check_us")
+    if not calls or not isinstance(span, (int, float)) or not isinstance(check, (int, float)) \
+            or check <= 0:
+        return None
+    return span * 1000.0 / calls / check
 
 
 def us_per_function(stats: Any, fig: dict[str, float]) -> float | None:
@@ -347,10 +358,13 @@ def _host(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
     calls = functions_per_iteration(stats)
     us = us_per_function(stats, fig)
     if calls and us is not None:
-        v.evidence.append(f"{calls} function calls per iteration, {us:.0f} us each on average "
-                          f"(threshold {host_threshold_us(stats):.0f} us: the larger of "
-                          f"{HOST_US_PER_FUNCTION:.0f} us and {HOST_CHECKS_PER_FUNCTION} type "
-                          "checks as timed in this run)")
+        line = f"{calls} function calls per iteration, {us:.0f} us each on average"
+        checks = checks_per_function(stats)
+        if checks is not None:
+            line += (f"; in iteration {facts_of(stats).get('functions_counted_in', '?')} a "
+                     f"call took the time of {checks:.0f} type checks")
+        v.evidence.append(line + f" (host-bound under {HOST_US_PER_FUNCTION:.0f} us or "
+                                 f"{HOST_CHECKS_PER_FUNCTION} type checks)")
     if stats.links:
         v.evidence.append(f"{link_calls_per_iteration(stats):.0f} link calls per iteration")
     if on_gpu(stats):

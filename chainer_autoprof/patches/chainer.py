@@ -318,7 +318,8 @@ class ChainerPatches:
                         links.pop()
                     if mode == 2:
                         ts.quiet -= 1
-                    end(tok, ts)
+                    if tok is not None:  # a link below the granularity: no call at all
+                        end(tok, ts)
                     if mode == 1:
                         tracer.end_phase(ts)
                     elif mode == 2:

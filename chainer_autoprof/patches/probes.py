@@ -288,7 +288,8 @@ def _hook_classes(chainer: Any) -> tuple[type, type]:
 
         The first :data:`TIMED_CHECKS` calls get their forward type check run
         once more, timed: the cost of ``type_check`` for this model's own
-        functions, on this host, under this run's load.
+        functions, on this host, under this run's load; ``function_span_ms``
+        (first call to last, less those checks) is the time they compare with.
         """
 
         name = _HOOK_NAME + "_count"
@@ -299,6 +300,7 @@ def _hook_classes(chainer: Any) -> tuple[type, type]:
             self.functions = 0
             self.timed = 0
             self.check_ns = 0
+            self.first_ns = self.last_ns = 0
 
         def forward_preprocess(self, function: Any, in_data: Any) -> None:
             tracer = self.tracer
@@ -308,6 +310,9 @@ def _hook_classes(chainer: Any) -> tuple[type, type]:
             if not ts.iter_busy or ts.quiet:
                 return
             self.functions += 1
+            self.last_ns = perf_counter_ns()
+            if not self.first_ns:
+                self.first_ns = self.last_ns
             if self.timed < TIMED_CHECKS:
                 check = getattr(function, "_check_data_type_forward", None)
                 if check is not None:
@@ -327,6 +332,10 @@ def _hook_classes(chainer: Any) -> tuple[type, type]:
             if self.timed:
                 facts["type_check_us"] = round(self.check_ns / self.timed / 1e3, 3)
                 facts["type_checks_timed"] = self.timed
+            # from its first function call to its last, without the timed checks
+            span = self.last_ns - self.first_ns - self.check_ns
+            if span > 0:
+                facts["function_span_ms"] = round(span / 1e6, 4)
 
     class EvalHook(base):
         """Counts functions applied with ``train`` off, and those that build a graph."""
