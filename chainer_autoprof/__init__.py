@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["install", "uninstall", "annotate", "__version__"]
+__all__ = ["__version__", "annotate", "install", "uninstall"]
 
 
 def install(**settings: Any):

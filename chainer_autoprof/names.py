@@ -64,7 +64,9 @@ def function_text(label: str, backward: bool) -> str:
 
 
 def extension_text(name: str, cls_name: str) -> str:
-    return f"extension:{name} ({cls_name})" if cls_name and cls_name != name else f"extension:{name}"
+    if cls_name and cls_name != name:
+        return f"extension:{name} ({cls_name})"
+    return f"extension:{name}"
 
 
 def comm_text(operation: str) -> str:

@@ -7,6 +7,8 @@ top level: it reports an uncaught exception like the interpreter does, but
 without the launcher's own traceback entries.
 """
 
+from __future__ import annotations
+
 import builtins
 import io
 import marshal
@@ -95,7 +97,7 @@ def run_path(path: str, argv: list[str]) -> None:
     main.__file__ = filename
     main.__cached__ = None
     try:
-        exec(code, main.__dict__)  # noqa: S102 - running the user's script is the point
+        exec(code, main.__dict__)
     finally:  # python forgets these once the script is done
         main.__dict__.pop("__file__", None)
         main.__dict__.pop("__cached__", None)
@@ -131,7 +133,7 @@ def trim_traceback(tb: types.TracebackType | None) -> types.TracebackType | None
 
 
 def _report(exc: BaseException) -> None:
-    """Print ``exc`` through ``sys.excepthook`` as the interpreter does for an uncaught exception."""
+    """Print ``exc`` through ``sys.excepthook`` as python does for an uncaught exception."""
     tb = trim_traceback(exc.__traceback__)
     exc.__traceback__ = tb
     sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
@@ -140,7 +142,7 @@ def _report(exc: BaseException) -> None:
     hook = getattr(sys, "excepthook", None) or sys.__excepthook__
     try:
         hook(type(exc), exc, tb)
-    except Exception as hook_exc:  # noqa: BLE001 - as the interpreter does
+    except Exception as hook_exc:
         print("Error in sys.excepthook:", file=sys.stderr)
         sys.__excepthook__(type(hook_exc), hook_exc, hook_exc.__traceback__)
         print("\nOriginal exception was:", file=sys.stderr)
@@ -183,6 +185,6 @@ def exec_target(kind: Literal["path", "module"], target: str, args: list[str]) -
         _report(exc)
         _silence(exc)
         raise
-    except BaseException as exc:  # noqa: BLE001 - reported like an uncaught one
+    except BaseException as exc:
         _report(exc)
         raise SystemExit(1) from None

@@ -19,8 +19,8 @@ import sys
 import time
 
 import chainer
-import chainer.functions as F  # noqa: N812 - Chainer's own convention
-import chainer.links as L  # noqa: N812
+import chainer.functions as F
+import chainer.links as L
 import numpy as np
 
 

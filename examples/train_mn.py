@@ -16,8 +16,8 @@ import argparse
 import time
 
 import chainer
-import chainer.functions as F  # noqa: N812 - Chainer convention
-import chainer.links as L  # noqa: N812 - Chainer convention
+import chainer.functions as F
+import chainer.links as L
 import chainermn
 import numpy as np
 from chainer import training

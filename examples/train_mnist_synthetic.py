@@ -6,11 +6,10 @@ agent (``python -m chainer_autoprof examples/train_mnist_synthetic.py``).
 
 import argparse
 
-import numpy as np
-
 import chainer
 import chainer.functions as F
 import chainer.links as L
+import numpy as np
 from chainer import training
 from chainer.training import extensions
 

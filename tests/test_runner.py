@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LAUNCH = "import sys; from chainer_autoprof.runner import exec_target; exec_target(sys.argv[1], sys.argv[2], sys.argv[3:])"
+LAUNCH = ("import sys; from chainer_autoprof.runner import exec_target; "
+          "exec_target(sys.argv[1], sys.argv[2], sys.argv[3:])")
 
 REPORT = """\
 import sys, __main__
@@ -19,7 +20,8 @@ print("argv", sys.argv)
 print("path", sys.path)
 print("name", __name__, "file", __file__, "package", __package__)
 print("spec", None if __spec__ is None else (__spec__.name, __spec__.origin))
-print("loader", type(__loader__).__name__, getattr(__loader__, "name", None), getattr(__loader__, "path", None))
+print("loader", type(__loader__).__name__, getattr(__loader__, "name", None),
+      getattr(__loader__, "path", None))
 print("cached", __cached__, "builtins", __builtins__ is __import__("builtins"))
 print("globals", sorted(globals()))
 print("main", sys.modules["__main__"] is __main__ and __main__.__dict__ is globals())
@@ -61,7 +63,7 @@ def launched(
     extra_path: Path | None = None,
     via_m: bool = False,
 ) -> subprocess.CompletedProcess:
-    """``exec_target(kind, target, args)`` from ``python -c`` (``python -m autoprof_launch`` if ``via_m``)."""
+    """``exec_target(kind, target, args)`` from ``python -c`` (or ``-m autoprof_launch``)."""
     head = ["-m", "autoprof_launch"] if via_m else ["-c", LAUNCH]
     return _run([sys.executable, *head, kind, target, *args], cwd, extra_path)
 
@@ -171,7 +173,8 @@ def test_user_excepthook_gets_trimmed_traceback(tmp_path):
         """\
         import sys, traceback
         def hook(typ, value, tb):
-            print("hook", typ.__name__, value, [(f.filename, f.lineno) for f in traceback.extract_tb(tb)])
+            frames = [(f.filename, f.lineno) for f in traceback.extract_tb(tb)]
+            print("hook", typ.__name__, value, frames)
         sys.excepthook = hook
         raise RuntimeError("x")
         """,
