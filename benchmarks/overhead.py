@@ -141,6 +141,10 @@ class Server:
             self.proc.wait()
 
 
+def _progress(started: float, what: str) -> None:
+    sys.stderr.write(f"{what} ({time.monotonic() - started:.0f} s)\n")
+
+
 def run_cycles(servers: dict[str, Server], cycles: int, rng: random.Random,
                progress: bool) -> dict[str, dict[str, list[tuple[float, float]]]]:
     """Interleave one step of every configuration per workload and cycle.
@@ -173,7 +177,7 @@ def run_cycles(servers: dict[str, Server], cycles: int, rng: random.Random,
                         pairs[name][w].append((t, (before + after) / 2))
                     pending, before = [], after
         if progress and (cycle + 1) % max(1, cycles // 4) == 0:
-            sys.stderr.write(f"cycle {cycle + 1}/{cycles} ({time.monotonic() - started:.0f} s)\n")
+            _progress(started, f"round {cycle + 1}/{cycles}")
     return pairs
 
 
@@ -401,10 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="autoprof-bench-") as tmp_name:
         tmp = Path(tmp_name)
         vis = visibility(configs, mode, tmp)
+        _progress(started, "ranges counted")
         servers = {cfg.name: Server(cfg, env, mode.warmup, tmp) for cfg in configs}
         try:
             for server in servers.values():
                 server.wait_ready()
+            _progress(started, "processes ready")
             live = {n: s for n, s in servers.items() if s.error is None}
             pairs = run_cycles(live, cycles, random.Random(args.seed), progress=True) \
                 if "uninstrumented" in live else {}
@@ -414,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     floor = run_child(["floor", "--n", str(mode.floor_n)], env)
     memory = run_child(["memory", "--limit", str(mode.memory_limit)], env)
     pth = measure_pth(env, mode.pth_runs)
+    _progress(started, "floor, memory and start-up measured")
     summary = summarize(pairs, servers)
 
     print("## Overhead: chainer_autoprof and the alternatives (CPU)\n")

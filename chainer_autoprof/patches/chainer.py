@@ -110,6 +110,17 @@ class ChainerPatches:
               lambda p: trainer_patches.wrap_trainer_extend(self.tracer, p,
                                                            extension.Extension)),
         ]
+        try:
+            from chainer.training.updaters import multiprocess_parallel_updater as mpu
+        except ImportError:
+            mpu = None
+        if mpu is not None:
+            patches += [
+                P("MultiprocessParallelUpdater gather_grads", mpu, "gather_grads",
+                  lambda p: trainer_patches.wrap_mpu_gather_grads(self.tracer, p)),
+                P("MultiprocessParallelUpdater scatter_params", mpu, "scatter_params",
+                  lambda p: trainer_patches.wrap_mpu_scatter_params(self.tracer, p)),
+            ]
         if self.link_ranges:
             patches.append(P("_backprop_utils.backprop_step", _backprop_utils, "backprop_step",
                              self._wrap_backprop_step))

@@ -6,6 +6,9 @@
 * ``Trainer.extend``: an extension given as a plain function (or one made by
   ``make_extension``) is wrapped so that its calls get an extension range too;
   ``Extension`` instances are covered by the ``Extension.__call__`` patch.
+* ``multiprocess_parallel_updater.gather_grads`` / ``scatter_params``: the
+  update phase and the end of an iteration in MultiprocessParallelUpdater
+  workers, which never call an optimizer.
 """
 
 from __future__ import annotations
@@ -86,3 +89,48 @@ def _extension_call(tracer: Any, patch: Patch, info: Any) -> Callable:
                 patch.fail(exc)
 
     return call
+
+
+def wrap_mpu_gather_grads(tracer: Any, patch: Patch) -> Callable:
+    """``multiprocess_parallel_updater.gather_grads``: the update phase begins.
+
+    MultiprocessParallelUpdater workers never call an optimizer: their
+    iteration is data, forward, backward, then the gradient reduce and the
+    parameter broadcast from the master.  Gathering the gradients opens the
+    update phase of an implicit iteration (in the master, whose iteration is the
+    updater's, it opens the update phase that ``optimizer.update`` joins).
+    """
+    state = tracer.state
+
+    def wrapper(wrapped, instance, args, kwargs):
+        patch.hits += 1
+        if patch.on:
+            ts = state()
+            try:
+                if ts.iter_busy and ts.phase is None and not ts.quiet:
+                    tracer.begin_phase(ts, names.UPDATE)
+            except Exception as exc:
+                patch.fail(exc)
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def wrap_mpu_scatter_params(tracer: Any, patch: Patch) -> Callable:
+    """``multiprocess_parallel_updater.scatter_params``: a worker's iteration ends."""
+    state = tracer.state
+
+    def wrapper(wrapped, instance, args, kwargs):
+        patch.hits += 1
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            if patch.on:
+                ts = state()
+                try:
+                    if ts.iter_busy and not ts.iter_explicit and not ts.quiet:
+                        tracer.end_iteration(ts)
+                except Exception as exc:
+                    patch.fail(exc)
+
+    return wrapper
