@@ -1,17 +1,22 @@
 """Overhead of chainer_autoprof next to the alternatives: one command, one table.
 
-    python benchmarks/overhead.py            # full run, about 3-4 minutes
+    python benchmarks/overhead.py            # full run, about 4 minutes
     python benchmarks/overhead.py --quick    # about a minute
-    python benchmarks/overhead.py --smoke    # seconds: checks it runs, timings meaningless
+    python benchmarks/overhead.py --smoke    # checks that it runs; figures meaningless
 
-Every configuration (``configs.py``) runs in its own fresh process, once per
-round; rounds are interleaved (each round runs every configuration in a
-shuffled order) and each figure is the median over rounds of a per-process
-median.  Ratios and added times are taken against the uninstrumented process
-of the same round.  NVTX calls go to the test injection library
-(``tests/nvtx_tool.py``) with ``NVTX_RECORD_FILE`` unset, so they reach a
-real NVTX tool that records nothing.  BLAS runs single-threaded for stable
-figures.  Prints a Markdown table and each target as met / not met.
+Each configuration (``configs.py``) lives in its own fresh process (agent
+settings are per process); all of them are started at once and wait.  A
+round asks every one of them, in a shuffled order, for one step of a
+workload (``workloads.py``), with an uninstrumented step after every
+``BASELINE_EVERY`` of them; each step is compared with the uninstrumented
+steps just before and after it, so that both see the same machine (a shared
+machine's speed changes by tens of percent from one second to the next).
+Figures are medians over rounds.
+
+NVTX calls go to the test injection library (``tests/nvtx_tool.py``) with
+``NVTX_RECORD_FILE`` unset: real calls into an NVTX tool that records
+nothing.  BLAS runs single-threaded.  Prints a Markdown table, the floor
+figures, and each target as met / not met.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ WORKLOADS = ("mlp", "deep", "link")
 class Mode:
     cycles: int             # rounds: every configuration runs one step of each workload
     warmup: int
-    visibility_steps: int
+    visibility_steps: int   # MLP steps recorded to count ranges (0: not counted)
     floor_n: int
     memory_limit: int
     pth_runs: int
@@ -59,7 +64,7 @@ class Mode:
 MODES = {
     "full": Mode(160, 3, 4, 200_000, 20_000, 21),
     "quick": Mode(30, 2, 2, 100_000, 5000, 9),
-    "smoke": Mode(2, 1, 1, 2000, 1000, 2),
+    "smoke": Mode(2, 1, 0, 2000, 1000, 2),  # no range counting: seconds matter
 }
 #: a baseline step after every this many configuration steps
 BASELINE_EVERY = 3
@@ -384,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     speed = parser.add_mutually_exclusive_group()
     speed.add_argument("--quick", action="store_true", help="fewer rounds (about a minute)")
-    speed.add_argument("--smoke", action="store_true", help="two tiny rounds: checks it runs")
+    speed.add_argument("--smoke", action="store_true",
+                       help="two tiny rounds, ranges not counted: checks that it runs")
     parser.add_argument("--rounds", type=int, help="override the number of rounds")
     parser.add_argument("--configs", help="comma-separated subset of configurations")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
@@ -404,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     env = child_env()
     with tempfile.TemporaryDirectory(prefix="autoprof-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        vis = visibility(configs, mode, tmp)
+        vis = visibility(configs, mode, tmp) if mode.visibility_steps else {}
         _progress(started, "ranges counted")
         servers = {cfg.name: Server(cfg, env, mode.warmup, tmp) for cfg in configs}
         try:

@@ -18,8 +18,8 @@ from time import perf_counter_ns
 from typing import Any, Callable
 
 import chainer
-import chainer.functions as F  # noqa: N812 - Chainer's own convention
-import chainer.links as L  # noqa: N812
+import chainer.functions as F
+import chainer.links as L
 import numpy as np
 
 LINK_CALLS = 100
