@@ -47,23 +47,22 @@ def check_type_check(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding
     if not _config(facts).get("type_check"):
         return None
     calls = vd.functions_per_iteration(stats)
-    us = facts.get("type_check_us")
-    span = facts.get("function_span_ms")
-    if not calls or not isinstance(us, (int, float)) or not isinstance(span, (int, float)):
+    check = facts.get("type_check_us")
+    call = facts.get("function_cpu_us")
+    if not calls or not isinstance(check, (int, float)) or not isinstance(call, (int, float)):
         return None
-    cost_ms = calls * us / 1000.0
-    share = cost_ms / span if span > 0 else 0.0
+    share = check / call if call > 0 else 0.0
     if share < vd.ADVICE_MIN_SHARE:
         return None
     counted_in = facts.get("functions_counted_in", "?")
+    cost_ms = calls * check / 1000.0
     return Finding(
         "type_check", "chainer.config.type_check is on during training",
         f"{calls} function calls per iteration, each type-checked; in iteration {counted_in} "
-        f"the checks of {facts.get('type_checks_timed', '?')} calls, timed again, took "
-        f"{us:.2f} us each",
-        f"about {cost_ms:.3g} ms per iteration: {100 * share:.1f}% of the {span:.3g} ms from "
-        f"the first function call of iteration {counted_in} to its last (estimated: calls x "
-        "the timed check)",
+        f"a call took {call:.3g} us of host CPU time on average, and its type check, timed "
+        f"again, {check:.3g} us (median of {facts.get('type_checks_timed', '?')})",
+        f"{100 * share:.1f}% of the host time of each call: about {cost_ms:.3g} ms per "
+        "iteration (estimated: calls x the timed check)",
         "chainer.config.type_check = False (or CHAINER_TYPE_CHECK=0) once the model and its "
         "inputs are tested",
         f"{PERFORMANCE_DOC}#fine-tune-configuration")

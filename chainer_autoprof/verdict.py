@@ -57,9 +57,9 @@ COMPUTE_SHARE = 0.50
 #: overhead; Chainer's own per-call cost is tens of microseconds ...
 HOST_US_PER_FUNCTION = 100.0
 #: ... or, measured in host-speed units, under this many type checks: in the
-#: counted iteration, the time per call over the time of one of its type checks
-#: (both timed there, so a busy or slow host changes neither; one call's own
-#: overhead is 10-15 checks).
+#: counted iteration, the thread's CPU time per call over the median time of
+#: one of their type checks (CPU time ignores preemption, and a slow host slows
+#: both alike; one call's own overhead is 10-15 checks).
 HOST_CHECKS_PER_FUNCTION = 50
 #: Function calls per iteration needed before "many small calls" is claimed.
 HOST_MIN_FUNCTIONS = 20
@@ -257,14 +257,12 @@ def _host_bound(stats: Any, fig: dict[str, float]) -> bool:
 
 
 def checks_per_function(stats: Any) -> float | None:
-    """In the counted iteration: time per function call / time of one of its type checks."""
+    """In the counted iteration: a call's mean host CPU time over its median type check's."""
     facts = facts_of(stats)
-    calls = functions_per_iteration(stats)
-    span, check = facts.get("function_span_ms"), facts.get("type_check_us")
-    if not calls or not isinstance(span, (int, float)) or not isinstance(check, (int, float)) \
-            or check <= 0:
+    call, check = facts.get("function_cpu_us"), facts.get("type_check_us")
+    if not isinstance(call, (int, float)) or not isinstance(check, (int, float)) or check <= 0:
         return None
-    return span * 1000.0 / calls / check
+    return call / check
 
 
 def us_per_function(stats: Any, fig: dict[str, float]) -> float | None:
@@ -362,7 +360,7 @@ def _host(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
         checks = checks_per_function(stats)
         if checks is not None:
             line += (f"; in iteration {facts_of(stats).get('functions_counted_in', '?')} a "
-                     f"call took the time of {checks:.0f} type checks")
+                     f"typical call took the time of {checks:.0f} type checks")
         v.evidence.append(line + f" (host-bound under {HOST_US_PER_FUNCTION:.0f} us or "
                                  f"{HOST_CHECKS_PER_FUNCTION} type checks)")
     if stats.links:

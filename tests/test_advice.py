@@ -56,7 +56,7 @@ def test_type_check_on_with_many_cheap_calls(runs):
     w = runs("cheap", "cheap", "--batch", "2", "--iterations", "12")
     facts = vd.facts_of(w.stats)
     assert facts["config"]["type_check"] is True
-    assert facts["functions_per_iteration"] >= 300  # 60 concat + split, forward and backward
+    assert facts["functions_per_iteration"] >= 300  # 60 where + scale, forward and backward
     assert facts["type_checks_timed"] > 0 and facts["type_check_us"] > 0
     found = {f.key: f for f in advice.check(w.stats)}
     assert "type_check" in found

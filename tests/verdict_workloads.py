@@ -73,7 +73,7 @@ class Deep(chainer.ChainList):
 
 
 class Cheap(chainer.Chain):
-    """Many calls of cheap functions (concat and split), whose type checks show."""
+    """Many calls of cheap functions (where, scale), whose type checks show."""
 
     def __init__(self, n_in, n_out, count):
         super().__init__()
@@ -84,7 +84,7 @@ class Cheap(chainer.Chain):
     def forward(self, x):
         h = self.l1(x)
         for _ in range(self.count):
-            h = F.split_axis(F.concat((h, h), axis=1), 2, axis=1)[0]
+            h = F.where(h.array > 0, h, h * 0.5)
         return h
 
 

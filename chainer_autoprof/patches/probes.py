@@ -9,9 +9,9 @@ What is looked at, and when:
   BLAS (library name and a measured matmul rate; CPU runs only);
 * during training iteration :data:`COUNT_ITERATION` only: the functions
   applied, counted by a Chainer ``FunctionHook`` present for that iteration,
-  which also times a second type check of the first calls (the advice's cost
-  of ``type_check``, the verdict's measure of how fast this host runs
-  Chainer's Python code);
+  which also takes the thread's CPU time per call and times, once more, the
+  type checks of the first calls (the advice's cost of ``type_check``, the
+  verdict's measure of a call in units of this host's speed);
 * during the first call of each ``Extension``: the functions applied while
   ``train`` is off, and how many of them built a graph (``enable_backprop``
   on), i.e. an evaluation that keeps the graph;
@@ -26,7 +26,7 @@ into the trace.  A probe's own error turns that probe off, reported once.
 from __future__ import annotations
 
 import sys
-from time import perf_counter_ns
+from time import perf_counter_ns, thread_time_ns
 from typing import Any, Callable
 
 from .. import names
@@ -286,10 +286,12 @@ def _hook_classes(chainer: Any) -> tuple[type, type]:
     class CountHook(base):
         """Counts functions applied inside one training iteration; times type checks.
 
-        The first :data:`TIMED_CHECKS` calls get their forward type check run
-        once more, timed: the cost of ``type_check`` for this model's own
-        functions, on this host, under this run's load; ``function_span_ms``
-        (first call to last, less those checks) is the time they compare with.
+        Over the iteration it takes this thread's CPU time from the first call
+        to the last (CPU time: the moments the process is preempted do not
+        count); for the first :data:`TIMED_CHECKS` calls it runs the call's
+        forward type check once more, timed.  Published: the mean CPU time
+        per call (without this hook's own time) and the median check -- this
+        model's calls and their type checks, on this host.
         """
 
         name = _HOOK_NAME + "_count"
@@ -298,9 +300,9 @@ def _hook_classes(chainer: Any) -> tuple[type, type]:
             self.tracer = tracer
             self.begun = begun
             self.functions = 0
-            self.timed = 0
-            self.check_ns = 0
-            self.first_ns = self.last_ns = 0
+            self.checks: list[int] = []
+            self.extra_ns = 0
+            self.cpu_first = self.cpu_last = 0
 
         def forward_preprocess(self, function: Any, in_data: Any) -> None:
             tracer = self.tracer
@@ -309,33 +311,37 @@ def _hook_classes(chainer: Any) -> tuple[type, type]:
             ts = tracer.state()
             if not ts.iter_busy or ts.quiet:
                 return
+            entry = self.cpu_last = thread_time_ns()
+            if not self.functions:
+                self.cpu_first = entry
             self.functions += 1
-            self.last_ns = perf_counter_ns()
-            if not self.first_ns:
-                self.first_ns = self.last_ns
-            if self.timed < TIMED_CHECKS:
+            n = len(self.checks)
+            if n < TIMED_CHECKS:
                 check = getattr(function, "_check_data_type_forward", None)
                 if check is not None:
                     t0 = perf_counter_ns()
                     try:
                         check(in_data)
+                        self.checks.append(perf_counter_ns() - t0)
                     except Exception:
-                        return
-                    self.check_ns += perf_counter_ns() - t0
-                    self.timed += 1
-            self.publish()
+                        pass
+                self.publish(full=not n & (n + 1) or n + 1 == TIMED_CHECKS)
+            else:
+                self.publish(full=False)
+            self.extra_ns += thread_time_ns() - entry  # the hook's own time is not the call's
 
-        def publish(self) -> None:
+        def publish(self, full: bool = True) -> None:
             facts = self.tracer.facts
             facts["functions_per_iteration"] = self.functions
+            if not full:
+                return
             facts["functions_counted_in"] = self.begun - 1
-            if self.timed:
-                facts["type_check_us"] = round(self.check_ns / self.timed / 1e3, 3)
-                facts["type_checks_timed"] = self.timed
-            # from its first function call to its last, without the timed checks
-            span = self.last_ns - self.first_ns - self.check_ns
-            if span > 0:
-                facts["function_span_ms"] = round(span / 1e6, 4)
+            if self.checks:
+                facts["type_check_us"] = round(_median(self.checks) / 1e3, 3)
+                facts["type_checks_timed"] = len(self.checks)
+            cpu = self.cpu_last - self.cpu_first - self.extra_ns
+            if self.functions > 1 and cpu > 0:
+                facts["function_cpu_us"] = round(cpu / (self.functions - 1) / 1e3, 3)
 
     class EvalHook(base):
         """Counts functions applied with ``train`` off, and those that build a graph."""
@@ -353,6 +359,12 @@ def _hook_classes(chainer: Any) -> tuple[type, type]:
                     self.graph_functions += 1
 
     return CountHook, EvalHook
+
+
+def _median(values: list[int]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return float(ordered[mid]) if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _enter_hook(hook: Any) -> bool:
