@@ -7,7 +7,8 @@
 Each configuration (``configs.py``) lives in its own fresh process (agent
 settings are per process); all of them are started at once and wait.  A
 round asks every one of them, in a shuffled order, for one step of a
-workload (``workloads.py``), with an uninstrumented step after every
+workload (``workloads.py``; after an untimed step, since a process that
+waited has cold caches), with an uninstrumented step after every
 ``BASELINE_EVERY`` of them; each step is compared with the uninstrumented
 steps just before and after it, so that both see the same machine (a shared
 machine's speed changes by tens of percent from one second to the next).
@@ -62,8 +63,8 @@ class Mode:
 
 
 MODES = {
-    "full": Mode(160, 3, 4, 200_000, 20_000, 21),
-    "quick": Mode(30, 2, 2, 100_000, 5000, 9),
+    "full": Mode(100, 3, 4, 200_000, 20_000, 21),
+    "quick": Mode(20, 2, 2, 100_000, 5000, 9),
     "smoke": Mode(2, 1, 0, 2000, 1000, 2),  # no range counting: seconds matter
 }
 #: a baseline step after every this many configuration steps
@@ -129,11 +130,15 @@ class Server:
             self.error = str(exc)
 
     def step(self, workload: str) -> float:
-        """One step of ``workload``; its time in ns per unit (per Link call for ``link``)."""
+        """A timed step of ``workload``: ns per unit (per Link call for ``link``).
+
+        Two steps run; the first only warms the caches that the other
+        processes used meanwhile (a training loop runs warm).
+        """
         assert self.proc.stdin is not None
-        self.proc.stdin.write(f"{workload} 1\n")
+        self.proc.stdin.write(f"{workload} 2\n")
         reply = self._read()
-        return reply["samples"][0] / reply["unit"]
+        return reply["samples"][-1] / reply["unit"]
 
     def close(self) -> None:
         try:
@@ -279,11 +284,11 @@ def _fmt_time(ns: float | None, unit: str) -> str:
     return f"{ns / 1e6:.2f} ms" if unit == "ms" else f"{ns / 1e3:.1f} µs"
 
 
-def _cell(stats: dict[str, Any], unit: str) -> str:
-    if stats["ns"] is None:
+def _cell(stats: dict[str, Any], base: dict[str, Any] | None, unit: str) -> str:
+    """The baseline's median time x this configuration's paired ratio, and the ratio."""
+    if stats["ratio"] is None or base is None or base["ns"] is None:
         return "-"
-    ratio = f" ({stats['ratio']:.3f}x)" if stats["ratio"] is not None else ""
-    return _fmt_time(stats["ns"], unit) + ratio
+    return f"{_fmt_time(base['ns'] * stats['ratio'], unit)} ({stats['ratio']:.3f}x)"
 
 
 def table(configs: tuple[Config, ...], summary: dict[str, Any], vis: dict[str, Any]) -> str:
@@ -302,8 +307,11 @@ def table(configs: tuple[Config, ...], summary: dict[str, Any], vis: dict[str, A
         ranges = f"{count:.0f}" if isinstance(count, (int, float)) else "-"
         added = row["link"]["added_ns"]
         added_txt = "-" if added is None else f"{added / 1e3:+.2f} µs"
-        rows.append(f"| {cfg.label} | {cfg.visibility} | {ranges} | {_cell(row['mlp'], 'ms')} "
-                    f"| {_cell(row['deep'], 'ms')} | {_cell(row['link'], 'us')} | {added_txt} |")
+        base = summary.get("uninstrumented") or {}
+        cells = [_cell(row[w], base.get(w), unit)
+                 for w, unit in (("mlp", "ms"), ("deep", "ms"), ("link", "us"))]
+        rows.append(f"| {cfg.label} | {cfg.visibility} | {ranges} | " + " | ".join(cells)
+                    + f" | {added_txt} |")
     return "\n".join(rows)
 
 
@@ -342,11 +350,13 @@ def targets(summary: dict[str, Any], floor: dict[str, Any], memory: dict[str, An
                 "-" if added is None or pair is None
                 else f"{added:.0f} ns vs 2 x {pair:.0f} ns (a bare wrapt wrapper alone: "
                      f"{floor.get('wrapt_ns', 0):.0f} ns)"))
-    pairs = [(w, stat("agent-function", w, "ns"), stat("fhook", w, "ns")) for w in WORKLOADS]
+    pairs = [(w, stat("agent-function", w, "ratio"), stat("fhook", w, "ratio"))
+             for w in WORKLOADS]
     if all(a is not None and b is not None for _, a, b in pairs):
         got.append(("Function granularity cheaper than Chainer's function hook",
                     all(a < b for _, a, b in pairs),
-                    ", ".join(f"{w}: {a / b:.3f}x" for w, a, b in pairs)))
+                    "agent vs hook: " + ", ".join(f"{w} {a:.3f}x vs {b:.3f}x"
+                                                  for w, a, b in pairs)))
     else:
         got.append(("Function granularity cheaper than Chainer's function hook", None, "-"))
     rec = summary.get("agent-recorder")
@@ -372,13 +382,14 @@ def targets(summary: dict[str, Any], floor: dict[str, Any], memory: dict[str, An
     worst = []
     for name in AGENT_CONFIGS:
         for w in WORKLOADS:
-            a, b = stat(name, w, "ns"), stat("nvtx-auto", w, "ns")
+            a, b = stat(name, w, "ratio"), stat("nvtx-auto", w, "ratio")
             if a is not None and b is not None:
                 worst.append((a / b, name, w))
     if worst:
         top = max(worst)
         got.append(("Every agent configuration cheaper than python -m nvtx", top[0] < 1,
-                    f"worst: {top[1]} on {top[2]} at {top[0]:.3f}x of python -m nvtx"))
+                    f"closest: {top[1]} on {top[2]}, its overhead ratio {top[0]:.3f}x that of "
+                    "python -m nvtx"))
     return got
 
 
@@ -433,9 +444,10 @@ def main(argv: list[str] | None = None) -> int:
     for line in machine():
         print(f"- {line}")
     print(f"- {cycles} rounds; one process per configuration, all alive at once; each round "
-          "runs one step of every configuration per workload, in a shuffled order, with an "
-          f"uninstrumented step after every {BASELINE_EVERY}: a ratio compares a step with "
-          "the uninstrumented steps just before and after it; medians over rounds")
+          "runs one step of every configuration per workload (after an untimed one that warms "
+          "the caches), in a shuffled order, with an uninstrumented step after every "
+          f"{BASELINE_EVERY}: a ratio compares a step with the uninstrumented steps just before "
+          "and after it; medians over rounds")
     print("- NVTX calls go to the test injection library (tests/nvtx_tool.py) with "
           "NVTX_RECORD_FILE unset: real NVTX calls into a tool that records nothing; no GPU")
     print("- BLAS single-threaded; 'Link call' = one call of a Linear(4, 4) on a batch of 1 "

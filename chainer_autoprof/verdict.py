@@ -5,7 +5,7 @@ pure function of a :class:`~chainer_autoprof.stats.RunStats` (live or read
 back from a trace) and, optionally, the stats of a replay run of the same
 program (``CHAINER_PROF_REPLAY_BATCH=1``).
 
-Kinds, checked in this order of evidence:
+Kinds:
 
 * ``extension-bound``: what runs between iterations (extensions such as
   evaluation, snapshots and reports, inference, the loop's own code) takes
@@ -15,10 +15,10 @@ Kinds, checked in this order of evidence:
 * ``synchronization-bound``: at sync level 2 or 3 the agent's own GPU
   synchronizations take :data:`SYNC_SHARE` of the iteration time or more;
 * ``host-bound``: forward/backward/update dominate but each function call is
-  short (under :data:`HOST_US_PER_FUNCTION` or :data:`HOST_CHECKS_PER_FUNCTION`
-  type checks, over at least :data:`HOST_MIN_FUNCTIONS` calls per
-  iteration), or on a GPU at sync level 1
-  the host almost never waits for the GPU (under :data:`GPU_WAIT_SHARE`);
+  short (under :data:`HOST_US_PER_FUNCTION`, or under the time of
+  :data:`HOST_CHECKS_PER_FUNCTION` type checks, over at least
+  :data:`HOST_MIN_FUNCTIONS` calls per iteration), or on a GPU at sync level
+  1 the host almost never waits for the GPU (under :data:`GPU_WAIT_SHARE`);
 * ``compute-bound``: forward + backward + update take :data:`COMPUTE_SHARE`
   of the iteration time or more;
 * ``balanced``: none of the above; the shares are printed.
@@ -73,7 +73,7 @@ OVERHEAD_NOTE_SHARE = 0.10
 TOP_LINKS = 5
 
 # -- advice thresholds (chainer_autoprof.advice) ----------------------------------------
-#: An estimated cost under this share of the mean iteration time is not reported.
+#: An estimated cost under this share of the time it is part of is not reported.
 ADVICE_MIN_SHARE = 0.05
 #: Copies between host and GPU are reported when they happen in at least this
 #: share of the training iterations ("every iteration", not a one-off).
@@ -145,7 +145,8 @@ def loop_ms(stats: Any) -> float:
 
 
 def sync_ms(stats: Any) -> float | None:
-    """Milliseconds spent in the agent's synchronizations, when recorded."""
+    """Milliseconds spent in the agent's synchronizations over the whole run, when recorded
+    (compared with the counted iterations: warm-up waits make it an upper bound)."""
     value = (stats.meta or {}).get("sync_ms")
     return float(value) if value is not None else None
 
@@ -155,7 +156,8 @@ def per_iteration(stats: Any, total_ms: float) -> float:
 
 
 def functions_per_iteration(stats: Any) -> int | None:
-    """Forward function calls in one training iteration (probe count), if known."""
+    """Function applications (forward and those of the backward pass) in one training
+    iteration, counted by the probes, if known."""
     value = facts_of(stats).get("functions_per_iteration")
     return int(value) if isinstance(value, (int, float)) and value > 0 else None
 
@@ -187,7 +189,13 @@ def decide(stats: Any, replay: Any = None) -> Verdict:
                         if stats.warmup else "no training iteration was seen"])
     figures = _figures(stats)
     candidates = _candidates(stats, figures)
-    if not candidates:
+    if not candidates and not stats.has_phases:
+        verdict = Verdict("unknown", "no verdict inside the iterations: no phase ranges were "
+                          "recorded (granularity iteration)",
+                          [f"between iterations (extensions, evaluation): "
+                           f"{_pct(figures['extension_share'])} of the training loop"],
+                          ["run with CHAINER_PROF_GRANULARITY=phase (the default) or finer"])
+    elif not candidates:
         verdict = _balanced(stats, figures)
     else:
         candidates.sort(key=lambda c: -c[1])
@@ -197,7 +205,9 @@ def decide(stats: Any, replay: Any = None) -> Verdict:
             candidates.insert(first, candidates.pop(kinds.index("synchronization-bound")))
         kind = candidates[0][0]
         verdict = _BUILDERS[kind](stats, figures, replay)
-        verdict.also = [f"{k} ({_pct(share)})" for k, _total, share in candidates[1:]]
+        # compute-bound is where a run with no other problem lands: not worth an "also"
+        verdict.also = [f"{k} ({_pct(share)})" for k, _total, share in candidates[1:]
+                        if k != "compute-bound"]
     verdict.figures = figures
     verdict.notes += _notes(stats, figures)
     if replay is not None and verdict.kind != "input-bound":
@@ -360,7 +370,7 @@ def _host(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
         checks = checks_per_function(stats)
         if checks is not None:
             line += (f"; in iteration {facts_of(stats).get('functions_counted_in', '?')} a "
-                     f"typical call took the time of {checks:.0f} type checks")
+                     f"call took the host CPU time of {checks:.0f} type checks on average")
         v.evidence.append(line + f" (host-bound under {HOST_US_PER_FUNCTION:.0f} us or "
                                  f"{HOST_CHECKS_PER_FUNCTION} type checks)")
     if stats.links:

@@ -140,6 +140,40 @@ def test_blas_of_this_numpy_is_recorded_and_optimized(runs):
         assert "blas" not in keys(w.stats), numpy.__version__
 
 
+HAND_WRITTEN = r'''
+import numpy as np
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+model = L.Classifier(L.Linear(8, 4))
+optimizer = chainer.optimizers.SGD()
+optimizer.setup(model)
+x = np.random.rand(16, 8).astype(np.float32)
+t = np.random.randint(0, 4, size=16).astype(np.int32)
+for i in range(6):
+    model.cleargrads()
+    loss = model(x, t)
+    loss.backward()
+    optimizer.update()
+for i in range(2):
+    optimizer.update(model, x, t)
+'''
+
+
+def test_facts_of_a_hand_written_loop(tmp_path):
+    """Without a Trainer the probes still see the training updates and count iteration 1."""
+    trace = tmp_path / "trace.json"
+    run = run_with_agent(tmp_path, HAND_WRITTEN, {"CHAINER_PROF_TRACE": str(trace)},
+                         nvtx=False)
+    assert run.returncode == 0, run.stderr
+    facts = vd.facts_of(read_trace(str(trace)).stats())
+    assert facts["config"]["type_check"] is True and facts["config"]["train"] is True
+    assert facts["params"] == {"count": 2, "size": 36, "dtypes": {"float32": 2}, "gpu": 0}
+    # Linear, softmax cross entropy, accuracy; then the backward pass's functions
+    assert facts["functions_per_iteration"] >= 3 and facts["functions_counted_in"] == 1
+
+
 # -- rules that need another machine: a real run's stats, its facts changed -----------------
 
 def with_facts(stats, **changes):

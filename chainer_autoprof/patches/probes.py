@@ -113,14 +113,14 @@ class Probes:
             patch.hits += 1
             if self.update_done or not patch.on:
                 return wrapped(*args, **kwargs)
+            training = not state().quiet  # not inside an extension, inference, a trainer's gap
             result = wrapped(*args, **kwargs)
-            try:
-                ts = state()
-                if ts.iter_busy and not ts.quiet:
+            if training:
+                try:
                     self._after_training_update(instance)
-            except Exception as exc:
-                patch.fail(exc)
-                self.close()
+                except Exception as exc:
+                    patch.fail(exc)
+                    self.close()
             return result
 
         return wrapper
