@@ -131,8 +131,9 @@ def _verdict_section() -> Callable[[RunStats], str | None] | None:
 def _title(stats: RunStats) -> str:
     meta = stats.meta
     where = f"pid {meta.get('pid', '?')}"
-    if meta.get("rank"):
-        where += f", rank {meta['rank']}"
+    mpi_rank = (meta.get("process") or {}).get("mpi_rank")
+    if mpi_rank is not None:  # rank 0 included; nothing outside an MPI job
+        where += f", rank {mpi_rank}"
     command = meta.get("command", "")
     return f"chainer_autoprof summary ({where}): {command}".rstrip(": ")
 
