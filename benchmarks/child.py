@@ -233,15 +233,15 @@ def cmd_memory(args: argparse.Namespace) -> dict[str, Any]:
 
     for _ in range(3):
         step()
-    flush0 = recorder.flush_ns  # the recorder's own time aggregating buffered ranges
-    _, aggregated = run(args.limit)
-    aggregation_ns = (recorder.flush_ns - flush0) / aggregated
     tracemalloc.start()
     m0, _ = run(args.limit // 5)          # the aggregates' first allocations
     m1, n1 = run(args.limit // 2)         # up to about 0.7 x limit kept
     m2, _ = run(3 * args.limit)           # far past the limit: the newest `limit` kept
     m3, n3 = run(args.limit)
     tracemalloc.stop()
+    flush0 = recorder.flush_ns  # the recorder's own time aggregating buffered ranges
+    _, aggregated = run(args.limit)
+    aggregation_ns = (recorder.flush_ns - flush0) / aggregated
     agent.uninstall()  # no trace is written: the run ends here
     shutil.rmtree(trace.parent, ignore_errors=True)
     return {"config": "memory", "recorder": True, "limit": args.limit,

@@ -1,0 +1,1 @@
+"""Patches: what is wrapped in Chainer (and ChainerMN), turned into tracer events."""
