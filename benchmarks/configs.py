@@ -1,9 +1,15 @@
 """The configurations compared: the agent, the alternatives a user would reach for, the floor.
 
 Each :class:`Config` is applied inside a fresh benchmark process (see
-``child.py``): ``setup`` runs before Chainer is imported, ``optimizer`` may
-replace the optimizer a workload builds, and ``enter``/``exit`` bracket each
-timed workload.  ``visibility`` says what a profiler shows with it.
+``child.py``): ``agent`` settings go to ``chainer_autoprof.install()`` and
+``setup`` runs, both before Chainer is imported; ``optimizer`` sets up the
+optimizer of each workload's model; ``hook`` makes a context manager that is
+entered for the whole process (or around each timed step when it says
+``per_step``).  ``visibility`` says what a profiler shows with it.
+
+The agent runs with NVTX on and its recorder off (``summary=0``) unless the
+configuration says otherwise; "not activated" runs the package's ``.pth``
+start-up line with no ``CHAINER_PROF_*`` variable set.
 
 The alternatives are re-created here with the ``nvtx`` package, since
 Chainer's own ``CUDAProfileHook`` and chainer_profutil need CuPy:
@@ -45,7 +51,7 @@ class Config:
     agent: dict[str, Any] | None = None          # settings for chainer_autoprof.install()
     setup: Callable[[], None] | None = None       # before Chainer is imported
     optimizer: Callable[[Any, Any], Any] | None = None  # (optimizer, model) -> optimizer
-    hook: Callable[[], Any] | None = None         # a context entered for the whole process
+    hook: Callable[[], Any] | None = None         # makes a context manager (see above)
 
 
 # -- agent ------------------------------------------------------------------
@@ -238,16 +244,16 @@ CONFIGS: tuple[Config, ...] = (
     Config("not-activated", "installed, not activated", "-", "agent", setup=_not_activated),
     Config("agent-iteration", "agent: iteration", "iterations", "agent",
            agent=_agent(granularity="iteration")),
-    Config("agent-phase", "agent: phase", "+ phases", "agent",
+    Config("agent-phase", "agent: phase", "iterations, phases", "agent",
            agent=_agent(granularity="phase")),
-    Config("agent-link", "agent: link", "+ links", "agent",
+    Config("agent-link", "agent: link", "iterations, phases, links", "agent",
            agent=_agent(granularity="link")),
-    Config("agent-function", "agent: function", "+ links, functions", "agent",
-           agent=_agent(granularity="function")),
-    Config("agent-recorder", "agent: link + recorder", "+ links, in-process summary",
+    Config("agent-function", "agent: function", "iterations, phases, links, functions",
+           "agent", agent=_agent(granularity="function")),
+    Config("agent-recorder", "agent: link + recorder", "iterations, phases, links; summary",
            "agent", agent=_agent(granularity="link", summary=True)),
-    Config("agent-sync3", "agent: link, sync level 3", "+ links, synced", "agent",
-           agent=_agent(granularity="link", sync_level=3)),
+    Config("agent-sync3", "agent: link, sync level 3", "iterations, phases, links (synced)",
+           "agent", agent=_agent(granularity="link", sync_level=3)),
     Config("fhook", "Chainer function hook (NVTX)", "functions", "alternative",
            hook=_function_hook),
     Config("timerhook", "chainer TimerHook", "link timings (no timeline)", "alternative",

@@ -4,9 +4,10 @@
     python benchmarks/overhead.py --quick    # about a minute
     python benchmarks/overhead.py --smoke    # checks that it runs; figures meaningless
 
-Each configuration (``configs.py``) lives in its own fresh process (agent
-settings are per process); all of them are started at once and wait.  A
-round asks every one of them, in a shuffled order, for one step of a
+Each configuration (``configs.py``) lives in fresh processes of its own
+(agent settings are per process; two or three of them, taking turns round by
+round, so that no one process's memory layout decides a figure); all are
+started at once and wait.  A round asks every one of them, in a shuffled order, for one step of a
 workload (``workloads.py``; after an untimed step, since a process that
 waited has cold caches), with an uninstrumented step after every
 ``BASELINE_EVERY`` of them; each step is compared with the uninstrumented
@@ -55,6 +56,7 @@ WORKLOADS = ("mlp", "deep", "link")
 @dataclass(frozen=True)
 class Mode:
     cycles: int             # rounds: every configuration runs one step of each workload
+    replicas: int           # processes per configuration, taking turns round by round
     warmup: int
     visibility_steps: int   # MLP steps recorded to count ranges (0: not counted)
     floor_n: int
@@ -63,9 +65,9 @@ class Mode:
 
 
 MODES = {
-    "full": Mode(100, 3, 4, 200_000, 20_000, 21),
-    "quick": Mode(20, 2, 2, 100_000, 5000, 9),
-    "smoke": Mode(2, 1, 0, 2000, 1000, 2),  # no range counting: seconds matter
+    "full": Mode(120, 3, 3, 4, 200_000, 20_000, 21),
+    "quick": Mode(20, 2, 2, 2, 50_000, 4000, 5),
+    "smoke": Mode(2, 1, 1, 0, 2000, 1000, 2),  # no range counting: seconds matter
 }
 #: a baseline step after every this many configuration steps
 BASELINE_EVERY = 3
@@ -104,9 +106,10 @@ def run_child(args: list[str], env: dict[str, str]) -> dict[str, Any]:
 class Server:
     """A configuration's process, timing steps on request (``child.py serve``)."""
 
-    def __init__(self, cfg: Config, env: dict[str, str], warmup: int, tmp: Path) -> None:
+    def __init__(self, cfg: Config, env: dict[str, str], warmup: int, tmp: Path,
+                 replica: int = 0) -> None:
         self.cfg = cfg
-        self.errfile = tmp / f"{cfg.name}.stderr"
+        self.errfile = tmp / f"{cfg.name}.{replica}.stderr"
         with open(self.errfile, "w") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, str(CHILD), "serve", cfg.name, "--warmup", str(warmup)],
@@ -155,22 +158,26 @@ def _progress(started: float, what: str) -> None:
     sys.stderr.write(f"{what} ({time.monotonic() - started:.0f} s)\n")
 
 
-def run_cycles(servers: dict[str, Server], cycles: int, rng: random.Random,
+def run_cycles(servers: dict[str, list[Server]], cycles: int, rng: random.Random,
                progress: bool) -> dict[str, dict[str, list[tuple[float, float]]]]:
     """Interleave one step of every configuration per workload and cycle.
 
     Each configuration's step is paired with the uninstrumented steps just
     before and after it (a baseline step runs after every ``BASELINE_EVERY``
-    configuration steps): ``(time, baseline time)`` per unit.
+    configuration steps): ``(time, baseline time)`` per unit.  Successive
+    rounds take turns among a configuration's processes (replicas), so that
+    no process's memory layout decides a figure.
     """
-    base = servers["uninstrumented"]
-    others = [s for name, s in servers.items() if name != "uninstrumented"]
     pairs: dict[str, dict[str, list[tuple[float, float]]]] = {
         name: {w: [] for w in WORKLOADS} for name in servers}
+    failed: set[str] = set()
     started = time.monotonic()
     for cycle in range(cycles):
+        pick = {name: group[cycle % len(group)] for name, group in servers.items()}
+        base = pick["uninstrumented"]
         for w in WORKLOADS:
-            order = others[:]
+            order = [s for name, s in pick.items()
+                     if name != "uninstrumented" and name not in failed]
             rng.shuffle(order)
             before = base.step(w)
             pending: list[tuple[str, float]] = []
@@ -179,7 +186,7 @@ def run_cycles(servers: dict[str, Server], cycles: int, rng: random.Random,
                     pending.append((server.cfg.name, server.step(w)))
                 except Exception as exc:
                     server.error = server.error or str(exc)
-                    others.remove(server)
+                    failed.add(server.cfg.name)
                 if (i + 1) % BASELINE_EVERY == 0 or i == len(order) - 1:
                     after = base.step(w)
                     pairs["uninstrumented"][w].append((before, (before + after) / 2))
@@ -240,12 +247,14 @@ def median_ci(values: list[float]) -> tuple[float, float] | None:
 
 
 def summarize(pairs: dict[str, dict[str, list[tuple[float, float]]]],
-              servers: dict[str, Server]) -> dict[str, dict[str, Any]]:
+              servers: dict[str, list[Server]]) -> dict[str, dict[str, Any]]:
     """Per configuration and workload: median time, paired ratio and added time."""
     out: dict[str, dict[str, Any]] = {}
-    for name, server in servers.items():
-        row: dict[str, Any] = {"error": server.error, "info": server.info,
-                               "wrapped": server.info.get("wrapped", [])}
+    for name, group in servers.items():
+        errors = [s.error for s in group if s.error]
+        wrapped = sorted({w for s in group for w in s.info.get("wrapped", [])})
+        row: dict[str, Any] = {"error": errors[0] if errors else None, "info": group[0].info,
+                               "wrapped": wrapped}
         for w in WORKLOADS:
             got = pairs.get(name, {}).get(w, [])
             ratios = [t / b for t, b in got]
@@ -423,16 +432,18 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_name)
         vis = visibility(configs, mode, tmp) if mode.visibility_steps else {}
         _progress(started, "ranges counted")
-        servers = {cfg.name: Server(cfg, env, mode.warmup, tmp) for cfg in configs}
+        servers = {cfg.name: [Server(cfg, env, mode.warmup, tmp, i)
+                              for i in range(mode.replicas)] for cfg in configs}
+        everyone = [s for group in servers.values() for s in group]
         try:
-            for server in servers.values():
+            for server in everyone:
                 server.wait_ready()
             _progress(started, "processes ready")
-            live = {n: s for n, s in servers.items() if s.error is None}
+            live = {n: g for n, g in servers.items() if all(s.error is None for s in g)}
             pairs = run_cycles(live, cycles, random.Random(args.seed), progress=True) \
                 if "uninstrumented" in live else {}
         finally:
-            for server in servers.values():
+            for server in everyone:
                 server.close()
     floor = run_child(["floor", "--n", str(mode.floor_n)], env)
     memory = run_child(["memory", "--limit", str(mode.memory_limit)], env)
@@ -443,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     print("## Overhead: chainer_autoprof and the alternatives (CPU)\n")
     for line in machine():
         print(f"- {line}")
-    print(f"- {cycles} rounds; one process per configuration, all alive at once; each round "
+    print(f"- {cycles} rounds; {mode.replicas} processes per configuration taking turns, all "
+          "alive at once; each round "
           "runs one step of every configuration per workload (after an untimed one that warms "
           "the caches), in a shuffled order, with an uninstrumented step after every "
           f"{BASELINE_EVERY}: a ratio compares a step with the uninstrumented steps just before "

@@ -3,8 +3,8 @@
 ``site`` executes a ``.pth`` line that starts with ``import`` in every
 interpreter that starts, so its cost when no ``CHAINER_PROF_*`` variable is set
 is paid by every Python program on the machine.  The line is looked up, in
-order, as ``chainer_autoprof.activation.PTH_LINE``, in a ``*.pth`` file of the
-repository or of site-packages that mentions ``chainer_autoprof``, or as a
+order, in a ``*.pth`` file of the repository or of site-packages that mentions
+``chainer_autoprof``, as ``chainer_autoprof.activation.PTH_LINE``, or as a
 string literal in ``setup.py``.
 """
 
@@ -31,14 +31,6 @@ def _from_text(text: str) -> str | None:
 
 def find_pth_line() -> tuple[str | None, str]:
     """The start-up line and where it was found (``None, reason`` when absent)."""
-    try:
-        from chainer_autoprof import activation  # type: ignore[attr-defined]
-
-        line = getattr(activation, "PTH_LINE", None)
-        if isinstance(line, str) and line.strip():
-            return line.strip(), "chainer_autoprof.activation.PTH_LINE"
-    except ImportError:
-        pass
     dirs = [REPO, *(Path(p) for p in [*site.getsitepackages(), site.getusersitepackages()])]
     for directory in dirs:
         if not directory.is_dir():
@@ -50,6 +42,14 @@ def find_pth_line() -> tuple[str | None, str]:
             line = _from_text(path.read_text(errors="replace"))
             if line:
                 return line, str(path)
+    try:  # imported only when no .pth file says it: "not activated" must not load it
+        from chainer_autoprof import activation  # type: ignore[attr-defined]
+
+        line = getattr(activation, "PTH_LINE", None)
+        if isinstance(line, str) and line.strip():
+            return line.strip(), "chainer_autoprof.activation.PTH_LINE"
+    except ImportError:
+        pass
     setup = REPO / "setup.py"
     if setup.is_file():
         for literal in re.findall(r"""["']([^"'\n]*chainer_autoprof[^"'\n]*)["']""",
@@ -57,7 +57,7 @@ def find_pth_line() -> tuple[str | None, str]:
             line = _from_text(literal)
             if line:
                 return line, str(setup)
-    return None, "no .pth line found (chainer_autoprof.activation / *.pth / setup.py)"
+    return None, "no .pth line found (*.pth / chainer_autoprof.activation / setup.py)"
 
 
 def run_pth_line() -> bool:

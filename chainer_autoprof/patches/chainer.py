@@ -285,6 +285,9 @@ class ChainerPatches:
         inference_info = tracer.info(names.INFERENCE, names.INFERENCE)
         variable_cls = self.variable_cls
         attribute_backward = self.link_ranges and not self.function_ranges
+        # Below the link level only the outermost link matters (forward phase, inference):
+        # the links it calls need no entry and no bookkeeping at all.
+        inner_links_matter = self.link_ranges
 
         def wrapper(wrapped, instance, args, kwargs):
             patch.hits += 1
@@ -292,8 +295,8 @@ class ChainerPatches:
                 return wrapped(*args, **kwargs)
             ts = state()
             links = ts.links
-            if links and links[-1][0] is instance:  # super().__call__ of the same link
-                return wrapped(*args, **kwargs)
+            if links and (links[-1][0] is instance or not inner_links_matter):
+                return wrapped(*args, **kwargs)  # super().__call__ of the same link, or inner
             mode = 0  # 1: opened the forward phase, 2: opened inference
             tok = inf_tok = entry = None
             pushed = False
