@@ -28,7 +28,8 @@ CATEGORY_RANGES = {
     names.BACKWARD: "`backward`: `Variable.backward` / `chainer.grad`",
     names.UPDATE: "`update`: the optimizer's update",
     names.EXTENSION: "`extension:<name> (<Class>)`: a trainer extension",
-    names.INFERENCE: "`inference`: a forward pass by hand outside training (`train=False` or `no_backprop_mode`)",
+    names.INFERENCE: ("`inference`: a forward pass by hand outside training "
+                      "(`train=False` or `no_backprop_mode`)"),
     names.COMM: "`comm:<op>`: a ChainerMN communication",
     names.USER: "your `annotate(name)` ranges",
     names.LINK: "`predictor/l1 (Linear)`: a Link call (`@gpuN` on a GPU)",
