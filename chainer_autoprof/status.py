@@ -25,8 +25,12 @@ def status_report(agent: Any, at_exit: bool) -> str:
 
 
 def missed_targets(agent: Any) -> list[str]:
-    """Core targets never hit although iterations ran (a silent miss)."""
-    if agent.tracer.iterations == 0:
+    """Core targets never hit although iterations ran (a silent miss).
+
+    One iteration is not enough evidence: a forward-only script in training
+    mode opens one implicit iteration that never closes.
+    """
+    if agent.tracer.iterations < 2:
         return []
     core = {"Link.__call__", "Variable.backward", "Optimizer.update"}
     return [p.label for p in agent.patches.patches

@@ -295,15 +295,16 @@ def refusing(target, name, wrapper):
 wrapt.wrap_function_wrapper = refusing
 import chainer_autoprof
 
-chainer_autoprof.install()
+chainer_autoprof.install(log="debug", summary=False)
 ''' + MODEL + r'''
 model, opt = new_model()
 for _ in range(3):
     step(model, opt)
 '''
     script = write_script(tmp_path, "status.py", source)
-    run = run_python(tmp_path, [str(script)],
-                     env={"CHAINER_PROF_LOG": "debug", "CHAINER_PROF_SUMMARY": "0"})
+    # Settings through install(), not the environment: an installed .pth would start
+    # the agent at interpreter start-up, before the script removes its target.
+    run = run_python(tmp_path, [str(script)])
     assert run.returncode == 0, run.stderr
     err = run.stderr
     start = err.split("patch status at start:\n")[1].split("chainer_autoprof:")[0]
