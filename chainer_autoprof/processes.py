@@ -193,10 +193,7 @@ def after_fork_in_child(agent: Any) -> None:
 
 def switch_off(agent: Any) -> None:
     """Stop ``agent`` in this process: no more ranges, no output at exit."""
-    tracer = agent.tracer
-    tracer.sinks = []
-    tracer._begin_fns = ()
-    tracer._end_fns = ()
+    agent.tracer.remove_sinks()
     from . import agent as agent_module
 
     agent.uninstall()
