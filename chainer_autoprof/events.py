@@ -24,8 +24,7 @@ from .policies import CaptureWindow, SyncPolicy
 class RangeInfo:
     """A distinct range name: what sinks need to emit it, built once."""
 
-    __slots__ = ("category", "color", "emit", "index", "level", "name", "nvtx", "on_begin",
-                 "on_end", "sync")
+    __slots__ = ("category", "color", "emit", "index", "level", "name", "nvtx", "sync")
 
     def __init__(self, index: int, name: str, category: str, level: int, color: int) -> None:
         self.index = index
@@ -36,11 +35,6 @@ class RangeInfo:
         self.emit = True
         self.sync = False
         self.nvtx: Any = None  # the NVTX sink's prepared attributes
-        # Zero-argument callables that sinks attach in ``prepare`` (C-level ones, such
-        # as a ``functools.partial`` of an NVTX push): called at begin, and at end in
-        # reverse order, with no Python frame of the sink's own.
-        self.on_begin: tuple[Callable[[], Any], ...] = ()
-        self.on_end: tuple[Callable[[], Any], ...] = ()
 
     def __repr__(self) -> str:
         return f"RangeInfo({self.name!r}, {self.category!r})"
@@ -138,14 +132,6 @@ class Tracer:
         # A sink that ignores t0/t1 says so with ``timed = False`` (NVTX): two clock reads saved
         self._timed = any(getattr(s, "timed", True) for s in self.sinks)
 
-    def remove_sinks(self) -> None:
-        """Detach every sink: ranges go nowhere from now on (e.g. a child switched off)."""
-        self.sinks = []
-        self._begin_fns = ()
-        self._end_fns = ()
-        for info in self.infos:
-            info.on_begin = info.on_end = ()
-
     def info(self, name: str, category: str) -> RangeInfo:
         """The RangeInfo for ``name`` in ``category`` (created once)."""
         key = (name, category)
@@ -187,38 +173,23 @@ class Tracer:
         if info.sync:
             self.sync.synchronize()
         ts.stack.append((info, self.clock() if self._timed else 0))
-        done = 0
-        fn = None
         try:
-            for call in info.on_begin:
-                call()
-                done += 1
             for fn in self._begin_fns:
                 fn(info, ts)
         except Exception:
-            self._undo_begin(info, ts, done, fn)
+            self._undo_begin(info, ts, fn)
             raise
         return info
 
-    def _undo_begin(self, info: RangeInfo, ts: ThreadState, done: int, failed: Any) -> None:
+    def _undo_begin(self, info: RangeInfo, ts: ThreadState, failed: Any) -> None:
         """A sink failed to begin ``info``: end it in the sinks that began it, and forget it.
 
         The caller gets the error (its hook turns off) and never ends this range,
-        so nothing of it may stay open: not in NVTX, not on the stack.  ``done``
-        counts the ``on_begin`` callables that ran; ``failed`` is the begin method
-        that raised (``None`` when an ``on_begin`` callable did).
+        so nothing of it may stay open: not in NVTX, not on the stack.
         """
         if not ts.stack or ts.stack[-1][0] is not info:
             return
         _, t0 = ts.stack.pop()
-        ends = info.on_end
-        for call in ends[len(ends) - done:]:
-            try:
-                call()
-            except Exception:
-                pass  # already failing: the first error is the one reported
-        if failed is None:
-            return
         for sink in self.sinks:
             begin = getattr(sink, "begin", None)
             if begin is None:
@@ -244,8 +215,6 @@ class Tracer:
             self.sync.synchronize()
         info, t0 = ts.stack.pop()
         t1 = self.clock() if self._timed else 0
-        for call in info.on_end:
-            call()
         for fn in self._end_fns:
             fn(info, t0, t1, ts)
 

@@ -193,7 +193,10 @@ def after_fork_in_child(agent: Any) -> None:
 
 def switch_off(agent: Any) -> None:
     """Stop ``agent`` in this process: no more ranges, no output at exit."""
-    agent.tracer.remove_sinks()
+    tracer = agent.tracer
+    tracer.sinks = []
+    tracer._begin_fns = ()
+    tracer._end_fns = ()
     from . import agent as agent_module
 
     agent.uninstall()

@@ -8,18 +8,11 @@ package hands out a dummy domain, and :func:`make_nvtx_sink` returns ``None``.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 
 class NvtxSink:
-    """Push/pop NVTX ranges in ``domain``.
-
-    The hot path has no Python frame of this sink: :meth:`prepare` attaches to
-    each range a ``functools.partial`` of the C-level ``push_range`` with the
-    range's attributes and the domain handle, and one of ``pop_range``, which
-    the tracer calls directly.
-    """
+    """Push/pop NVTX ranges in ``domain``."""
 
     #: NVTX timestamps ranges itself: the tracer need not read the clock for this sink.
     timed = False
@@ -30,13 +23,29 @@ class NvtxSink:
         self.domain = domain
         self._handle = domain.handle
         self._push = push_range
-        self._pop = partial(pop_range, self._handle)
+        self._pop = pop_range
+        self.begin = self._make_begin()
+        self.end = self._make_end()
+
+    def _make_begin(self):
+        push, handle = self._push, self._handle
+
+        def begin(info, ts) -> None:
+            push(info.nvtx, handle)
+
+        return begin
+
+    def _make_end(self):
+        pop, handle = self._pop, self._handle
+
+        def end(info, t0, t1, ts) -> None:
+            pop(handle)
+
+        return end
 
     def prepare(self, info) -> None:
         info.nvtx = self.domain.get_event_attributes(
             message=info.name, color=info.color, category=info.category)
-        info.on_begin = (*info.on_begin, partial(self._push, info.nvtx, self._handle))
-        info.on_end = (self._pop, *info.on_end)
 
     def mark(self, text: str, color: int = 0xFFFFFFFF) -> None:
         """An instantaneous marker (e.g. the capture window's edges)."""
