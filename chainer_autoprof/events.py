@@ -113,7 +113,7 @@ class Tracer:
         self.infos: list[RangeInfo] = []
         self._by_key: dict[tuple[str, str], RangeInfo] = {}
         self._lock = threading.Lock()
-        self._local = threading.local()
+        self._local = threading.local()  # never replaced: hot wrappers read it inline
         self.states: dict[int, ThreadState] = {}
         self.iterations = 0           # iterations begun in this process
         self.facts: dict[str, Any] = {}  # e.g. batch_size, seen by patches

@@ -279,6 +279,7 @@ class ChainerPatches:
     def _wrap_link(self, patch: Patch) -> Callable:
         tracer = self.tracer
         state, begin, end = tracer.state, tracer.begin, tracer.end
+        local = tracer._local  # the thread-local state, read inline (no call)
         roots = self.roots
         make_entry = self._entry
         training = self._in_training_mode
@@ -293,7 +294,10 @@ class ChainerPatches:
             patch.hits += 1
             if not patch.on:
                 return wrapped(*args, **kwargs)
-            ts = state()
+            try:
+                ts = local.state
+            except AttributeError:
+                ts = state()
             links = ts.links
             if links and (links[-1][0] is instance or not inner_links_matter):
                 return wrapped(*args, **kwargs)  # super().__call__ of the same link, or inner
@@ -498,6 +502,7 @@ class ChainerPatches:
     def _wrap_backprop_step(self, patch: Patch) -> Callable:
         tracer = self.tracer
         state, begin, end = tracer.state, tracer.begin, tracer.end
+        local = tracer._local  # the thread-local state, read inline (no call)
         entries = self.entries
         function_ranges = self.function_ranges
         infos: dict[str, RangeInfo] = {}
@@ -506,7 +511,10 @@ class ChainerPatches:
             patch.hits += 1
             if not patch.on:
                 return wrapped(*args, **kwargs)
-            ts = state()
+            try:
+                ts = local.state
+            except AttributeError:
+                ts = state()
             if ts.phase != names.BACKWARD:
                 return wrapped(*args, **kwargs)
             tok = None
@@ -552,13 +560,17 @@ class ChainerPatches:
     def _wrap_function_apply(self, patch: Patch) -> Callable:
         tracer = self.tracer
         state, begin, end = tracer.state, tracer.begin, tracer.end
+        local = tracer._local  # the thread-local state, read inline (no call)
         infos: dict[str, RangeInfo] = {}
 
         def wrapper(wrapped, instance, args, kwargs):
             patch.hits += 1
             if not patch.on:
                 return wrapped(*args, **kwargs)
-            ts = state()
+            try:
+                ts = local.state
+            except AttributeError:
+                ts = state()
             tok = None
             try:
                 label = instance.label
