@@ -120,18 +120,12 @@ def _share(part: float, whole: float) -> float:
 
 # -- reading ------------------------------------------------------------------------
 def _read_json(path: str) -> dict[str, Any]:
+    from .trace import TraceError, load_trace_json
+
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise MergeError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise MergeError(f"{path} is not valid JSON ({exc})") from None
-    if isinstance(data, list):
-        data = {"traceEvents": data}
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise MergeError(f"{path} is not a trace-event file (no traceEvents list)")
-    return data
+        return load_trace_json(path)
+    except TraceError as exc:
+        raise MergeError(str(exc)) from None
 
 
 def load_input(path: str, warmup: int | None = None) -> Input:

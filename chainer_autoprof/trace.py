@@ -316,8 +316,8 @@ class TraceError(ValueError):
     """A file that is not a trace this tool can read (one-line message)."""
 
 
-def read_trace(path: str) -> Trace:
-    """Read a trace written by :func:`write_trace` (or merged from several)."""
+def load_trace_json(path: str) -> dict[str, Any]:
+    """The JSON object of a trace-event file (a bare event list is wrapped); TraceError if not."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -329,6 +329,12 @@ def read_trace(path: str) -> Trace:
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise TraceError(f"{path} is not a trace-event file (no traceEvents list)")
+    return data
+
+
+def read_trace(path: str) -> Trace:
+    """Read a trace written by :func:`write_trace` (or merged from several)."""
+    data = load_trace_json(path)
     other = data.get("otherData") or {}
     meta = other.get("chainer_autoprof") if isinstance(other, dict) else None
     meta = dict(meta) if isinstance(meta, dict) else {}
