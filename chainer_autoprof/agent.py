@@ -83,6 +83,9 @@ class Agent:
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork_in_child)
         log.debug(f"active: {self.cfg!r}; NVTX tool attached: {self.nvtx is not None}")
+        if not _chainer_installed():
+            log.warning("Chainer is not installed in this Python; the program runs "
+                        "uninstrumented")
 
     def _on_chainer_imported(self, chainer: Any) -> None:
         """Post-import hook: contain every error, never fail ``import chainer``."""
@@ -193,6 +196,18 @@ def _probes(cfg: Config, tracer: Any) -> Any:
     from .patches.probes import Probes
 
     return Probes(tracer)
+
+
+def _chainer_installed() -> bool:
+    """Whether ``import chainer`` can succeed here (without importing it)."""
+    if "chainer" in sys.modules:
+        return sys.modules["chainer"] is not None
+    try:
+        import importlib.util
+
+        return importlib.util.find_spec("chainer") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def current() -> Agent | None:

@@ -275,6 +275,28 @@ print("Link.__call__ untouched:", type(chainer.Link.__dict__["__call__"]).__name
     assert [ev for ev in run.events if ev.event == "push"] == []
 
 
+def test_missing_chainer_warns_once_and_the_program_runs(tmp_path: Path):
+    """Where Chainer cannot be imported, one warning, and the script runs unchanged."""
+    source = r'''
+import sys
+
+sys.modules["chainer"] = None  # "import chainer" now fails as where it is not installed
+import chainer_autoprof
+
+chainer_autoprof.install(summary=False)  # no CHAINER_PROF_* variable: no start-up activation
+try:
+    import chainer  # noqa: F401
+except ImportError as exc:
+    print("script goes on:", type(exc).__name__)
+'''
+    script = write_script(tmp_path, "nochainer.py", source)
+    run = run_python(tmp_path, [str(script)])
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "script goes on: ModuleNotFoundError\n"
+    assert run.stderr == ("chainer_autoprof: Chainer is not installed in this Python; "
+                          "the program runs uninstrumented\n")
+
+
 def test_status_report(tmp_path: Path):
     """CHAINER_PROF_LOG=debug: every target with owners and state at start, hits at exit."""
     source = r'''
