@@ -61,7 +61,6 @@ class ThreadState:
         "stack",
         "thread_name",
         "tid",
-        "update_tok",
         "user",
     )
 
@@ -77,7 +76,6 @@ class ThreadState:
         self.quiet = 0              # >0 inside an extension or inference: not training
         self.links: list[Any] = []  # link entries being called (patches' business)
         self.await_update = False
-        self.update_tok: RangeInfo | None = None
         self.opt_depth = 0
         self.bwd_link: int | None = None  # the link entry whose backward range is open
         self.bwd_link_tok: RangeInfo | None = None
@@ -303,7 +301,7 @@ class Tracer:
         try:
             return self._unwind(ts, 0)
         finally:
-            ts.iter_tok = ts.phase_tok = ts.update_tok = ts.bwd_link_tok = ts.bwd_link = None
+            ts.iter_tok = ts.phase_tok = ts.bwd_link_tok = ts.bwd_link = None
             ts.iter_busy = ts.iter_explicit = ts.await_update = False
             ts.phase = ts.extension = None
             ts.quiet = ts.opt_depth = ts.in_trainer = 0

@@ -389,14 +389,6 @@ def write_report(out_path: str, runs: Sequence[tuple[Any, Any]]) -> None:
         f.write(page)
 
 
-def write_html(trace_path: str, out_path: str) -> None:
-    """Read ``trace_path`` and write its page to ``out_path``."""
-    from .trace import read_trace
-
-    trace = read_trace(trace_path)
-    write_report(out_path, [(trace, trace.stats())])
-
-
 _CSS = """
 :root{--fg:#1d1d1f;--muted:#666;--line:#e3e3e3;--bg:#fafafa;--accent:#76b900}
 *{box-sizing:border-box}

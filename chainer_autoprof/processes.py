@@ -89,11 +89,6 @@ def rank_from_environ(environ: Mapping[str, str] | None = None) -> RankInfo | No
     return None
 
 
-def rank_info() -> RankInfo | None:
-    """This process's rank, once known."""
-    return _rank
-
-
 def current_rank() -> int | None:
     """This process's MPI rank, or ``None`` outside an MPI job."""
     info = _rank

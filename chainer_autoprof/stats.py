@@ -166,9 +166,6 @@ class RunStats:
         return max(keys, key=self.phase_total)
 
     # -- outside iterations --------------------------------------------------
-    def outside_total(self) -> float:
-        return sum(self.outside_ms.values())
-
     def wall_share(self, ms: float) -> float:
         """Share (0-1) of the wall time."""
         return ms / self.wall_ms if self.wall_ms > 0 else 0.0

@@ -87,7 +87,6 @@ class Recorder:
         self.retained: deque[tuple[int, Any]] = deque()
         self.retained_ranges = 0
         self.dropped = 0
-        self.lost = 0
         self.flush_ns = 0
         self.iterations_ended = 0
         self.busy_thread: int | None = None
@@ -153,7 +152,6 @@ class Recorder:
                 if self.trace_path:
                     self._retain(tid, block)
             except Exception as exc:  # our bug must not reach the training's call stack
-                self.lost += len(buf)
                 log.error(f"recorder: {type(exc).__name__}: {exc}; some ranges are missing "
                           "from the summary and the trace")
             finally:
