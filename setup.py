@@ -25,9 +25,10 @@ def read(name: str) -> str:
 
 
 def version() -> str:
-    match = re.search(r'^__version__ = "([^"]+)"', read("chainer_autoprof/__init__.py"), re.M)
+    match = re.search(r'^__version__ = "([^"]+)"', read("chainer_autoprof/common/version.py"),
+                      re.M)
     if match is None:
-        raise RuntimeError("no __version__ in chainer_autoprof/__init__.py")
+        raise RuntimeError("no __version__ in chainer_autoprof/common/version.py")
     return match.group(1)
 
 
@@ -95,6 +96,8 @@ setup(
             "ruff>=0.17,<0.18",
             "nvidia-nvtx>=13",  # NVTX headers the tests' NVTX recorder is compiled against
             "mpi4py>=4",  # MPI tests (they skip where no MPI runtime is installed)
+            # the layers contract (tests/test_layers.py; exhaustive layers need a recent one)
+            "import-linter>=2.16,<3; python_version >= '3.11'",
         ],
     },
     entry_points={"console_scripts": ["chainer-autoprof = chainer_autoprof.cli:main"]},

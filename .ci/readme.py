@@ -1,7 +1,7 @@
 """Keep README.md's generated tables in step with the code.
 
-The settings table comes from ``chainer_autoprof.settings.markdown_table()``,
-the range-colour table from ``chainer_autoprof.names.CATEGORIES``.  Each sits
+The settings table comes from ``chainer_autoprof.common.settings.markdown_table()``,
+the range-colour table from ``chainer_autoprof.common.names.CATEGORIES``.  Each sits
 in README.md between ``<!-- BEGIN name -->`` and ``<!-- END name -->``.
 
     python .ci/readme.py          # rewrite the tables in README.md
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 sys.path.insert(0, str(REPO))
 
-from chainer_autoprof import names, settings  # noqa: E402
+from chainer_autoprof.common import names, settings  # noqa: E402
 
 #: What each range category covers, in README words.
 CATEGORY_RANGES = {

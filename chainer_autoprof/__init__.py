@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from .common.version import __version__
+
 __all__ = ["__version__", "annotate", "install", "uninstall"]
 
 
@@ -20,20 +21,20 @@ def install(**settings: Any):
     Returns the agent (``None`` when switched off by ``enable=False``).  A
     second call returns the installed agent without wrapping anything twice.
     """
-    from .agent import install as _install
+    from .agent import install as _install  # the .pth line imports this package: stay light
 
     return _install(**settings)
 
 
 def uninstall() -> None:
     """Remove the agent and restore every patched Chainer function exactly."""
-    from .agent import uninstall as _uninstall
+    from .agent import uninstall as _uninstall  # likewise
 
     _uninstall()
 
 
 def annotate(name: str):
     """A user range ``name`` in the agent's domain: context manager and decorator."""
-    from .user_ranges import Annotation
+    from .user_ranges import Annotation  # likewise
 
     return Annotation(name)

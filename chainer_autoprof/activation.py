@@ -48,7 +48,7 @@ def launcher_process() -> bool:
 
 
 def _switched_off() -> bool:
-    from .settings import BY_NAME
+    from .common.settings import BY_NAME  # only where a CHAINER_PROF_* variable is set
 
     raw = os.environ.get(BY_NAME["enable"].env)
     if raw is None:
@@ -68,7 +68,7 @@ def activate() -> None:
     try:
         if _switched_off() or launcher_process():
             return
-        from .agent import activate_from_env
+        from .agent import activate_from_env  # likewise: the .pth line imports this module
 
         activate_from_env()
     except Exception as exc:  # interpreter start-up must never fail because of us

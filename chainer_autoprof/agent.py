@@ -1,11 +1,15 @@
-"""The agent: settings -> tracer + sinks + patches, applied when Chainer is imported.
+"""The agent, the composition root: settings -> tracer + sinks + patch sets + lifecycle.
 
 Lifecycle (after OpenTelemetry's instrument/uninstrument): :func:`install`
 parses the settings, builds the pipeline and registers a wrapt post-import
-hook on the top-level ``chainer`` package (applied at once if it is already
+hook for each instrumented library (applied at once if it is already
 imported); :func:`uninstall` restores every original function exactly.
 Every error of ours is contained: the user's ``import chainer`` and training
 never fail because of the agent.
+
+The layers below never look the agent up: what they need is passed down
+(the ChainerMN patches get :meth:`Agent.on_rank`, the exit handler gets
+:meth:`Agent.at_exit`).
 """
 
 from __future__ import annotations
@@ -16,22 +20,28 @@ import sys
 import threading
 from typing import Any
 
-from . import log, names
-from .settings import Config, SettingsError, from_environ
+from .common import log, names, rank
+from .common.settings import Config, SettingsError, from_environ
+from .lifecycle import exit as exit_hooks
+from .lifecycle import processes
+from .patches.base import Instrumentor
+from .patches.chainer import ChainerPatches
+from .patches.chainermn import ChainerMNPatches
+from .patches.status import missed_targets, status_report
+from .runtime.device import get_backend
+from .runtime.events import Tracer
+from .runtime.policies import CaptureWindow, SyncPolicy
+from .sinks.nvtx import make_nvtx_sink
+from .sinks.recorder import Recorder
 
 _lock = threading.RLock()
 _agent: Agent | None = None
 
 
 class Agent:
-    """One installed agent: its config, tracer, sinks and Chainer patches."""
+    """One installed agent: its config, tracer, sinks and patch sets."""
 
     def __init__(self, cfg: Config) -> None:
-        from .device import get_backend
-        from .events import Tracer
-        from .patches.chainer import ChainerPatches
-        from .policies import CaptureWindow, SyncPolicy
-
         self.cfg = cfg
         log.set_level(cfg.log)
         backend = get_backend()
@@ -43,18 +53,21 @@ class Agent:
             window = CaptureWindow(start, stop, backend, cfg.exit_after_window)
         self.tracer = Tracer(names.GRANULARITY_LEVEL[cfg.granularity], sync, window)
         self.nvtx = None
-        self.recorder = None
+        self.recorder: Recorder | None = None
         self._add_sinks()
         self.patches = ChainerPatches(self.tracer, cfg.link_depth, replay=_replay(cfg, self.tracer))
         self.probes = _probes(cfg, self.tracer)
+        #: Every patch set, in the order they apply (a library's sets in this order).
+        self.instrumentors: list[Instrumentor] = [self.patches]
+        if self.probes is not None:
+            self.instrumentors.append(self.probes)
+        self.instrumentors.append(ChainerMNPatches(self.tracer, self.patches, self.on_rank))
         self.chainer: Any = None
         self.active = True
         self.closed = False
         self.version_ok: bool | None = None
 
     def _add_sinks(self) -> None:
-        from .sinks.nvtx import make_nvtx_sink
-
         try:
             self.nvtx = make_nvtx_sink(self.cfg.domain)
         except Exception as exc:
@@ -62,23 +75,19 @@ class Agent:
         if self.nvtx is not None:
             self.tracer.add_sink(self.nvtx)
         if self.cfg.summary or self.cfg.trace:
-            try:
-                from .sinks.recorder import Recorder
-            except ImportError:
-                return
             self.recorder = Recorder(self.cfg, self.tracer)
             self.tracer.add_sink(self.recorder)
 
     # -- hooks ----------------------------------------------------------------
     def start(self) -> None:
-        import wrapt
+        import wrapt  # the import hooks: only where an agent starts
 
-        wrapt.register_post_import_hook(self._on_chainer_imported, "chainer")
-        from .patches.chainermn import register_hook
-        register_hook(self)  # ChainerMN, once chainer is instrumented
+        for library in dict.fromkeys(inst.library for inst in self.instrumentors):
+            wrapt.register_post_import_hook(
+                lambda module, library=library: self._on_import(library, module), library)
         if self.recorder is not None:
-            from . import exit_hooks
-            exit_hooks.install(self)  # SIGTERM: summary and trace, then the default death
+            # SIGTERM: summary and trace, then the default death
+            exit_hooks.install(self.at_exit, lambda: self.closed, self.recorder)
         atexit.register(self.at_exit)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork_in_child)
@@ -86,60 +95,86 @@ class Agent:
         if not _chainer_installed():
             log.warning("Chainer is not installed in this Python; the program runs "
                         "uninstrumented")
+        info = rank.current()
+        if info is not None:
+            processes.tag_rank(self.nvtx, info.rank)
 
-    def _on_chainer_imported(self, chainer: Any) -> None:
-        """Post-import hook: contain every error, never fail ``import chainer``."""
-        if not self.active or self.chainer is not None:
+    def _on_import(self, library: str, module: Any) -> None:
+        """Post-import hook: apply the library's patch sets; never fail its import."""
+        if not self.active:
+            return
+        for inst in self.instrumentors:
+            if inst.library == library and inst.module is None:
+                self._instrument(inst, module)
+        if library == "chainer" and self.chainer is not None and log.enabled("debug"):
+            log.debug("patch status at start:\n" + status_report(
+                self.all_patches(), chainer_imported=True, trained=False))
+
+    def _instrument(self, inst: Instrumentor, module: Any) -> None:
+        if any(not self._applied(lib) for lib in inst.requires):
+            return  # e.g. ChainerMN while Chainer runs uninstrumented
+        why = inst.unsupported(module)
+        if inst is self.patches:
+            self.version_ok = why is None
+        if why is not None:
+            log.warning(f"{why}; running uninstrumented")
             return
         try:
-            if not self._version_known(chainer):
-                return
-            self.chainer = chainer
-            self.patches.apply(chainer)
-            if self.probes is not None:
-                self.probes.apply(chainer)
-            if log.enabled("debug"):
-                from .status import status_report
-                log.debug("patch status at start:\n" + status_report(self, at_exit=False))
-            for patch in self.patches.patches:
+            inst.apply(module)
+            if inst is self.patches:
+                self.chainer = module
+            for patch in inst.patches:
                 if patch.status == "failed":
                     log.warning(f"could not instrument {patch.label}: {patch.reason}")
         except Exception as exc:
-            log.error(f"could not instrument Chainer ({type(exc).__name__}: {exc}); "
+            log.error(f"could not instrument {inst.name} ({type(exc).__name__}: {exc}); "
                       "running uninstrumented")
             try:
-                if self.probes is not None:
-                    self.probes.remove()
-                self.patches.remove(chainer)
+                inst.remove()
             except Exception:
                 pass
 
-    def _version_known(self, chainer: Any) -> bool:
-        from .patches.chainer import SUPPORTED_MAJORS
+    def _applied(self, library: str) -> bool:
+        return any(inst.library == library and inst.module is not None
+                   for inst in self.instrumentors)
 
-        version = getattr(chainer, "__version__", "")
-        try:
-            major = int(str(version).split(".")[0])
-        except ValueError:
-            major = -1
-        self.version_ok = major in SUPPORTED_MAJORS
-        if not self.version_ok:
-            known = ", ".join(f"{m}.x" for m in SUPPORTED_MAJORS)
-            log.warning(f"Chainer {version or '(unknown version)'} is not a version the agent "
-                        f"knows ({known}); running uninstrumented")
-        return self.version_ok
+    def all_patches(self) -> list[Any]:
+        """The targets of the sets that emit ranges (the status report, hit counts)."""
+        return [patch for inst in self.instrumentors if inst.reported for patch in inst.patches]
+
+    # -- what the layers below report up --------------------------------------------
+    def on_rank(self, number: int, size: int | None) -> None:
+        """A ChainerMN communicator told this process its rank."""
+        if rank.note(number, size):
+            processes.tag_rank(self.nvtx, number)
+        if not processes.profiles_rank(self.cfg, number):
+            self.switch_off()
 
     def _after_fork_in_child(self) -> None:
         try:
             self.tracer.reset_after_fork()
-            from .processes import after_fork_in_child
-            after_fork_in_child(self)
+            processes.after_fork()
+            if _agent is not self:
+                return  # an agent uninstalled before the fork
+            if not self.cfg.children:
+                self.switch_off()
+            else:
+                processes.close_at_worker_exit(self, self.at_exit)
         except Exception as exc:
             log.error(f"could not reset after fork: {exc}")
 
+    def switch_off(self) -> None:
+        """Stop in this process: no more ranges, no output at exit."""
+        global _agent
+        self.tracer.remove_sinks()
+        self.uninstall()
+        with _lock:
+            if _agent is self:
+                _agent = None
+
     # -- end ------------------------------------------------------------------
     def at_exit(self) -> None:
-        """Close open ranges, flush sinks, report status (once)."""
+        """Close open ranges, flush sinks, report the run and the patch status (once)."""
         if self.closed:
             return
         self.closed = True
@@ -147,12 +182,22 @@ class Agent:
             self.tracer.close()
         except Exception as exc:
             log.error(f"could not finish cleanly: {type(exc).__name__}: {exc}")
-        from .status import missed_targets, status_report
+        if self.recorder is not None:
+            try:
+                # the reporting modules load at exit only: start-up stays light
+                from .lifecycle.finish import report_run
 
+                report_run(self.recorder, self.tracer, self.cfg,
+                           hits=sum(p.hits for p in self.all_patches()))
+            except Exception as exc:
+                log.error(f"no summary or trace ({type(exc).__name__}: {exc})")
         try:
+            patches = self.all_patches()
             if log.enabled("debug"):
-                log.debug("patch status at exit:\n" + status_report(self, at_exit=True))
-            missed = missed_targets(self)
+                log.debug("patch status at exit:\n" + status_report(
+                    patches, chainer_imported=self.chainer is not None,
+                    trained=self.tracer.iterations > 0, at_exit=True))
+            missed = missed_targets(patches, self.tracer.iterations)
             if missed:
                 log.warning("never hit although iterations ran: " + ", ".join(missed)
                             + " (run with CHAINER_PROF_LOG=debug for the status report)")
@@ -161,18 +206,16 @@ class Agent:
 
     def uninstall(self) -> None:
         self.active = False
-        if self.chainer is not None:
-            if self.probes is not None:
-                self.probes.remove()
-            self.patches.remove(self.chainer)
-            self.chainer = None
+        for inst in reversed(self.instrumentors):
+            if inst.module is not None:
+                inst.remove()
+        self.chainer = None
         try:  # ranges still open on this thread end now: nothing would end them later
             self.tracer.close_thread(self.tracer.state())
         except Exception as exc:
             log.error(f"could not close open ranges: {type(exc).__name__}: {exc}")
         try:
             atexit.unregister(self.at_exit)
-            from . import exit_hooks
             exit_hooks.uninstall()
         except Exception:
             pass
@@ -182,7 +225,7 @@ def _replay(cfg: Config, tracer: Any) -> Any:
     """The replay experiment's data hooks (``CHAINER_PROF_REPLAY_BATCH=1``), else ``None``."""
     if not cfg.replay_batch:
         return None
-    from .patches.replay import Replay
+    from .patches.replay import Replay  # an experiment: loaded only when asked for
 
     log.warning("replay experiment on: the first batch is fed again every iteration "
                 "(speed only; the training results are meaningless)")
@@ -193,7 +236,7 @@ def _probes(cfg: Config, tracer: Any) -> Any:
     """Run-time facts for the advice, when advice is printed or a trace is written."""
     if not (cfg.advice or cfg.trace):
         return None
-    from .patches.probes import Probes
+    from .patches.probes import Probes  # only when advice or a trace will use the facts
 
     return Probes(tracer)
 
@@ -228,13 +271,11 @@ def install(**settings: Any) -> Agent | None:
         cfg = from_environ(overrides=settings)
         if not cfg.enable:
             return None
-        from . import processes
         if not processes.admit(cfg):  # a child with children off, or a rank left out
             return None
         agent = Agent(cfg)
         agent.start()
         _agent = agent
-        processes.started(agent)
         return agent
 
 
@@ -245,8 +286,7 @@ def uninstall() -> None:
         if _agent is not None:
             _agent.uninstall()
             _agent = None
-            from .processes import restore_environ
-            restore_environ()  # children started from now on are not profiled
+            processes.restore_environ()  # children started from now on are not profiled
 
 
 def activate_from_env() -> None:

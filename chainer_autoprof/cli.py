@@ -20,15 +20,17 @@ import sys
 import textwrap
 from typing import Sequence
 
-from . import __version__
-from .settings import PREFIX, SETTINGS, Setting, SettingsError, from_environ
+from .common.settings import BY_NAME, PREFIX, SETTINGS, Setting, SettingsError, from_environ
+from .common.version import __version__
+from .runner import exec_target
 
 __all__ = ["LaunchArgs", "UsageError", "help_text", "main", "parse_args", "usage"]
 
 #: Subcommands, recognised only as the very first argument: name -> module with ``main(argv)``.
 SUBCOMMANDS = {
-    "report": ("chainer_autoprof.report", "print the summary of a recorded trace file"),
-    "merge": ("chainer_autoprof.merge", "merge the trace files of several processes or ranks"),
+    "report": ("chainer_autoprof.report.compare", "print the summary of a recorded trace file"),
+    "merge": ("chainer_autoprof.report.merge",
+              "merge the trace files of several processes or ranks"),
 }
 
 _FLAGS: dict[str, Setting] = {s.flag: s for s in SETTINGS}
@@ -190,8 +192,6 @@ def settings_environ(flags: dict[str, str], environ: dict[str, str]) -> dict[str
     with one line naming the flag or variable, the value and what is accepted;
     unknown ``CHAINER_PROF_*`` names get a did-you-mean.
     """
-    from .settings import BY_NAME
-
     env = dict(environ)
     for name, value in flags.items():
         env[BY_NAME[name].env] = value
@@ -216,7 +216,7 @@ def _install_agent() -> None:
     3.10) the ``.pth`` activation may have installed an agent from the inherited
     environment, without the flags; Chainer is not imported yet, so it is replaced.
     """
-    from . import agent
+    from . import agent  # only when the agent starts: --enable 0 runs the script without it
 
     existing = agent.current()
     if existing is not None:
@@ -272,7 +272,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as exc:  # never keep the script from running
             sys.stderr.write(f"chainer_autoprof: could not start ({type(exc).__name__}: "
                              f"{exc}); running without the agent\n")
-    from .runner import exec_target
-
     exec_target(args.kind, args.target, args.args)
     return 0

@@ -9,7 +9,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from . import agent, log, names
+from . import agent
+from .common import log, names
 
 
 def _report(exc: Exception) -> None:

@@ -16,9 +16,9 @@ import pytest
 from support import run_with_agent
 from verdict_workloads import run_workload
 
-from chainer_autoprof import advice
-from chainer_autoprof import verdict as vd
-from chainer_autoprof.trace import read_trace
+from chainer_autoprof.analysis import advice
+from chainer_autoprof.analysis import verdict as vd
+from chainer_autoprof.report.tracefile import read_trace
 
 _RUNS: dict[str, object] = {}
 

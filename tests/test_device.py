@@ -1,4 +1,4 @@
-"""Tests for chainer_autoprof.device (CPU tests + ``gpu``-marked CuPy tests)."""
+"""Tests for chainer_autoprof.runtime.device (CPU tests + ``gpu``-marked CuPy tests)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DEVICE_PY = ROOT / "chainer_autoprof" / "device.py"
+DEVICE_PY = ROOT / "chainer_autoprof" / "runtime" / "device.py"
 
 try:
-    from chainer_autoprof import device
+    from chainer_autoprof.runtime import device
 except ImportError:  # package __init__ needs something absent (e.g. Chainer)
     _spec = importlib.util.spec_from_file_location("_autoprof_device", DEVICE_PY)
     device = importlib.util.module_from_spec(_spec)

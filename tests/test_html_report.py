@@ -19,9 +19,10 @@ from headless_browser import Browser, find_browser
 from support import clean_env
 from verdict_workloads import run_workload
 
-from chainer_autoprof import advice, html_report
-from chainer_autoprof import verdict as vd
-from chainer_autoprof.trace import read_trace
+from chainer_autoprof.analysis import advice
+from chainer_autoprof.analysis import verdict as vd
+from chainer_autoprof.report import html as html_report
+from chainer_autoprof.report.tracefile import read_trace
 
 needs_browser = pytest.mark.skipif(
     find_browser() is None,

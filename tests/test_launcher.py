@@ -21,7 +21,8 @@ from site_venv import SiteVenv, make_site_venv
 from support import EXAMPLES, REPO, clean_env
 
 from chainer_autoprof import __version__
-from chainer_autoprof.settings import SETTINGS
+from chainer_autoprof.cli import SUBCOMMANDS
+from chainer_autoprof.common.settings import SETTINGS
 
 LAUNCHER = ["-m", "chainer_autoprof"]
 
@@ -225,11 +226,12 @@ def test_missing_target(tmp_path, argv, message):
 @pytest.mark.parametrize("name", ["report", "merge"])
 def test_subcommand_dispatch(tmp_path, name):
     got = python([*LAUNCHER, name, "--help"], tmp_path)
+    module = SUBCOMMANDS[name][0]
     try:
-        __import__(f"chainer_autoprof.{name}")
+        __import__(module)
     except ImportError:
         assert got.returncode == 2 and got.stdout == ""
-        assert f"no module chainer_autoprof.{name}" in got.stderr
+        assert f"no module {module}" in got.stderr
         assert f"./{name} or -- {name}" in got.stderr
     else:
         assert got.returncode == 0, got.stderr

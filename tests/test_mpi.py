@@ -14,7 +14,7 @@ import pytest
 from nvtx_tool import nvtx_env, ranges_by_thread, read_events
 from support import EXAMPLES, clean_env
 
-from chainer_autoprof.processes import rank_from_environ
+from chainer_autoprof.common.rank import from_environ as rank_from_environ
 
 ITERATIONS = 10
 
@@ -186,6 +186,7 @@ def test_ranks_setting_selects_ranks(tmp_path):
     ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8", "SLURM_PROCID": "0"},
      (3, 8, "Open MPI")),
     ({"PMI_RANK": "5", "PMI_SIZE": "6"}, (5, 6, "MPICH/PMI")),
+    ({"MV2_COMM_WORLD_RANK": "7", "MV2_COMM_WORLD_SIZE": "9"}, (7, 9, "MVAPICH")),
     ({"SLURM_PROCID": "2", "SLURM_NTASKS": "4"}, (2, 4, "Slurm")),
     ({"PMIX_RANK": "1"}, (1, None, "PMIx")),
     ({"PMI_RANK": ""}, None),
@@ -194,3 +195,51 @@ def test_ranks_setting_selects_ranks(tmp_path):
 def test_rank_from_launcher_environment(environ, expected):
     info = rank_from_environ(environ)
     assert (None if info is None else (info.rank, info.size, info.source)) == expected
+
+
+COMMUNICATOR_ONLY = """
+import os
+
+import chainermn
+from mpi4py import MPI  # MPI is initialized: the launcher's variables are no longer needed
+
+from chainer_autoprof.common.rank import LAUNCHER_VARS
+
+for rank_var, size_var, _ in LAUNCHER_VARS:  # hide every launcher: only the communicator tells
+    os.environ.pop(rank_var, None)
+    if size_var:
+        os.environ.pop(size_var, None)
+comm = chainermn.create_communicator("naive")
+import chainer
+import chainer.links as L
+import numpy as np
+
+model = L.Linear(3, 2)
+optimizer = chainermn.create_multi_node_optimizer(chainer.optimizers.SGD(), comm)
+optimizer.setup(model)
+x = np.ones((2, 3), np.float32)
+for _ in range(3):
+    optimizer.update(lambda: chainer.functions.sum(model(x)))
+print("rank", comm.rank, "of", comm.size)
+"""
+
+
+@needs_mpi
+def test_percent_r_is_the_communicators_rank_when_no_launcher_says(tmp_path):
+    """A rank known only from the ChainerMN communicator names its own trace file."""
+    script = tmp_path / "comm_only.py"
+    script.write_text(COMMUNICATOR_ONLY)
+    run_env = clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                        OMPI_MCA_btl_base_warn_component_unused="0")
+    proc = subprocess.run([*(_mpiexec() or ()), "-n", "2", sys.executable, "-m",
+                           "chainer_autoprof", "--summary", "0", "--trace", "rank%r.json",
+                           str(script)], env=run_env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert sorted(proc.stdout.splitlines()) == ["rank 0 of 2", "rank 1 of 2"]
+    assert sorted(p.name for p in tmp_path.glob("rank*.json")) == ["rank0.json", "rank1.json"]
+    for number in (0, 1):
+        meta = json.loads((tmp_path / f"rank{number}.json").read_text())["otherData"][
+            "chainer_autoprof"]
+        assert meta["rank"] == number
+        assert meta["process"]["rank_source"] == "communicator"

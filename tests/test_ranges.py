@@ -14,7 +14,7 @@ import pytest
 from nvtx_tool import NvtxEvent, ranges_by_thread
 from support import EXAMPLES, run_python, run_with_agent, write_script
 
-from chainer_autoprof import names
+from chainer_autoprof.common import names
 
 # -- reading the stream --------------------------------------------------------
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from chainer_autoprof import cli
-from chainer_autoprof.settings import BY_ENV
+from chainer_autoprof.common.settings import BY_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text(encoding="utf-8")

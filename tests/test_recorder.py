@@ -16,13 +16,15 @@ import numpy as np
 import pytest
 from support import EXAMPLES, run_with_agent
 
-from chainer_autoprof import names
-from chainer_autoprof.device import CountingBackend, NullBackend
-from chainer_autoprof.events import Tracer
-from chainer_autoprof.policies import SyncPolicy
-from chainer_autoprof.settings import Config
+from chainer_autoprof.analysis.aggregate import Aggregator, Series
+from chainer_autoprof.analysis.stats import PHASE_KEYS
+from chainer_autoprof.common import names
+from chainer_autoprof.common.settings import Config
+from chainer_autoprof.lifecycle.finish import report_run
+from chainer_autoprof.runtime.device import CountingBackend, NullBackend
+from chainer_autoprof.runtime.events import Tracer
+from chainer_autoprof.runtime.policies import SyncPolicy
 from chainer_autoprof.sinks.recorder import CHUNK_RANGES, Recorder
-from chainer_autoprof.stats import PHASE_KEYS, Aggregator, _Series
 
 # -- a plain implementation of the aggregation rules (the oracle) ----------------------
 
@@ -243,7 +245,7 @@ def test_block_aggregation_agrees_with_the_plain_rules(seed):
 def test_iteration_lists_stay_bounded_and_sample_uniformly():
     rng = random.Random(1)
     rows = np.arange(10_000 * 6, dtype=np.float64).reshape(-1, 6)
-    one_by_one, blocks = _Series(64, 6), _Series(64, 6)
+    one_by_one, blocks = Series(64, 6), Series(64, 6)
     for row in rows:
         one_by_one.extend(row[None, :])
     start = 0
@@ -287,16 +289,25 @@ def make(tmp_path, record_limit=1000, trace=True, granularity=names.FUNCTION_LEV
                   "record_limit": record_limit, "warmup": 2})
     recorder = Recorder(cfg, tracer, **kw)
     tracer.add_sink(recorder)
+    _settings[id(recorder)] = cfg
     return tracer, recorder
+
+
+_settings: dict[int, Config] = {}
+
+
+def close(tracer, recorder, cfg=None):
+    """The end of the run as the agent does it: close the tracer, then report from the recorder."""
+    tracer.close()
+    return report_run(recorder, tracer, cfg or _settings[id(recorder)], hits=0)
 
 
 def test_trace_keeps_the_newest_ranges_and_counts_the_dropped(tmp_path):
     tracer, recorder = make(tmp_path, record_limit=1000, chunk_ranges=256)
     drive(tracer, 700)  # 6 ranges per iteration: 4200 ranges
-    tracer.close()
+    stats = close(tracer, recorder)
     assert recorder.retained_ranges == 1000
     assert recorder.dropped == 4200 - 1000
-    stats = recorder.stats
     assert stats.iterations == 698 and stats.warmup == 2  # the summary covers the whole run
     data = json.loads((tmp_path / "t.json").read_text())
     ranges = [e for e in data["traceEvents"] if e["ph"] == "X"]
@@ -321,18 +332,17 @@ def test_memory_stays_flat_over_a_long_run(tmp_path):
     # 72,000 more ranges (about 2.3 MB at 32 bytes each) and 12,000 more iterations
     assert second - first < 150_000
     assert recorder.retained_ranges == 1000
-    tracer.close()
-    assert recorder.stats.iterations == 17000 - 2
-    assert len(recorder.stats.iteration_ms) <= 256
-    assert recorder.stats.sample_stride > 1
+    stats = close(tracer, recorder)
+    assert stats.iterations == 17000 - 2
+    assert len(stats.iteration_ms) <= 256
+    assert stats.sample_stride > 1
 
 
 def test_summary_only_keeps_no_ranges(tmp_path):
     tracer, recorder = make(tmp_path, trace=False, chunk_ranges=64)
     drive(tracer, 100)
     assert recorder.retained_ranges == 0 and not recorder.retained
-    tracer.close()
-    assert recorder.stats.iterations == 98
+    assert close(tracer, recorder).iterations == 98
 
 
 def test_buffers_are_per_thread_and_aggregated_in_chunks(tmp_path):
@@ -349,15 +359,16 @@ def test_gpu_phase_timing_through_the_event_timer(tmp_path):
     """The CUDA-event path, with the counting backend's host timer standing in for events."""
     backend = CountingBackend()
     tracer = Tracer(names.PHASE_LEVEL, SyncPolicy(0, backend))
-    recorder = Recorder(Config({"summary": False, "trace": None, "warmup": 3}), tracer)
+    cfg = Config({"summary": False, "trace": None, "warmup": 3})
+    recorder = Recorder(cfg, tracer)
     tracer.add_sink(recorder)
     drive(tracer, 1, links=False)
     assert recorder.gpu is None  # no GPU in use: nothing timed
     tracer.sync.add_devices([0])  # the patches saw the model's arrays on GPU 0
     drive(tracer, 12, links=False)
-    tracer.close()
+    stats = close(tracer, recorder, cfg)
     assert backend.timers_created == 1
-    gpu = recorder.stats.gpu_phase_ms
+    gpu = stats.gpu_phase_ms
     assert gpu is not None
     # the first iteration ran before the GPU was seen; warm-up skips two more
     assert len(gpu["iteration"]) == 12 - 2

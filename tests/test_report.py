@@ -8,8 +8,8 @@ from pathlib import Path
 
 from support import EXAMPLES, run_python
 
-from chainer_autoprof.report import main as report_main
-from chainer_autoprof.stats import stats_from_trace
+from chainer_autoprof.report.compare import main as report_main
+from chainer_autoprof.report.tracefile import stats_from_trace
 
 LOOP = EXAMPLES / "recorder_custom_loop.py"
 

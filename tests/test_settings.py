@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from chainer_autoprof import settings
-from chainer_autoprof.settings import SETTINGS, SettingsError, from_environ
+from chainer_autoprof.common import settings
+from chainer_autoprof.common.settings import SETTINGS, SettingsError, from_environ
 
 
 def _error(env: dict[str, str]) -> str:

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from support import EXAMPLES, clean_env, run_python
 
-from chainer_autoprof.stats import stats_from_trace
-from chainer_autoprof.summary import fmt_ms, format_summary
+from chainer_autoprof.report.summary import fmt_ms, format_summary
+from chainer_autoprof.report.tracefile import stats_from_trace
 
 LOOP = EXAMPLES / "recorder_custom_loop.py"
 HEADER = "chainer_autoprof summary"

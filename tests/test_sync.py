@@ -15,7 +15,7 @@ from nvtx_tool import ranges_by_thread
 from support import run_python, run_with_agent, write_script
 from test_ranges import GRANULARITIES, check_stream, segments
 
-from chainer_autoprof import names
+from chainer_autoprof.common import names
 
 LEVELS = (0, 1, 2, 3)
 ITERATIONS = 3  # two of a custom loop, one of optimizer.update(lossfun)

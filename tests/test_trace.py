@@ -12,16 +12,10 @@ import numpy as np
 import pytest
 from support import EXAMPLES, run_python, run_with_agent
 
-from chainer_autoprof import names
-from chainer_autoprof.trace import (
-    CNAMES,
-    ThreadRanges,
-    check_writable,
-    expand_path,
-    mpi_rank,
-    read_trace,
-    write_trace,
-)
+from chainer_autoprof.common import names
+from chainer_autoprof.common.paths import check_writable, expand_path
+from chainer_autoprof.common.rank import number as mpi_rank
+from chainer_autoprof.report.tracefile import CNAMES, ThreadRanges, read_trace, write_trace
 
 #: The colour names Chrome's trace viewer knows (catapult's color_scheme.js).
 CHROME_CNAMES = {
@@ -86,7 +80,11 @@ def test_path_substitutions_as_in_nsight(monkeypatch):
     assert expand_path("%x.json", environ={}) == "%x.json"
 
 
-@pytest.mark.parametrize("var", ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK"])
+LAUNCHER_RANK_VARS = ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
+                      "SLURM_PROCID"]
+
+
+@pytest.mark.parametrize("var", LAUNCHER_RANK_VARS)
 def test_rank_from_each_mpi_launcher(var):
     assert mpi_rank({var: "5"}) == 5
     assert mpi_rank({var: ""}) == 0
@@ -95,6 +93,17 @@ def test_rank_from_each_mpi_launcher(var):
 
 def test_open_mpi_rank_wins_over_slurm():
     assert mpi_rank({"SLURM_PROCID": "0", "OMPI_COMM_WORLD_RANK": "2"}) == 2
+
+
+@pytest.mark.parametrize("var", LAUNCHER_RANK_VARS)
+def test_percent_r_names_the_rank_of_every_launcher_family(tmp_path, var):
+    """``%r`` in a trace path is the rank that rank detection knows, whatever the launcher."""
+    run = launch(tmp_path, ["--trace", "trace.%r.json", "--summary", "0"], LOOP, "--iterations",
+                 "3", env={var: "3"})
+    assert run.returncode == 0, run.stderr
+    assert [p.name for p in tmp_path.glob("trace.*.json")] == ["trace.3.json"]
+    meta = check_trace_file(tmp_path / "trace.3.json")["otherData"]["chainer_autoprof"]
+    assert meta["rank"] == 3 and meta["process"]["mpi_rank"] == 3
 
 
 def test_unwritable_places_are_refused(tmp_path):

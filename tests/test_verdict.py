@@ -14,8 +14,9 @@ import re
 import pytest
 from verdict_workloads import run_workload
 
-from chainer_autoprof import verdict as vd
-from chainer_autoprof.stats import RunStats
+from chainer_autoprof.analysis import verdict as vd
+from chainer_autoprof.analysis.stats import RunStats
+from chainer_autoprof.report.summary import format_verdict
 
 _RUNS: dict[str, object] = {}
 
@@ -49,7 +50,7 @@ def test_slow_dataset_is_input_bound(runs):
     assert summary_verdict(w.stderr) == "input-bound"
     share = w.stats.phase_share("data")
     assert share >= vd.INPUT_SHARE
-    text = vd.format_verdict(verdict)
+    text = format_verdict(verdict)
     # the claim prints its numbers: the share, the threshold, the iterator and the suggestion
     assert f"{100 * share:.1f}%" in text
     assert f"threshold {100 * vd.INPUT_SHARE:.1f}%" in text
@@ -63,7 +64,7 @@ def test_slow_extension_is_extension_bound(runs):
     assert verdict.kind == "extension-bound"
     assert summary_verdict(w.stderr) == "extension-bound"
     assert verdict.figures["extension_share"] >= vd.EXTENSION_SHARE
-    text = vd.format_verdict(verdict)
+    text = format_verdict(verdict)
     assert "extension:SlowReport" in text  # the extension is named, with its time
     ext_ms = w.stats.outside_ms["extension:SlowReport"]
     assert ext_ms >= 20 * 20 * 0.9  # 20 calls of at least 20 ms (sleep)
@@ -73,10 +74,10 @@ def test_slow_extension_is_extension_bound(runs):
 def test_large_layers_are_compute_bound(runs):
     w = runs("compute", "big", "--batch", "128", "--iterations", "15")
     verdict = vd.decide(w.stats)
-    assert verdict.kind == "compute-bound", vd.format_verdict(verdict)
+    assert verdict.kind == "compute-bound", format_verdict(verdict)
     assert summary_verdict(w.stderr) == "compute-bound"
     assert verdict.figures["compute_share"] >= vd.COMPUTE_SHARE
-    text = vd.format_verdict(verdict)
+    text = format_verdict(verdict)
     for phase in ("forward", "backward", "update"):  # each phase with its figures
         ms = w.stats.phase_total(phase) / w.stats.iterations
         assert f"{phase} {vd._ms(ms)} ({100 * w.stats.phase_share(phase):.1f}%)" in text
@@ -87,7 +88,7 @@ def test_compute_bound_names_the_top_links(runs):
              env={"CHAINER_PROF_GRANULARITY": "link"})
     verdict = vd.decide(w.stats)
     assert verdict.kind == "compute-bound"
-    text = vd.format_verdict(verdict)
+    text = format_verdict(verdict)
     top = vd.top_links(w.stats)[0]
     assert top.name in text and "top links" in text
     # the largest layer (256 -> 1024 or 1024 -> 10 over a batch of 128) is one of the Linears
@@ -97,10 +98,10 @@ def test_compute_bound_names_the_top_links(runs):
 def test_many_small_layers_are_host_bound(runs):
     w = runs("host", "deep", "--batch", "2", "--iterations", "15")
     verdict = vd.decide(w.stats)
-    assert verdict.kind == "host-bound", vd.format_verdict(verdict)
+    assert verdict.kind == "host-bound", format_verdict(verdict)
     calls = vd.functions_per_iteration(w.stats)
     assert calls is not None and calls >= vd.HOST_MIN_FUNCTIONS
-    assert f"{calls} function calls per iteration" in vd.format_verdict(verdict)
+    assert f"{calls} function calls per iteration" in format_verdict(verdict)
 
 
 def test_costly_synchronization_is_synchronization_bound(runs):
@@ -114,9 +115,9 @@ def test_costly_synchronization_is_synchronization_bound(runs):
     meta = w.stats.meta
     assert meta["sync_ms"] > 0 and w.stats.sync_calls > 0
     verdict = vd.decide(w.stats)
-    assert verdict.kind == "synchronization-bound", vd.format_verdict(verdict)
+    assert verdict.kind == "synchronization-bound", format_verdict(verdict)
     assert verdict.figures["sync_share"] >= vd.SYNC_SHARE
-    assert "sync level 3" in vd.format_verdict(verdict)
+    assert "sync level 3" in format_verdict(verdict)
 
 
 def test_sync_level_one_is_never_synchronization_bound(runs):
@@ -147,7 +148,7 @@ def test_replay_makes_data_nearly_free_and_compares(runs):
     pair = vd.pick_replay(replay.stats, normal.stats)
     assert pair is not None and pair[0] is normal.stats
     verdict = vd.decide(normal.stats, replay.stats)
-    text = vd.format_verdict(verdict)
+    text = format_verdict(verdict)
     n_med, r_med = normal.stats.median(), replay.stats.median()
     assert "if data were free (replay run)" in text
     assert f"({n_med / r_med:.2f}x faster)" in text
@@ -179,7 +180,7 @@ def test_verdict_without_iterations():
                      overhead_ms=0.0, gpu_phase_ms=None, meta={})
     verdict = vd.decide(stats)
     assert verdict.kind == "unknown"
-    assert "2 iteration(s) seen, all in the warm-up" in vd.format_verdict(verdict)
+    assert "2 iteration(s) seen, all in the warm-up" in format_verdict(verdict)
 
 
 def test_thresholds_are_documented():

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from support import EXAMPLES, run_python
 
-from chainer_autoprof import names
-from chainer_autoprof.device import CountingBackend
-from chainer_autoprof.events import Tracer
-from chainer_autoprof.policies import CaptureWindow, SyncPolicy
-from chainer_autoprof.settings import SettingsError, from_environ
+from chainer_autoprof.common import names
+from chainer_autoprof.common.settings import SettingsError, from_environ
+from chainer_autoprof.runtime.device import CountingBackend
+from chainer_autoprof.runtime.events import Tracer
+from chainer_autoprof.runtime.policies import CaptureWindow, SyncPolicy
 
 LOOP = EXAMPLES / "recorder_custom_loop.py"
 TRAINER = EXAMPLES / "train_mnist_synthetic.py"

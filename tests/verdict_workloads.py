@@ -13,8 +13,8 @@ from pathlib import Path
 
 from support import Run, run_with_agent
 
-from chainer_autoprof.stats import RunStats
-from chainer_autoprof.trace import read_trace
+from chainer_autoprof.analysis.stats import RunStats
+from chainer_autoprof.report.tracefile import read_trace
 
 SCRIPT = r'''
 import argparse

@@ -1,5 +1,8 @@
-"""Patch bookkeeping: wrap, unwrap exactly, count hits, contain our own errors.
+"""The shape every patch set shares: :class:`Instrumentor` of :class:`Patch` targets.
 
+An :class:`Instrumentor` (after OpenTelemetry's ``BaseInstrumentor``) says
+which library it instruments and which versions it knows, builds its
+targets, applies them when the library is imported and removes them exactly.
 A :class:`Patch` is one target (``Link.__call__``, ``Optimizer.update``, ...).
 It wraps the target with wrapt, and — for methods that subclasses override,
 such as an old-style model's ``__call__`` — every subclass that defines the
@@ -13,6 +16,10 @@ from __future__ import annotations
 
 import types
 from typing import Any, Callable
+
+from ..common import log
+
+__all__ = ["Instrumentor", "Patch", "qualified_name"]
 
 Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 
@@ -56,7 +63,6 @@ class Patch:
         self.on = False
         self.status = "failed"
         self.reason = f"{type(exc).__name__}: {exc}"
-        from .. import log
         log.error(f"internal error in the {self.label} hook ({self.reason}); "
                   "that hook is now off, training goes on")
 
@@ -138,7 +144,6 @@ class Patch:
                 else:
                     wrapt.unwrap_object(cls, attr, handle)
             except Exception as exc:
-                from .. import log
                 log.warning(f"could not restore {attr} on {qualified_name(cls)}: {exc}")
         self._handles.clear()
         if self._hooked:
@@ -164,3 +169,60 @@ def _all_subclasses(cls: type) -> list[type]:
         seen.append(sub)
         todo.extend(type.__subclasses__(sub))
     return seen
+
+
+class Instrumentor:
+    """One set of patches on one library: what is wrapped, which versions, apply / remove.
+
+    Subclasses set :attr:`library` (the top-level module whose import applies
+    them), optionally :attr:`supported_majors` and :attr:`requires` (libraries
+    whose instrumentors must have applied first), and build their targets in
+    :meth:`targets`.  The agent calls :meth:`apply` from the library's
+    post-import hook and :meth:`remove` on uninstall.
+    """
+
+    #: The module whose import applies this set, and its name in messages.
+    library = ""
+    name = ""
+    #: Whether its targets emit ranges (listed in the status report, counted as overhead).
+    reported = True
+    #: Major versions known (empty: any); others run uninstrumented.
+    supported_majors: tuple[int, ...] = ()
+    #: Libraries whose instrumentors must have applied before this one.
+    requires: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.patches: list[Patch] = []
+        self.module: Any = None  # the instrumented library, while applied
+
+    def targets(self, module: Any) -> list[Patch]:
+        """The patches for ``module`` (built, not yet applied)."""
+        raise NotImplementedError
+
+    def unsupported(self, module: Any) -> str | None:
+        """Why ``module``'s version is not instrumented (``None``: it is)."""
+        if not self.supported_majors:
+            return None
+        version = str(getattr(module, "__version__", ""))
+        try:
+            major = int(version.split(".")[0])
+        except ValueError:
+            major = -1
+        if major in self.supported_majors:
+            return None
+        known = ", ".join(f"{m}.x" for m in self.supported_majors)
+        return (f"{self.name} {version or '(unknown version)'} is not a version the "
+                f"agent knows ({known})")
+
+    def apply(self, module: Any) -> None:
+        """Build and apply every target (each one contains its own failure)."""
+        self.module = module
+        self.patches = self.targets(module)
+        for patch in self.patches:
+            patch.apply()
+
+    def remove(self) -> None:
+        """Restore every original exactly, in reverse order."""
+        for patch in reversed(self.patches):
+            patch.remove()
+        self.module = None

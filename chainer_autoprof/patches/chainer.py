@@ -34,12 +34,10 @@ import itertools
 import weakref
 from typing import Any, Callable
 
-from .. import names
-from ..events import RangeInfo, ThreadState, Tracer
-from .base import Patch
-
-#: Chainer versions the agent knows (major): others run uninstrumented.
-SUPPORTED_MAJORS = (6, 7)
+from ..common import names
+from ..runtime.events import RangeInfo, ThreadState, Tracer
+from . import trainer as trainer_patches
+from .base import Instrumentor, Patch
 
 
 class LinkEntry:
@@ -62,15 +60,19 @@ class LinkEntry:
         self.children: dict[int, LinkEntry] = {}
 
 
-class ChainerPatches:
-    """Builds and applies the Chainer patch set for one tracer."""
+class ChainerPatches(Instrumentor):
+    """The Chainer patch set for one tracer."""
+
+    library = "chainer"
+    name = "Chainer"
+    supported_majors = (6, 7)
 
     def __init__(self, tracer: Tracer, link_depth: int = 0,
                  replay: Any = None) -> None:
+        super().__init__()
         self.tracer = tracer
         self.link_depth = link_depth
         self.replay = replay  # optional: data-phase replay experiment hooks
-        self.patches: list[Patch] = []
         self.roots: dict[int, LinkEntry] = {}
         self.entries: dict[int, LinkEntry] = {}  # by number, while the link lives
         self._numbers = itertools.count()  # thread-safe numbering
@@ -80,12 +82,11 @@ class ChainerPatches:
         self.variable_cls: Any = None
 
     # -- targets ----------------------------------------------------------
-    def build(self, chainer: Any) -> list[Patch]:
+    def targets(self, chainer: Any) -> list[Patch]:
+        # Chainer's submodules, once Chainer itself is imported (never imported by us first)
         from chainer import _backprop_utils, function_node, link, optimizer, variable
         from chainer.dataset import convert, iterator
         from chainer.training import extension, trainer, updater
-
-        from . import trainer as trainer_patches
 
         self.config = chainer.config
         self.variable_cls = variable.Variable
@@ -127,24 +128,21 @@ class ChainerPatches:
         if self.function_ranges:
             patches.append(P("FunctionNode.apply", function_node.FunctionNode, "apply",
                              self._wrap_function_apply))
-        self.patches = patches
         return patches
 
     def apply(self, chainer: Any) -> None:
-        for patch in self.build(chainer):
-            patch.apply()
+        super().apply(chainer)
         # ``chainer.grad`` is re-exported at the top level: point it at ours too.
-        from chainer import function_node
+        grad = chainer.function_node.grad
         self._grad_alias = chainer.__dict__.get("grad")
-        if self._grad_alias is not None and self._grad_alias is not function_node.grad:
-            chainer.grad = function_node.grad
+        if self._grad_alias is not None and self._grad_alias is not grad:
+            chainer.grad = grad
 
-    def remove(self, chainer: Any) -> None:
-        for patch in reversed(self.patches):
-            patch.remove()
-        from chainer import function_node
-        if getattr(self, "_grad_alias", None) is not None:
-            chainer.grad = function_node.grad
+    def remove(self) -> None:
+        chainer = self.module
+        super().remove()
+        if chainer is not None and getattr(self, "_grad_alias", None) is not None:
+            chainer.grad = chainer.function_node.grad
 
     # -- helpers ------------------------------------------------------------
     def _in_training_mode(self) -> bool:

@@ -15,8 +15,9 @@ Targets (each a :class:`~.base.Patch`):
   the loss call is the forward phase, the update phase starts when the
   backward returns (so the gradient all-reduce lies inside it), and without
   an updater the iteration closes when this update returns.
-* ``create_communicator``: the world rank becomes the process's MPI rank
-  (for ``CHAINER_PROF_RANKS``, the NVTX ``rank N`` range and ``%r``).
+* ``create_communicator``: the world rank is handed to ``on_rank`` (the
+  agent makes it the process's MPI rank: ``CHAINER_PROF_RANKS``, the NVTX
+  ``rank N`` range, ``%r``).
 
 A communication call inside another (an override calling ``super()``,
 ``allreduce_grad`` calling ``multi_node_mean_grad``, ``scatter_dataset``
@@ -28,9 +29,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .. import log, names, processes
-from ..events import Tracer
-from .base import Patch
+from ..common import names, rank
+from ..runtime.events import Tracer
+from .base import Instrumentor, Patch
 
 #: Communicator methods that get a ``comm:<method>`` range.
 COMM_METHODS = (
@@ -39,6 +40,10 @@ COMM_METHODS = (
     "allreduce", "bcast", "gather", "allgather", "alltoall", "scatter", "send", "recv",
     "send_obj", "recv_obj", "bcast_obj", "gather_obj", "allreduce_obj",
 )
+
+#: Communicator operations after which every rank has arrived (the clock reference).
+SYNCHRONIZING = frozenset({"multi_node_mean_grad", "allreduce_grad", "allreduce",
+                           "allreduce_obj", "allgather", "alltoall"})
 
 #: Functions of ``chainermn.datasets.scatter`` re-exported by their package and by ``chainermn``.
 DATASET_FUNCTIONS = ("scatter_dataset", "scatter_index")
@@ -70,14 +75,26 @@ class AliasedPatch(Patch):
         super().remove()
 
 
-class ChainerMNPatches:
-    """Builds the ChainerMN patch set, beside (and sharing wrappers with) the Chainer one."""
+class ChainerMNPatches(Instrumentor):
+    """The ChainerMN patch set, beside (and sharing wrappers with) the Chainer one.
 
-    def __init__(self, tracer: Tracer, chainer_patches: Any) -> None:
+    ``on_rank(rank, size)`` is called with the world rank of each communicator
+    created.
+    """
+
+    library = "chainermn"
+    name = "ChainerMN"
+    requires = ("chainer",)
+
+    def __init__(self, tracer: Tracer, chainer_patches: Any,
+                 on_rank: Callable[[int, int | None], Any]) -> None:
+        super().__init__()
         self.tracer = tracer
         self.chainer_patches = chainer_patches
+        self.on_rank = on_rank
 
-    def build(self, chainermn: Any) -> list[Patch]:
+    def targets(self, chainermn: Any) -> list[Patch]:
+        # ChainerMN's submodules, once ChainerMN itself is imported
         from chainermn import communicators, datasets, optimizers
         from chainermn.communicators import communicator_base
         from chainermn.datasets import scatter
@@ -106,8 +123,8 @@ class ChainerMNPatches:
         state, begin, end, clock = tracer.state, tracer.begin, tracer.end, tracer.clock
         info = tracer.info(names.comm_text(patch.attr.lstrip("_")), names.COMM)
         comm_category = names.COMM
-        synchronizing = patch.attr in processes.SYNCHRONIZING
-        note_end = processes.note_collective_end
+        synchronizing = patch.attr in SYNCHRONIZING
+        note_end = rank.note_collective_end
         op = info.name
 
         def wrapper(wrapped, instance, args, kwargs):
@@ -128,7 +145,7 @@ class ChainerMNPatches:
             finally:
                 try:
                     end(tok, ts)  # at sync level 2 or more, after the GPU has finished
-                    if synchronizing and processes.clock_reference() is None:
+                    if synchronizing and rank.clock_reference() is None:
                         note_end(op, clock())
                 except Exception as exc:
                     patch.fail(exc)
@@ -136,14 +153,16 @@ class ChainerMNPatches:
         return wrapper
 
     def _wrap_create_communicator(self, patch: Patch) -> Callable:
+        on_rank = self.on_rank
+
         def wrapper(wrapped, instance, args, kwargs):
             patch.hits += 1
             comm = wrapped(*args, **kwargs)
             if patch.on:
                 try:
-                    rank, size = _world_rank(comm)
-                    if rank is not None:
-                        processes.note_rank(rank, size)
+                    number, size = _world_rank(comm)
+                    if number is not None:
+                        on_rank(number, size)
                 except Exception as exc:
                     patch.fail(exc)
             return comm
@@ -151,44 +170,10 @@ class ChainerMNPatches:
         return wrapper
 
 
-def register_hook(agent: Any) -> None:
-    """Instrument ChainerMN for ``agent`` when (or if already) it is imported.
-
-    The patches join the Chainer patch set: the status report lists them and
-    uninstalling restores them with the rest.
-    """
-    import wrapt
-
-    def on_import(chainermn: Any) -> None:
-        if not agent.active or agent.chainer is None:
-            return  # Chainer itself runs uninstrumented
-        patch_set = agent.patches
-        if any(p.label.startswith("chainermn.") for p in patch_set.patches):
-            return
-        patches: list[Patch] = []
-        try:
-            patches = ChainerMNPatches(agent.tracer, patch_set).build(chainermn)
-            for patch in patches:
-                patch.apply()
-                if patch.status == "failed":
-                    log.warning(f"could not instrument {patch.label}: {patch.reason}")
-            patch_set.patches.extend(patches)
-        except Exception as exc:
-            log.error(f"could not instrument ChainerMN ({type(exc).__name__}: {exc}); "
-                      "its communication runs uninstrumented")
-            for patch in reversed(patches):
-                try:
-                    patch.remove()
-                except Exception:
-                    pass
-
-    wrapt.register_post_import_hook(on_import, "chainermn")
-
-
 def _world_rank(comm: Any) -> tuple[int | None, int | None]:
     """The MPI world rank and size (the communicator's own when MPI says nothing)."""
     try:
-        from mpi4py import MPI
+        from mpi4py import MPI  # ChainerMN initialized MPI already: never the agent first
 
         world = MPI.COMM_WORLD
         return world.Get_rank(), world.Get_size()

@@ -29,8 +29,8 @@ import sys
 from time import perf_counter_ns, thread_time_ns
 from typing import Any, Callable
 
-from .. import names
-from .base import Patch
+from ..common import log, names
+from .base import Instrumentor, Patch
 
 #: The training iteration (counted from 0) whose function calls are counted.
 #: The second one: the first may run lazy initialization, and the count runs
@@ -46,14 +46,19 @@ MATMUL_SIZE = 128
 _HOOK_NAME = "chainer_autoprof_probe"
 
 
-class Probes:
-    """The probes of one tracer: build with :meth:`apply`, undo with :meth:`remove`."""
+class Probes(Instrumentor):
+    """The probes of one tracer, applied after the Chainer patches (so that ours run outside)."""
+
+    library = "chainer"
+    name = "Chainer (run-time checks)"
+    reported = False
+    requires = ("chainer",)
 
     def __init__(self, tracer: Any, count_iteration: int = COUNT_ITERATION) -> None:
+        super().__init__()
         self.tracer = tracer
         self.facts: dict[str, Any] = tracer.facts
         self.count_iteration = count_iteration
-        self.patches: list[Patch] = []
         self.chainer: Any = None
         self.snapshot_done = False
         self.update_done = False
@@ -63,7 +68,8 @@ class Probes:
         self._last_transfer_iteration = -1
 
     # -- applying -------------------------------------------------------------
-    def build(self, chainer: Any) -> list[Patch]:
+    def targets(self, chainer: Any) -> list[Patch]:
+        # Chainer's submodules, once Chainer itself is imported (never imported by us first)
         from chainer import optimizer
         from chainer.training import extension
 
@@ -77,24 +83,20 @@ class Probes:
         ]
         if "cupy" in sys.modules:
             patches += self._transfer_patches()
-        self.patches = patches
         return patches
 
     def apply(self, chainer: Any) -> None:
-        """Wrap the probe targets (after the Chainer patches, so ours run outside)."""
+        """Wrap the probe targets; a probe that cannot be built leaves the checks out."""
         try:
-            for patch in self.build(chainer):
-                patch.apply()
+            super().apply(chainer)
         except Exception as exc:
-            from .. import log
             log.warning(f"run-time checks unavailable ({type(exc).__name__}: {exc})")
             self.remove()
 
     def remove(self) -> None:
         """Undo every probe (call before the Chainer patches are removed)."""
         self.close()
-        for patch in reversed(self.patches):
-            patch.remove()
+        super().remove()
         self.patches = []
 
     def close(self) -> None:

@@ -26,6 +26,8 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable
 
+from ..common import log
+
 #: Iterators whose epoch state the replay advances without loading.
 KNOWN_ITERATORS = ("SerialIterator", "MultithreadIterator", "MultiprocessIterator")
 
@@ -135,7 +137,6 @@ class Replay:
         if self.on:
             self.on = False
             self.info["error"] = f"{type(exc).__name__}: {exc}"
-            from .. import log
             log.error(f"replay experiment stopped ({self.info['error']}); "
                       "the real batches are used from here on")
         if wrapped is not None:

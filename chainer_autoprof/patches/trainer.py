@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .. import names
+from ..common import names
 from .base import Patch
 
 

@@ -33,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .stats import median
+
 #: Data phase share of the counted iteration time at or above which a run is input-bound.
 #: tensorpack's tuning guide treats a data pipeline that cannot keep up as the
 #: first thing to rule out; 30 % means training would run at least 1.4x faster
@@ -443,8 +445,6 @@ _BUILDERS = {"extension-bound": _extension, "input-bound": _input,
 
 
 def _gpu_medians(stats: Any) -> str:
-    from .stats import median
-
     gpu = stats.gpu_phase_ms or {}
     parts = [f"{k} {_ms(median(gpu[k]))}" for k in ("iteration", "data", "forward", "backward",
                                                      "update") if gpu.get(k)]
@@ -496,29 +496,3 @@ def pick_replay(first: Any, second: Any) -> tuple[Any, Any] | None:
     if a == b:
         return None
     return (second, first) if a else (first, second)
-
-
-# -- text ---------------------------------------------------------------------------------
-
-def format_verdict(v: Verdict) -> str:
-    lines = [f"Verdict: {v.title}"]
-    lines += [f"  {line}" for line in v.evidence]
-    lines += [f"  -> {line}" for line in v.suggestions]
-    if v.also:
-        lines.append("  also over threshold: " + "; ".join(v.also))
-    lines += [f"  note: {line}" for line in v.notes]
-    return "\n".join(lines)
-
-
-def summary_section(stats: Any, replay: Any = None, advice: bool = True) -> str:
-    """The verdict and the advice, as printed at the end of the summary."""
-    if not advice:
-        return ""
-    from .advice import check, format_advice
-
-    verdict = decide(stats, replay)
-    text = format_verdict(verdict)
-    findings = check(stats, verdict)
-    if findings:
-        text += "\n\n" + format_advice(findings)
-    return text

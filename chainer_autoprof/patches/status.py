@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Sequence
+
+from .base import Patch
+
+#: Targets that every training run hits; never hit after iterations ran is a silent miss.
+CORE_TARGETS = frozenset({"Link.__call__", "Variable.backward", "Optimizer.update"})
 
 
-def status_report(agent: Any, at_exit: bool) -> str:
+def status_report(patches: Sequence[Patch], chainer_imported: bool, trained: bool,
+                  at_exit: bool = False) -> str:
     """One line per patch target; at exit, targets never hit while training are flagged."""
-    trained = agent.tracer.iterations > 0
     lines = []
-    for patch in agent.patches.patches:
+    for patch in patches:
         owners = ", ".join(patch.owners[:3]) + (f" (+{len(patch.owners) - 3})"
                                                  if len(patch.owners) > 3 else "")
         state = patch.status + (f" ({patch.reason})" if patch.reason else "")
@@ -19,19 +24,18 @@ def status_report(agent: Any, at_exit: bool) -> str:
             if patch.hits == 0 and trained and patch.status == "patched":
                 line += "  <- never hit while Chainer trained"
         lines.append(line)
-    if agent.chainer is None:
+    if not chainer_imported:
         lines.append("  (chainer was not imported: nothing instrumented)")
     return "\n".join(lines)
 
 
-def missed_targets(agent: Any) -> list[str]:
+def missed_targets(patches: Sequence[Patch], iterations: int) -> list[str]:
     """Core targets never hit although iterations ran (a silent miss).
 
     One iteration is not enough evidence: a forward-only script in training
     mode opens one implicit iteration that never closes.
     """
-    if agent.tracer.iterations < 2:
+    if iterations < 2:
         return []
-    core = {"Link.__call__", "Variable.backward", "Optimizer.update"}
-    return [p.label for p in agent.patches.patches
-            if p.label in core and p.status == "patched" and p.hits == 0]
+    return [p.label for p in patches
+            if p.label in CORE_TARGETS and p.status == "patched" and p.hits == 0]

@@ -44,6 +44,7 @@ __all__ = [
     "NullBackend",
     "NullEventTimer",
     "array_device_ids",
+    "device_names",
     "get_backend",
     "reset_backend",
 ]
@@ -534,3 +535,20 @@ def array_device_ids(arrays: Iterable[Any]) -> set[int]:
     if nd is None:
         return set()
     return {a.device.id for a in arrays if isinstance(a, nd)}
+
+
+def device_names(ids: Iterable[int]) -> list[dict[str, Any]]:
+    """The GPUs in use: id and name (the name only where the program imported CuPy)."""
+    out: list[dict[str, Any]] = []
+    cupy = _imported_cupy()
+    for dev in sorted(ids):
+        entry: dict[str, Any] = {"id": dev}
+        if cupy is not None:
+            try:
+                props = cupy.cuda.runtime.getDeviceProperties(dev)
+                name = props.get("name", b"")
+                entry["name"] = name.decode() if isinstance(name, bytes) else str(name)
+            except Exception:
+                pass
+        out.append(entry)
+    return out

@@ -1,23 +1,25 @@
-"""The time summary: a :class:`~.stats.RunStats` as plain text (stderr at exit, ``report``).
+"""The time summary: a :class:`~..analysis.stats.RunStats` as plain text (at exit, ``report``).
 
 :func:`format_summary` builds the core block (iterations, phases, time
 outside iterations, links, overhead, notes) and then appends, in order:
 
-* the bottleneck verdict, when ``chainer_autoprof.verdict`` exists and
-  ``advice`` is on: its ``summary_section(stats) -> str | None``;
+* the bottleneck verdict and the advice (:func:`verdict_section`), when
+  ``advice`` is on;
 * every callable in :data:`SECTIONS` (``stats -> str | None``), the
   extension point for further sections;
 * one plain sentence saying what dominates (:func:`dominant_sentence`).
 
 A section that raises is left out (with a one-line note): the summary never
-fails the program.
+fails the program.  The figures and findings come from :mod:`..analysis`;
+only their wording lives here.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
-from .stats import (
+from ..analysis.advice import Finding, check
+from ..analysis.stats import (
     AFTER_WINDOW,
     BEFORE_WINDOW,
     IDLE,
@@ -26,7 +28,9 @@ from .stats import (
     STARTUP,
     WARMUP,
     RunStats,
+    median,
 )
+from ..analysis.verdict import Verdict, decide
 
 #: Extra summary sections: ``stats -> text or None``, appended in order.
 SECTIONS: list[Callable[[RunStats], str | None]] = []
@@ -102,11 +106,7 @@ def format_summary(stats: RunStats, advice: bool = True, title: str | None = Non
     lines += _gpu_lines(stats)
     lines += _link_lines(stats)
     lines += _agent_lines(stats)
-    sections: list[Callable[[RunStats], str | None]] = []
-    if advice:
-        verdict = _verdict_section()
-        if verdict is not None:
-            sections.append(verdict)
+    sections: list[Callable[[RunStats], str | None]] = [verdict_section] if advice else []
     sections += SECTIONS
     for section in sections:
         try:
@@ -118,14 +118,6 @@ def format_summary(stats: RunStats, advice: bool = True, title: str | None = Non
             lines += text.rstrip("\n").split("\n")
     lines.append("  => " + dominant_sentence(stats))
     return "\n".join(lines)
-
-
-def _verdict_section() -> Callable[[RunStats], str | None] | None:
-    try:
-        from . import verdict  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return getattr(verdict, "summary_section", None)
 
 
 def _title(stats: RunStats) -> str:
@@ -191,8 +183,6 @@ def _gpu_lines(stats: RunStats) -> list[str]:
     gpu = stats.gpu_phase_ms
     if not gpu:
         return []
-    from .stats import median
-
     parts = [f"{key} {fmt_ms(median(values))}" for key, values in gpu.items() if values]
     n = len(gpu.get("iteration", []))
     return [f"  GPU time (CUDA events, median per iteration over {n}): " + ", ".join(parts)]
@@ -273,3 +263,38 @@ def dominant_sentence(stats: RunStats) -> str:
                 "ranges: use granularity phase or finer to see inside them).")
     phase = stats.dominant_phase() or "other"
     return f"{PHASE_WORDS[phase]} takes {fmt_pct(stats.phase_share(phase))} of each iteration."
+
+
+# -- the verdict and the advice ---------------------------------------------------------
+
+def format_verdict(v: Verdict) -> str:
+    """The verdict with its evidence, suggestions and notes."""
+    lines = [f"Verdict: {v.title}"]
+    lines += [f"  {line}" for line in v.evidence]
+    lines += [f"  -> {line}" for line in v.suggestions]
+    if v.also:
+        lines.append("  also over threshold: " + "; ".join(v.also))
+    lines += [f"  note: {line}" for line in v.notes]
+    return "\n".join(lines)
+
+
+def format_advice(findings: list[Finding]) -> str:
+    """The advice block: each finding with what was seen, its cost, the fix and the doc."""
+    lines = ["Advice (CHAINER_PROF_ADVICE=0 turns this off):"]
+    for f in findings:
+        lines.append(f"  [{f.key}] {f.title}")
+        lines.append(f"      seen: {f.seen}")
+        lines.append(f"      cost: {f.cost}")
+        lines.append(f"      fix:  {f.fix}")
+        lines.append(f"      doc:  {f.link}")
+    return "\n".join(lines)
+
+
+def verdict_section(stats: RunStats, replay: Any = None) -> str:
+    """The verdict and the advice, as printed at the end of the summary."""
+    verdict = decide(stats, replay)
+    text = format_verdict(verdict)
+    findings = check(stats, verdict)
+    if findings:
+        text += "\n\n" + format_advice(findings)
+    return text

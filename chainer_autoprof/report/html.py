@@ -16,8 +16,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from . import names
-from .stats import percentile
+from ..analysis.advice import check
+from ..analysis.stats import percentile
+from ..analysis.verdict import decide, pick_replay
+from ..common import names
 
 #: Bars drawn at most in the per-iteration chart (more iterations are averaged in bins).
 MAX_BARS = 600
@@ -330,9 +332,6 @@ def key_figures(stats: Any) -> str:
 
 def render(trace: Any, stats: Any, replay: Any = None) -> str:
     """The whole HTML page for ``trace`` (``stats`` computed from it)."""
-    from .advice import check
-    from .verdict import decide
-
     verdict = decide(stats, replay)
     findings = check(stats, verdict)
     rows = iteration_rows(trace)
@@ -375,8 +374,6 @@ def write_report(out_path: str, runs: Sequence[tuple[Any, Any]]) -> None:
     The page shows the first run; when one of two runs is a replay run, it
     shows the normal one, compared with the replay.
     """
-    from .verdict import pick_replay
-
     trace, stats = runs[0]
     replay = None
     if len(runs) > 1:

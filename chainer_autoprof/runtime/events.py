@@ -17,7 +17,7 @@ import threading
 from time import perf_counter_ns
 from typing import Any, Callable, Protocol
 
-from . import names
+from ..common import names
 from .policies import CaptureWindow, SyncPolicy
 
 
@@ -129,6 +129,12 @@ class Tracer:
         self._end_fns = tuple(s.end for s in self.sinks if getattr(s, "end", None))
         # A sink that ignores t0/t1 says so with ``timed = False`` (NVTX): two clock reads saved
         self._timed = any(getattr(s, "timed", True) for s in self.sinks)
+
+    def remove_sinks(self) -> None:
+        """No sink gets anything any more (the agent switched off in this process)."""
+        self.sinks = []
+        self._begin_fns = ()
+        self._end_fns = ()
 
     def info(self, name: str, category: str) -> RangeInfo:
         """The RangeInfo for ``name`` in ``category`` (created once)."""

@@ -3,10 +3,11 @@
 * Normal end, ``sys.exit``, an uncaught exception, Ctrl-C (KeyboardInterrupt):
   the interpreter runs its ``atexit`` functions, where the agent closes.
 * SIGTERM with no handler of the user's: the default action would kill the
-  process without ``atexit``.  :func:`install` sets a handler that closes the
-  main thread's open ranges, writes the summary and the trace, then restores
-  the default action and sends SIGTERM again, so the exit status still says
-  "killed by SIGTERM" to the caller (a shell, a scheduler, ``Popen``).
+  process without ``atexit``.  :func:`install` sets a handler that runs the
+  agent's ``finish`` (close the open ranges, write the summary and the
+  trace), then restores the default action and sends SIGTERM again, so the
+  exit status still says "killed by SIGTERM" to the caller (a shell, a
+  scheduler, ``Popen``).
 
 If the signal arrives while the agent is already finishing (or while this
 thread is in the middle of aggregating ranges), the handler only notes it;
@@ -19,23 +20,28 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Any
+from typing import Any, Callable
 
-_agent: Any = None
+_finish: Callable[[], None] | None = None    # the agent's end: summary and trace
+_finished: Callable[[], bool] | None = None  # whether that end has begun
+_recorder: Any = None                        # its aggregation must not be cut in half
 _installed = False
 _finishing = False
 _kill_pending = False
 _closed = False  # the agent's atexit work is over
 
 
-def install(agent: Any) -> bool:
-    """Take over SIGTERM for ``agent`` when nobody else handles it (main thread only).
+def install(finish: Callable[[], None], finished: Callable[[], bool],
+            recorder: Any = None) -> bool:
+    """Take over SIGTERM for the agent when nobody else handles it (main thread only).
 
-    Call before the agent registers its own ``atexit`` function: the check
-    registered here then runs after the agent has closed.
+    ``finish`` ends the agent (idempotent), ``finished`` says whether that has
+    begun, ``recorder`` (optional) is asked whether a signal interrupted its
+    aggregation.  Call before the agent registers its own ``atexit``
+    function: the check registered here then runs after the agent has closed.
     """
-    global _agent, _installed
-    _agent = agent
+    global _finish, _finished, _recorder, _installed
+    _finish, _finished, _recorder = finish, finished, recorder
     if _installed:
         return True
     if threading.current_thread() is not threading.main_thread():
@@ -55,8 +61,8 @@ def install(agent: Any) -> bool:
 
 def uninstall() -> None:
     """Give SIGTERM back to the default action, if the handler is still ours."""
-    global _installed, _agent
-    _agent = None
+    global _installed, _finish, _finished, _recorder
+    _finish = _finished = _recorder = None
     if not _installed:
         return
     try:
@@ -69,14 +75,13 @@ def uninstall() -> None:
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     global _kill_pending
-    agent = _agent
-    if agent is None or _closed:
+    if _finish is None or _closed:
         _die()
         return
-    if _finishing or getattr(agent, "closed", False):
+    if _finishing or (_finished is not None and _finished()):
         _kill_pending = True  # the summary and trace are being written: kill after
         return
-    recorder = getattr(agent, "recorder", None)
+    recorder = _recorder
     if recorder is not None and recorder.flushing_here():
         recorder.deferred = _finish_and_die  # interrupted mid-aggregation: finish it first
         return
@@ -87,9 +92,8 @@ def _finish_and_die() -> None:
     global _finishing
     _finishing = True
     try:
-        agent = _agent
-        if agent is not None:
-            agent.at_exit()  # closes this (the main) thread's open ranges, flushes the sinks
+        if _finish is not None:
+            _finish()  # closes this (the main) thread's open ranges, summary, trace
     except Exception:
         pass
     finally:

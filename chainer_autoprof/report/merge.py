@@ -42,8 +42,9 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from . import names
-from .stats import median
+from ..analysis.stats import median
+from ..common import names
+from .tracefile import TraceError, load_trace_json
 
 ALIGN_METHODS = ("auto", "clock", "collective", "wall")
 #: Below this share of the others' iteration time spent waiting, the ranks count as balanced.
@@ -120,8 +121,6 @@ def _share(part: float, whole: float) -> float:
 
 # -- reading ------------------------------------------------------------------------
 def _read_json(path: str) -> dict[str, Any]:
-    from .trace import TraceError, load_trace_json
-
     try:
         return load_trace_json(path)
     except TraceError as exc:

@@ -1,9 +1,10 @@
-"""Run statistics: what the summary, the report and the verdict read.
+"""Aggregation: recorded ranges -> :class:`~.stats.RunStats`, with NumPy.
 
 One event model feeds both the live recorder and a saved trace: *ranges in
 end order per thread*, each ``(name index, t0 ns, t1 ns, depth)``.
-:class:`Aggregator` turns that stream into a :class:`RunStats`, so a summary
-printed at exit and a summary computed from the trace of the same run agree.
+:class:`Aggregator` turns that stream into a :class:`~.stats.RunStats`, so a
+summary printed at exit and a summary computed from the trace of the same run
+agree.
 
 Aggregation, per thread, as each range ends (children end before parents):
 
@@ -29,160 +30,32 @@ millions of iterations.
 
 from __future__ import annotations
 
-import math
 from array import array
-from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
-from . import names
+import numpy as np
 
-#: Keys of :attr:`RunStats.phase_ms`: the four phases and the rest of the iteration.
-PHASE_KEYS = ("data", "forward", "backward", "update", "other")
-#: Per-iteration values kept before the lists are thinned to a uniform sample.
-MAX_KEPT_ITERATIONS = 1 << 16
-#: A recorded depth field: the depth in the low bits; an iteration range also
-#: carries its iteration number + 1 above them.
-DEPTH_BITS = 16
-DEPTH_MASK = (1 << DEPTH_BITS) - 1
-
-STARTUP = "startup"
-WARMUP = "warm-up"
-IDLE = "idle"
-SHUTDOWN = "shutdown"
-BEFORE_WINDOW = "before window"
-AFTER_WINDOW = "after window"
+from ..common import names
+from .stats import (
+    AFTER_WINDOW,
+    BEFORE_WINDOW,
+    DEPTH_MASK,
+    IDLE,
+    MAX_KEPT_ITERATIONS,
+    PHASE_KEYS,
+    SHUTDOWN,
+    STARTUP,
+    WARMUP,
+    LinkStat,
+    RunStats,
+)
 
 # Kinds of a range name, for aggregation.
 _K_SKIP, _K_ITER, _K_LINK, _K_LINK_BWD, _K_QUIET, _K_OTHER = 0, 1, 2, 3, 4, 5
 _K_PHASE0 = 10  # + index in PHASE_KEYS
 
 
-def median(values: Sequence[float]) -> float:
-    """Median (0.0 for no values)."""
-    return percentile(values, 50.0)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile with linear interpolation (0.0 for no values)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-@dataclass
-class LinkStat:
-    """One link (by its path in the model) over the counted iterations."""
-
-    name: str
-    calls: int
-    incl_ms: float
-    self_ms: float
-    bwd_calls: int
-    bwd_ms: float
-
-    @property
-    def total_ms(self) -> float:
-        """Forward inclusive plus attributed backward time."""
-        return self.incl_ms + self.bwd_ms
-
-
-@dataclass
-class RunStats:
-    """Everything the summary prints, from a live run or a saved trace."""
-
-    iterations: int
-    warmup: int
-    iteration_ms: list[float]
-    phase_ms: dict[str, list[float]]
-    outside_ms: dict[str, float]
-    wall_ms: float
-    links: list[LinkStat]
-    batch_size: int | None
-    sync_level: int
-    sync_calls: int
-    overhead_ms: float
-    gpu_phase_ms: dict[str, list[float]] | None
-    meta: dict
-    #: Exact total of the counted iterations (the lists may be a sample).
-    iteration_total_ms: float = 0.0
-    #: Exact per-phase totals over the counted iterations.
-    phase_total_ms: dict[str, float] = field(default_factory=dict)
-    #: The lists hold every ``sample_stride``-th counted iteration.
-    sample_stride: int = 1
-    #: Ranges recorded, and ranges dropped from the trace by the record limit.
-    ranges: int = 0
-    dropped_ranges: int = 0
-    #: Whether phase ranges were recorded (granularity phase or finer).
-    has_phases: bool = True
-    #: How the overhead figure was obtained (one line).
-    overhead_method: str = ""
-
-    # -- iterations --------------------------------------------------------
-    def median(self) -> float:
-        """Median iteration time (ms)."""
-        return median(self.iteration_ms)
-
-    def p95(self) -> float:
-        """95th percentile of iteration time (ms)."""
-        return percentile(self.iteration_ms, 95.0)
-
-    def mean(self) -> float:
-        """Mean iteration time (ms), exact."""
-        return self.iteration_total_ms / self.iterations if self.iterations else 0.0
-
-    def iterations_per_second(self) -> float:
-        """Counted iterations per second of iteration time."""
-        return 1000.0 / self.mean() if self.iterations and self.mean() > 0 else 0.0
-
-    def samples_per_second(self) -> float | None:
-        """Samples per second, when the batch size is known."""
-        if not self.batch_size:
-            return None
-        return self.iterations_per_second() * self.batch_size
-
-    # -- phases --------------------------------------------------------------
-    def phase_total(self, phase: str) -> float:
-        """Exact total of ``phase`` over the counted iterations (ms)."""
-        return self.phase_total_ms.get(phase, 0.0)
-
-    def phase_share(self, phase: str) -> float:
-        """Share (0-1) of the counted iteration time spent in ``phase``."""
-        total = self.iteration_total_ms
-        return self.phase_total(phase) / total if total > 0 else 0.0
-
-    def phase_median(self, phase: str) -> float:
-        """Median time per iteration in ``phase`` (ms)."""
-        return median(self.phase_ms.get(phase, []))
-
-    def dominant_phase(self) -> str | None:
-        """The phase key with the largest total (``None`` without iterations)."""
-        if not self.iterations:
-            return None
-        keys = PHASE_KEYS if self.has_phases else ("other",)
-        return max(keys, key=self.phase_total)
-
-    # -- outside iterations --------------------------------------------------
-    def wall_share(self, ms: float) -> float:
-        """Share (0-1) of the wall time."""
-        return ms / self.wall_ms if self.wall_ms > 0 else 0.0
-
-    # -- serialization -------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunStats:
-        data = dict(data)
-        data["links"] = [LinkStat(**link) for link in data.get("links", [])]
-        known = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-class _Series:
+class Series:
     """Per-iteration rows: all of them up to ``cap``, then a uniform sample.
 
     Row ``i`` (counted from the first) is kept when ``i % stride == 0``;
@@ -200,8 +73,6 @@ class _Series:
 
     def extend(self, rows: Any) -> None:
         """Add the rows of a 2-D float array (one row per iteration)."""
-        import numpy as np
-
         rows = np.asarray(rows, dtype=np.float64)
         k = len(rows)
         pos = 0
@@ -271,7 +142,7 @@ class Aggregator:
         self._link_key_index: dict[str, int] = {}
         self._np_tables: Any = None
         self.threads: dict[int, _ThreadAgg] = {}
-        self.series = _Series(max_kept, 1 + len(PHASE_KEYS))
+        self.series = Series(max_kept, 1 + len(PHASE_KEYS))
         self.seen = 0                      # iterations seen (warm-up included)
         self.counted = 0
         self.iter_total = 0
@@ -300,8 +171,6 @@ class Aggregator:
         self._np_tables = None
 
     def _tables(self) -> tuple[Any, Any]:
-        import numpy as np
-
         tables = self._np_tables
         n = min(len(self.kinds), len(self.link_ids))  # another thread may be adding a name
         if tables is None or len(tables[0]) != n:
@@ -316,8 +185,6 @@ class Aggregator:
         ``rows``: an int64 array of shape ``(n, 4)`` (or anything NumPy turns
         into one).
         """
-        import numpy as np
-
         a = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
         n = len(a)
         if not n:
@@ -360,8 +227,6 @@ class Aggregator:
 
     def _phases(self, th: _ThreadAgg, kind: Any, dur: Any, it_pos: Any) -> Any:
         """(iterations in block, 4) phase sums; the phases of an open iteration are carried."""
-        import numpy as np
-
         n_it = len(it_pos)
         ph = np.flatnonzero(kind >= _K_PHASE0)
         sums = np.zeros((n_it, 4), dtype=np.int64)
@@ -387,8 +252,6 @@ class Aggregator:
     def _links(self, th: _ThreadAgg, a: Any, kind: Any, depth: Any, dur: Any, is_iter: Any,
                it_pos: Any, it_counted: Any, link_ids_t: Any) -> None:
         """Link calls, inclusive/self time and attributed backward time, per counted iteration."""
-        import numpy as np
-
         n = len(a)
         is_link = kind == _K_LINK
         is_bwd = kind == _K_LINK_BWD
@@ -455,8 +318,6 @@ class Aggregator:
     def _top_level(self, th: _ThreadAgg, kind: Any, index: Any, t0: Any, t1: Any, depth: Any,
                    dur: Any, is_iter: Any, it_pos: Any, it_counted: Any) -> None:
         """Wall-time accounting of the depth-0 ranges and the gaps between them."""
-        import numpy as np
-
         top = np.flatnonzero(depth == 0)
         nested = np.flatnonzero(is_iter & (depth > 0))
         nested_counted = it_counted[np.searchsorted(it_pos, nested)] if len(nested) else None
@@ -566,8 +427,6 @@ class Aggregator:
 
 def _sum_by(keys: Any, values: Any) -> list[tuple[int, int]]:
     """``(key, sum of values)`` for each distinct key (small non-negative ints)."""
-    import numpy as np
-
     uniq, inverse = np.unique(keys, return_inverse=True)
     sums = _bincount(inverse, values, len(uniq))
     return list(zip(uniq.tolist(), sums.tolist()))
@@ -575,8 +434,6 @@ def _sum_by(keys: Any, values: Any) -> list[tuple[int, int]]:
 
 def _bincount(bins: Any, values: Any, size: int) -> Any:
     """Integer sums of ``values`` per bin (exact below 2**53 ns, about 104 days)."""
-    import numpy as np
-
     if not len(bins):
         return np.zeros(size, dtype=np.int64)
     return np.rint(np.bincount(bins, weights=values, minlength=size)).astype(np.int64)
@@ -584,8 +441,6 @@ def _bincount(bins: Any, values: Any, size: int) -> Any:
 
 def _grow(table: Any, rows: int) -> Any:
     """``table`` padded with zero rows to ``rows`` rows."""
-    import numpy as np
-
     if len(table) >= rows:
         return table
     return np.vstack([table, np.zeros((rows - len(table), table.shape[1]), dtype=table.dtype)])
@@ -610,9 +465,3 @@ def _kind_of(name: str, category: str) -> tuple[int, str]:
         return _K_SKIP, name
     return _K_OTHER, name
 
-
-def stats_from_trace(path: str) -> RunStats:
-    """The :class:`RunStats` of a trace file written by the recorder."""
-    from .trace import read_trace
-
-    return read_trace(path).stats()

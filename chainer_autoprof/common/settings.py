@@ -16,6 +16,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .paths import check_writable
+
 PREFIX = "CHAINER_PROF_"
 
 #: Variables of ours that are not user settings (set by the agent itself).
@@ -90,8 +92,6 @@ def parse_trace_path(text: str) -> str | None:
     """A trace file path that can be written (checked now, before the program runs)."""
     path = parse_optional_path(text)
     if path is not None:
-        from .trace import check_writable  # only when a trace is asked for
-
         try:
             check_writable(path)
         except ValueError as exc:

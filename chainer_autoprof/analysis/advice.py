@@ -261,14 +261,3 @@ def check(stats: Any, verdict: Any = None) -> list[Finding]:
         if finding is not None:
             findings.append(finding)
     return findings
-
-
-def format_advice(findings: list[Finding]) -> str:
-    lines = ["Advice (CHAINER_PROF_ADVICE=0 turns this off):"]
-    for f in findings:
-        lines.append(f"  [{f.key}] {f.title}")
-        lines.append(f"      seen: {f.seen}")
-        lines.append(f"      cost: {f.cost}")
-        lines.append(f"      fix:  {f.fix}")
-        lines.append(f"      doc:  {f.link}")
-    return "\n".join(lines)

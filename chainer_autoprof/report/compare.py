@@ -12,8 +12,11 @@ import argparse
 import sys
 from typing import Sequence
 
-from .stats import PHASE_KEYS, RunStats
-from .summary import PHASE_LABELS, fmt_ms, format_summary, outside_label
+from ..analysis.stats import PHASE_KEYS, RunStats
+from ..analysis.verdict import pick_replay
+from .html import write_report
+from .summary import PHASE_LABELS, fmt_ms, format_summary, outside_label, verdict_section
+from .tracefile import TraceError, read_trace
 
 #: A change smaller than this (relative) is reported as "about the same".
 SAME_WITHIN = 0.03
@@ -43,8 +46,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_list[:1] == ["report"]:
         args_list = args_list[1:]
     args = _parser().parse_args(args_list)
-    from .trace import TraceError, read_trace
-
     try:
         traces = [read_trace(path) for path in (args.trace, args.after) if path]
         runs = [(trace, trace.stats(from_events=args.from_events)) for trace in traces]
@@ -55,7 +56,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     after = runs[1][1] if len(runs) > 1 else None
     advice = not args.no_advice
     if args.html:
-        from .html_report import write_report
         try:
             write_report(args.html, runs)
         except OSError as exc:
@@ -67,10 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(compare(before, after, args.trace, args.after))
     if advice:
-        from .verdict import pick_replay, summary_section
         pair = pick_replay(before, after)  # a normal run and its replay run: data made free
         if pair is not None:
-            print("\n" + summary_section(pair[0], replay=pair[1]))
+            print("\n" + verdict_section(pair[0], replay=pair[1]))
     return 0
 
 

@@ -27,21 +27,19 @@ maps to the closest ``cname`` (:data:`CNAMES`); the NVTX ARGB colour is in
 ``args.color``.
 
 The file is written to a temporary name beside the target and renamed, so a
-crash never leaves half a file.  Path templates take Nsight's substitutions:
-``%p`` pid, ``%h`` host name, ``%q{VAR}`` environment variable, plus ``%r``
-MPI rank and ``%%`` a percent sign.
+crash never leaves half a file (path templates: :mod:`..common.paths`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from . import names
-from .stats import DEPTH_BITS, DEPTH_MASK
+from ..analysis.aggregate import Aggregator
+from ..analysis.stats import DEPTH_BITS, DEPTH_MASK, RunStats
+from ..common import names
 
 #: category -> Chrome trace-viewer colour name (closest to the NVTX colour)
 CNAMES: dict[str, str] = {
@@ -58,73 +56,6 @@ CNAMES: dict[str, str] = {
     names.LINK_BACKWARD: "thread_state_runnable",
     names.FUNCTION: "grey",
 }
-
-#: Environment variables holding the MPI rank, first found wins.
-RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK")
-
-_SUBST = re.compile(r"%(?:q\{([^}]*)\}|(.))")
-
-
-def mpi_rank(environ: Mapping[str, str] | None = None) -> int:
-    """The MPI rank from the launcher's environment (0 when none is set or empty).
-
-    Without ``environ``, the rank this process learned (launcher or ChainerMN
-    communicator, see :mod:`.processes`) comes first.
-    """
-    if environ is None:
-        from .processes import current_rank
-
-        known = current_rank()
-        if known is not None:
-            return known
-    env = os.environ if environ is None else environ
-    for var in RANK_VARIABLES:
-        value = env.get(var, "").strip()
-        if value:
-            try:
-                return int(value)
-            except ValueError:
-                continue
-    return 0
-
-
-def expand_path(template: str, pid: int | None = None,
-                environ: Mapping[str, str] | None = None) -> str:
-    """Apply ``%p %h %r %q{VAR} %%`` to ``template`` (unknown ``%x`` kept as is)."""
-    env = os.environ if environ is None else environ
-
-    def sub(match: re.Match) -> str:
-        var, code = match.group(1), match.group(2)
-        if var is not None:
-            return env.get(var, "")
-        if code == "p":
-            return str(os.getpid() if pid is None else pid)
-        if code == "h":
-            import socket
-
-            return socket.gethostname()
-        if code == "r":
-            return str(mpi_rank(env))
-        if code == "%":
-            return "%"
-        return match.group(0)
-
-    return os.path.expanduser(_SUBST.sub(sub, template))
-
-
-def check_writable(template: str) -> None:
-    """Raise ``ValueError`` (one line) if the trace could not be written there."""
-    path = expand_path(template)
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise ValueError(f"{path} is a directory")
-    if not os.path.isdir(directory):
-        raise ValueError(f"directory {directory} does not exist")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise ValueError(f"directory {directory} is not writable")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        raise ValueError(f"{path} is not writable")
-
 
 # --------------------------------------------------------------------------
 # Writing
@@ -266,12 +197,11 @@ class Trace:
         return out
 
     def stats(self, from_events: bool = False):
-        """The run's :class:`~chainer_autoprof.stats.RunStats`.
+        """The run's :class:`~chainer_autoprof.analysis.stats.RunStats`.
 
         Computed from the events, unless the recorder dropped ranges (the
         record limit) and saved the whole run's statistics in the metadata.
         """
-        from .stats import Aggregator, RunStats
 
         meta = self.meta
         if not from_events and meta.get("dropped_ranges") and meta.get("run_stats"):
@@ -356,3 +286,8 @@ def read_trace(path: str) -> Trace:
         elif ph == "M" and ev.get("name") == "thread_name":
             thread_names[int(ev.get("tid", 0))] = str((ev.get("args") or {}).get("name", ""))
     return Trace(path, meta, ranges, thread_names, pid)
+
+
+def stats_from_trace(path: str) -> RunStats:
+    """The :class:`RunStats` of a trace file written by the agent."""
+    return read_trace(path).stats()

@@ -1,0 +1,157 @@
+"""Run statistics: what the summary, the report and the verdict read.
+
+:class:`RunStats` holds everything a summary says of a run, whether it was
+aggregated live by the recorder or read back from a saved trace (both go
+through :class:`~.aggregate.Aggregator`, so the two agree).  Also here: the
+layout of a recorded range's depth field and the names of the time outside
+iterations, which the recorder, the aggregation and the trace files share.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+#: Keys of :attr:`RunStats.phase_ms`: the four phases and the rest of the iteration.
+PHASE_KEYS = ("data", "forward", "backward", "update", "other")
+#: Per-iteration values kept before the lists are thinned to a uniform sample.
+MAX_KEPT_ITERATIONS = 1 << 16
+#: A recorded depth field: the depth in the low bits; an iteration range also
+#: carries its iteration number + 1 above them.
+DEPTH_BITS = 16
+DEPTH_MASK = (1 << DEPTH_BITS) - 1
+
+STARTUP = "startup"
+WARMUP = "warm-up"
+IDLE = "idle"
+SHUTDOWN = "shutdown"
+BEFORE_WINDOW = "before window"
+AFTER_WINDOW = "after window"
+
+
+def median(values: Sequence[float]) -> float:
+    """Median (0.0 for no values)."""
+    return percentile(values, 50.0)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile with linear interpolation (0.0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass
+class LinkStat:
+    """One link (by its path in the model) over the counted iterations."""
+
+    name: str
+    calls: int
+    incl_ms: float
+    self_ms: float
+    bwd_calls: int
+    bwd_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        """Forward inclusive plus attributed backward time."""
+        return self.incl_ms + self.bwd_ms
+
+
+@dataclass
+class RunStats:
+    """Everything the summary prints, from a live run or a saved trace."""
+
+    iterations: int
+    warmup: int
+    iteration_ms: list[float]
+    phase_ms: dict[str, list[float]]
+    outside_ms: dict[str, float]
+    wall_ms: float
+    links: list[LinkStat]
+    batch_size: int | None
+    sync_level: int
+    sync_calls: int
+    overhead_ms: float
+    gpu_phase_ms: dict[str, list[float]] | None
+    meta: dict
+    #: Exact total of the counted iterations (the lists may be a sample).
+    iteration_total_ms: float = 0.0
+    #: Exact per-phase totals over the counted iterations.
+    phase_total_ms: dict[str, float] = field(default_factory=dict)
+    #: The lists hold every ``sample_stride``-th counted iteration.
+    sample_stride: int = 1
+    #: Ranges recorded, and ranges dropped from the trace by the record limit.
+    ranges: int = 0
+    dropped_ranges: int = 0
+    #: Whether phase ranges were recorded (granularity phase or finer).
+    has_phases: bool = True
+    #: How the overhead figure was obtained (one line).
+    overhead_method: str = ""
+
+    # -- iterations --------------------------------------------------------
+    def median(self) -> float:
+        """Median iteration time (ms)."""
+        return median(self.iteration_ms)
+
+    def p95(self) -> float:
+        """95th percentile of iteration time (ms)."""
+        return percentile(self.iteration_ms, 95.0)
+
+    def mean(self) -> float:
+        """Mean iteration time (ms), exact."""
+        return self.iteration_total_ms / self.iterations if self.iterations else 0.0
+
+    def iterations_per_second(self) -> float:
+        """Counted iterations per second of iteration time."""
+        return 1000.0 / self.mean() if self.iterations and self.mean() > 0 else 0.0
+
+    def samples_per_second(self) -> float | None:
+        """Samples per second, when the batch size is known."""
+        if not self.batch_size:
+            return None
+        return self.iterations_per_second() * self.batch_size
+
+    # -- phases --------------------------------------------------------------
+    def phase_total(self, phase: str) -> float:
+        """Exact total of ``phase`` over the counted iterations (ms)."""
+        return self.phase_total_ms.get(phase, 0.0)
+
+    def phase_share(self, phase: str) -> float:
+        """Share (0-1) of the counted iteration time spent in ``phase``."""
+        total = self.iteration_total_ms
+        return self.phase_total(phase) / total if total > 0 else 0.0
+
+    def phase_median(self, phase: str) -> float:
+        """Median time per iteration in ``phase`` (ms)."""
+        return median(self.phase_ms.get(phase, []))
+
+    def dominant_phase(self) -> str | None:
+        """The phase key with the largest total (``None`` without iterations)."""
+        if not self.iterations:
+            return None
+        keys = PHASE_KEYS if self.has_phases else ("other",)
+        return max(keys, key=self.phase_total)
+
+    # -- outside iterations --------------------------------------------------
+    def wall_share(self, ms: float) -> float:
+        """Share (0-1) of the wall time."""
+        return ms / self.wall_ms if self.wall_ms > 0 else 0.0
+
+    # -- serialization -------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunStats:
+        data = dict(data)
+        data["links"] = [LinkStat(**link) for link in data.get("links", [])]
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+

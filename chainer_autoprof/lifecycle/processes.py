@@ -1,0 +1,195 @@
+"""Which processes profile: child processes and MPI ranks, and what a trace says of each.
+
+* **Children.**  The first process where the agent starts records its pid in
+  ``_CHAINER_PROF_ROOT_PID``; an interpreter started later with that variable
+  in its environment (a spawn or forkserver child, a subprocess) is a child.
+  ``CHAINER_PROF_CHILDREN=0`` keeps the agent off there, and the agent
+  switches itself off in a forked child at the fork.  A forked child that
+  profiles gets clean state and writes its trace when a ``multiprocessing``
+  worker ends (those end with ``os._exit``, which skips ``atexit``).
+* **Ranks.**  The rank itself comes from :mod:`..common.rank`;
+  ``CHAINER_PROF_RANKS`` picks the ranks that profile.  The rank is shown in
+  NVTX as a process-wide ``rank N`` start/end range in the agent's domain
+  (range names stay the same on every rank) and in the trace metadata and
+  file name (``%r``).
+
+Nothing here adds communication: a rank that is not profiled, or that runs
+without the agent, can never be kept waiting by one that is.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import sys
+import threading
+from typing import Any, Callable, Mapping
+
+from ..common import log, rank
+from ..common.settings import BY_NAME, INTERNAL_PREFIX, to_environ_value
+
+#: The pid of the first process where the agent started (children see it).
+ROOT_PID_VAR = INTERNAL_PREFIX + "ROOT_PID"
+
+RANK_RANGE_COLOR = 0xFF808080
+
+_rank_range: tuple[Any, int] | None = None  # (NVTX domain, range id)
+_lock = threading.Lock()
+_exported: dict[str, str | None] = {}  # variables admit() set: name -> previous value
+
+
+# -- who profiles ------------------------------------------------------------------
+def profiles_rank(cfg: Any, number: int | None) -> bool:
+    """Whether rank ``number`` is one of the ranks ``cfg.ranks`` selects (all when unset)."""
+    return cfg.ranks is None or number is None or number in cfg.ranks
+
+
+def is_child(environ: Mapping[str, str] | None = None, pid: int | None = None) -> bool:
+    """Whether an agent started in a parent of this process (not in this one)."""
+    env = os.environ if environ is None else environ
+    root = env.get(ROOT_PID_VAR, "").strip()
+    return bool(root) and root != str(os.getpid() if pid is None else pid)
+
+
+def admit(cfg: Any) -> bool:
+    """Called before the agent is built: may this process profile?
+
+    ``False`` for a child with ``children`` off and for a rank that
+    ``ranks`` leaves out.  A process that profiles and has no root marks
+    itself as the root, so that its children know they are children.
+    """
+    if is_child() and not cfg.children:
+        return False
+    info = rank.current()
+    if not profiles_rank(cfg, None if info is None else info.rank):
+        return False
+    if not os.environ.get(ROOT_PID_VAR):
+        _set_environ(ROOT_PID_VAR, str(os.getpid()))
+        if cfg.children:
+            export_settings(cfg)
+    return True
+
+
+def _set_environ(name: str, value: str) -> None:
+    _exported.setdefault(name, os.environ.get(name))
+    os.environ[name] = value
+
+
+def restore_environ() -> None:
+    """Undo what :func:`admit` put into the environment (the agent is uninstalled)."""
+    for name, previous in _exported.items():
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+    _exported.clear()
+
+
+def export_settings(cfg: Any) -> None:
+    """Put the settings given to ``install()`` into the environment, for children.
+
+    A spawn or forkserver child is a fresh interpreter: it starts the agent
+    from ``CHAINER_PROF_*`` variables (the ``.pth`` line), so settings given
+    as arguments rather than variables reach it only this way.
+    """
+    _set_environ(BY_NAME["enable"].env, "1")
+    for name in cfg.explicit:
+        setting = BY_NAME[name]
+        text = to_environ_value(setting, getattr(cfg, name))
+        try:
+            setting.parse(text)
+        except ValueError:
+            continue  # no environment form (e.g. an unset sync level)
+        _set_environ(setting.env, text)
+
+
+# -- forked children -----------------------------------------------------------------
+def after_fork() -> None:
+    """In a forked child: the parent's ``rank N`` range is not ours to end."""
+    global _rank_range
+    _rank_range = None
+
+
+def close_at_worker_exit(owner: Any, close: Callable[[], None]) -> None:
+    """A ``multiprocessing`` child ends with ``os._exit``: run ``close`` in its finalizers.
+
+    ``owner`` is the object the finalizer belongs to (``multiprocessing``
+    holds it weakly).  Called from an after-fork callback, which runs inside
+    ``Process._bootstrap`` after the finalizer registry of the child was
+    cleared, so the finalizer sticks.
+    """
+    util = sys.modules.get("multiprocessing.util")
+    if util is None:
+        return
+    try:
+        util.register_after_fork(owner, functools.partial(_register_exit_finalizer, close))
+    except Exception:
+        pass
+
+
+def _register_exit_finalizer(close: Callable[[], None], owner: Any) -> None:
+    util = sys.modules["multiprocessing.util"]  # the fork came from multiprocessing
+    util.Finalize(owner, close, exitpriority=-100)
+
+
+# -- the rank in NVTX ----------------------------------------------------------------------
+def tag_rank(nvtx: Any, number: int) -> None:
+    """A process-wide NVTX range ``rank N`` (every rank's ranges keep their names)."""
+    global _rank_range
+    if nvtx is None:
+        return
+    try:
+        with _lock:
+            if _rank_range is not None:
+                domain, range_id = _rank_range
+                domain.end_range(range_id)
+            domain = nvtx.domain
+            range_id = domain.start_range(message=f"rank {number}", color=RANK_RANGE_COLOR)
+            first = _rank_range is None
+            _rank_range = (domain, range_id)
+        if first:
+            atexit.register(_end_rank_range)
+    except Exception as exc:
+        log.warning(f"could not tag NVTX with the rank ({type(exc).__name__}: {exc})")
+
+
+def _end_rank_range() -> None:
+    global _rank_range
+    with _lock:
+        if _rank_range is not None:
+            domain, range_id = _rank_range
+            _rank_range = None
+            try:
+                domain.end_range(range_id)
+            except Exception:
+                pass
+
+
+# -- what a trace says of this process ---------------------------------------------------------
+def metadata() -> dict[str, Any]:
+    """This process's place in the job (``otherData.chainer_autoprof.process``)."""
+    info = rank.current()
+    meta: dict[str, Any] = {
+        "mpi_rank": None if info is None else info.rank,
+        "world_size": None if info is None else info.size,
+        "rank_source": None if info is None else info.source,
+        "child": is_child(),
+        "parent_pid": os.getppid(),
+    }
+    reference = rank.clock_reference()
+    if reference is not None:
+        meta["clock_reference"] = dict(reference)
+    return meta
+
+
+def child_trace_template(template: str) -> str:
+    """The trace path template for this process: a child without ``%p`` gets ``.%p`` added.
+
+    Parent and children would otherwise write the same file, the last one
+    to end overwriting the others.
+    """
+    if "%p" in template or not is_child():
+        return template
+    stem, ext = os.path.splitext(template)
+    return f"{stem}.%p{ext}"

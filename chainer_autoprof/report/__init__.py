@@ -1,0 +1,6 @@
+"""Reporting: text, files and pages made from what was measured, pulled at exit or read back.
+
+Nothing here is called on the hot path, and nothing here reaches into the
+measuring layers: the summary and the trace are handed the recorder's data
+(or read a saved trace) and only word it.
+"""
