@@ -15,10 +15,13 @@ The layers below never look the agent up: what they need is passed down
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import sys
 import threading
 from typing import Any
+
+import wrapt
 
 from .common import log, names, rank
 from .common.settings import Config, SettingsError, from_environ
@@ -80,8 +83,6 @@ class Agent:
 
     # -- hooks ----------------------------------------------------------------
     def start(self) -> None:
-        import wrapt  # the import hooks: only where an agent starts
-
         for library in dict.fromkeys(inst.library for inst in self.instrumentors):
             wrapt.register_post_import_hook(
                 lambda module, library=library: self._on_import(library, module), library)
@@ -246,8 +247,6 @@ def _chainer_installed() -> bool:
     if "chainer" in sys.modules:
         return sys.modules["chainer"] is not None
     try:
-        import importlib.util
-
         return importlib.util.find_spec("chainer") is not None
     except (ImportError, ValueError):
         return False

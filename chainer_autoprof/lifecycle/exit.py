@@ -17,9 +17,11 @@ later simply replaces ours.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import threading
+import time
 from typing import Any, Callable
 
 _finish: Callable[[], None] | None = None    # the agent's end: summary and trace
@@ -52,8 +54,6 @@ def install(finish: Callable[[], None], finished: Callable[[], bool],
         signal.signal(signal.SIGTERM, _on_sigterm)
     except (ValueError, OSError, AttributeError):
         return False
-    import atexit
-
     atexit.register(_after_close)
     _installed = True
     return True
@@ -112,8 +112,6 @@ def _die() -> None:
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
-        import time
-
         time.sleep(1.0)  # the signal is normally delivered before kill() returns
     except Exception:
         pass

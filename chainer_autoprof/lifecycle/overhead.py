@@ -11,6 +11,8 @@ from __future__ import annotations
 from time import perf_counter_ns
 from typing import Any
 
+import wrapt
+
 from ..common import names
 from ..common.settings import Config
 from ..runtime.device import NullBackend
@@ -46,8 +48,6 @@ def calibrate(granularity_level: int, pairs: int = 4000) -> tuple[float, float]:
     global _calibration
     if _calibration is not None:
         return _calibration
-    import wrapt  # loaded already: the agent's import hooks use it
-
     tracer = Tracer(granularity_level, SyncPolicy(0, NullBackend()))
     cfg = Config({"summary": False, "trace": None})
     tracer.add_sink(Recorder(cfg, tracer, chunk_ranges=pairs + 1))

@@ -17,6 +17,8 @@ from __future__ import annotations
 import types
 from typing import Any, Callable
 
+import wrapt
+
 from ..common import log
 
 __all__ = ["Instrumentor", "Patch", "qualified_name"]
@@ -68,8 +70,6 @@ class Patch:
 
     # -- applying -----------------------------------------------------------
     def apply(self) -> None:
-        import wrapt
-
         try:
             if not hasattr(self.owner, self.attr):
                 self.status, self.reason = "skipped", \
@@ -121,7 +121,6 @@ class Patch:
                 super(base, cls).__init_subclass__(**kwargs)
             if patch.on and patch.status == "patched" and patch.attr in cls.__dict__:
                 try:
-                    import wrapt
                     patch._wrap_class(cls, wrapt, only_own=True)
                 except Exception as exc:
                     patch.fail(exc)
@@ -133,8 +132,6 @@ class Patch:
     # -- removing -------------------------------------------------------------
     def remove(self) -> None:
         """Restore every original exactly; wrappers still referenced call straight through."""
-        import wrapt
-
         self.on = False
         for cls, attr, handle, original in reversed(self._handles):
             try:

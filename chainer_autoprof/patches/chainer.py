@@ -112,6 +112,7 @@ class ChainerPatches(Instrumentor):
                                                            extension.Extension)),
         ]
         try:
+            # Chainer's, like the rest (it is missing from some builds)
             from chainer.training.updaters import multiprocess_parallel_updater as mpu
         except ImportError:
             mpu = None

@@ -29,6 +29,8 @@ import sys
 from time import perf_counter_ns, thread_time_ns
 from typing import Any, Callable
 
+import numpy
+
 from ..common import log, names
 from .base import Instrumentor, Patch
 
@@ -160,7 +162,8 @@ class Probes(Instrumentor):
                 else str(value)
         facts["config"] = config
         try:
-            from chainer.backends import cuda
+            from chainer.backends import cuda  # Chainer's: never imported by us first
+
             facts["cuda"] = {"available": bool(cuda.available),
                              "cudnn_enabled": bool(cuda.cudnn_enabled)}
         except Exception:
@@ -212,6 +215,7 @@ class Probes(Instrumentor):
 
     # -- host <-> device copies inside iterations (CuPy only) -------------------
     def _transfer_patches(self) -> list[Patch]:
+        # only where the program imported CuPy (never imported by us), after Chainer
         import cupy
         from chainer import variable
         from chainer.backends import _cpu, cuda
@@ -371,7 +375,7 @@ def _median(values: list[int]) -> float:
 
 def _enter_hook(hook: Any) -> bool:
     """Register ``hook`` on this thread unless one of that name is present."""
-    import chainer
+    import chainer  # imported by the program already: the probes run inside Chainer calls
 
     if hook.name in chainer.get_function_hooks():
         return False
@@ -380,7 +384,7 @@ def _enter_hook(hook: Any) -> bool:
 
 
 def _exit_hook(hook: Any) -> None:
-    import chainer
+    import chainer  # likewise
 
     hooks = chainer.get_function_hooks()
     if hooks.get(hook.name) is hook:
@@ -428,8 +432,6 @@ def _conv_facts(target: Any) -> dict[str, int]:
 
 def blas_facts() -> dict[str, Any]:
     """NumPy's BLAS: library name, whether it is a known optimized one, measured GFLOP/s."""
-    import numpy
-
     name = _blas_name(numpy)
     optimized = None if name is None else any(lib in name.lower() for lib in OPTIMIZED_BLAS)
     return {"name": name, "optimized": optimized, "gflops": round(matmul_gflops(numpy), 2)}

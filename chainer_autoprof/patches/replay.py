@@ -96,7 +96,7 @@ class Replay:
         if type(iterator).__module__.split(".")[0] != "chainer":
             return False
         if self._statemachine is None:
-            from chainer.iterators import _statemachine
+            from chainer.iterators import _statemachine  # Chainer's: once it is imported
             self._statemachine = _statemachine
         return isinstance(getattr(iterator, "_state", None), self._statemachine.IteratorState)
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import wrapt
+
 from ..common import names
 from .base import Patch
 
@@ -41,8 +43,6 @@ def wrap_trainer_run(tracer: Any, patch: Patch) -> Callable:
 
 def wrap_trainer_extend(tracer: Any, patch: Patch, extension_cls: type) -> Callable:
     """Give function extensions an extension range of their own."""
-    import wrapt
-
     def wrapper(wrapped, instance, args, kwargs):
         patch.hits += 1
         if not patch.on:

@@ -34,8 +34,11 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
 
 from ..analysis.aggregate import Aggregator
 from ..analysis.stats import DEPTH_BITS, DEPTH_MASK, RunStats
@@ -83,8 +86,6 @@ def _fixed3(ns: int) -> str:
 
 
 def _rows_in_begin_order(blocks: list[Any]) -> list[list[int]]:
-    import numpy as np
-
     if not blocks:
         return []
     rows = np.concatenate([np.asarray(b, dtype=np.int64).reshape(-1, 4) for b in blocks])
@@ -105,8 +106,6 @@ def write_trace(path: str, *, pid: int, start_ns: int, infos: Sequence[tuple[str
         prefixes.append(f'{{"ph":"X","name":{json.dumps(name)},"cat":{json.dumps(category)},'
                         f'"cname":{cname},"pid":{pid},"tid":')
     colors = [_argb_hex(color) for _n, _c, color in infos]
-    import tempfile
-
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".chainer_autoprof.", suffix=".tmp", dir=directory)
     written = 0

@@ -10,6 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+try:  # a dependency, but a broken install must cost the NVTX ranges only, not the agent
+    import nvtx
+    from nvtx._lib import DummyDomain, pop_range, push_range
+except ImportError:
+    nvtx = None
+
 
 class NvtxSink:
     """Push/pop NVTX ranges in ``domain``."""
@@ -18,8 +24,6 @@ class NvtxSink:
     timed = False
 
     def __init__(self, domain: Any) -> None:
-        from nvtx._lib import pop_range, push_range
-
         self.domain = domain
         self._handle = domain.handle
         self._push = push_range
@@ -57,10 +61,7 @@ class NvtxSink:
 
 def make_nvtx_sink(domain_name: str) -> NvtxSink | None:
     """The sink for ``domain_name``, or ``None`` when no NVTX tool listens."""
-    try:
-        import nvtx
-        from nvtx._lib import DummyDomain
-    except ImportError:
+    if nvtx is None:
         return None
     domain = nvtx.get_domain(domain_name)
     if isinstance(domain, DummyDomain):

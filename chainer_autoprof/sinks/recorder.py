@@ -6,8 +6,6 @@ append CPython has.  When a thread's list holds :data:`CHUNK_RANGES` ranges
 it becomes an ``(n, 4)`` int64 block (32 bytes per range), handed to the
 :class:`~..analysis.aggregate.Aggregator` (running totals, per-iteration
 lists, all vectorized) and, when a trace is wanted, kept for the timeline.
-NumPy is imported at the first aggregation, not when the agent starts: the
-agent starts in every Python process of a profiled job.
 
 Memory bound: at most ``record_limit`` ranges are kept for the trace (the
 newest; older ones are dropped and counted) at 32 bytes each, plus one list
@@ -33,15 +31,15 @@ import threading
 from collections import deque
 from itertools import chain
 from time import perf_counter_ns
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
+import numpy as np
+
+from ..analysis.aggregate import Aggregator
 from ..analysis.stats import DEPTH_BITS, MAX_KEPT_ITERATIONS, RunStats
 from ..common import log, names
 from ..common.settings import Config
-
-if TYPE_CHECKING:
-    from ..analysis.aggregate import Aggregator
-    from .gpu_phases import GpuPhaseTimer
+from .gpu_phases import GpuPhaseTimer
 
 #: Ranges a thread buffers before they are aggregated.
 CHUNK_RANGES = 4096
@@ -73,7 +71,9 @@ class Recorder:
         # re-entrant: a signal handler may close the recorder between our acquiring the
         # lock and marking busy_thread (flushing_here() covers the rest)
         self._lock = threading.RLock()
-        self._agg: Aggregator | None = None
+        self.agg = Aggregator(start_ns, self.warm_skip, self.window, self.max_kept)
+        for index, (name, category, _color) in enumerate(self.infos):
+            self.agg.add_name(index, name, category)
         self.retained: deque[tuple[int, Any]] = deque()
         self.retained_ranges = 0
         self.dropped = 0
@@ -92,22 +92,7 @@ class Recorder:
         while len(self.infos) <= info.index:
             self.infos.append(("", "", 0))
         self.infos[info.index] = (info.name, info.category, info.color)
-        agg = self._agg
-        if agg is not None:
-            agg.add_name(info.index, info.name, info.category)
-
-    @property
-    def agg(self) -> Aggregator:
-        """The running aggregates, built at their first use."""
-        agg = self._agg
-        if agg is None:
-            from ..analysis.aggregate import Aggregator  # NumPy: see the module docstring
-
-            agg = self._agg = Aggregator(self.start_ns, self.warm_skip, self.window,
-                                         self.max_kept)
-            for index, (name, category, _color) in enumerate(self.infos):
-                agg.add_name(index, name, category)  # also those prepared meanwhile
-        return agg
+        self.agg.add_name(info.index, info.name, info.category)
 
     def _make_end(self) -> Callable[[Any, int, int, Any], None]:
         iter_info = self._iter_info
@@ -145,8 +130,6 @@ class Recorder:
             self._absorb(ts.tid, buf)
 
     def _absorb(self, tid: int, buf: list) -> None:
-        import numpy as np  # see the module docstring
-
         with self._lock:
             self.busy_thread = threading.get_ident()
             t_start = perf_counter_ns()
@@ -199,8 +182,6 @@ class Recorder:
         self.gpu_checked = True
         try:
             skip = max(0, self.warm_skip - self.iterations_ended)
-            from .gpu_phases import GpuPhaseTimer  # only once a GPU is in use
-
             timer = self.tracer.sync.backend.event_timer()
             self.gpu = GpuPhaseTimer(timer, ts.tid, self._iter_info, skip, self.max_kept)
             self.tracer.add_sink(self.gpu)
