@@ -107,6 +107,34 @@ def _function_hook() -> Any:
     return NvtxFunctionHook()
 
 
+def _link_hook() -> Any:
+    """A hand-written ``chainer.LinkHook``: one cached NVTX range per Link call."""
+    import chainer
+    import nvtx
+    from nvtx._lib import pop_range, push_range
+
+    domain = nvtx.get_domain(DOMAIN)
+    handle = domain.handle
+    cache: dict[type, Any] = {}
+
+    class NvtxLinkHook(chainer.LinkHook):
+        """Push/pop an NVTX range named after the link's class around each Link call."""
+
+        name = "NvtxLinkHook"
+
+        def forward_preprocess(self, args):
+            cls = type(args.link)
+            attr = cache.get(cls)
+            if attr is None:
+                attr = cache[cls] = domain.get_event_attributes(message=cls.__name__)
+            push_range(attr, handle)
+
+        def forward_postprocess(self, args):
+            pop_range(handle)
+
+    return NvtxLinkHook()
+
+
 def _timer_hook() -> Any:
     from chainer.link_hooks import TimerHook
 

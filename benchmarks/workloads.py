@@ -122,3 +122,28 @@ def unit(name: str) -> int:
     return LINK_CALLS + 1 if name == "link" else 1
 
 
+
+
+#: Link calls in one step of ``train50``: the ChainList and its 50 layers.
+TRAIN50_LINK_CALLS = 51
+
+
+def build_train50() -> Callable[[], Any]:
+    """One training step of 50 ``Linear(16, 16)`` + ReLU, batch 1, written out by hand.
+
+    Forward, ``F.sum`` loss, ``cleargrads``, backward, SGD update: 51 Link
+    calls (the ChainList and its 50 layers).
+    """
+    rng = _seeded()
+    net = DeepNarrow()
+    opt = chainer.optimizers.SGD(lr=1e-3)
+    opt.setup(net)
+    x = rng.rand(1, 16).astype(np.float32)
+
+    def step() -> None:
+        loss = F.sum(net(x))
+        net.cleargrads()
+        loss.backward()
+        opt.update()
+
+    return step
