@@ -1,7 +1,10 @@
 """Packaging for chainer_autoprof.
 
 Besides the package and the ``chainer-autoprof`` console script, the
-distribution puts ``chainer_autoprof.pth`` into site-packages: its one line
+distribution holds the native hot path (``chainer_autoprof/runtime/hotpath/
+_native.c``, built as described in ``.../hotpath/build.py``; a failed build
+leaves the pure-Python implementation, with one line saying why, never a failed
+install) and puts ``chainer_autoprof.pth`` into site-packages: its one line
 activates the agent at interpreter start-up wherever a ``CHAINER_PROF_*``
 variable is set (and only checks ``os.environ`` elsewhere).  The ``build_pth``
 command below places it for both kinds of install: into the build tree (so it
@@ -9,11 +12,15 @@ lands at the root of the wheel, next to the package) for ``pip install .``,
 and into the editable wheel for ``pip install -e .``.
 """
 
+import importlib.util
 import os
 import re
+import sys
+from pathlib import Path
 
-from setuptools import Command, find_namespace_packages, setup
+from setuptools import Command, Extension, find_namespace_packages, setup
 from setuptools.command.build import build
+from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PTH = "chainer_autoprof.pth"
@@ -69,6 +76,30 @@ class build_with_pth(build):  # noqa: N801
     sub_commands = [*build.sub_commands, ("build_pth", None)]
 
 
+def _native_build():
+    """``chainer_autoprof/runtime/hotpath/build.py``, loaded by path (the package is not
+    importable while it is being built)."""
+    path = os.path.join(HERE, "chainer_autoprof", "runtime", "hotpath", "build.py")
+    spec = importlib.util.spec_from_file_location("_chainer_autoprof_native_build", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class optional_build_ext(build_ext):  # noqa: N801
+    """Build the native hot path; where it cannot be built, say why in one line and go on."""
+
+    def build_extension(self, ext) -> None:
+        out = Path(self.get_ext_fullpath(ext.name))
+        try:
+            _native_build().compile_to(out)
+        except Exception as exc:  # BuildError, or anything else: never a failed install
+            if out.exists():
+                out.unlink()  # a stale one from an earlier build must not be installed
+            sys.stderr.write(f"chainer_autoprof: native hot path not built ({exc}); "
+                             "the pure-Python one will run\n")
+
+
 setup(
     name="chainer-autoprof",
     version=version(),
@@ -79,6 +110,8 @@ setup(
     packages=find_namespace_packages(include=["chainer_autoprof", "chainer_autoprof.*"],
                                      exclude=["*.__pycache__"]),
     include_package_data=True,
+    ext_modules=[Extension("chainer_autoprof.runtime.hotpath._native",
+                           ["chainer_autoprof/runtime/hotpath/_native.c"], optional=True)],
     # Chainer 7.8.1 imports numpy.distutils, which numpy has no more for Python 3.12.
     python_requires=">=3.8,<3.12",
     install_requires=[
@@ -101,7 +134,7 @@ setup(
         ],
     },
     entry_points={"console_scripts": ["chainer-autoprof = chainer_autoprof.cli:main"]},
-    cmdclass={"build": build_with_pth, "build_pth": build_pth},
+    cmdclass={"build": build_with_pth, "build_pth": build_pth, "build_ext": optional_build_ext},
     classifiers=[
         "Programming Language :: Python :: 3",
         "Development Status :: 4 - Beta",

@@ -23,7 +23,7 @@ from typing import Any
 
 import wrapt
 
-from .common import log, names, rank
+from .common import log, names, rank, tracebacks
 from .common.settings import Config, SettingsError, from_environ
 from .lifecycle import exit as exit_hooks
 from .lifecycle import processes
@@ -31,6 +31,7 @@ from .patches.base import Instrumentor
 from .patches.chainer import ChainerPatches
 from .patches.chainermn import ChainerMNPatches
 from .patches.status import missed_targets, status_report
+from .runtime import hotpath
 from .runtime.device import get_backend
 from .runtime.events import Tracer
 from .runtime.policies import CaptureWindow, SyncPolicy
@@ -54,7 +55,10 @@ class Agent:
         if cfg.iterations is not None:
             start, stop = cfg.iterations
             window = CaptureWindow(start, stop, backend, cfg.exit_after_window)
-        self.tracer = Tracer(names.GRANULARITY_LEVEL[cfg.granularity], sync, window)
+        #: The hot path's implementation: native, or Python with the reason.
+        self.hotpath = hotpath.select(cfg.native, explicit="native" in cfg.explicit)
+        self.tracer = Tracer(names.GRANULARITY_LEVEL[cfg.granularity], sync, window,
+                             implementation=self.hotpath)
         self.nvtx = None
         self.recorder: Recorder | None = None
         self._add_sinks()
@@ -72,7 +76,7 @@ class Agent:
 
     def _add_sinks(self) -> None:
         try:
-            self.nvtx = make_nvtx_sink(self.cfg.domain)
+            self.nvtx = make_nvtx_sink(self.cfg.domain, self.hotpath)
         except Exception as exc:
             log.warning(f"NVTX unavailable ({exc}); ranges are recorded in-process only")
         if self.nvtx is not None:
@@ -80,6 +84,16 @@ class Agent:
         if self.cfg.summary or self.cfg.trace:
             self.recorder = Recorder(self.cfg, self.tracer)
             self.tracer.add_sink(self.recorder)
+
+    @property
+    def implementation(self) -> str:
+        """``native`` or ``python``: which hot path runs."""
+        return self.hotpath.name
+
+    @property
+    def implementation_reason(self) -> str:
+        """Why the Python hot path runs (empty for the native one)."""
+        return self.hotpath.reason
 
     # -- hooks ----------------------------------------------------------------
     def start(self) -> None:
@@ -90,9 +104,12 @@ class Agent:
             # SIGTERM: summary and trace, then the default death
             exit_hooks.install(self.at_exit, lambda: self.closed, self.recorder)
         atexit.register(self.at_exit)
+        if not self.hotpath.native:  # its wrappers are frames: uncaught tracebacks skip them
+            tracebacks.install_excepthook()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork_in_child)
-        log.debug(f"active: {self.cfg!r}; NVTX tool attached: {self.nvtx is not None}")
+        log.debug(f"active: {self.cfg!r}; NVTX tool attached: {self.nvtx is not None}; "
+                  f"hot path: {self.hotpath.describe()}")
         if not _chainer_installed():
             log.warning("Chainer is not installed in this Python; the program runs "
                         "uninstrumented")
@@ -109,7 +126,8 @@ class Agent:
                 self._instrument(inst, module)
         if library == "chainer" and self.chainer is not None and log.enabled("debug"):
             log.debug("patch status at start:\n" + status_report(
-                self.all_patches(), chainer_imported=True, trained=False))
+                self.all_patches(), chainer_imported=True, trained=False,
+                implementation=self.hotpath.describe()))
 
     def _instrument(self, inst: Instrumentor, module: Any) -> None:
         if any(not self._applied(lib) for lib in inst.requires):
@@ -197,7 +215,8 @@ class Agent:
             if log.enabled("debug"):
                 log.debug("patch status at exit:\n" + status_report(
                     patches, chainer_imported=self.chainer is not None,
-                    trained=self.tracer.iterations > 0, at_exit=True))
+                    trained=self.tracer.iterations > 0, at_exit=True,
+                    implementation=self.hotpath.describe()))
             missed = missed_targets(patches, self.tracer.iterations)
             if missed:
                 log.warning("never hit although iterations ran: " + ", ".join(missed)
@@ -213,11 +232,13 @@ class Agent:
         self.chainer = None
         try:  # ranges still open on this thread end now: nothing would end them later
             self.tracer.close_thread(self.tracer.state())
+            self.tracer.forget_thread()
         except Exception as exc:
             log.error(f"could not close open ranges: {type(exc).__name__}: {exc}")
         try:
             atexit.unregister(self.at_exit)
             exit_hooks.uninstall()
+            tracebacks.uninstall_excepthook()
         except Exception:
             pass
 

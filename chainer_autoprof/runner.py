@@ -21,6 +21,8 @@ from importlib.machinery import SourceFileLoader, SourcelessFileLoader
 from importlib.util import MAGIC_NUMBER
 from typing import Literal
 
+from .common.tracebacks import drop_own_frames
+
 __all__ = ["exec_target", "run_module", "run_path", "trim_traceback"]
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -133,9 +135,13 @@ def trim_traceback(tb: types.TracebackType | None) -> types.TracebackType | None
 
 
 def _report(exc: BaseException) -> None:
-    """Print ``exc`` through ``sys.excepthook`` as python does for an uncaught exception."""
-    tb = trim_traceback(exc.__traceback__)
-    exc.__traceback__ = tb
+    """Print ``exc`` through ``sys.excepthook`` as python does for an uncaught exception.
+
+    Without the launcher's frames, nor the pure-Python hot path's (the native one has none).
+    """
+    exc.__traceback__ = trim_traceback(exc.__traceback__)
+    drop_own_frames(exc)
+    tb = exc.__traceback__
     sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
     if sys.version_info >= (3, 12):
         sys.last_exc = exc

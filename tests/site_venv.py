@@ -20,6 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PTH = REPO / "chainer_autoprof.pth"
 PREFIXES = ("CHAINER_PROF_", "_CHAINER_PROF_", "NVTX_", "CHAINER_AUTOPROF_")
+ENV_TEST_NATIVE = "CHAINER_AUTOPROF_TEST_NATIVE"
 
 
 class SiteVenv:
@@ -50,6 +51,7 @@ class SiteVenv:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(PREFIXES) and k not in ("PYTHONPATH", "PYTHONHOME",
                                                            "PYTHONSTARTUP", "VIRTUAL_ENV")}
+        env[ENV_TEST_NATIVE] = os.environ.get(ENV_TEST_NATIVE, "1")  # the hot path under test
         env.update(extra)
         return env
 

@@ -20,14 +20,27 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 
 
+#: The hot path's implementation under test (see conftest.py), every subprocess's default.
+ENV_TEST_NATIVE = "CHAINER_AUTOPROF_TEST_NATIVE"
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    """The current environment without any CHAINER_PROF_* or NVTX variables, plus ``extra``."""
+    """The current environment without any CHAINER_PROF_* or NVTX variables, plus ``extra``.
+
+    The implementation of the hot path under test stays (``CHAINER_AUTOPROF_TEST_NATIVE``).
+    """
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CHAINER_PROF_", "_CHAINER_PROF_", "NVTX_", "CHAINER_AUTOPROF_"))}
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + path if path else "")
+    env[ENV_TEST_NATIVE] = os.environ.get(ENV_TEST_NATIVE, "1")
     env.update(extra)
     return env
+
+
+def native_under_test() -> bool:
+    """Whether this run tests the native hot path (else the pure-Python one)."""
+    return os.environ.get(ENV_TEST_NATIVE, "1") == "1"
 
 
 @dataclass

@@ -53,6 +53,7 @@ BAD_VALUES = {
     "CHAINER_PROF_RECORD_LIMIT": ("10", "an integer >= 1000"),
     "CHAINER_PROF_ADVICE": ("nope", "1/0"),
     "CHAINER_PROF_REPLAY_BATCH": ("7", "1/0"),
+    "CHAINER_PROF_NATIVE": ("c", "1/0"),
     "CHAINER_PROF_CHILDREN": ("all", "1/0"),
     "CHAINER_PROF_RANKS": ("0,x", "'all' or a comma-separated list of ranks"),
 }

@@ -211,6 +211,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("replay_batch", parse_bool, False,
             "Experiment: feed the first converted batch again every iteration "
             "(how fast would training be if data were free?).", "0|1"),
+    Setting("native", parse_bool, True,
+            "Hot path: 1 runs the native extension where it is built (no Python frame per "
+            "call), 0 the pure-Python implementation.", "0|1"),
     Setting("children", parse_bool, True,
             "Profile child processes too (fork, spawn, forkserver).", "0|1"),
     Setting("ranks", parse_ranks, None,

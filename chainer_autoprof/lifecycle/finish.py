@@ -40,7 +40,7 @@ def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int) -> RunSt
     if recorder.agg.ranges == 0 and processes.is_child():
         return None
     end_ns = recorder.end_ns if recorder.end_ns is not None else tracer.clock()
-    cost = overhead.estimate(recorder, tracer.granularity_level, hits)
+    cost = overhead.estimate(recorder, tracer.granularity_level, hits, tracer.hotpath)
     stats = recorder.run_stats(end_ns, cost, metadata(cfg, tracer, recorder, end_ns))
     if cfg.trace:
         stats.meta["trace_path"] = _write_trace(recorder, tracer, cfg.trace, stats)
@@ -85,6 +85,7 @@ def metadata(cfg: Config, tracer: Any, recorder: Recorder, end_ns: int) -> dict[
                   "duration_ns": end_ns - start_ns},
         "warmup_skip": recorder.warm_skip,
         "granularity": cfg.granularity,
+        "implementation": tracer.hotpath.as_dict(),  # the hot path: native, or python and why
         "sync_ms": round(tracer.sync.seconds * 1e3, 3),
         "facts": {k: v for k, v in tracer.facts.items()
                   if isinstance(v, (int, float, str, bool, dict, list))},

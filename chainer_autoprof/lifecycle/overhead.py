@@ -11,44 +11,49 @@ from __future__ import annotations
 from time import perf_counter_ns
 from typing import Any
 
-import wrapt
-
 from ..common import names
 from ..common.settings import Config
+from ..runtime import hotpath
 from ..runtime.device import NullBackend
 from ..runtime.events import Tracer
 from ..runtime.policies import SyncPolicy
 from ..sinks.recorder import Recorder
 
-_calibration: tuple[float, float] | None = None
+_calibration: dict[str, tuple[float, float]] = {}
 
 
-def estimate(recorder: Recorder, granularity_level: int, hits: int) -> tuple[float, str]:
+def estimate(recorder: Recorder, granularity_level: int, hits: int,
+             implementation: Any = None) -> tuple[float, str]:
     """(milliseconds, method) of the agent's own time; ``hits``: instrumented calls made."""
+    impl = implementation if implementation is not None else hotpath.PYTHON
     try:
-        range_ns, call_ns = calibrate(granularity_level)
+        range_ns, call_ns = calibrate(granularity_level, impl)
     except Exception as exc:
-        return 0.0, f"not measured ({type(exc).__name__}: {exc})"
+        return 0.0, f"{impl.describe()} hot path; not measured ({type(exc).__name__}: {exc})"
     ranges = recorder.agg.ranges
     quiet_calls = max(0, hits - ranges)
     total_ns = ranges * range_ns + quiet_calls * call_ns + recorder.flush_ns
-    method = (f"calibrated at exit: {ranges:,} ranges x {range_ns / 1000:.2f} us"
+    method = (f"{impl.describe()} hot path; "
+              f"calibrated at exit: {ranges:,} ranges x {range_ns / 1000:.2f} us"
               f" + {quiet_calls:,} other instrumented calls x {call_ns / 1000:.2f} us"
               f" + {recorder.flush_ns / 1e6:.1f} ms aggregation")
     return total_ns / 1e6, method
 
 
-def calibrate(granularity_level: int, pairs: int = 4000) -> tuple[float, float]:
+def calibrate(granularity_level: int, implementation: Any = None,
+              pairs: int = 4000) -> tuple[float, float]:
     """(ns per recorded range, ns per instrumented call emitting nothing), measured once.
 
-    A scratch tracer with a scratch recorder (no NVTX, no sync) times
-    ``pairs`` begin/end pairs; a wrapt wrapper shaped like the patches' times
-    the cost of a call that emits nothing, against the bare call.
+    A scratch tracer with a scratch recorder (no NVTX, no sync), on the hot
+    path's implementation in use, times ``pairs`` begin/end pairs; a wrapper
+    of that implementation, shaped like the patches', times the cost of a
+    call that emits nothing, against the bare call.
     """
-    global _calibration
-    if _calibration is not None:
-        return _calibration
-    tracer = Tracer(granularity_level, SyncPolicy(0, NullBackend()))
+    impl = implementation if implementation is not None else hotpath.PYTHON
+    known = _calibration.get(impl.name)
+    if known is not None:
+        return known
+    tracer = Tracer(granularity_level, SyncPolicy(0, NullBackend()), implementation=impl)
     cfg = Config({"summary": False, "trace": None})
     tracer.add_sink(Recorder(cfg, tracer, chunk_ranges=pairs + 1))
     # iteration-level names: emitted at every granularity
@@ -67,26 +72,20 @@ def calibrate(granularity_level: int, pairs: int = 4000) -> tuple[float, float]:
         ts.record = None
     end(outer, ts)
 
-    class _Switch:
-        on = True
-        hits = 0
-
-    patch = _Switch()
     state = tracer.state
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        patch.hits += 1
-        if not patch.on:
-            return wrapped(*args, **kwargs)
-        st = state()
-        if st.quiet:
-            return wrapped(*args, **kwargs)
-        return wrapped(*args, **kwargs)
+    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        if state().quiet:
+            return None
+        return None
+
+    def fail(exc: BaseException) -> None:
+        pass
 
     def bare(x: Any) -> Any:
         return x
 
-    wrapped = wrapt.FunctionWrapper(bare, wrapper)
+    wrapped = impl.module.around(bare, impl.module.Switch(), enter, None, fail)
     best_call = float("inf")
     for _ in range(3):
         t0 = perf_counter_ns()
@@ -97,5 +96,6 @@ def calibrate(granularity_level: int, pairs: int = 4000) -> tuple[float, float]:
             bare(i)
         t2 = perf_counter_ns()
         best_call = min(best_call, max(0.0, ((t1 - t0) - (t2 - t1)) / pairs))
-    _calibration = (best_range, best_call)
-    return _calibration
+    result = _calibration[impl.name] = (best_range, best_call)
+    tracer.forget_thread()  # this thread's scratch state goes with the scratch tracer
+    return result

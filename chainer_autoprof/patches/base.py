@@ -4,26 +4,81 @@ An :class:`Instrumentor` (after OpenTelemetry's ``BaseInstrumentor``) says
 which library it instruments and which versions it knows, builds its
 targets, applies them when the library is imported and removes them exactly.
 A :class:`Patch` is one target (``Link.__call__``, ``Optimizer.update``, ...).
-It wraps the target with wrapt, and — for methods that subclasses override,
-such as an old-style model's ``__call__`` — every subclass that defines the
-method itself, now and later (through ``__init_subclass__`` on the base).
-Its status (patched / skipped / failed, with the reason) and hit count feed the
-status report.  An error in the agent's own code turns the patch off, is
-reported once, and the wrapped call goes on untouched.
+It replaces the target with a wrapper of the hot path's implementation
+(:mod:`..runtime.hotpath`: native or pure Python, one protocol), made from
+its hooks: :class:`Around` (``enter``/``exit`` called before and after the
+original), :class:`Hot` (one of the implementation's specialized wrappers)
+or :class:`Body` (a wrapper written in Python, for experiments).  For
+methods that subclasses override, such as an old-style model's
+``__call__``, every subclass that defines the method itself is wrapped too,
+now and later (through ``__init_subclass__`` on the base).  Its status
+(patched / skipped / failed, with the reason) and hit count feed the status
+report.  An error in the agent's own code turns the patch off, is reported
+once, and the wrapped call goes on untouched.
 """
 
 from __future__ import annotations
 
 import types
-from typing import Any, Callable
-
-import wrapt
+from typing import Any, Callable, Union
 
 from ..common import log
+from ..runtime import hotpath
+from ..runtime.hotpath import python as python_hotpath
 
-__all__ = ["Instrumentor", "Patch", "qualified_name"]
+__all__ = ["Around", "Body", "Hot", "Instrumentor", "Patch", "qualified_name"]
 
-Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
+
+class Around:
+    """A patch's hooks around the original call.
+
+    ``enter(instance, args, kwargs)`` runs before it and returns None (call
+    straight through) or a state for ``exit(state, result, exc)``, which runs
+    after it, whether it returned or raised.  With ``replace_args``, enter
+    returns ``(state, args, kwargs)``: the original gets those arguments.
+    Our own errors go to the patch's ``fail``; the call goes on.
+    """
+
+    __slots__ = ("enter", "exit", "replace_args")
+
+    def __init__(self, enter: Callable[[Any, tuple, dict], Any],
+                 exit: Callable[[Any, Any, BaseException | None], Any] | None = None,
+                 replace_args: bool = False) -> None:
+        self.enter = enter
+        self.exit = exit
+        self.replace_args = replace_args
+
+
+class Hot:
+    """One of the hot path's specialized wrappers (``link_wrapper``, ...) and its parameters."""
+
+    __slots__ = ("kind", "params")
+
+    def __init__(self, kind: str, **params: Any) -> None:
+        self.kind = kind
+        self.params = params
+
+
+class Body:
+    """A wrapper written in Python, ``body(original, instance, args, kwargs)`` (experiments only:
+    it keeps a Python frame on the stack in both implementations)."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, body: Callable[[Callable, Any, tuple, dict], Any]) -> None:
+        self.body = body
+
+
+Hooks = Union[Around, Hot, Body]
+
+
+#: A handle's original when the attribute was inherited (the class had none of its own).
+_INHERITED = object()
+
+
+def replace_attribute(owner: Any, attr: str, value: Any) -> None:
+    """Put ``value`` at ``owner.attr`` (one place, so that a test can make it refuse)."""
+    setattr(owner, attr, value)
 
 
 def qualified_name(obj: Any) -> str:
@@ -39,7 +94,7 @@ class Patch:
     """One instrumented target and its state."""
 
     def __init__(self, label: str, owner: Any, attr: str,
-                 make_wrapper: Callable[[Patch], Wrapper], subclasses: bool = False,
+                 make_hooks: Callable[[Patch], Hooks], subclasses: bool = False,
                  also: tuple[str, ...] = ()) -> None:
         self.label = label
         self.owner = owner
@@ -48,14 +103,50 @@ class Patch:
         self.subclasses = subclasses
         self.status = "pending"
         self.reason = ""
-        self.on = True
-        self.hits = 0
+        self.impl: hotpath.Implementation = hotpath.PYTHON
+        self.switch: Any = python_hotpath.Switch()  # on / hits, read by the wrappers
         self.owners: list[str] = []   # classes (or the module) whose attribute is wrapped
         # (owner, attribute, installed wrapper, original): one per attribute we replaced
         self._handles: list[tuple[Any, str, Any, Any]] = []
-        self._wrapper = make_wrapper(self)
+        self._hooks = make_hooks(self)
         self._prev_init_subclass: Any = None
         self._hooked = False
+
+    @property
+    def on(self) -> bool:
+        return self.switch.on
+
+    @on.setter
+    def on(self, value: bool) -> None:
+        self.switch.on = value
+
+    @property
+    def hits(self) -> int:
+        return self.switch.hits
+
+    @hits.setter
+    def hits(self, value: int) -> None:
+        self.switch.hits = value
+
+    def bind(self, impl: hotpath.Implementation) -> None:
+        """Make this patch's wrappers with ``impl`` (before :meth:`apply`)."""
+        if impl is not self.impl:
+            switch = impl.module.Switch()
+            switch.on, switch.hits = self.switch.on, self.switch.hits
+            self.impl, self.switch = impl, switch
+
+    def _make(self, original: Any, method: bool) -> Any:
+        """The wrapper of ``original`` (``method``: it is found in a class)."""
+        if method and not isinstance(original, types.FunctionType) \
+                and python_hotpath.switch_of(original) is None:  # (another patch's wrapper)
+            raise TypeError(f"{self.attr} is a {type(original).__name__}, not a function")
+        hooks, module = self._hooks, self.impl.module
+        if isinstance(hooks, Around):
+            return module.around(original, self.switch, hooks.enter, hooks.exit, self.fail,
+                                 method=method, replace_args=hooks.replace_args)
+        if isinstance(hooks, Hot):
+            return getattr(module, hooks.kind)(original, self.switch, self.fail, **hooks.params)
+        return _body_wrapper(original, self.switch, hooks.body, method)
 
     # -- errors -------------------------------------------------------------
     def fail(self, exc: BaseException) -> None:
@@ -75,12 +166,12 @@ class Patch:
                 self.status, self.reason = "skipped", \
                     f"{qualified_name(self.owner)} has no {self.attr}"
                 return
-            self._wrap_class(self.owner, wrapt)
+            self._wrap_class(self.owner)
             if self.subclasses and isinstance(self.owner, type):
                 missed = []
                 for cls in _all_subclasses(self.owner):
                     try:
-                        self._wrap_class(cls, wrapt, only_own=True)
+                        self._wrap_class(cls, only_own=True)
                     except Exception as exc:  # one odd subclass must not cost the rest
                         missed.append(f"{qualified_name(cls)} ({type(exc).__name__}: {exc})")
                 if missed:
@@ -91,21 +182,23 @@ class Patch:
             self.remove()
             self.status, self.reason = "failed", f"{type(exc).__name__}: {exc}"
 
-    def _wrap_class(self, cls: Any, wrapt: Any, only_own: bool = False) -> None:
+    def _wrap_class(self, cls: Any, only_own: bool = False) -> None:
         own = getattr(cls, "__dict__", {})
         if only_own and self.attr not in own:
             return
         original = own.get(self.attr)
-        if original is None:
+        inherited = original is None  # put on this class by us: removed, not restored
+        if inherited:
             original = getattr(cls, self.attr)
-        if getattr(original, "_self_wrapper", None) is self._wrapper:
+        if python_hotpath.switch_of(original) is self.switch:
             return  # already ours (e.g. ``__call__ = Base.__call__``): never wrap twice
-        handle = wrapt.wrap_function_wrapper(cls, self.attr, self._wrapper)
-        self._handles.append((cls, self.attr, handle, original))
+        wrapper = self._make(original, method=isinstance(cls, type))
+        replace_attribute(cls, self.attr, wrapper)
+        self._handles.append((cls, self.attr, wrapper, _INHERITED if inherited else original))
         for alias in self.also:
             if own.get(alias) is original:  # e.g. ``next = __next__``: one wrapper for both
-                setattr(cls, alias, handle)
-                self._handles.append((cls, alias, handle, original))
+                setattr(cls, alias, wrapper)
+                self._handles.append((cls, alias, wrapper, original))
         self.owners.append(qualified_name(cls))
 
     def _hook_future_subclasses(self) -> None:
@@ -121,7 +214,7 @@ class Patch:
                 super(base, cls).__init_subclass__(**kwargs)
             if patch.on and patch.status == "patched" and patch.attr in cls.__dict__:
                 try:
-                    patch._wrap_class(cls, wrapt, only_own=True)
+                    patch._wrap_class(cls, only_own=True)
                 except Exception as exc:
                     patch.fail(exc)
 
@@ -133,13 +226,14 @@ class Patch:
     def remove(self) -> None:
         """Restore every original exactly; wrappers still referenced call straight through."""
         self.on = False
-        for cls, attr, handle, original in reversed(self._handles):
+        for cls, attr, wrapper, original in reversed(self._handles):
             try:
-                if attr != self.attr:  # an alias we pointed at the wrapper
-                    if cls.__dict__.get(attr) is handle:
+                if cls.__dict__.get(attr) is wrapper:
+                    if original is _INHERITED:
+                        delattr(cls, attr)
+                    else:
                         setattr(cls, attr, original)
-                else:
-                    wrapt.unwrap_object(cls, attr, handle)
+                # else replaced since by someone else: theirs stays (ours calls straight through)
             except Exception as exc:
                 log.warning(f"could not restore {attr} on {qualified_name(cls)}: {exc}")
         self._handles.clear()
@@ -188,9 +282,10 @@ class Instrumentor:
     #: Libraries whose instrumentors must have applied before this one.
     requires: tuple[str, ...] = ()
 
-    def __init__(self) -> None:
+    def __init__(self, impl: hotpath.Implementation = hotpath.PYTHON) -> None:
         self.patches: list[Patch] = []
         self.module: Any = None  # the instrumented library, while applied
+        self.impl = impl         # the hot path's implementation its wrappers use
 
     def targets(self, module: Any) -> list[Patch]:
         """The patches for ``module`` (built, not yet applied)."""
@@ -216,6 +311,7 @@ class Instrumentor:
         self.module = module
         self.patches = self.targets(module)
         for patch in self.patches:
+            patch.bind(self.impl)
             patch.apply()
 
     def remove(self) -> None:
@@ -223,3 +319,18 @@ class Instrumentor:
         for patch in reversed(self.patches):
             patch.remove()
         self.module = None
+
+
+def _body_wrapper(original: Any, switch: Any, body: Callable, method: bool) -> Callable:
+    """A plain-function wrapper running ``body`` (an experiment's own Python wrapper)."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        switch.hits += 1
+        if not switch.on or (method and not args):
+            return original(*args, **kwargs)
+        if method:
+            bound = types.MethodType(original, args[0])
+            return body(bound, args[0], args[1:], kwargs)
+        return body(original, None, args, kwargs)
+
+    return python_hotpath.finish(original, wrapper, switch)

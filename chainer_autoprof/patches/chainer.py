@@ -37,7 +37,7 @@ from typing import Any, Callable
 from ..common import names
 from ..runtime.events import RangeInfo, ThreadState, Tracer
 from . import trainer as trainer_patches
-from .base import Instrumentor, Patch
+from .base import Around, Body, Hooks, Hot, Instrumentor, Patch
 
 
 class LinkEntry:
@@ -69,7 +69,7 @@ class ChainerPatches(Instrumentor):
 
     def __init__(self, tracer: Tracer, link_depth: int = 0,
                  replay: Any = None) -> None:
-        super().__init__()
+        super().__init__(tracer.hotpath)
         self.tracer = tracer
         self.link_depth = link_depth
         self.replay = replay  # optional: data-phase replay experiment hooks
@@ -90,6 +90,7 @@ class ChainerPatches(Instrumentor):
 
         self.config = chainer.config
         self.variable_cls = variable.Variable
+        self.function_node_cls = function_node.FunctionNode
         P = Patch  # noqa: N806
         patches = [
             P("Updater.update", updater.Updater, "update", self._wrap_updater, subclasses=True),
@@ -198,25 +199,23 @@ class ChainerPatches(Instrumentor):
         return None
 
     # -- wrappers -----------------------------------------------------------
-    # Each make-wrapper receives its Patch and returns the wrapt wrapper.  The
-    # pattern: our bookkeeping inside try/except (fail -> patch off, call
-    # through), the user's call outside it, its exception untouched.
+    # Each make-hooks receives its Patch and returns the hooks its wrapper calls
+    # (see :mod:`.base`): our bookkeeping before and after the call, inside
+    # try/except (fail -> patch off, call through); the user's call is made by
+    # the wrapper, its exception untouched.
 
-    def _wrap_updater(self, patch: Patch) -> Callable:
+    def _wrap_updater(self, patch: Patch) -> Hooks:
         tracer = self.tracer
         state = tracer.state
 
-        def wrapper(wrapped, instance, args, kwargs):
-            patch.hits += 1
-            if not patch.on:
-                return wrapped(*args, **kwargs)
+        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
             ts = state()
             if ts.iter_explicit:
-                return wrapped(*args, **kwargs)
+                return None
             lifted = ts.quiet
             if lifted:
                 if lifted != ts.in_trainer:  # in an extension or inference: not training
-                    return wrapped(*args, **kwargs)
+                    return None
                 ts.quiet = 0  # only Trainer.run's own quiet: its update is training
             try:
                 if ts.iter_busy:  # an implicit one left open: close it first
@@ -224,19 +223,20 @@ class ChainerPatches(Instrumentor):
                 tracer.begin_iteration(ts, explicit=True)
             except Exception as exc:
                 patch.fail(exc)
-            try:
-                return wrapped(*args, **kwargs)
-            finally:
-                ts.quiet += lifted
-                if ts.iter_explicit:
-                    try:
-                        tracer.end_iteration(ts)
-                    except Exception as exc:
-                        patch.fail(exc)
+            return (ts, lifted)
 
-        return wrapper
+        def exit(st: Any, result: Any, exc: BaseException | None) -> None:
+            ts, lifted = st
+            ts.quiet += lifted
+            if ts.iter_explicit:
+                try:
+                    tracer.end_iteration(ts)
+                except Exception as err:
+                    patch.fail(err)
 
-    def _wrap_data(self, patch: Patch) -> Callable:
+        return Around(enter, exit)
+
+    def _wrap_data(self, patch: Patch) -> Hooks:
         tracer = self.tracer
         state = tracer.state
         facts = tracer.facts
@@ -244,13 +244,9 @@ class ChainerPatches(Instrumentor):
         training = self._in_training_mode
         replay, kind = self.replay, patch.attr  # replay: the REPLAY_BATCH experiment
 
-        def wrapper(wrapped, instance, args, kwargs):
-            patch.hits += 1
-            if not patch.on:
-                return wrapped(*args, **kwargs)
-            ts = state()
+        def open_data(ts: Any) -> bool:
             if ts.quiet or ts.phase is not None:
-                return wrapped(*args, **kwargs)
+                return False
             opened = False
             try:
                 if ts.iter_busy or training():  # else: evaluation by hand
@@ -258,168 +254,144 @@ class ChainerPatches(Instrumentor):
                     tracer.begin_phase(ts, names.DATA)
             except Exception as exc:
                 patch.fail(exc)
-            if not opened:
-                return wrapped(*args, **kwargs)
+            return opened
+
+        def close_data(ts: Any, instance: Any, result: Any) -> None:
             try:
-                result = wrapped(*args, **kwargs) if replay is None else \
-                    replay.call(kind, wrapped, instance, args, kwargs)
-            finally:
-                try:
-                    tracer.end_phase(ts)
-                except Exception as exc:
-                    patch.fail(exc)
+                tracer.end_phase(ts)
+            except Exception as exc:
+                patch.fail(exc)
             if is_iterator and type(result) is list:
                 facts["batch_size"] = len(result)
                 facts.setdefault("iterator", type(instance).__name__)
-            return result
 
-        return wrapper
+        if replay is not None:
+            # The experiment replaces the call itself: a Python wrapper (a frame of ours).
+            def body(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+                ts = state()
+                if not open_data(ts):
+                    return wrapped(*args, **kwargs)
+                result = None
+                try:
+                    result = replay.call(kind, wrapped, instance, args, kwargs)
+                finally:
+                    close_data(ts, instance, result)
+                return result
 
-    def _wrap_link(self, patch: Patch) -> Callable:
+            return Body(body)
+
+        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+            ts = state()
+            return (ts, instance) if open_data(ts) else None
+
+        def exit(st: Any, result: Any, exc: BaseException | None) -> None:
+            close_data(st[0], st[1], result)
+
+        return Around(enter, exit)
+
+    def _wrap_link(self, patch: Patch) -> Hooks:
         tracer = self.tracer
-        state, begin, end = tracer.state, tracer.begin, tracer.end
-        local = tracer._local  # the thread-local state, read inline (no call)
-        roots = self.roots
-        make_entry = self._entry
+        begin, end = tracer.begin, tracer.end
         training = self._in_training_mode
         inference_info = tracer.info(names.INFERENCE, names.INFERENCE)
-        variable_cls = self.variable_cls
-        attribute_backward = self.link_ranges and not self.function_ranges
-        # Below the link level only the outermost link matters (forward phase, inference):
-        # the links it calls need no entry and no bookkeeping at all.
-        inner_links_matter = self.link_ranges
+        forward = (names.FORWARD,)  # the outermost link opened the forward phase
 
-        def wrapper(wrapped, instance, args, kwargs):
-            patch.hits += 1
-            if not patch.on:
-                return wrapped(*args, **kwargs)
-            try:
-                ts = local.state
-            except AttributeError:
-                ts = state()
-            links = ts.links
-            if links and (links[-1][0] is instance or not inner_links_matter):
-                return wrapped(*args, **kwargs)  # super().__call__ of the same link, or inner
-            mode = 0  # 1: opened the forward phase, 2: opened inference
-            tok = inf_tok = entry = None
-            pushed = False
-            try:
-                if links:
-                    parent = links[-1][1]
-                    entry = parent.children.get(id(instance))
-                else:
-                    parent = None
-                    entry = roots.get(id(instance))
-                if entry is None or entry.ref() is not instance:
-                    entry = make_entry(instance, parent)
-                if parent is None and not ts.quiet:
-                    if not training():
-                        if not ts.iter_busy or ts.phase is None:
-                            mode = 2
-                            ts.quiet += 1
-                            inf_tok = begin(inference_info, ts)
-                    elif ts.phase is None:
-                        mode = 1
-                        tracer.begin_phase(ts, names.FORWARD)
-                links.append((instance, entry))
-                pushed = True
-                if entry.info is not None:
-                    tok = begin(entry.info, ts)
-            except Exception as exc:
-                patch.fail(exc)  # what was opened is closed below, as after a call
-            try:
-                out = wrapped(*args, **kwargs)
-            finally:
+        def outer_enter(instance: Any, ts: Any) -> Any:
+            """The outermost link: the forward phase, or an inference range."""
+            if ts.quiet:
+                return None
+            if not training():
+                if not ts.iter_busy or ts.phase is None:
+                    tok = begin(inference_info, ts)
+                    ts.quiet += 1
+                    return [tok]
+                return None
+            if ts.phase is None:
                 try:
-                    if pushed:
-                        links.pop()
-                    if mode == 2:
-                        ts.quiet -= 1
-                    if tok is not None:  # a link below the granularity: no call at all
-                        end(tok, ts)
-                    if mode == 1:
-                        tracer.end_phase(ts)
-                    elif mode == 2:
-                        end(inf_tok, ts)
+                    tracer.begin_phase(ts, names.FORWARD)
                 except Exception as exc:
-                    patch.fail(exc)
-            if attribute_backward and pushed and isinstance(out, variable_cls):
-                try:  # the innermost link that returned it owns its backward
-                    node = out.creator_node
-                    if node is not None and getattr(node, "_chainer_autoprof_link", None) is None:
-                        node._chainer_autoprof_link = entry.index
-                except Exception as exc:
-                    patch.fail(exc)
-            return out
+                    patch.fail(exc)  # closed after the call, as the phase it opened
+                return forward
+            return None
 
-        return wrapper
+        def outer_exit(ts: Any, mode: Any) -> None:
+            if mode is forward:
+                tracer.end_phase(ts)
+            else:
+                ts.quiet -= 1
+                end(mode[0], ts)
 
-    def _wrap_backward(self, patch: Patch) -> Callable:
+        return Hot("link_wrapper", core=tracer.core, roots=self.roots,
+                   make_entry=self._entry, outer_enter=outer_enter, outer_exit=outer_exit,
+                   entry_cls=LinkEntry, variable_cls=self.variable_cls,
+                   # Below the link level only the outermost link matters (forward phase,
+                   # inference): the links it calls need no entry and no bookkeeping at all.
+                   inner_links_matter=self.link_ranges,
+                   attribute_backward=self.link_ranges and not self.function_ranges)
+
+    def _wrap_backward(self, patch: Patch) -> Hooks:
         tracer = self.tracer
         state = tracer.state
 
-        def wrapper(wrapped, instance, args, kwargs):
-            patch.hits += 1
-            if not patch.on:
-                return wrapped(*args, **kwargs)
+        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
             ts = state()
             if ts.quiet or ts.phase is not None:
-                return wrapped(*args, **kwargs)
+                return None
             try:
                 tracer.begin_phase(ts, names.BACKWARD)
             except Exception as exc:
                 patch.fail(exc)  # closed below, as after a call
-            ok = False
+            return ts
+
+        def exit(ts: Any, result: Any, exc: BaseException | None) -> None:
             try:
-                result = wrapped(*args, **kwargs)
-                ok = True
-                return result
-            finally:
-                try:
-                    if ts.bwd_link_tok is not None:
-                        tracer.end(ts.bwd_link_tok, ts)
-                    ts.bwd_link = ts.bwd_link_tok = None
-                    if ts.phase == names.BACKWARD:
-                        tracer.end_phase(ts)
-                    if ts.await_update:  # inside Optimizer.update(lossfun): the update follows
-                        ts.await_update = False
-                        if ok and patch.on:
-                            tracer.begin_phase(ts, names.UPDATE)
-                except Exception as exc:
-                    patch.fail(exc)
+                if ts.bwd_link_tok is not None:
+                    tracer.end(ts.bwd_link_tok, ts)
+                ts.bwd_link = ts.bwd_link_tok = None
+                if ts.phase == names.BACKWARD:
+                    tracer.end_phase(ts)
+                if ts.await_update:  # inside Optimizer.update(lossfun): the update follows
+                    ts.await_update = False
+                    if exc is None and patch.on:
+                        tracer.begin_phase(ts, names.UPDATE)
+            except Exception as err:
+                patch.fail(err)
 
-        return wrapper
+        return Around(enter, exit)
 
-    def _wrap_optimizer(self, patch: Patch) -> Callable:
+    def _wrap_optimizer(self, patch: Patch) -> Hooks:
         tracer = self.tracer
         state = tracer.state
+        module = self.impl.module
+
+        def loss_enter(ts: Any, args: tuple, kwargs: dict) -> Any:
+            if not patch.on or ts.phase is not None:
+                return None
+            try:
+                tracer.begin_phase(ts, names.FORWARD)
+            except Exception as exc:
+                patch.fail(exc)
+            return ts
+
+        def loss_exit(ts: Any, result: Any, exc: BaseException | None) -> None:
+            try:
+                tracer.end_phase(ts)
+            except Exception as err:
+                patch.fail(err)
 
         def forward_phase(ts: ThreadState, lossfun: Callable) -> Callable:
-            def loss_call(*a, **k):
-                opened = False
-                if patch.on and ts.phase is None:
-                    opened = True
-                    try:
-                        tracer.begin_phase(ts, names.FORWARD)
-                    except Exception as exc:
-                        patch.fail(exc)
-                try:
-                    return lossfun(*a, **k)
-                finally:
-                    if opened:
-                        try:
-                            tracer.end_phase(ts)
-                        except Exception as exc:
-                            patch.fail(exc)
-            return loss_call
+            """The loss function as the forward phase (its call is made from C natively)."""
+            switch = module.Switch()
 
-        def wrapper(wrapped, instance, args, kwargs):
-            patch.hits += 1
-            if not patch.on:
-                return wrapped(*args, **kwargs)
+            def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+                return loss_enter(ts, args, kwargs)
+
+            return module.around(lossfun, switch, enter, loss_exit, patch.fail)
+
+        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
             ts = state()
             if ts.quiet:
-                return wrapped(*args, **kwargs)
+                return None
             outer = ts.opt_depth == 0
             ts.opt_depth += 1
             opened_update = awaiting = False
@@ -441,34 +413,32 @@ class ChainerPatches(Instrumentor):
             except Exception as exc:
                 patch.fail(exc)  # the user's own arguments; what was opened is closed below
                 call_args, call_kwargs = args, kwargs
+            return (ts, outer, opened_update, awaiting), call_args, call_kwargs
+
+        def exit(st: Any, result: Any, exc: BaseException | None) -> None:
+            ts, outer, opened_update, awaiting = st
             try:
-                return wrapped(*call_args, **call_kwargs)
-            finally:
-                try:
-                    ts.opt_depth -= 1
-                    if opened_update or (awaiting and ts.phase == names.UPDATE):
-                        tracer.end_phase(ts)
-                    if awaiting:
-                        ts.await_update = False
-                    if outer and ts.iter_busy and not ts.iter_explicit:
-                        tracer.end_iteration(ts)
-                except Exception as exc:
-                    patch.fail(exc)
+                ts.opt_depth -= 1
+                if opened_update or (awaiting and ts.phase == names.UPDATE):
+                    tracer.end_phase(ts)
+                if awaiting:
+                    ts.await_update = False
+                if outer and ts.iter_busy and not ts.iter_explicit:
+                    tracer.end_iteration(ts)
+            except Exception as err:
+                patch.fail(err)
 
-        return wrapper
+        return Around(enter, exit, replace_args=True)
 
-    def _wrap_extension(self, patch: Patch) -> Callable:
+    def _wrap_extension(self, patch: Patch) -> Hooks:
         tracer = self.tracer
         state, begin, end = tracer.state, tracer.begin, tracer.end
         cache: dict[tuple[str, type], RangeInfo] = {}
 
-        def wrapper(wrapped, instance, args, kwargs):
-            patch.hits += 1
-            if not patch.on:
-                return wrapped(*args, **kwargs)
+        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
             ts = state()
             if ts.extension is instance:  # super().__call__ of the same extension
-                return wrapped(*args, **kwargs)
+                return None
             previous = ts.extension
             entered = False
             tok = None
@@ -485,110 +455,36 @@ class ChainerPatches(Instrumentor):
                 tok = begin(info, ts)
             except Exception as exc:
                 patch.fail(exc)
+            return (ts, previous, tok) if entered else None
+
+        def exit(st: Any, result: Any, exc: BaseException | None) -> None:
+            ts, previous, tok = st
+            ts.quiet -= 1
+            ts.extension = previous
             try:
-                return wrapped(*args, **kwargs)
-            finally:
-                if entered:
-                    ts.quiet -= 1
-                    ts.extension = previous
-                    try:
-                        end(tok, ts)
-                    except Exception as exc:
-                        patch.fail(exc)
+                end(tok, ts)
+            except Exception as err:
+                patch.fail(err)
 
-        return wrapper
+        return Around(enter, exit)
 
-    def _wrap_backprop_step(self, patch: Patch) -> Callable:
+    def _function_info(self, backward: bool) -> Callable[[str], RangeInfo]:
         tracer = self.tracer
-        state, begin, end = tracer.state, tracer.begin, tracer.end
-        local = tracer._local  # the thread-local state, read inline (no call)
-        entries = self.entries
-        function_ranges = self.function_ranges
-        infos: dict[str, RangeInfo] = {}
 
-        def wrapper(wrapped, instance, args, kwargs):
-            patch.hits += 1
-            if not patch.on:
-                return wrapped(*args, **kwargs)
-            try:
-                ts = local.state
-            except AttributeError:
-                ts = state()
-            if ts.phase != names.BACKWARD:
-                return wrapped(*args, **kwargs)
-            tok = None
-            try:
-                func = args[0] if args else kwargs["func"]
-                # The link that owns this node: at link granularity the innermost link
-                # that returned its output (a node no link returned, such as an activation
-                # between two links, stays in the current range); at function granularity
-                # the innermost link it was applied in (none: outside every link).
-                owner = getattr(func, "_chainer_autoprof_link", None)
-                if owner is not None:
-                    if owner != ts.bwd_link:
-                        if ts.bwd_link_tok is not None:
-                            end(ts.bwd_link_tok, ts)
-                        ts.bwd_link = owner
-                        entry = entries.get(owner)
-                        info = entry.bwd_info if entry is not None else None
-                        ts.bwd_link_tok = begin(info, ts) if info is not None else None
-                elif function_ranges and ts.bwd_link is not None:
-                    if ts.bwd_link_tok is not None:
-                        end(ts.bwd_link_tok, ts)
-                    ts.bwd_link = ts.bwd_link_tok = None
-                if function_ranges:
-                    label = func.label
-                    info = infos.get(label)
-                    if info is None:
-                        info = infos[label] = tracer.info(
-                            names.function_text(label, True), names.FUNCTION)
-                    tok = begin(info, ts)
-            except Exception as exc:
-                patch.fail(exc)
-            try:
-                return wrapped(*args, **kwargs)
-            finally:
-                if tok is not None:
-                    try:
-                        end(tok, ts)
-                    except Exception as exc:
-                        patch.fail(exc)
+        def new_info(label: str) -> RangeInfo:
+            return tracer.info(names.function_text(label, backward), names.FUNCTION)
 
-        return wrapper
+        return new_info
 
-    def _wrap_function_apply(self, patch: Patch) -> Callable:
-        tracer = self.tracer
-        state, begin, end = tracer.state, tracer.begin, tracer.end
-        local = tracer._local  # the thread-local state, read inline (no call)
-        infos: dict[str, RangeInfo] = {}
+    def _wrap_backprop_step(self, patch: Patch) -> Hooks:
+        return Hot("backprop_wrapper", core=self.tracer.core,
+                   new_info=self._function_info(True),
+                   default_label=self.function_node_cls.__dict__.get("label"),
+                   entry_cls=LinkEntry, entries=self.entries, backward=names.BACKWARD,
+                   function_ranges=self.function_ranges, method=False)
 
-        def wrapper(wrapped, instance, args, kwargs):
-            patch.hits += 1
-            if not patch.on:
-                return wrapped(*args, **kwargs)
-            try:
-                ts = local.state
-            except AttributeError:
-                ts = state()
-            tok = None
-            try:
-                label = instance.label
-                info = infos.get(label)
-                if info is None:
-                    info = infos[label] = tracer.info(
-                        names.function_text(label, False), names.FUNCTION)
-                if ts.links:  # the innermost link being called owns its backward
-                    instance._chainer_autoprof_link = ts.links[-1][1].index
-                tok = begin(info, ts)
-            except Exception as exc:
-                patch.fail(exc)
-            try:
-                return wrapped(*args, **kwargs)
-            finally:
-                if tok is not None:
-                    try:
-                        end(tok, ts)
-                    except Exception as exc:
-                        patch.fail(exc)
-
-        return wrapper
+    def _wrap_function_apply(self, patch: Patch) -> Hooks:
+        return Hot("apply_wrapper", core=self.tracer.core,
+                   new_info=self._function_info(False),
+                   default_label=self.function_node_cls.__dict__.get("label"),
+                   entry_cls=LinkEntry, method=True)

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from ..common import names, rank
 from ..runtime.events import Tracer
-from .base import Instrumentor, Patch
+from .base import Around, Instrumentor, Patch
 
 #: Communicator methods that get a ``comm:<method>`` range.
 COMM_METHODS = (
@@ -88,7 +88,7 @@ class ChainerMNPatches(Instrumentor):
 
     def __init__(self, tracer: Tracer, chainer_patches: Any,
                  on_rank: Callable[[int, int | None], Any]) -> None:
-        super().__init__()
+        super().__init__(tracer.hotpath)
         self.tracer = tracer
         self.chainer_patches = chainer_patches
         self.on_rank = on_rank
@@ -118,7 +118,7 @@ class ChainerMNPatches(Instrumentor):
 
 
     # -- wrappers -----------------------------------------------------------
-    def _wrap_comm(self, patch: Patch) -> Callable:
+    def _wrap_comm(self, patch: Patch) -> Around:
         tracer = self.tracer
         state, begin, end, clock = tracer.state, tracer.begin, tracer.end, tracer.clock
         info = tracer.info(names.comm_text(patch.attr.lstrip("_")), names.COMM)
@@ -127,47 +127,40 @@ class ChainerMNPatches(Instrumentor):
         note_end = rank.note_collective_end
         op = info.name
 
-        def wrapper(wrapped, instance, args, kwargs):
-            patch.hits += 1
-            if not patch.on:
-                return wrapped(*args, **kwargs)
+        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
             ts = state()
             stack = ts.stack
             if stack and stack[-1][0].category == comm_category:
-                return wrapped(*args, **kwargs)  # inside another comm call
-            try:
-                tok = begin(info, ts)
-            except Exception as exc:
-                patch.fail(exc)
-                return wrapped(*args, **kwargs)
-            try:
-                return wrapped(*args, **kwargs)
-            finally:
-                try:
-                    end(tok, ts)  # at sync level 2 or more, after the GPU has finished
-                    if synchronizing and rank.clock_reference() is None:
-                        note_end(op, clock())
-                except Exception as exc:
-                    patch.fail(exc)
+                return None  # inside another comm call
+            return (ts, begin(info, ts))  # an error: the hook turns off, the call goes on
 
-        return wrapper
+        def exit(st: Any, result: Any, exc: BaseException | None) -> None:
+            ts, tok = st
+            try:
+                end(tok, ts)  # at sync level 2 or more, after the GPU has finished
+                if synchronizing and rank.clock_reference() is None:
+                    note_end(op, clock())
+            except Exception as err:
+                patch.fail(err)
 
-    def _wrap_create_communicator(self, patch: Patch) -> Callable:
+        return Around(enter, exit)
+
+    def _wrap_create_communicator(self, patch: Patch) -> Around:
         on_rank = self.on_rank
 
-        def wrapper(wrapped, instance, args, kwargs):
-            patch.hits += 1
-            comm = wrapped(*args, **kwargs)
-            if patch.on:
+        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+            return True
+
+        def exit(st: Any, comm: Any, exc: BaseException | None) -> None:
+            if exc is None and patch.on:
                 try:
                     number, size = _world_rank(comm)
                     if number is not None:
                         on_rank(number, size)
-                except Exception as exc:
-                    patch.fail(exc)
-            return comm
+                except Exception as err:
+                    patch.fail(err)
 
-        return wrapper
+        return Around(enter, exit)
 
 
 def _world_rank(comm: Any) -> tuple[int | None, int | None]:

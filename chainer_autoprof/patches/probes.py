@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy
 
 from ..common import log, names
-from .base import Instrumentor, Patch
+from .base import Around, Instrumentor, Patch
 
 #: The training iteration (counted from 0) whose function calls are counted.
 #: The second one: the first may run lazy initialization, and the count runs
@@ -57,7 +57,7 @@ class Probes(Instrumentor):
     requires = ("chainer",)
 
     def __init__(self, tracer: Any, count_iteration: int = COUNT_ITERATION) -> None:
-        super().__init__()
+        super().__init__(tracer.hotpath)
         self.tracer = tracer
         self.facts: dict[str, Any] = tracer.facts
         self.count_iteration = count_iteration
@@ -110,24 +110,25 @@ class Probes(Instrumentor):
             self._publish_count(hook, complete=False)
 
     # -- Optimizer.update: one snapshot, one counted iteration ------------------
-    def _wrap_update(self, patch: Patch) -> Callable:
+    def _wrap_update(self, patch: Patch) -> Around:
         state = self.tracer.state
 
-        def wrapper(wrapped, instance, args, kwargs):
-            patch.hits += 1
-            if self.update_done or not patch.on:
-                return wrapped(*args, **kwargs)
-            training = not state().quiet  # not inside an extension, inference, a trainer's gap
-            result = wrapped(*args, **kwargs)
-            if training:
-                try:
-                    self._after_training_update(instance)
-                except Exception as exc:
-                    patch.fail(exc)
-                    self.close()
-            return result
+        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+            if self.update_done:
+                return None
+            # not inside an extension, inference, a trainer's gap
+            return (instance,) if not state().quiet else None
 
-        return wrapper
+        def exit(st: Any, result: Any, exc: BaseException | None) -> None:
+            if exc is not None:
+                return
+            try:
+                self._after_training_update(st[0])
+            except Exception as err:
+                patch.fail(err)
+                self.close()
+
+        return Around(enter, exit)
 
     def _after_training_update(self, optimizer: Any) -> None:
         if not self.snapshot_done:
@@ -176,13 +177,12 @@ class Probes(Instrumentor):
             facts["blas"] = blas_facts()
 
     # -- Extension.__call__: does an evaluation build the graph? ---------------
-    def _wrap_extension(self, patch: Patch) -> Callable:
+    def _wrap_extension(self, patch: Patch) -> Around:
         seen = self._seen_extensions
 
-        def wrapper(wrapped, instance, args, kwargs):
-            patch.hits += 1
-            if not patch.on or id(instance) in seen:
-                return wrapped(*args, **kwargs)
+        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+            if id(instance) in seen:
+                return None
             hook = None
             try:
                 seen.add(id(instance))
@@ -191,18 +191,18 @@ class Probes(Instrumentor):
                     hook = None
             except Exception as exc:
                 patch.fail(exc)
-            try:
-                return wrapped(*args, **kwargs)
-            finally:
-                if hook is not None:
-                    try:
-                        _exit_hook(hook)
-                        if hook.eval_functions:
-                            self._record_evaluation(instance, hook)
-                    except Exception as exc:
-                        patch.fail(exc)
+            return (instance, hook) if hook is not None else None
 
-        return wrapper
+        def exit(st: Any, result: Any, exc: BaseException | None) -> None:
+            instance, hook = st
+            try:
+                _exit_hook(hook)
+                if hook.eval_functions:
+                    self._record_evaluation(instance, hook)
+            except Exception as err:
+                patch.fail(err)
+
+        return Around(enter, exit)
 
     def _record_evaluation(self, extension: Any, hook: Any) -> None:
         cls = type(extension).__name__
@@ -246,26 +246,24 @@ class Probes(Instrumentor):
         return patches
 
     def _transfer_wrapper(self, label: str, test: Callable[[Any], bool] | None,
-                          var_on_gpu: Callable[[Any], bool]) -> Callable[[Patch], Callable]:
+                          var_on_gpu: Callable[[Any], bool]) -> Callable[[Patch], Around]:
         state = self.tracer.state
         tracer = self.tracer
 
-        def make(patch: Patch) -> Callable:
-            def wrapper(wrapped, instance, args, kwargs):
-                patch.hits += 1
-                if patch.on:
-                    try:
-                        ts = state()
-                        if ts.iter_busy and not ts.quiet and ts.phase != names.DATA:
-                            obj = args[0] if args else None
-                            hit = var_on_gpu(instance) if test is None else test(obj)
-                            if hit:
-                                self._record_transfer(label, ts.phase, tracer.iterations)
-                    except Exception as exc:
-                        patch.fail(exc)
-                return wrapped(*args, **kwargs)
+        def make(patch: Patch) -> Around:
+            def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+                try:
+                    ts = state()
+                    if ts.iter_busy and not ts.quiet and ts.phase != names.DATA:
+                        obj = args[0] if args else None
+                        hit = var_on_gpu(instance) if test is None else test(obj)
+                        if hit:
+                            self._record_transfer(label, ts.phase, tracer.iterations)
+                except Exception as exc:
+                    patch.fail(exc)
+                return None
 
-            return wrapper
+            return Around(enter)
 
         return make
 

@@ -11,9 +11,10 @@ CORE_TARGETS = frozenset({"Link.__call__", "Variable.backward", "Optimizer.updat
 
 
 def status_report(patches: Sequence[Patch], chainer_imported: bool, trained: bool,
-                  at_exit: bool = False) -> str:
-    """One line per patch target; at exit, targets never hit while training are flagged."""
-    lines = []
+                  at_exit: bool = False, implementation: str = "") -> str:
+    """The hot path's implementation, then one line per patch target; at exit, targets
+    never hit while training are flagged."""
+    lines = [f"  hot path: {implementation}"] if implementation else []
     for patch in patches:
         owners = ", ".join(patch.owners[:3]) + (f" (+{len(patch.owners) - 3})"
                                                  if len(patch.owners) > 3 else "")

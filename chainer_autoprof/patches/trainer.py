@@ -13,65 +13,63 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
-import wrapt
+from typing import Any
 
 from ..common import names
-from .base import Patch
+from .base import Around, Patch
 
 
-def wrap_trainer_run(tracer: Any, patch: Patch) -> Callable:
+def wrap_trainer_run(tracer: Any, patch: Patch) -> Around:
     """Everything inside ``Trainer.run`` but outside an update is quiet."""
     state = tracer.state
 
-    def wrapper(wrapped, instance, args, kwargs):
-        patch.hits += 1
-        if not patch.on:
-            return wrapped(*args, **kwargs)
+    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
         ts = state()
         ts.quiet += 1
         ts.in_trainer += 1
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            ts.quiet -= 1
-            ts.in_trainer -= 1
+        return ts
 
-    return wrapper
+    def exit(ts: Any, result: Any, exc: BaseException | None) -> None:
+        ts.quiet -= 1
+        ts.in_trainer -= 1
+
+    return Around(enter, exit)
 
 
-def wrap_trainer_extend(tracer: Any, patch: Patch, extension_cls: type) -> Callable:
+def wrap_trainer_extend(tracer: Any, patch: Patch, extension_cls: type) -> Around:
     """Give function extensions an extension range of their own."""
-    def wrapper(wrapped, instance, args, kwargs):
-        patch.hits += 1
-        if not patch.on:
-            return wrapped(*args, **kwargs)
-        try:
-            ext = args[0] if args else kwargs.get("extension")
-            if ext is not None and not isinstance(ext, extension_cls) and callable(ext) \
-                    and not isinstance(ext, wrapt.ObjectProxy):
-                name = (args[1] if len(args) > 1 else kwargs.get("name")) \
-                    or getattr(ext, "name", None) or getattr(ext, "default_name", None) \
-                    or getattr(ext, "__name__", "extension")
-                info = tracer.info(names.extension_text(str(name), ""), names.EXTENSION)
-                proxy = wrapt.FunctionWrapper(ext, _extension_call(tracer, patch, info))
-                args = (proxy, *args[1:]) if args else args
-                if not args:
-                    kwargs = dict(kwargs, extension=proxy)
-        except Exception as exc:
-            patch.fail(exc)
-        return wrapped(*args, **kwargs)
+    module = tracer.hotpath.module
 
-    return wrapper
+    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        ext = args[0] if args else kwargs.get("extension")
+        if ext is None or isinstance(ext, extension_cls) or not callable(ext) \
+                or _ours(ext):
+            return None
+        name = (args[1] if len(args) > 1 else kwargs.get("name")) \
+            or getattr(ext, "name", None) or getattr(ext, "default_name", None) \
+            or getattr(ext, "__name__", "extension")
+        info = tracer.info(names.extension_text(str(name), ""), names.EXTENSION)
+        enter_ext, exit_ext = _extension_call(tracer, patch, info)
+        proxy = module.around(ext, module.Switch(), enter_ext, exit_ext, patch.fail,
+                              proxy=True)
+        if args:
+            return None, (proxy, *args[1:]), kwargs
+        return None, args, dict(kwargs, extension=proxy)
+
+    return Around(enter, replace_args=True)
 
 
-def _extension_call(tracer: Any, patch: Patch, info: Any) -> Callable:
+def _ours(ext: Any) -> bool:
+    return getattr(ext, "_chainer_autoprof_switch", None) is not None
+
+
+def _extension_call(tracer: Any, patch: Patch, info: Any) -> tuple[Any, Any]:
+    """The hooks of a function extension's call: quiet, and its extension range."""
     state, begin, end = tracer.state, tracer.begin, tracer.end
 
-    def call(wrapped, instance, args, kwargs):
+    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
         if not patch.on:
-            return wrapped(*args, **kwargs)
+            return None
         ts = state()
         ts.quiet += 1
         tok = None
@@ -79,19 +77,20 @@ def _extension_call(tracer: Any, patch: Patch, info: Any) -> Callable:
             tok = begin(info, ts)
         except Exception as exc:
             patch.fail(exc)
+        return (ts, tok)
+
+    def exit(st: Any, result: Any, exc: BaseException | None) -> None:
+        ts, tok = st
+        ts.quiet -= 1
         try:
-            return wrapped(*args, **kwargs)
-        finally:
-            ts.quiet -= 1
-            try:
-                end(tok, ts)
-            except Exception as exc:
-                patch.fail(exc)
+            end(tok, ts)
+        except Exception as err:
+            patch.fail(err)
 
-    return call
+    return enter, exit
 
 
-def wrap_mpu_gather_grads(tracer: Any, patch: Patch) -> Callable:
+def wrap_mpu_gather_grads(tracer: Any, patch: Patch) -> Around:
     """``multiprocess_parallel_updater.gather_grads``: the update phase begins.
 
     MultiprocessParallelUpdater workers never call an optimizer: their
@@ -102,35 +101,32 @@ def wrap_mpu_gather_grads(tracer: Any, patch: Patch) -> Callable:
     """
     state = tracer.state
 
-    def wrapper(wrapped, instance, args, kwargs):
-        patch.hits += 1
-        if patch.on:
-            ts = state()
-            try:
-                if ts.iter_busy and ts.phase is None and not ts.quiet:
-                    tracer.begin_phase(ts, names.UPDATE)
-            except Exception as exc:
-                patch.fail(exc)
-        return wrapped(*args, **kwargs)
+    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        ts = state()
+        try:
+            if ts.iter_busy and ts.phase is None and not ts.quiet:
+                tracer.begin_phase(ts, names.UPDATE)
+        except Exception as exc:
+            patch.fail(exc)
+        return None
 
-    return wrapper
+    return Around(enter)
 
 
-def wrap_mpu_scatter_params(tracer: Any, patch: Patch) -> Callable:
+def wrap_mpu_scatter_params(tracer: Any, patch: Patch) -> Around:
     """``multiprocess_parallel_updater.scatter_params``: a worker's iteration ends."""
     state = tracer.state
 
-    def wrapper(wrapped, instance, args, kwargs):
-        patch.hits += 1
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            if patch.on:
-                ts = state()
-                try:
-                    if ts.iter_busy and not ts.iter_explicit and not ts.quiet:
-                        tracer.end_iteration(ts)
-                except Exception as exc:
-                    patch.fail(exc)
+    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        return True
 
-    return wrapper
+    def exit(st: Any, result: Any, exc: BaseException | None) -> None:
+        if patch.on:
+            ts = state()
+            try:
+                if ts.iter_busy and not ts.iter_explicit and not ts.quiet:
+                    tracer.end_iteration(ts)
+            except Exception as err:
+                patch.fail(err)
+
+    return Around(enter, exit)

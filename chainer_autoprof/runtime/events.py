@@ -8,6 +8,11 @@ Hot-path contract: a range is a :class:`RangeInfo` created once per distinct
 name (attributes for every sink built then, not per call).  ``begin`` returns
 a token that must be passed to ``end`` (``None`` when nothing was emitted, so
 ``end(None)`` is a cheap no-op).
+
+``begin``, ``end`` and ``state`` below are the pure-Python implementation; with
+the native hot path (:mod:`.hotpath`) the tracer's ``core`` does them in C,
+on the same ThreadState objects (``ts.stack`` stays a list of ``(RangeInfo,
+t0)`` tuples, outermost first).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from time import perf_counter_ns
 from typing import Any, Callable, Protocol
 
 from ..common import names
+from . import hotpath
 from .policies import CaptureWindow, SyncPolicy
 
 
@@ -99,7 +105,8 @@ class Tracer:
 
     def __init__(self, granularity_level: int, sync: SyncPolicy,
                  window: CaptureWindow | None = None, sinks: list[Any] | None = None,
-                 clock: Callable[[], int] = perf_counter_ns) -> None:
+                 clock: Callable[[], int] = perf_counter_ns,
+                 implementation: hotpath.Implementation | None = None) -> None:
         self.granularity_level = granularity_level
         self.sync = sync
         self.window = window
@@ -117,6 +124,15 @@ class Tracer:
         self.facts: dict[str, Any] = {}  # e.g. batch_size, seen by patches
         self.pid = os.getpid()
         self.start_ns = clock()
+        #: The hot path's implementation, and what its wrappers call (``tracer.core``).
+        self.hotpath = implementation or hotpath.PYTHON
+        self.core: Any = self
+        if self.hotpath.native:
+            core = self.hotpath.module.Core(
+                ThreadState, RangeInfo, self._new_state, sync.synchronize, window,
+                None if clock is perf_counter_ns else clock)
+            self.core = core
+            self.begin, self.end, self.state = core.begin, core.end, core.state  # type: ignore
         for sink in sinks or ():
             self.add_sink(sink)
 
@@ -129,12 +145,28 @@ class Tracer:
         self._end_fns = tuple(s.end for s in self.sinks if getattr(s, "end", None))
         # A sink that ignores t0/t1 says so with ``timed = False`` (NVTX): two clock reads saved
         self._timed = any(getattr(s, "timed", True) for s in self.sinks)
+        self._sinks_changed()
 
     def remove_sinks(self) -> None:
         """No sink gets anything any more (the agent switched off in this process)."""
         self.sinks = []
         self._begin_fns = ()
         self._end_fns = ()
+        self._sinks_changed()
+
+    def _sinks_changed(self) -> None:
+        """Hand the sinks to the native core: those with a ``native`` part run in C."""
+        if self.core is self:
+            return
+        entries: list[tuple[Any, ...]] = []
+        for sink in self.sinks:
+            native = getattr(sink, "native", None)
+            if native is not None:
+                entries.append(native)  # ("nvtx", NvtxDomain) or ("recorder", RecorderHook)
+            else:
+                entries.append(("python", getattr(sink, "begin", None),
+                                getattr(sink, "end", None)))
+        self.core.set_sinks(entries, self._timed)
 
     def info(self, name: str, category: str) -> RangeInfo:
         """The RangeInfo for ``name`` in ``category`` (created once)."""
@@ -160,9 +192,26 @@ class Tracer:
         try:
             return self._local.state
         except AttributeError:
-            ts = self._local.state = ThreadState()
-            self.states[ts.tid] = ts
+            ts = self._local.state = self._new_state()
             return ts
+
+    def _new_state(self) -> ThreadState:
+        """A new state for this thread, registered in :attr:`states`."""
+        ts = ThreadState()
+        self.states[ts.tid] = ts
+        return ts
+
+    def forget_thread(self) -> None:
+        """This thread drops its state (the tracer is done): the native core's entry in the
+        thread's dict would otherwise outlive the tracer."""
+        if self.core is not self:
+            self.core.forget()
+
+    def _current(self) -> ThreadState | None:
+        """This thread's state, if it has one (none is created)."""
+        if self.core is not self:
+            return self.core.current()
+        return getattr(self._local, "state", None)
 
     # -- hot path ----------------------------------------------------------
     def begin(self, info: RangeInfo, ts: ThreadState | None = None) -> RangeInfo | None:
@@ -322,7 +371,7 @@ class Tracer:
         no-op, and the child never pops a range it did not push.  The other
         threads do not exist in the child.
         """
-        current = getattr(self._local, "state", None)
+        current = self._current()
         for ts in self.states.values():
             ts.stack.clear()
         self.states = {}

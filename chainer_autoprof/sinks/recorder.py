@@ -2,7 +2,9 @@
 
 Hot path (:meth:`Recorder.end`): one tuple ``(name index, t0 ns, t1 ns,
 depth)`` appended to the thread's list (``ThreadState.record``), the cheapest
-append CPython has.  When a thread's list holds :data:`CHUNK_RANGES` ranges
+append CPython has; with the native hot path the tracer's core appends the
+four values to the thread's ``RecordBuffer`` in C instead (``native``).  When
+a thread's buffer holds :data:`CHUNK_RANGES` ranges
 it becomes an ``(n, 4)`` int64 block (32 bytes per range), handed to the
 :class:`~..analysis.aggregate.Aggregator` (running totals, per-iteration
 lists, all vectorized) and, when a trace is wanted, kept for the timeline.
@@ -65,6 +67,12 @@ class Recorder:
         self._test_events = os.environ.get(ENV_TEST_EVENTS, "") == "1"
         self._reset(tracer.start_ns)
         self.end = self._make_end()
+        impl = getattr(tracer, "hotpath", None)
+        #: For the native core: it appends in C, calling back at iteration ends and full buffers.
+        self.native: tuple[str, Any] | None = None
+        if impl is not None and impl.native:
+            self.native = ("recorder", impl.module.RecorderHook(
+                self.chunk_ranges, self._iter_info, self._iteration_ended, self._flush_thread))
 
     def _reset(self, start_ns: int) -> None:
         self.start_ns = start_ns
@@ -125,17 +133,17 @@ class Recorder:
     # -- aggregation ----------------------------------------------------------
     def _flush_thread(self, ts: Any) -> None:
         buf = ts.record
-        ts.record = []
+        if type(buf) is list:
+            ts.record = []
         if buf:
             self._absorb(ts.tid, buf)
 
-    def _absorb(self, tid: int, buf: list) -> None:
+    def _absorb(self, tid: int, buf: Any) -> None:
         with self._lock:
             self.busy_thread = threading.get_ident()
             t_start = perf_counter_ns()
             try:
-                block = np.fromiter(chain.from_iterable(buf), dtype=np.int64,
-                                    count=4 * len(buf)).reshape(-1, 4)
+                block = _block(buf, take=True)
                 self.agg.feed(tid, block)
                 if self.keep:
                     self._retain(tid, block)
@@ -172,6 +180,21 @@ class Recorder:
         for ts in list(self.tracer.states.values()):
             if ts.record:
                 self._flush_thread(ts)
+
+    def pending_blocks(self) -> list[tuple[int, np.ndarray]]:
+        """Per thread, a copy ``(n, 4)`` int64 of the ranges buffered, not yet aggregated.
+
+        Nothing is consumed, and any thread may ask (a copy is taken in one step
+        under the GIL while the owning thread appends).
+        """
+        blocks = []
+        for ts in list(self.tracer.states.values()):
+            buf = ts.record
+            if buf:
+                block = _block(buf, take=False)
+                if len(block):
+                    blocks.append((ts.tid, block))
+        return blocks
 
     def flushing_here(self) -> bool:
         """Whether this thread is in the middle of aggregating (signal handlers ask)."""
@@ -222,3 +245,14 @@ class Recorder:
         """A forked child starts empty; it reports only if it trains."""
         self._reset(tracer.clock())
         self.fork_child = True
+
+
+def _block(buf: Any, take: bool) -> np.ndarray:
+    """A thread buffer's ranges as an ``(n, 4)`` int64 array: the list of tuples (Python hot
+    path) or the ``RecordBuffer`` (native; ``take`` empties it in the same step)."""
+    if type(buf) is list:
+        rows = buf if take else buf[:]  # a snapshot: the owning thread may be appending
+        return np.fromiter(chain.from_iterable(rows), dtype=np.int64,
+                           count=4 * len(rows)).reshape(-1, 4)
+    data = buf.take() if take else buf.copy()
+    return np.frombuffer(data, dtype=np.int64).reshape(-1, 4)

@@ -1,0 +1,97 @@
+"""How the native hot path is built: one description for ``setup.py`` and in-place builds.
+
+``setup.py`` builds ``_native`` as an optional extension (a failure leaves the
+pure-Python implementation, with one line saying why); the tests and the
+benchmarks run the package from the checkout and build it there with
+:func:`build_in_place`.  Nothing here is imported at run time.
+
+NVTX v3 is header-only: its headers come from the ``nvidia-nvtx`` wheel (a
+build requirement), or from a CUDA toolkit.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE / "_native.c"
+MODULE = "chainer_autoprof.runtime.hotpath._native"
+#: Compiler flags beyond the platform's own for extensions.
+EXTRA_COMPILE_ARGS = ["-O2", "-std=gnu11"]
+LIBRARIES = ["dl"]  # NVTX loads the tool with dlopen
+
+
+class BuildError(RuntimeError):
+    """The extension could not be built; ``str(err)`` is one line saying why."""
+
+
+def nvtx_include_dir() -> Path | None:
+    """The directory holding ``nvtx3/nvToolsExt.h`` (the nvidia-nvtx wheel, else CUDA)."""
+    candidates: list[Path] = []
+    for key in ("purelib", "platlib"):
+        candidates += sorted(Path(sysconfig.get_paths()[key]).glob("nvidia/*/include"))
+    for entry in sys.path:
+        candidates += sorted(Path(entry or ".").glob("nvidia/*/include"))
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if cuda_home:
+        candidates.append(Path(cuda_home) / "include")
+    candidates.append(Path("/usr/local/cuda/include"))
+    for directory in candidates:
+        if (directory / "nvtx3" / "nvToolsExt.h").is_file():
+            return directory
+    return None
+
+
+def target() -> Path:
+    """Where the in-place build goes (next to the source, this Python's suffix)."""
+    return HERE / ("_native" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+
+
+def is_stale(path: Path | None = None) -> bool:
+    path = path or target()
+    return not path.exists() or path.stat().st_mtime < SOURCE.stat().st_mtime
+
+
+def build_in_place(force: bool = False) -> Path:
+    """Compile ``_native.c`` next to itself unless up to date; raises :class:`BuildError`."""
+    out = target()
+    if force or is_stale(out):
+        compile_to(out)
+    return out
+
+
+def compile_to(out: Path, include_dirs: tuple[str, ...] = ()) -> None:
+    """Compile the extension into ``out``; raises :class:`BuildError` (one line: why).
+
+    Safe with concurrent builds: each compiles to a private name and renames
+    it into place.  The compiler's own output is kept, not shown.
+    """
+    include = nvtx_include_dir()
+    if include is None:
+        raise BuildError("the NVTX headers (nvtx3/nvToolsExt.h) were not found: "
+                         "pip install nvidia-nvtx")
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "gcc"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    includes = [f"-I{d}" for d in (sysconfig.get_paths()["include"], *include_dirs, include)]
+    cmd = [*cc.split(), "-shared", "-fPIC", *EXTRA_COMPILE_ARGS, *includes,
+           "-o", str(tmp), str(SOURCE), *(f"-l{lib}" for lib in LIBRARIES)]
+    try:
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        except OSError as exc:
+            raise BuildError(f"no C compiler ({cmd[0]}: {exc.strerror})") from None
+        if result.returncode != 0:
+            lines = result.stderr.strip().splitlines()
+            first = next((line for line in lines if "error" in line),
+                         lines[-1] if lines else "no output")
+            raise BuildError(f"{cmd[0]} failed: {first}")
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
