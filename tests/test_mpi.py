@@ -221,7 +221,7 @@ optimizer.setup(model)
 x = np.ones((2, 3), np.float32)
 for _ in range(3):
     optimizer.update(lambda: chainer.functions.sum(model(x)))
-sys.stdout.write(f"rank {comm.rank} of {comm.size}\n")  # one write: ranks share stdout
+sys.stdout.write(f"rank {comm.rank} of {comm.size}\\n")  # one write: ranks share stdout
 sys.stdout.flush()
 """
 
