@@ -1,6 +1,6 @@
 """The hot path's targets: a 50-layer training step, the agent beside hand-written hooks.
 
-    python benchmarks/hotpath.py                  # instructions and wall clock, ~25 minutes
+    python benchmarks/hotpath.py                  # instructions and wall clock, ~10 minutes
     python benchmarks/hotpath.py --instructions   # callgrind only
     python benchmarks/hotpath.py --wallclock      # in-process wall clock only, ~3 minutes
     python benchmarks/hotpath.py --package DIR    # measure the chainer_autoprof of another checkout
@@ -17,12 +17,19 @@ injection library, which records nothing (``NVTX_RECORD_FILE`` unset).
 
 Two measures, each as figures added per Link call over the uninstrumented step:
 
-* instructions under ``valgrind --tool=callgrind``, which do not move between
-  runs: each configuration in a process of its own, run for ``n`` and
-  ``n + k`` steps so that start-up cancels out (``PYTHONHASHSEED=0``);
-* wall clock in ONE process: every round switches each configuration on
-  (``install`` ... ``uninstall``, a hook entered and left) in a shuffled
-  order and times two steps; the minimum over rounds is kept.
+* instructions under ``valgrind --tool=callgrind``: in one process, every
+  round switches each configuration on (``install`` ... ``uninstall``, a hook
+  entered and left) in a shuffled order, runs one uncounted step and counts
+  ``STEPS`` (client requests from ``callgrind_control.c`` through ctypes: a
+  dump per segment); the mean over rounds and over ``PROCESSES`` processes.
+  Why not one process per configuration: an interpreter's instructions per
+  step move by up to 0.4% (several thousand per Link call here) with its
+  memory layout, because CPython's method cache is indexed by the addresses
+  of attribute names and by type version tags, which every install changes;
+  interleaved rounds give each configuration the same spread of states.
+  The table shows the mean's standard error;
+* wall clock in ONE process, the same rounds: two steps timed, the minimum
+  over rounds kept.
 
 Each target is printed as met / not met.  ``BEFORE`` holds the figures of the
 code before the native hot path (measured with ``--package`` on that commit),
@@ -36,8 +43,10 @@ import os
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from time import perf_counter_ns
@@ -46,10 +55,23 @@ from typing import Any, Callable
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
+#: Instructions: processes (each with its own memory layout), interleaved rounds in each, and
+#: the steps counted per configuration and round (after one uncounted step).
+PROCESSES, ROUNDS, STEPS = 2, 10, 2
+#: Wall clock: interleaved rounds in one process.
+WALL_ROUNDS = 100
+#: The recorder's aggregation is counted on a buffer holding at least this many ranges
+#: (it aggregates every 4096).
+AGGREGATED = 3500
+#: Memory layouts of the processes (lengths of a padding variable).
+LAYOUTS = (0, 33, 101, 211)
+LAYOUT_VARIABLE = "CHAINER_AUTOPROF_BENCH_LAYOUT"
+CONTROL = HERE / "callgrind_control.c"
+
 #: The untouched code's figures, per Link call (commit a1f5e71, this machine, same method).
 BEFORE = {
-    "instructions": {},
-    "wallclock_ns": {},
+    "instructions": {"phase": 8005, "link": 39967, "function": 143712, "link+recorder": 46743},
+    "wallclock_ns": {"phase": 1892, "link": 8886, "function": 23393, "link+recorder": 11847},
 }
 
 AGENT_GRANULARITIES = ("phase", "link", "function", "link+recorder")
@@ -59,9 +81,13 @@ PEER_LABELS = {
     "fhook": "hand-written NVTX FunctionHook",
     "timerhook": "chainer TimerHook",
 }
-#: (config run, steps, extra steps) for the instruction counts
-STEPS, EXTRA = 1, 4
-
+AGENT_GRANULARITIES = ("phase", "link", "function", "link+recorder")
+PEERS = ("linkhook", "fhook", "timerhook")
+PEER_LABELS = {
+    "linkhook": "hand-written NVTX LinkHook",
+    "fhook": "hand-written NVTX FunctionHook",
+    "timerhook": "chainer TimerHook",
+}
 
 # -- configurations -------------------------------------------------------------
 
@@ -129,6 +155,18 @@ def flush_recorder() -> None:
         agent.recorder.flush_all()
 
 
+def pending_ranges() -> int:
+    """Ranges the recorder holds, not yet aggregated."""
+    import chainer_autoprof.agent as agent_module
+
+    agent = agent_module.current()
+    if agent is None or agent.recorder is None:
+        return 0
+    if not hasattr(agent.recorder, "pending_blocks"):  # the code before the native hot path
+        return sum(len(ts.record or ()) for ts in list(agent.tracer.states.values()))
+    return sum(len(block) for _, block in agent.recorder.pending_blocks())
+
+
 def recorded_ranges() -> int:
     import chainer_autoprof.agent as agent_module
 
@@ -139,47 +177,136 @@ def recorded_ranges() -> int:
     return int(agent.recorder.agg.ranges)
 
 
-# -- the child process of an instruction count ---------------------------------------
+# -- instruction counts: interleaved rounds in processes under callgrind ---------------
 
-def child(name: str, steps: int) -> None:
-    """Run ``steps`` training steps under configuration ``name`` (after one untimed step)."""
+def build_control() -> Path:
+    """The callgrind client-request helper, compiled into ``benchmarks/_build`` when stale."""
+    out = HERE / "_build" / "callgrind_control.so"
+    if out.exists() and out.stat().st_mtime >= CONTROL.stat().st_mtime:
+        return out
+    out.parent.mkdir(exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    proc = subprocess.run([os.environ.get("CC", "gcc"), "-shared", "-fPIC", "-O2", "-o",
+                           str(tmp), str(CONTROL)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"could not build {CONTROL.name} (valgrind's headers: the valgrind "
+                         f"package): {proc.stderr.strip().splitlines()[-1:]}")
+    os.replace(tmp, out)
+    return out
+
+
+def child(names: list[str], rounds: int, steps: int, seed: int) -> None:
+    """Count ``steps`` steps of each configuration per round; one callgrind dump per segment.
+
+    Prints the segments' labels in order, and the recorded ranges per step.
+    """
+    import ctypes
+
     import chainer  # noqa: F401  (imported before the agent: it instruments at once)
     import workloads
 
-    switch(name)
+    control = ctypes.CDLL(str(build_control()))
     step = workloads.build_train50()
-    step()
-    before = recorded_ranges()
-    for _ in range(steps):
-        step()
-    flush_recorder()
-    print(f"ranges {(recorded_ranges() - before) / steps if steps else 0}")
+    rng = random.Random(seed)
+    order = list(names)
+    ranges: dict[str, float] = {}
+    for number in range(rounds + 1):  # round 0: every configuration once, uncounted
+        rng.shuffle(order)
+        for name in order:
+            undo = switch(name)
+            try:
+                step()
+                flush_recorder()
+                before = recorded_ranges()
+                if number:
+                    control.start()
+                for _ in range(steps):
+                    step()
+                if number:
+                    control.dump(name.encode())
+                    control.stop()
+                    print(f"segment {name}", flush=True)
+                ranges[name] = (recorded_ranges() - before) / steps
+            finally:
+                undo()
+    for name, value in ranges.items():
+        print(f"ranges {name} {value}")
+    for name in names:  # the recorder's aggregation, per range, of a buffer nearly full
+        if name.startswith("agent:") and "recorder" in name:
+            undo = switch(name)
+            try:
+                step()
+                flush_recorder()
+                while pending_ranges() + 2 * ranges[name] < AGGREGATED:
+                    step()
+                count = pending_ranges()
+                control.start()
+                flush_recorder()
+                control.dump(f"aggregate:{name}".encode())
+                control.stop()
+                print(f"segment aggregate:{name}", flush=True)
+                print(f"aggregated {name} {count}")
+            finally:
+                undo()
 
 
-def count(name: str, steps: int, env: dict[str, str]) -> tuple[int, float]:
-    """(instructions, recorded ranges per step) of one child run under callgrind."""
-    proc = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-         sys.executable, str(Path(__file__).resolve()), "--child", name, str(steps)],
-        env=env, capture_output=True, text=True)
-    found = re.search(r"Collected\s*:\s*(\d+)", proc.stderr)
-    ranges = re.search(r"^ranges (\S+)$", proc.stdout, re.M)
-    if proc.returncode != 0 or found is None or ranges is None:
-        raise RuntimeError(f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    return int(found.group(1)), float(ranges.group(1))
+def _dumps(out: Path) -> list[int]:
+    """The instruction total of each dump of a callgrind run, in order."""
+    totals = []
+    for path in sorted(out.parent.glob(out.name + ".*"), key=lambda p: int(p.suffix[1:])):
+        found = re.search(r"^(?:summary|totals):\s*(\d+)", path.read_text(), re.M)
+        totals.append(int(found.group(1)) if found else 0)
+    return totals
 
 
-def instructions(names: list[str], env: dict[str, str], jobs: int) -> dict[str, dict[str, float]]:
-    """Per configuration: instructions per step and recorded ranges per step."""
-    runs = [(name, steps) for name in names for steps in (STEPS, STEPS + EXTRA)]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = dict(zip(runs, pool.map(lambda r: count(r[0], r[1], env), runs)))
+def count(names: list[str], env: dict[str, str], layout: int, package: Path, seed: int,
+          rounds: int) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """One process under callgrind: per configuration, instructions per step of each round."""
+    env = dict(env, **{LAYOUT_VARIABLE: "x" * layout})
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "cg.out"
+        proc = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+             sys.executable, str(Path(__file__).resolve()), "--package", str(package),
+             "--seed", str(seed), "--rounds", str(rounds), "--configs", ",".join(names),
+             "--child"],
+            env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"callgrind run: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+        totals = _dumps(out)
+    labels = re.findall(r"^segment (\S+)$", proc.stdout, re.M)
+    if len(labels) != len(totals):
+        raise RuntimeError(f"{len(labels)} segments but {len(totals)} callgrind dumps")
+    per_step: dict[str, list[float]] = {name: [] for name in names}
+    aggregated = {m[0]: int(m[1]) for m in re.findall(r"^aggregated (\S+) (\S+)$", proc.stdout,
+                                                       re.M)}
+    for name, total in zip(labels, totals):
+        if name.startswith("aggregate:"):  # per range aggregated
+            per_step.setdefault(name, []).append(total / aggregated[name.split(":", 1)[1]])
+        else:
+            per_step[name].append(total / STEPS)
+    ranges = {m[0]: float(m[1]) for m in re.findall(r"^ranges (\S+) (\S+)$", proc.stdout, re.M)}
+    return per_step, ranges
+
+
+def instructions(names: list[str], env: dict[str, str], processes: int, rounds: int,
+                 package: Path, seed: int) -> dict[str, dict[str, float]]:
+    """Per configuration: mean instructions per step, its standard error, ranges per step."""
+    build_control()
+    layouts = [LAYOUTS[i % len(LAYOUTS)] for i in range(processes)]
+    with ThreadPoolExecutor(max_workers=processes) as pool:
+        runs = list(pool.map(lambda i: count(names, env, layouts[i], package, seed + i, rounds),
+                             range(processes)))
     out = {}
     for name in names:
-        (short, _), (long, ranges) = results[(name, STEPS)], results[(name, STEPS + EXTRA)]
-        out[name] = {"per_step": (long - short) / EXTRA, "ranges": ranges}
-        print(f"  measured {label(name)}: {out[name]['per_step']:,.0f} instructions a step",
-              file=sys.stderr, flush=True)
+        values = [v for per_step, _ in runs for v in per_step[name]]
+        aggregate = [v for per_step, _ in runs for v in per_step.get(f"aggregate:{name}", [])]
+        mean = statistics.fmean(values)
+        error = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+        out[name] = {"per_step": mean, "error": error, "ranges": runs[0][1].get(name, 0.0),
+                     "aggregate": statistics.fmean(aggregate) if aggregate else 0.0}
+        print(f"  {label(name)}: {mean:,.0f} a step; rounds: "
+              + ", ".join(f"{v / 1e6:.3f}M" for v in values), file=sys.stderr, flush=True)
     return out
 
 
@@ -201,11 +328,11 @@ def wallclock(names: list[str], rounds: int, seed: int) -> dict[str, dict[str, f
             undo = switch(name)
             try:
                 step()  # the first step after a switch builds what the configuration caches
+                flush_recorder()
                 before = recorded_ranges()
                 for _ in range(2):
                     t0 = perf_counter_ns()
                     step()
-                    flush_recorder()
                     best[name] = min(best[name], perf_counter_ns() - t0)
                 ranges[name] = (recorded_ranges() - before) / 2
             finally:
@@ -222,16 +349,16 @@ def added(figures: dict[str, dict[str, float]], name: str, calls: int) -> float 
 
 
 def table(figures: dict[str, dict[str, float]], unit: str, calls: int) -> str:
-    base = figures["none"]["per_step"]
     rows = [f"| Configuration | {unit} a step | added per Link call | ranges a step |",
             "|---|--:|--:|--:|"]
     for name, fig in figures.items():
         extra = added(figures, name, calls)
         cell = "(baseline)" if name == "none" else f"{extra:+,.0f}"
-        shown = f"{fig['per_step']:,.0f}" if unit == "instructions" else \
-            f"{fig['per_step'] / 1e6:.3f} ms"
+        if unit == "instructions":
+            shown = f"{fig['per_step']:,.0f} ± {fig['error']:,.0f}"
+        else:
+            shown = f"{fig['per_step'] / 1e6:.3f} ms"
         rows.append(f"| {label(name)} | {shown} | {cell} | {fig['ranges']:g} |")
-    del base
     return "\n".join(rows)
 
 
@@ -263,11 +390,14 @@ def targets(figures: dict[str, dict[str, float]], unit: str, calls: int,
                 "-" if ours is None else f"{ours:+,.0f}")
         link, rec = impl("link"), impl("link+recorder")
         if link in figures and rec in figures and figures[rec]["ranges"]:
-            per_range = (figures[rec]["per_step"] - figures[link]["per_step"]) \
+            append = (figures[rec]["per_step"] - figures[link]["per_step"]) \
                 / figures[rec]["ranges"]
+            aggregate = figures[rec].get("aggregate", 0.0)
+            per_range = append + aggregate
             verdict(per_range <= 1000, "Recorder on top of link granularity <= 1,000 "
                     "instructions per range",
-                    f"{per_range:+,.0f} ({figures[rec]['ranges']:g} ranges a step)")
+                    f"{per_range:+,.0f} ({append:+,.0f} recording, {aggregate:,.0f} aggregating "
+                    f"a nearly full buffer; {figures[rec]['ranges']:g} ranges a step)")
         else:
             verdict(None, "Recorder on top of link granularity <= 1,000 instructions per range",
                     "-")
@@ -301,17 +431,25 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instructions", action="store_true", help="callgrind counts only")
     parser.add_argument("--wallclock", action="store_true", help="in-process wall clock only")
-    parser.add_argument("--rounds", type=int, default=60, help="wall-clock rounds")
-    parser.add_argument("--jobs", type=int, default=2, help="callgrind runs at once")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="interleaved rounds of the instruction counts, per process")
+    parser.add_argument("--wall-rounds", type=int, default=WALL_ROUNDS,
+                        help="interleaved rounds of the wall clock")
+    parser.add_argument("--processes", type=int, default=PROCESSES,
+                        help="callgrind processes (run at once), each with its own layout")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--package", type=Path, default=REPO,
                         help="directory holding the chainer_autoprof to measure")
     parser.add_argument("--configs", help="comma-separated subset (the baseline is always in)")
-    parser.add_argument("--child", nargs=2, metavar=("CONFIG", "STEPS"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sys.path[:0] = [str(HERE), str(args.package.resolve())]
     if args.child:
-        child(args.child[0], int(args.child[1]))
+        import chainer_autoprof
+
+        assert Path(chainer_autoprof.__file__).parent.parent == args.package.resolve(), \
+            chainer_autoprof.__file__
+        child(args.configs.split(","), args.rounds, STEPS, args.seed)
         return 0
     both = not (args.instructions or args.wallclock)
     names = config_names(_has_native_setting())
@@ -329,7 +467,8 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which("valgrind") is None:
             print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
             return 2
-        figures = instructions(names, env, args.jobs)
+        figures = instructions(names, env, args.processes, args.rounds, args.package.resolve(),
+                               args.seed)
         print("Instructions (callgrind):\n")
         print(table(figures, "instructions", calls) + "\n")
         print("\n".join(targets(figures, "instructions", calls, BEFORE["instructions"])) + "\n",
@@ -337,8 +476,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.wallclock or both:
         os.environ.update({k: v for k, v in env.items() if k.startswith("NVTX_")})
         os.environ.pop("NVTX_RECORD_FILE", None)
-        figures = wallclock(names, args.rounds, args.seed)
-        print(f"Wall clock in one process (best of {args.rounds} interleaved rounds):\n")
+        figures = wallclock(names, args.wall_rounds, args.seed)
+        print(f"Wall clock in one process (best of {args.wall_rounds} interleaved rounds):\n")
         print(table(figures, "time", calls) + "\n")
         print("\n".join(targets(figures, "ns", calls, BEFORE["wallclock_ns"])))
     return 0

@@ -30,7 +30,8 @@ from .policies import CaptureWindow, SyncPolicy
 class RangeInfo:
     """A distinct range name: what sinks need to emit it, built once."""
 
-    __slots__ = ("category", "color", "emit", "index", "level", "name", "nvtx", "sync")
+    __slots__ = ("category", "color", "emit", "index", "level", "name", "nvtx", "stack_entry",
+                 "sync")
 
     def __init__(self, index: int, name: str, category: str, level: int, color: int) -> None:
         self.index = index
@@ -41,6 +42,7 @@ class RangeInfo:
         self.emit = True
         self.sync = False
         self.nvtx: Any = None  # the NVTX sink's prepared attributes
+        self.stack_entry = (self, 0)  # what ts.stack holds while it is open, untimed
 
     def __repr__(self) -> str:
         return f"RangeInfo({self.name!r}, {self.category!r})"
@@ -80,7 +82,7 @@ class ThreadState:
         self.phase: str | None = None
         self.phase_tok: RangeInfo | None = None
         self.quiet = 0              # >0 inside an extension or inference: not training
-        self.links: list[Any] = []  # link entries being called (patches' business)
+        self.links: list[Any] = []  # entries of the links being called (patches' business)
         self.await_update = False
         self.opt_depth = 0
         self.bwd_link: int | None = None  # the link entry whose backward range is open
@@ -225,7 +227,7 @@ class Tracer:
             ts = self.state()
         if info.sync:
             self.sync.synchronize()
-        ts.stack.append((info, self.clock() if self._timed else 0))
+        ts.stack.append((info, self.clock()) if self._timed else info.stack_entry)
         try:
             for fn in self._begin_fns:
                 fn(info, ts)

@@ -55,6 +55,9 @@
 #ifndef Py_IS_TYPE
 #define Py_IS_TYPE(ob, type) (Py_TYPE(ob) == (type))
 #endif
+#if PY_VERSION_HEX < 0x03090000
+static inline uint64_t PyThreadState_GetID(PyThreadState *tstate) { return tstate->id; }
+#endif
 #ifndef Py_SET_SIZE
 #define Py_SET_SIZE(ob, size) (Py_SIZE(ob) = (size))
 #endif
@@ -64,6 +67,8 @@ static inline PyObject *Py_XNewRef(PyObject *o) { Py_XINCREF(o); return o; }
 #endif
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+/* The wrappers' bodies stay functions of their own (profiles show each). */
+#define NOINLINE __attribute__((noinline))
 
 static PyObject *call1(PyObject *f, PyObject *a)
 {
@@ -125,6 +130,25 @@ static int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out)
     }
     *out = ((PyMemberDescrObject *)descr)->d_member->offset;
     return 0;
+}
+
+/* An int's value, quickly for the two-digit ints of nanosecond timestamps (CPython up to 3.11
+ * stores ints as 30-bit digits with the sign in the size); -1 with an error otherwise. */
+static inline int64_t int64_of(PyObject *o)
+{
+#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+    if (PyLong_CheckExact(o)) {
+        Py_ssize_t size = Py_SIZE(o);
+        const digit *d = ((PyLongObject *)o)->ob_digit;
+        if (size == 0)
+            return 0;
+        if (size == 1)
+            return (int64_t)d[0];
+        if (size == 2)
+            return (int64_t)d[0] | ((int64_t)d[1] << PyLong_SHIFT);
+    }
+#endif
+    return PyLong_AsLongLong(o);
 }
 
 static int64_t now_ns(void)
@@ -778,7 +802,7 @@ static sinks_t *sinks_alloc(Py_ssize_t n)
     return s;
 }
 
-static void sinks_release(sinks_t *s)
+static inline void sinks_release(sinks_t *s)
 {
     if (s == NULL || --s->refs > 0)
         return;
@@ -796,7 +820,10 @@ typedef struct {
     PyTypeObject *state_type, *info_type;
     Py_ssize_t off_stack, off_record, off_links, off_quiet, off_phase, off_bwd_link,
         off_bwd_link_tok;
-    Py_ssize_t off_emit, off_sync, off_index, off_nvtx;
+    Py_ssize_t off_emit, off_sync, off_index, off_nvtx, off_stack_entry;
+    PyThreadState *last_tstate;  /* the thread asked last, and its ThreadState (borrowed: */
+    uint64_t last_id;            /*   the thread's dict holds it; the id tells a thread */
+    PyObject *last_state;        /*   from a later one with the same PyThreadState) */
     PyObject *new_state;      /* () -> a new ThreadState for this thread, registered */
     PyObject *sync;           /* () -> None: synchronize the devices */
     PyObject *window;         /* None, or an object whose .open says whether to emit */
@@ -809,13 +836,9 @@ static PyTypeObject CoreType;
 static uint64_t next_serial = 1;
 static PyObject *str_open;
 
-/* One entry per thread: the last core asked, and its ThreadState (borrowed: the
- * thread's dict holds it for as long as the serial is current). */
-static _Thread_local uint64_t tls_serial;
-static _Thread_local PyObject *tls_state;
-
 static PyObject *core_state_slow(Core *core, int create)
 {
+    PyThreadState *tstate = PyThreadState_Get();
     PyObject *dict = PyThreadState_GetDict();
     PyObject *ts;
 
@@ -849,16 +872,18 @@ static PyObject *core_state_slow(Core *core, int create)
             }
         }
     }
-    tls_serial = core->serial;
-    tls_state = ts;
+    core->last_tstate = tstate;
+    core->last_id = PyThreadState_GetID(tstate);
+    core->last_state = ts;
     return ts;
 }
 
 /* This thread's ThreadState (borrowed), created on first use. */
 static inline PyObject *core_state(Core *core)
 {
-    if (tls_serial == core->serial)
-        return tls_state;
+    PyThreadState *tstate = PyThreadState_Get();
+    if (tstate == core->last_tstate && PyThreadState_GetID(tstate) == core->last_id)
+        return core->last_state;
     return core_state_slow(core, 1);
 }
 
@@ -877,7 +902,7 @@ static int core_window_closed(Core *core)
     return is_open < 0 ? -1 : !is_open;
 }
 
-static int core_now(Core *core, int64_t *out)
+static inline int core_now(Core *core, int64_t *out)
 {
     PyObject *t;
     if (!core->timed) {
@@ -942,7 +967,7 @@ static int core_record(Core *core, RecorderHook *rec, PyObject *ts, PyObject *in
         PyErr_SetString(PyExc_AttributeError, "index");
         return -1;
     }
-    index = PyLong_AsLongLong(index_obj);
+    index = int64_of(index_obj);
     if (index == -1 && PyErr_Occurred())
         return -1;
     stack = SLOT(ts, core->off_stack);
@@ -1007,13 +1032,19 @@ static PyObject *core_begin(Core *core, PyObject *info, PyObject *ts)
         goto error;
     if (core_now(core, &t0) < 0)
         goto error;
-    t0obj = t0 == 0 ? Py_NewRef(const_zero) : PyLong_FromLongLong(t0);
-    if (t0obj == NULL)
-        goto error;
-    entry = PyTuple_Pack(2, info, t0obj);  /* may run gc: nothing of ours is half done */
-    Py_DECREF(t0obj);
-    if (entry == NULL)
-        goto error;
+    entry = t0 == 0 ? SLOT(info, core->off_stack_entry) : NULL;  /* untimed: (info, 0), built once */
+    if (entry != NULL && PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 2
+        && PyTuple_GET_ITEM(entry, 0) == info) {
+        Py_INCREF(entry);
+    } else {
+        t0obj = t0 == 0 ? Py_NewRef(const_zero) : PyLong_FromLongLong(t0);
+        if (t0obj == NULL)
+            goto error;
+        entry = PyTuple_Pack(2, info, t0obj);  /* may run gc: nothing of ours is half done */
+        Py_DECREF(t0obj);
+        if (entry == NULL)
+            goto error;
+    }
     stack = SLOT(ts, core->off_stack);
     if (stack == NULL || !PyList_Check(stack)) {
         Py_DECREF(entry);
@@ -1113,7 +1144,7 @@ static int core_end(Core *core, PyObject *token, PyObject *ts)
     top = list_pop(stack);  /* our reference now */
     info = PyTuple_GET_ITEM(top, 0);
     t0obj = PyTuple_GET_ITEM(top, 1);
-    t0 = PyLong_AsLongLong(t0obj);
+    t0 = t0obj == const_zero ? 0 : int64_of(t0obj);
     if (core_now(core, &t1) < 0) {
         Py_DECREF(top);
         goto done;
@@ -1198,8 +1229,6 @@ static void core_dealloc(Core *self)
     Py_XDECREF(self->key);
     Py_XDECREF((PyObject *)self->state_type);
     Py_XDECREF((PyObject *)self->info_type);
-    if (tls_serial == self->serial)
-        tls_serial = 0;
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1242,7 +1271,8 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kw)
         || slot_offset(self->info_type, "emit", &self->off_emit) < 0
         || slot_offset(self->info_type, "sync", &self->off_sync) < 0
         || slot_offset(self->info_type, "index", &self->off_index) < 0
-        || slot_offset(self->info_type, "nvtx", &self->off_nvtx) < 0) {
+        || slot_offset(self->info_type, "nvtx", &self->off_nvtx) < 0
+        || slot_offset(self->info_type, "stack_entry", &self->off_stack_entry) < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -1256,10 +1286,7 @@ static PyObject *core_state_py(Core *self, PyObject *unused)
 
 static PyObject *core_current_py(Core *self, PyObject *unused)
 {
-    PyObject *ts;
-    if (tls_serial == self->serial)
-        return Py_NewRef(tls_state);
-    ts = core_state_slow(self, 0);
+    PyObject *ts = core_state_slow(self, 0);
     if (ts == NULL) {
         if (PyErr_Occurred())
             return NULL;
@@ -1271,8 +1298,8 @@ static PyObject *core_current_py(Core *self, PyObject *unused)
 static PyObject *core_forget_py(Core *self, PyObject *unused)
 {
     PyObject *dict = PyThreadState_GetDict();
-    if (tls_serial == self->serial)
-        tls_serial = 0;
+    self->last_tstate = NULL;
+    self->last_state = NULL;
     if (dict != NULL && PyDict_GetItemWithError(dict, self->key) != NULL) {
         if (PyDict_DelItem(dict, self->key) < 0)
             return NULL;
@@ -1417,6 +1444,17 @@ static PyTypeObject CoreType = {
 
 enum { KIND_AROUND = 1, KIND_LINK = 2, KIND_APPLY = 3, KIND_BACKPROP = 4 };
 
+/* The link wrapper's cache of link entries by (link, parent entry): most calls find their
+ * entry here, without the id() key of the parent's dict.  It holds the parent entry (its
+ * address is not reused while cached) and the entry, whose weak reference must still
+ * point at the link for a hit. */
+#define ENTRY_CACHE_SIZE 256
+typedef struct {
+    PyObject *link;    /* compared by address only */
+    PyObject *parent;  /* strong: the parent entry, or None */
+    PyObject *entry;   /* strong */
+} entry_slot;
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -1436,6 +1474,7 @@ typedef struct {
     PyTypeObject *entry_type, *variable_type;
     Py_ssize_t off_children, off_ref, off_info, off_index;
     int inner_links_matter, attribute_backward;
+    entry_slot *entry_cache;
     /* apply, backprop */
     PyObject *infos_by_type, *infos_by_label, *new_info, *default_label, *entries;
     PyObject *backward;    /* the backward phase's name */
@@ -1469,7 +1508,7 @@ static PyObject *kwargs_dict(PyObject *const *values, PyObject *kwnames)
     return d;
 }
 
-static PyObject *around_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+static NOINLINE PyObject *around_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *instance = Py_None, *rest = NULL, *kwargs = NULL, *state = NULL, *result;
@@ -1591,12 +1630,13 @@ error:
 
 /* -- link --------------------------------------------------------------------------- */
 
-static PyObject *link_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+static NOINLINE PyObject *link_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     Core *core = w->core;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *instance, *ts, *links, *parent = NULL, *table, *key = NULL, *entry = NULL;
-    PyObject *mode = NULL, *pair = NULL, *tok = NULL, *out, *info;
+    PyObject *mode = NULL, *tok = NULL, *out, *info;
+    entry_slot *slot = NULL;
     Py_ssize_t n;
     int pushed = 0;
 
@@ -1618,24 +1658,35 @@ static PyObject *link_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyO
     }
     n = PyList_GET_SIZE(links);
     if (n > 0) {
-        PyObject *top = PyList_GET_ITEM(links, n - 1);
-        if (PyTuple_GET_ITEM(top, 0) == instance || !w->inner_links_matter)
-            return call_original(w, args, nargsf, kwnames);  /* super().__call__, or inner */
-        parent = PyTuple_GET_ITEM(top, 1);
+        PyObject *ref;
+        parent = PyList_GET_ITEM(links, n - 1);
+        if (!w->inner_links_matter)
+            return call_original(w, args, nargsf, kwnames);  /* inner links: nothing to do */
+        ref = Py_IS_TYPE(parent, w->entry_type) ? SLOT(parent, w->off_ref) : NULL;
+        if (ref != NULL && PyWeakref_Check(ref) && PyWeakref_GET_OBJECT(ref) == instance)
+            return call_original(w, args, nargsf, kwnames);  /* super().__call__ of this link */
     }
     Py_INCREF(ts);
     Py_INCREF(links);
     Py_XINCREF(parent);
     /* -- enter: our bookkeeping; an error of ours is contained and the call goes on -- */
-    if (parent != NULL) {
-        if (!Py_IS_TYPE(parent, w->entry_type)) {
-            PyErr_SetString(PyExc_TypeError, "not a link entry");
-            goto enter_failed;
-        }
-        table = SLOT(parent, w->off_children);
-    } else {
-        table = w->roots;
+    if (parent != NULL && !Py_IS_TYPE(parent, w->entry_type)) {
+        PyErr_SetString(PyExc_TypeError, "not a link entry");
+        goto enter_failed;
     }
+    {
+        PyObject *parent_key = parent != NULL ? parent : Py_None;
+        uintptr_t h = ((uintptr_t)instance >> 4) ^ (((uintptr_t)parent_key >> 4) * 31u);
+        slot = &w->entry_cache[h & (ENTRY_CACHE_SIZE - 1)];
+        if (slot->link == instance && slot->parent == parent_key && slot->entry != NULL) {
+            PyObject *ref = SLOT(slot->entry, w->off_ref);
+            if (ref != NULL && PyWeakref_Check(ref) && PyWeakref_GET_OBJECT(ref) == instance)
+                entry = Py_NewRef(slot->entry);
+        }
+    }
+    if (entry != NULL)
+        goto have_entry;
+    table = parent != NULL ? SLOT(parent, w->off_children) : w->roots;
     if (table == NULL || !PyDict_Check(table)) {
         PyErr_SetString(PyExc_TypeError, "link entry table is not a dict");
         goto enter_failed;
@@ -1663,6 +1714,15 @@ static PyObject *link_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyO
             goto enter_failed;
         }
     }
+    {
+        PyObject *old_parent = slot->parent, *old_entry = slot->entry;
+        slot->link = instance;
+        slot->parent = Py_NewRef(parent != NULL ? parent : Py_None);
+        slot->entry = Py_NewRef(entry);
+        Py_XDECREF(old_parent);
+        Py_XDECREF(old_entry);
+    }
+have_entry:
     if (n == 0) {  /* the outermost link: the forward phase, or inference (Python) */
         mode = call2(w->outer_enter, instance, ts);
         if (mode == NULL)
@@ -1670,10 +1730,7 @@ static PyObject *link_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyO
         if (mode == Py_None)
             Py_CLEAR(mode);
     }
-    pair = PyTuple_Pack(2, instance, entry);
-    if (pair == NULL)
-        goto enter_failed;
-    if (PyList_Append(links, pair) < 0)
+    if (PyList_Append(links, entry) < 0)
         goto enter_failed;
     pushed = 1;
     info = SLOT(entry, w->off_info);
@@ -1700,7 +1757,6 @@ enter_failed:
         }
         restore_error(&err);
         Py_XDECREF(mode);
-        Py_XDECREF(pair);
         Py_XDECREF(entry);
         Py_XDECREF(parent);
         Py_DECREF(links);
@@ -1728,7 +1784,6 @@ call:
     }
     Py_XDECREF(tok);
     Py_XDECREF(mode);
-    Py_XDECREF(pair);
     Py_XDECREF(parent);
     Py_DECREF(links);
     /* The innermost link that returned a Variable owns its creator's backward. */
@@ -1823,7 +1878,7 @@ static PyObject *function_info(Wrapper *w, PyObject *node)
 
 /* -- FunctionNode.apply ------------------------------------------------------------------ */
 
-static PyObject *apply_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+static NOINLINE PyObject *apply_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     Core *core = w->core;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -1845,7 +1900,7 @@ static PyObject *apply_call(Wrapper *w, PyObject *const *args, size_t nargsf, Py
     links = SLOT(ts, core->off_links);
     if (links != NULL && PyList_Check(links) && PyList_GET_SIZE(links) > 0) {
         /* the innermost link being called owns its backward */
-        PyObject *entry = PyTuple_GET_ITEM(PyList_GET_ITEM(links, PyList_GET_SIZE(links) - 1), 1);
+        PyObject *entry = PyList_GET_ITEM(links, PyList_GET_SIZE(links) - 1);
         PyObject *index = Py_IS_TYPE(entry, w->entry_type) ? SLOT(entry, w->off_index) : NULL;
         if (index == NULL) {
             PyErr_SetString(PyExc_TypeError, "not a link entry");
@@ -1889,13 +1944,19 @@ static int same_owner(PyObject *a, PyObject *b)
         return 1;
     if (a == NULL || b == NULL || a == Py_None || b == Py_None)
         return 0;
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {  /* entry numbers: compare values */
+        long long x = PyLong_AsLongLong(a), y = PyLong_AsLongLong(b);
+        if (!PyErr_Occurred())
+            return x == y;
+        PyErr_Clear();
+    }
     eq = PyObject_RichCompareBool(a, b, Py_EQ);
     if (eq < 0)
         PyErr_Clear();
     return eq > 0;
 }
 
-static PyObject *backprop_call(Wrapper *w, PyObject *const *args, size_t nargsf,
+static NOINLINE PyObject *backprop_call(Wrapper *w, PyObject *const *args, size_t nargsf,
                                PyObject *kwnames)
 {
     Core *core = w->core;
@@ -2055,6 +2116,12 @@ static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
     Py_VISIT(w->default_label);
     Py_VISIT(w->entries);
     Py_VISIT(w->backward);
+    if (w->entry_cache != NULL) {
+        for (int i = 0; i < ENTRY_CACHE_SIZE; i++) {
+            Py_VISIT(w->entry_cache[i].parent);
+            Py_VISIT(w->entry_cache[i].entry);
+        }
+    }
     return 0;
 }
 
@@ -2078,6 +2145,13 @@ static int wrapper_clear(Wrapper *w)
     Py_CLEAR(w->default_label);
     Py_CLEAR(w->entries);
     Py_CLEAR(w->backward);
+    if (w->entry_cache != NULL) {
+        for (int i = 0; i < ENTRY_CACHE_SIZE; i++) {
+            w->entry_cache[i].link = NULL;
+            Py_CLEAR(w->entry_cache[i].parent);
+            Py_CLEAR(w->entry_cache[i].entry);
+        }
+    }
     return 0;
 }
 
@@ -2087,6 +2161,7 @@ static void wrapper_dealloc(Wrapper *w)
     if (w->weakreflist != NULL)
         PyObject_ClearWeakRefs((PyObject *)w);
     wrapper_clear(w);
+    PyMem_Free(w->entry_cache);
     Py_TYPE(w)->tp_free((PyObject *)w);
 }
 
@@ -2262,6 +2337,11 @@ static PyObject *mod_link_wrapper(PyObject *mod, PyObject *args, PyObject *kw)
     w->variable_type = (PyTypeObject *)Py_NewRef(variable_cls);
     w->inner_links_matter = inner;
     w->attribute_backward = attribute;
+    w->entry_cache = PyMem_Calloc(ENTRY_CACHE_SIZE, sizeof(entry_slot));
+    if (w->entry_cache == NULL) {
+        Py_DECREF(w);
+        return PyErr_NoMemory();
+    }
     if (slot_offset(w->entry_type, "children", &w->off_children) < 0
         || slot_offset(w->entry_type, "ref", &w->off_ref) < 0
         || slot_offset(w->entry_type, "info", &w->off_info) < 0

@@ -153,7 +153,7 @@ def link_wrapper(original: Callable, switch: Switch, fail: Callable, core: Any, 
     """The ``Link.__call__`` wrapper: the link call tree, its ranges, the backward owner.
 
     Per call: find the link's entry under its parent's (``make_entry`` on a
-    miss), push ``(link, entry)`` on the thread's link stack, begin the
+    miss), push the entry on the thread's link stack (``ts.links``), begin the
     entry's range.  At the outermost link ``outer_enter(link, ts)`` opens the
     forward phase or an inference range (returns what ``outer_exit(ts, mode)``
     closes).  A link called inside the same link (``super().__call__``)
@@ -175,10 +175,9 @@ def link_wrapper(original: Callable, switch: Switch, fail: Callable, core: Any, 
             ts = state()
         links = ts.links
         if links:
-            top = links[-1]
-            if top[0] is instance or not inner_links_matter:
+            parent = links[-1]
+            if parent.ref() is instance or not inner_links_matter:
                 return original(*args, **kwargs)  # super().__call__ of the same link, or inner
-            parent = top[1]
         else:
             parent = None
         mode = tok = entry = None
@@ -190,7 +189,7 @@ def link_wrapper(original: Callable, switch: Switch, fail: Callable, core: Any, 
                 entry = make_entry(instance, parent)
             if parent is None:
                 mode = outer_enter(instance, ts)
-            links.append((instance, entry))
+            links.append(entry)
             pushed = True
             info = entry.info
             if info is not None:
@@ -269,7 +268,7 @@ def apply_wrapper(original: Callable, switch: Switch, fail: Callable, core: Any,
             info = _function_info(infos, new_info, node)
             links = ts.links
             if links:  # the innermost link being called owns its backward
-                setattr(node, LINK_ATTR, links[-1][1].index)
+                setattr(node, LINK_ATTR, links[-1].index)
             tok = begin(info, ts)
         except Exception as exc:
             _contain(fail, exc)
