@@ -179,6 +179,13 @@ class Agent:
         if self.closed:
             return
         self.closed = True
+        restore_interrupt = exit_hooks.keep_interrupt_status()
+        try:
+            self._finish()
+        finally:
+            restore_interrupt()  # Ctrl-C: still killed by SIGINT, as without the agent
+
+    def _finish(self) -> None:
         try:
             self.tracer.close()
         except Exception as exc:
