@@ -9,11 +9,13 @@ checked.  Output goes to stdout; errors are one line on stderr (exit status 2).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
 from ..analysis.stats import PHASE_KEYS, RunStats
 from ..analysis.verdict import pick_replay
+from ..common.paths import output_target
 from .html import write_report
 from .summary import PHASE_LABELS, fmt_ms, format_summary, outside_label, verdict_section
 from .tracefile import TraceError, read_trace
@@ -46,6 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_list[:1] == ["report"]:
         args_list = args_list[1:]
     args = _parser().parse_args(args_list)
+    if args.html:
+        problem = _html_problem(args.html, [p for p in (args.trace, args.after) if p])
+        if problem:
+            sys.stderr.write(f"chainer_autoprof report: {problem}\n")
+            return 2
     try:
         traces = [read_trace(path) for path in (args.trace, args.after) if path]
         runs = [(trace, trace.stats(from_events=args.from_events)) for trace in traces]
@@ -58,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.html:
         try:
             write_report(args.html, runs)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             sys.stderr.write(f"chainer_autoprof report: cannot write {args.html}: {exc}\n")
             return 2
     if after is None:
@@ -71,6 +78,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if pair is not None:
             print("\n" + verdict_section(pair[0], replay=pair[1]))
     return 0
+
+
+def _html_problem(path: str, inputs: list[str]) -> str | None:
+    """Why the HTML report cannot go to ``path`` (checked before any work), else ``None``."""
+    try:
+        target = output_target(path)
+    except ValueError as exc:
+        return f"cannot write {exc}"
+    if target in {os.path.realpath(p) for p in inputs}:
+        return f"the HTML output {path} is one of the input traces"
+    return None
 
 
 def _change(a: float, b: float) -> str:

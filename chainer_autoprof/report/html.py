@@ -20,6 +20,7 @@ from ..analysis.advice import check
 from ..analysis.stats import percentile
 from ..analysis.verdict import decide, pick_replay
 from ..common import names
+from ..common.paths import output_target
 
 #: Bars drawn at most in the per-iteration chart (more iterations are averaged in bins).
 MAX_BARS = 600
@@ -382,7 +383,7 @@ def write_report(out_path: str, runs: Sequence[tuple[Any, Any]]) -> None:
             trace, stats = runs[0] if runs[0][1] is pair[0] else runs[1]
             replay = pair[1]
     page = render(trace, stats, replay)
-    with open(out_path, "w", encoding="utf-8") as f:
+    with open(output_target(out_path), "w", encoding="utf-8") as f:
         f.write(page)
 
 

@@ -44,6 +44,7 @@ from typing import Any, Iterator, Sequence
 
 from ..analysis.stats import median
 from ..common import names
+from ..common.paths import output_target
 from .tracefile import TraceError, load_trace_json
 
 ALIGN_METHODS = ("auto", "clock", "collective", "wall")
@@ -342,7 +343,11 @@ def merge(paths: Sequence[str], output: str, method: str = "auto",
         "summary": summary,
     }}
     events = merged_events(inputs, zero_ns)
-    directory = os.path.dirname(os.path.abspath(output))
+    try:
+        output = output_target(output)  # a regular file only; a symlink's target
+    except ValueError as exc:
+        raise MergeError(f"cannot write {exc}") from None
+    directory = os.path.dirname(output)
     if not os.path.isdir(directory):
         raise MergeError(f"directory {directory} does not exist")
     tmp = f"{output}.{os.getpid()}.tmp"
@@ -419,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.warmup is not None and args.warmup < 0:
         sys.stderr.write("merge: --warmup must be >= 0\n")
         return 2
-    if os.path.abspath(args.output) in {os.path.abspath(p) for p in args.traces}:
+    if os.path.realpath(args.output) in {os.path.realpath(p) for p in args.traces}:
         sys.stderr.write(f"merge: the output {args.output} is one of the inputs\n")
         return 2
     try:

@@ -27,7 +27,8 @@ maps to the closest ``cname`` (:data:`CNAMES`); the NVTX ARGB colour is in
 ``args.color``.
 
 The file is written to a temporary name beside the target and renamed, so a
-crash never leaves half a file (path templates: :mod:`..common.paths`).
+crash never leaves half a file; only a regular file is replaced, a symlink is
+written through to its target (path templates and kinds: :mod:`..common.paths`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import numpy as np
 from ..analysis.aggregate import Aggregator
 from ..analysis.stats import DEPTH_BITS, DEPTH_MASK, RunStats
 from ..common import names
+from ..common.paths import output_target
 
 #: category -> Chrome trace-viewer colour name (closest to the NVTX colour)
 CNAMES: dict[str, str] = {
@@ -106,7 +108,8 @@ def write_trace(path: str, *, pid: int, start_ns: int, infos: Sequence[tuple[str
         prefixes.append(f'{{"ph":"X","name":{json.dumps(name)},"cat":{json.dumps(category)},'
                         f'"cname":{cname},"pid":{pid},"tid":')
     colors = [_argb_hex(color) for _n, _c, color in infos]
-    directory = os.path.dirname(os.path.abspath(path))
+    path = output_target(path)  # never replace a device, a FIFO, ...; through a symlink
+    directory = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(prefix=".chainer_autoprof.", suffix=".tmp", dir=directory)
     written = 0
     try:
