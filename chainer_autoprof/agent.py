@@ -268,11 +268,15 @@ def install(**settings: Any) -> Agent | None:
     """Install the agent with ``settings`` over the ``CHAINER_PROF_*`` environment.
 
     Idempotent: a second call returns the agent already installed (and does
-    not wrap twice).  Raises :class:`SettingsError` on bad settings.
+    not wrap twice); settings it asks for that differ from the installed
+    agent's are named in one warning.  Raises :class:`SettingsError` on bad
+    settings.
     """
     global _agent
     with _lock:
         if _agent is not None:
+            if settings:
+                _warn_ignored(_agent.cfg, from_environ(overrides=settings), settings)
             return _agent
         cfg = from_environ(overrides=settings)
         if not cfg.enable:
@@ -283,6 +287,17 @@ def install(**settings: Any) -> Agent | None:
         agent.start()
         _agent = agent
         return agent
+
+
+def _warn_ignored(current: Config, asked: Config, names: Any) -> None:
+    """One line naming the settings a second ``install()`` asked for in vain."""
+    changed = [f"{name}={getattr(asked, name)!r}" for name in names
+               if getattr(asked, name) != getattr(current, name)]
+    if changed:
+        kept = ", ".join(f"{name}={getattr(current, name)!r}" for name in names
+                         if getattr(asked, name) != getattr(current, name))
+        log.warning(f"already installed with {kept}; install({', '.join(changed)}) changes "
+                    "nothing (call uninstall() first to change the settings)", once=False)
 
 
 def uninstall() -> None:

@@ -31,10 +31,15 @@ def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int) -> RunSt
     """Statistics, trace file and summary of the run, once the tracer is closed.
 
     ``hits`` counts the instrumented calls (for the overhead estimate).
-    Returns the statistics, or ``None`` for a process with nothing to say: a
-    forked worker that did no training, or a helper interpreter (a resource
-    tracker, ...) that recorded nothing.
+    Returns the statistics, or ``None`` for a process with nothing to say: one
+    that never reached an instrumented call nor recorded a range (``python -c
+    'import json'`` with a ``CHAINER_PROF_*`` variable exported: no summary,
+    and no trace to replace the training's), a forked worker that did no
+    training, or a helper interpreter (a resource tracker, ...) that recorded
+    nothing.
     """
+    if hits == 0 and recorder.agg.ranges == 0:
+        return None
     if recorder.fork_child and recorder.agg.seen == 0:
         return None
     if recorder.agg.ranges == 0 and processes.is_child():
