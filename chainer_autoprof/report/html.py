@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from ..analysis.advice import check
 from ..analysis.stats import percentile
-from ..analysis.verdict import decide, pick_replay
+from ..analysis.verdict import Verdict, decide, pick_replay
 from ..common import names
 from ..common.paths import output_target
 
@@ -333,8 +333,12 @@ def key_figures(stats: Any) -> str:
 
 def render(trace: Any, stats: Any, replay: Any = None) -> str:
     """The whole HTML page for ``trace`` (``stats`` computed from it)."""
-    verdict = decide(stats, replay)
-    findings = check(stats, verdict)
+    try:
+        verdict = decide(stats, replay)
+        findings = check(stats, verdict)
+    except Exception as exc:  # the trace's facts are damaged: the rest of the page stands
+        verdict = Verdict("unknown", "no verdict", [f"left out: {type(exc).__name__}: {exc}"])
+        findings = []
     rows = iteration_rows(trace)
     heading, line = timeline(trace, rows)
     meta = stats.meta or {}

@@ -34,6 +34,7 @@ written through to its target (path templates and kinds: :mod:`..common.paths`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from ..analysis.aggregate import Aggregator
 from ..analysis.stats import DEPTH_BITS, DEPTH_MASK, RunStats
 from ..common import names
 from ..common.paths import output_target
+from . import trace_check
 
 #: category -> Chrome trace-viewer colour name (closest to the NVTX colour)
 CNAMES: dict[str, str] = {
@@ -115,7 +117,8 @@ def write_trace(path: str, *, pid: int, start_ns: int, infos: Sequence[tuple[str
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write('{"displayTimeUnit":"ms","otherData":')
-            out.write(json.dumps({"chainer_autoprof": other}, default=str))
+            out.write(json.dumps({"chainer_autoprof": finite(other)}, default=str,
+                                 allow_nan=False))
             out.write(',"traceEvents":[\n')
             meta = {"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                     "args": {"name": process_name}}
@@ -154,6 +157,17 @@ def write_trace(path: str, *, pid: int, start_ns: int, infos: Sequence[tuple[str
             pass
         raise
     return written
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every float that is not finite replaced by ``None`` (strict JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def _umask() -> int:
@@ -207,7 +221,11 @@ class Trace:
 
         meta = self.meta
         if not from_events and meta.get("dropped_ranges") and meta.get("run_stats"):
-            stats = RunStats.from_dict(meta["run_stats"])
+            try:
+                saved = trace_check.run_stats(meta["run_stats"])
+            except trace_check.MalformedError as exc:
+                raise TraceError(f"{self.path}: {exc}") from None
+            stats = RunStats.from_dict(saved)
             stats.meta = {k: v for k, v in meta.items() if k != "run_stats"}
             return stats
         settings = meta.get("settings") or {}
@@ -257,6 +275,8 @@ def load_trace_json(path: str) -> dict[str, Any]:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise TraceError(f"{path} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise TraceError(f"{path} is not a trace-event file (nested too deeply)") from None
     if isinstance(data, list):
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
@@ -265,28 +285,33 @@ def load_trace_json(path: str) -> dict[str, Any]:
 
 
 def read_trace(path: str) -> Trace:
-    """Read a trace written by :func:`write_trace` (or merged from several)."""
+    """Read a trace written by :func:`write_trace` (or merged from several).
+
+    Raises :class:`TraceError` (one line) for a file that is not such a trace,
+    or holds an event or a metadata field that is not what the agent writes.
+    """
     data = load_trace_json(path)
     other = data.get("otherData") or {}
     meta = other.get("chainer_autoprof") if isinstance(other, dict) else None
     meta = dict(meta) if isinstance(meta, dict) else {}
-    pid = meta.get("pid")
     ranges: list[Range] = []
     thread_names: dict[int, str] = {}
-    for ev in data["traceEvents"]:
-        if not isinstance(ev, dict):
-            continue
-        if pid is not None and ev.get("pid") != pid:
-            continue
-        ph = ev.get("ph")
-        if ph == "X":
-            args = ev.get("args") or {}
-            t0 = round(float(ev["ts"]) * 1000)
-            ranges.append(Range(str(ev.get("name", "")), str(ev.get("cat", "")),
-                                int(ev.get("tid", 0)), t0, t0 + round(float(ev["dur"]) * 1000),
-                                int(args.get("depth", 0)), args.get("iteration")))
-        elif ph == "M" and ev.get("name") == "thread_name":
-            thread_names[int(ev.get("tid", 0))] = str((ev.get("args") or {}).get("name", ""))
+    try:
+        trace_check.metadata(meta)
+        pid = meta.get("pid")
+        for n, ev in enumerate(data["traceEvents"]):
+            if not isinstance(ev, dict):
+                continue
+            if pid is not None and ev.get("pid") != pid:
+                continue
+            ph = ev.get("ph")
+            if ph == "X":
+                ranges.append(Range(*trace_check.complete_event(ev, n)))
+            elif ph == "M" and ev.get("name") == "thread_name":
+                tid, name = trace_check.thread_name_event(ev, n)
+                thread_names[tid] = name
+    except trace_check.MalformedError as exc:
+        raise TraceError(f"{path}: {exc}") from None
     return Trace(path, meta, ranges, thread_names, pid)
 
 
