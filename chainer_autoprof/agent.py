@@ -40,6 +40,9 @@ from .sinks.recorder import Recorder
 _lock = threading.RLock()
 _agent: Agent | None = None
 
+#: At exit, how long to wait for other threads to pop the NVTX ranges they left open.
+THREAD_UNWIND_WAIT_S = 0.25
+
 
 class Agent:
     """One installed agent: its config, tracer, sinks and patch sets."""
@@ -211,6 +214,12 @@ class Agent:
                             + " (run with CHAINER_PROF_LOG=debug for the status report)")
         except Exception as exc:
             log.error(f"no status report: {exc}")
+        try:  # other threads pop their NVTX ranges at their next instrumented call
+            if not self.tracer.wait_for_threads(THREAD_UNWIND_WAIT_S):
+                log.info("ranges left open in NVTX by threads that made no instrumented call "
+                         "at exit (the recorder's view ends them at exit)")
+        except Exception as exc:
+            log.error(f"could not wait for other threads: {type(exc).__name__}: {exc}")
 
     def uninstall(self) -> None:
         self.active = False

@@ -42,6 +42,8 @@ for _ in range(5):
 raise KeyboardInterrupt
 ''',
     "signal": TRAIN + r'''
+for _ in range(5):
+    step()
 print("training", flush=True)
 while True:
     step()

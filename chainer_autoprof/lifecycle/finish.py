@@ -46,6 +46,9 @@ def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int) -> RunSt
         return None
     end_ns = recorder.end_ns if recorder.end_ns is not None else tracer.clock()
     cost = overhead.estimate(recorder, tracer.granularity_level, hits)
+    wall_ms = max(0, end_ns - recorder.start_ns) / 1e6
+    if cost[0] > wall_ms:  # threads share one interpreter: the agent's time fits in the wall's
+        cost = (wall_ms, cost[1] + "; capped at the wall time")
     stats = recorder.run_stats(end_ns, cost, metadata(cfg, tracer, recorder, end_ns))
     if cfg.trace:
         stats.meta["trace_path"] = _write_trace(recorder, tracer, cfg.trace, stats)
@@ -112,7 +115,8 @@ def _write_trace(recorder: Recorder, tracer: Any, template: str, stats: RunStats
     per_thread: dict[int, list] = {}
     for tid, block in recorder.retained:
         per_thread.setdefault(tid, []).append(block)
-    thread_names = {ts.tid: ts.thread_name for ts in list(tracer.states.values())}
+    thread_names = dict(tracer.ended_names)
+    thread_names.update({ts.tid: ts.thread_name for ts in list(tracer.states.values())})
     threads = [ThreadRanges(tid, thread_names.get(tid, f"thread {tid}"), blocks)
                for tid, blocks in per_thread.items()]
     number = other.get("rank", 0)

@@ -13,6 +13,7 @@ from typing import Any
 try:  # a dependency, but a broken install must cost the NVTX ranges only, not the agent
     import nvtx
     from nvtx._lib import DummyDomain, pop_range, push_range
+    from nvtx._lib.lib import EventAttributes, RegisteredString
 except ImportError:
     nvtx = None
 
@@ -50,6 +51,12 @@ class NvtxSink:
     def prepare(self, info) -> None:
         info.nvtx = self.domain.get_event_attributes(
             message=info.name, color=info.color, category=info.category)
+
+    def prepare_transient(self, info) -> None:
+        """A name beyond the tracer's cap: attributes for this range alone, nothing cached
+        (``get_event_attributes`` would keep the registered string forever)."""
+        info.nvtx = EventAttributes(self.domain, RegisteredString(self._handle, info.name),
+                                    info.color, self.domain.get_category_id(info.category))
 
     def mark(self, text: str, color: int = 0xFFFFFFFF) -> None:
         """An instantaneous marker (e.g. the capture window's edges)."""
