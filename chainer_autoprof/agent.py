@@ -49,6 +49,7 @@ class Agent:
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
+        self.start_dir = os.getcwd()  # a relative trace path is relative to it, as checked
         log.set_level(cfg.log)
         backend = get_backend()
         self.backend = backend
@@ -199,7 +200,7 @@ class Agent:
                 from .lifecycle.finish import report_run
 
                 report_run(self.recorder, self.tracer, self.cfg,
-                           hits=sum(p.hits for p in self.all_patches()))
+                           hits=sum(p.hits for p in self.all_patches()), start_dir=self.start_dir)
             except Exception as exc:
                 log.error(f"no summary or trace ({type(exc).__name__}: {exc})")
         try:

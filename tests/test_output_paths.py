@@ -161,3 +161,14 @@ def test_report_html_never_overwrites_its_input(tmp_path: Path):
         merged = _python(["-m", "chainer_autoprof", "merge", "t.json", "-o", out], tmp_path)
         assert merged.returncode == 2 and len(merged.stderr.splitlines()) == 1, merged.stderr
     assert (tmp_path / "t.json").read_text() == original
+
+
+def test_a_relative_trace_path_is_taken_from_where_the_run_started(tmp_path: Path):
+    """The program changes directory: the trace still goes where the path was checked."""
+    (tmp_path / "elsewhere").mkdir()
+    script = write_script(tmp_path, "train.py", TRAIN + "import os\nos.chdir('elsewhere')\n")
+    run = _python(["-m", "chainer_autoprof", "--summary", "0", "--trace", "run.json",
+                   str(script)], tmp_path)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    assert (tmp_path / "run.json").is_file()
+    assert not (tmp_path / "elsewhere" / "run.json").exists()

@@ -27,10 +27,13 @@ from ..sinks.recorder import Recorder
 from . import overhead, processes
 
 
-def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int) -> RunStats | None:
+def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int,
+               start_dir: str | None = None) -> RunStats | None:
     """Statistics, trace file and summary of the run, once the tracer is closed.
 
-    ``hits`` counts the instrumented calls (for the overhead estimate).
+    ``hits`` counts the instrumented calls (for the overhead estimate); a
+    relative trace path is taken from ``start_dir``, the directory the run
+    started in and the path was checked in (the program may have changed it).
     Returns the statistics, or ``None`` for a process with nothing to say: one
     that never reached an instrumented call nor recorded a range (``python -c
     'import json'`` with a ``CHAINER_PROF_*`` variable exported: no summary,
@@ -51,7 +54,7 @@ def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int) -> RunSt
         cost = (wall_ms, cost[1] + "; capped at the wall time")
     stats = recorder.run_stats(end_ns, cost, metadata(cfg, tracer, recorder, end_ns))
     if cfg.trace:
-        stats.meta["trace_path"] = _write_trace(recorder, tracer, cfg.trace, stats)
+        stats.meta["trace_path"] = _write_trace(recorder, tracer, cfg.trace, stats, start_dir)
     if cfg.summary:
         try:
             sys.stderr.write(format_summary(stats, advice=bool(cfg.advice)) + "\n")
@@ -100,9 +103,12 @@ def metadata(cfg: Config, tracer: Any, recorder: Recorder, end_ns: int) -> dict[
     }
 
 
-def _write_trace(recorder: Recorder, tracer: Any, template: str, stats: RunStats) -> str | None:
+def _write_trace(recorder: Recorder, tracer: Any, template: str, stats: RunStats,
+                 start_dir: str | None) -> str | None:
     """Write the trace file; returns its path (``None`` on failure, said once)."""
     path = expand_path(processes.child_trace_template(template))
+    if start_dir is not None and not os.path.isabs(path):
+        path = os.path.join(start_dir, path)
     other = dict(stats.meta)
     other.update(dropped_ranges=recorder.dropped, main_tid=threading.main_thread().native_id,
                  batch_size=stats.batch_size, sync_level=stats.sync_level,
