@@ -438,7 +438,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.warmup is not None and args.warmup < 0:
         sys.stderr.write("merge: --warmup must be >= 0\n")
         return 2
-    if os.path.realpath(args.output) in {os.path.realpath(p) for p in args.traces}:
+    real = [os.path.realpath(p) for p in args.traces]
+    twice = next((p for p, r in zip(args.traces, real) if real.count(r) > 1), None)
+    if twice is not None:
+        sys.stderr.write(f"merge: {twice} is given twice\n")
+        return 2
+    streams = [p for p in args.traces if os.path.exists(p) and not os.path.isfile(p)]
+    if streams:
+        sys.stderr.write(f"merge: {streams[0]} is not a regular file (each input is read "
+                         "twice: give files)\n")
+        return 2
+    if os.path.realpath(args.output) in set(real):
         sys.stderr.write(f"merge: the output {args.output} is one of the inputs\n")
         return 2
     try:

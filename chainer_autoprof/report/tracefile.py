@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -267,7 +268,17 @@ class TraceError(ValueError):
 
 
 def load_trace_json(path: str) -> dict[str, Any]:
-    """The JSON object of a trace-event file (a bare event list is wrapped); TraceError if not."""
+    """The JSON object of a trace-event file (a bare event list is wrapped); TraceError if not.
+
+    A device is refused before it is read (``/dev/zero`` never ends); a pipe is
+    read (``report <(zcat run.json.gz)``).
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        raise TraceError(f"{path} is a device, not a trace file")
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
