@@ -186,6 +186,9 @@ class Agent:
         restore_interrupt = exit_hooks.keep_interrupt_status()
         try:
             self._finish()
+        except KeyboardInterrupt:  # Ctrl-C again while finishing: stop, and end as Ctrl-C does
+            restore_interrupt = exit_hooks.mark_interrupted
+            log.warning("interrupted while finishing: the summary or the trace may be missing")
         finally:
             restore_interrupt()  # Ctrl-C: still killed by SIGINT, as without the agent
 

@@ -103,3 +103,31 @@ def test_ctrl_c_exit_status_is_the_plain_one(tmp_path: Path, script: str, mode: 
     assert got.stdout == plain.stdout
     assert "KeyboardInterrupt" in got.stderr
     assert "chainer_autoprof summary" in got.stderr  # the summary was printed, then SIGINT
+
+
+INTERRUPTED_SUMMARY = TRAIN + r'''
+from chainer_autoprof.report import summary
+
+
+def section(stats):
+    raise KeyboardInterrupt  # as a second Ctrl-C while the summary is being written
+
+
+summary.SECTIONS.append(section)
+for _ in range(5):
+    step()
+print("done", flush=True)
+'''
+
+
+def test_ctrl_c_while_the_summary_is_written_ends_quietly(tmp_path: Path):
+    """One line, no traceback, and the process ends as a Ctrl-C'd one does."""
+    path = write_script(tmp_path, "again.py", INTERRUPTED_SUMMARY)
+    run = subprocess.run([sys.executable, "-m", "chainer_autoprof", str(path)],
+                         env=clean_env(), cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert run.stdout == "done\n"
+    assert run.returncode == -signal.SIGINT, run.stderr
+    assert "Traceback" not in run.stderr and "Exception ignored" not in run.stderr, run.stderr
+    assert run.stderr.splitlines() == ["chainer_autoprof: interrupted while finishing: the "
+                                       "summary or the trace may be missing"]

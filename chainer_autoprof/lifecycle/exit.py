@@ -135,7 +135,7 @@ def keep_interrupt_status() -> Callable[[], None]:
         return _nothing  # no KeyboardInterrupt reached the top level
     flag = _interrupt_flag()
     if flag is None:
-        return _mark_interrupted
+        return mark_interrupted
     if not flag.value:
         return _nothing  # reported, but not how the program ends (an interactive session)
 
@@ -155,7 +155,7 @@ def _interrupt_flag() -> Any:
         return None
 
 
-def _mark_interrupted() -> None:
+def mark_interrupted() -> None:
     """Set the flag the way the interpreter does: source text that raises KeyboardInterrupt."""
     try:
         exec("raise KeyboardInterrupt")  # constant text: the interpreter notes the interrupt
