@@ -259,6 +259,8 @@ VARIANTS = {
     "bad run_stats": lambda d: d["otherData"]["chainer_autoprof"].update(
         dropped_ranges=5, run_stats={"iterations": "many"}),
     "deeply nested": lambda d: d["traceEvents"].append("@deep"),
+    "pid a string": lambda d: d["otherData"]["chainer_autoprof"].update(pid="abc"),
+    "rank a word": lambda d: d["otherData"]["chainer_autoprof"].update(rank="zero"),
 }
 
 
