@@ -426,6 +426,7 @@ class Tracer:
             ts.stack.clear()
         self.states = {}
         self._lock = threading.Lock()
+        self._unwound = threading.Event()  # the parent's may be mid-use by a thread not copied
         if current is not None:
             current.tid = threading.get_native_id()
             current.record = None
