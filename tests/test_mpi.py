@@ -199,6 +199,7 @@ def test_rank_from_launcher_environment(environ, expected):
 
 COMMUNICATOR_ONLY = """
 import os
+import sys
 
 import chainermn
 from mpi4py import MPI  # MPI is initialized: the launcher's variables are no longer needed
@@ -220,7 +221,8 @@ optimizer.setup(model)
 x = np.ones((2, 3), np.float32)
 for _ in range(3):
     optimizer.update(lambda: chainer.functions.sum(model(x)))
-print("rank", comm.rank, "of", comm.size)
+sys.stdout.write(f"rank {comm.rank} of {comm.size}\\n")  # one write: ranks share stdout
+sys.stdout.flush()
 """
 
 
