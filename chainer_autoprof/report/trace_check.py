@@ -139,29 +139,28 @@ def metadata(meta: dict[str, Any]) -> dict[str, Any]:
     for key in ("facts", "versions", "env", "run_stats"):
         _optional(meta, key, mapping, where)
     _optional(meta, "gpu_phase_ms", _series, where)
-    settings = meta.get("settings")
+    settings = _section(meta, "settings", where)
     if settings is not None:
-        mapping(settings, f"{where}.settings")
         _optional(settings, "iterations", _window, f"{where}.settings")
-    clock = meta.get("clock")
-    if clock is not None:
-        mapping(clock, f"{where}.clock")
-        for key in ("perf_counter_ns_at_start", "unix_time_ns_at_start", "duration_ns"):
-            _optional(clock, key, integer, f"{where}.clock")
-    devices = meta.get("devices")
-    if devices is not None:
-        for i, device in enumerate(sequence(devices, f"{where}.devices")):
-            mapping(device, f"{where}.devices[{i}]")
-    process = meta.get("process")
+    clock = _section(meta, "clock", where)
+    for key in ("perf_counter_ns_at_start", "unix_time_ns_at_start", "duration_ns"):
+        _optional(clock or {}, key, integer, f"{where}.clock")
+    for i, device in enumerate(sequence(meta.get("devices") or [], f"{where}.devices")):
+        mapping(device, f"{where}.devices[{i}]")
+    process = _section(meta, "process", where)
     if process is not None:
-        mapping(process, f"{where}.process")
         _optional(process, "mpi_rank", integer, f"{where}.process")
-        reference = process.get("clock_reference")
+        reference = _section(process, "clock_reference", f"{where}.process")
         if reference is not None:
-            mapping(reference, f"{where}.process.clock_reference")
             integer(reference.get("perf_counter_ns"),
                     f"{where}.process.clock_reference.perf_counter_ns")
     return meta
+
+
+def _section(meta: Mapping[str, Any], key: str, where: str) -> dict[str, Any] | None:
+    """``meta[key]``, an object or absent (``None``)."""
+    value = meta.get(key)
+    return None if value is None else mapping(value, f"{where}.{key}")
 
 
 def _window(value: Any, where: str) -> None:
