@@ -50,12 +50,12 @@ class NvtxSink:
 
     def prepare(self, info) -> None:
         info.nvtx = self.domain.get_event_attributes(
-            message=info.name, color=info.color, category=info.category)
+            message=_text(info.name), color=info.color, category=info.category)
 
     def prepare_transient(self, info) -> None:
         """A name beyond the tracer's cap: attributes for this range alone, nothing cached
         (``get_event_attributes`` would keep the registered string forever)."""
-        info.nvtx = EventAttributes(self.domain, RegisteredString(self._handle, info.name),
+        info.nvtx = EventAttributes(self.domain, RegisteredString(self._handle, _text(info.name)),
                                     info.color, self.domain.get_category_id(info.category))
 
     def mark(self, text: str, color: int = 0xFFFFFFFF) -> None:
@@ -64,6 +64,16 @@ class NvtxSink:
 
     def close(self, tracer) -> None:
         pass
+
+
+def _text(name: str) -> str:
+    """``name`` as NVTX can take it: UTF-8, a lone surrogate (an undecodable file name, a
+    link's odd name) written as its escape rather than failing the registration."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return name
 
 
 def make_nvtx_sink(domain_name: str) -> NvtxSink | None:
