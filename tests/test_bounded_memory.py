@@ -1,7 +1,8 @@
 """Memory stays bounded whatever names and threads the program uses.
 
-A new ``annotate()`` name every iteration (a step number in the name) and
-many short-lived threads calling instrumented code must not grow the agent's
+A new ``annotate()`` name every iteration (a step number in the name), a
+function label holding a new constant every iteration (``x * lr`` gives
+``_ * 0.37``) and many short-lived threads calling instrumented code must not grow the agent's
 memory without bound: not its range names (the tracer's, the recorder's, the
 strings registered with NVTX), not a per-thread state kept for every thread
 that ever ran.  Measured in a real process with an NVTX tool attached.
@@ -40,6 +41,12 @@ def names(start, count):
             link(x)
 
 
+def labels(start, count):  # function labels that hold a constant: "_ * 12.0"
+    v = chainer.Variable(x)
+    for i in range(start, start + count):
+        v * float(i)
+
+
 def threads(count):
     for _ in range(count):
         t = threading.Thread(target=link, args=(x,))
@@ -57,21 +64,23 @@ def growth(work, *args):
 
 tracemalloc.start()
 names(0, 6000)        # past any cap on names
+labels(0, 1000)
 threads(300)
-out = {"names": growth(names, 6000, 6000), "threads": growth(threads, 1500),
-       "states": len(tracer.states)}
+out = {"names": growth(names, 6000, 6000), "labels": growth(labels, 1000, 6000),
+       "threads": growth(threads, 1500), "states": len(tracer.states)}
 print(json.dumps(out))
 '''
 
 
 def test_new_names_and_new_threads_do_not_grow_memory(tmp_path: Path):
     script = write_script(tmp_path, "grow.py", PROGRAM)
-    run = run_python(tmp_path, [str(script)], env={"CHAINER_PROF_ENABLE": "1",
+    run = run_python(tmp_path, [str(script)], env={"CHAINER_PROF_GRANULARITY": "function",
                                                    "CHAINER_PROF_SUMMARY": "0"})
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     # 6,000 new names and 1,500 threads: a few bytes each at most (about 1 KB each before)
     assert out["names"] < 300_000, out
+    assert out["labels"] < 300_000, out
     assert out["threads"] < 300_000, out
     assert out["states"] <= 3, out  # the main thread's, not one per thread that ever ran
     assert run.stderr == ""

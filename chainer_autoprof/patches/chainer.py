@@ -477,8 +477,10 @@ class ChainerPatches(Instrumentor):
                 name = getattr(instance, "name", None) or getattr(instance, "default_name", "")
                 info = cache.get((name, cls))
                 if info is None:
-                    info = cache[(name, cls)] = tracer.info(
-                        names.extension_text(str(name), cls.__name__), names.EXTENSION)
+                    info = tracer.info(names.extension_text(str(name), cls.__name__),
+                                       names.EXTENSION)
+                    if tracer.kept(info):  # a name past the tracer's cap: not cached
+                        cache[(name, cls)] = info
                 ts.quiet += 1
                 ts.extension = instance
                 entered = True
@@ -540,8 +542,9 @@ class ChainerPatches(Instrumentor):
                     label = func.label
                     info = infos.get(label)
                     if info is None:
-                        info = infos[label] = tracer.info(
-                            names.function_text(label, True), names.FUNCTION)
+                        info = tracer.info(names.function_text(label, True), names.FUNCTION)
+                        if tracer.kept(info):  # labels such as "_ * 0.37" never end
+                            infos[label] = info
                     tok = begin(info, ts)
             except Exception as exc:
                 patch.fail(exc)
@@ -575,8 +578,9 @@ class ChainerPatches(Instrumentor):
                 label = instance.label
                 info = infos.get(label)
                 if info is None:
-                    info = infos[label] = tracer.info(
-                        names.function_text(label, False), names.FUNCTION)
+                    info = tracer.info(names.function_text(label, False), names.FUNCTION)
+                    if tracer.kept(info):  # labels such as "_ * 0.37" never end
+                        infos[label] = info
                 if ts.links:  # the innermost link being called owns its backward
                     instance._chainer_autoprof_link = ts.links[-1][1].index
                 tok = begin(info, ts)

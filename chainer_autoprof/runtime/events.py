@@ -226,6 +226,11 @@ class Tracer:
                 prepare(info)
         return info
 
+    def kept(self, info: RangeInfo) -> bool:
+        """Whether ``info`` is kept by the tracer (not a name past the cap): callers that
+        cache RangeInfos by their own keys cache only these."""
+        return self.infos[info.index] is info
+
     def state(self) -> ThreadState:
         """This thread's state (created on first use)."""
         try:
