@@ -129,6 +129,7 @@ setup(
             "ruff>=0.17,<0.18",
             "nvidia-nvtx>=13",  # NVTX headers the tests' NVTX recorder is compiled against
             "mpi4py>=4",  # MPI tests (they skip where no MPI runtime is installed)
+            "hypothesis>=6.100,<7",  # property-based tests of the state machine and the readers
             # the layers contract (tests/test_layers.py; exhaustive layers need a recent one)
             "import-linter>=2.16,<3; python_version >= '3.11'",
         ],

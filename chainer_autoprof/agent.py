@@ -41,12 +41,16 @@ from .sinks.recorder import Recorder
 _lock = threading.RLock()
 _agent: Agent | None = None
 
+#: At exit, how long to wait for other threads to pop the NVTX ranges they left open.
+THREAD_UNWIND_WAIT_S = 0.25
+
 
 class Agent:
     """One installed agent: its config, tracer, sinks and patch sets."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
+        self.start_dir = os.getcwd()  # a relative trace path is relative to it, as checked
         log.set_level(cfg.log)
         backend = get_backend()
         self.backend = backend
@@ -197,6 +201,16 @@ class Agent:
         if self.closed:
             return
         self.closed = True
+        restore_interrupt = exit_hooks.keep_interrupt_status()
+        try:
+            self._finish()
+        except KeyboardInterrupt:  # Ctrl-C again while finishing: stop, and end as Ctrl-C does
+            restore_interrupt = exit_hooks.mark_interrupted
+            log.warning("interrupted while finishing: the summary or the trace may be missing")
+        finally:
+            restore_interrupt()  # Ctrl-C: still killed by SIGINT, as without the agent
+
+    def _finish(self) -> None:
         try:
             self.tracer.close()
         except Exception as exc:
@@ -207,7 +221,7 @@ class Agent:
                 from .lifecycle.finish import report_run
 
                 report_run(self.recorder, self.tracer, self.cfg,
-                           hits=sum(p.hits for p in self.all_patches()))
+                           hits=sum(p.hits for p in self.all_patches()), start_dir=self.start_dir)
             except Exception as exc:
                 log.error(f"no summary or trace ({type(exc).__name__}: {exc})")
         try:
@@ -223,6 +237,12 @@ class Agent:
                             + " (run with CHAINER_PROF_LOG=debug for the status report)")
         except Exception as exc:
             log.error(f"no status report: {exc}")
+        try:  # other threads pop their NVTX ranges at their next instrumented call
+            if not self.tracer.wait_for_threads(THREAD_UNWIND_WAIT_S):
+                log.info("ranges left open in NVTX by threads that made no instrumented call "
+                         "at exit (the recorder's view ends them at exit)")
+        except Exception as exc:
+            log.error(f"could not wait for other threads: {type(exc).__name__}: {exc}")
 
     def uninstall(self) -> None:
         self.active = False
@@ -282,11 +302,15 @@ def install(**settings: Any) -> Agent | None:
     """Install the agent with ``settings`` over the ``CHAINER_PROF_*`` environment.
 
     Idempotent: a second call returns the agent already installed (and does
-    not wrap twice).  Raises :class:`SettingsError` on bad settings.
+    not wrap twice); settings it asks for that differ from the installed
+    agent's are named in one warning.  Raises :class:`SettingsError` on bad
+    settings.
     """
     global _agent
     with _lock:
         if _agent is not None:
+            if settings:
+                _warn_ignored(_agent.cfg, from_environ(overrides=settings), settings)
             return _agent
         cfg = from_environ(overrides=settings)
         if not cfg.enable:
@@ -297,6 +321,17 @@ def install(**settings: Any) -> Agent | None:
         agent.start()
         _agent = agent
         return agent
+
+
+def _warn_ignored(current: Config, asked: Config, names: Any) -> None:
+    """One line naming the settings a second ``install()`` asked for in vain."""
+    changed = [f"{name}={getattr(asked, name)!r}" for name in names
+               if getattr(asked, name) != getattr(current, name)]
+    if changed:
+        kept = ", ".join(f"{name}={getattr(current, name)!r}" for name in names
+                         if getattr(asked, name) != getattr(current, name))
+        log.warning(f"already installed with {kept}; install({', '.join(changed)}) changes "
+                    "nothing (call uninstall() first to change the settings)", once=False)
 
 
 def uninstall() -> None:

@@ -237,8 +237,21 @@ def _run_subcommand(name: str, argv: list[str], prog: str) -> int:
                          f"(no module {module_name}); to run a script named {name!r}, "
                          f"write ./{name} or -- {name}\n")
         return 2
-    result = module.main(argv)
+    try:
+        result = module.main(argv)
+    except BrokenPipeError:  # report ... | head: the reader has gone
+        return _reader_gone()
     return 0 if result is None else int(result)
+
+
+def _reader_gone() -> int:
+    """stdout's reader closed the pipe: say nothing more, exit as a killed pipe writer does."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the flush at exit must not fail again
+    except (OSError, ValueError):
+        pass
+    return 128 + 13  # SIGPIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -253,11 +266,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_subcommand(argv[0], argv[1:], prog)
     try:
         args = parse_args(argv)
-        if args.action == "help":
-            sys.stdout.write(help_text(prog))
-            return 0
-        if args.action == "version":
-            sys.stdout.write(f"chainer_autoprof {__version__}\n")
+        if args.action in ("help", "version"):
+            try:
+                sys.stdout.write(help_text(prog) if args.action == "help"
+                                 else f"chainer_autoprof {__version__}\n")
+                sys.stdout.flush()
+            except BrokenPipeError:  # --help | head
+                return _reader_gone()
             return 0
         env = settings_environ(args.flags, dict(os.environ))
     except UsageError as exc:

@@ -14,10 +14,19 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, settings
 from support import REPO, clean_env
 
 from chainer_autoprof.runtime import hotpath
 from chainer_autoprof.runtime.hotpath import build
+
+# Property-based tests: in CI a fixed, modest number of examples, the same on every machine
+# (derandomized); ``--hypothesis-profile explore`` searches far more, at random.
+_COMMON = {"deadline": None, "database": None,
+           "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
+settings.register_profile("ci", max_examples=60, derandomize=True, **_COMMON)
+settings.register_profile("explore", max_examples=3000, **_COMMON)
+settings.load_profile("ci")
 
 
 def pytest_configure(config):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from chainer_autoprof.common import settings
@@ -138,6 +140,24 @@ def test_overrides_win_and_are_validated():
         from_environ({}, overrides={"warmup": "x"})
     with pytest.raises(SettingsError, match="unknown setting 'sink'"):
         from_environ({}, overrides={"sink": 1})
+
+
+@pytest.mark.parametrize("settings", [
+    {"sync_level": 7}, {"granularity": 3}, {"warmup": -1}, {"iterations": (5, 2)},
+    {"iterations": 5}, {"record_limit": True}, {"link_depth": 1.5}, {"ranks": [-1]},
+    {"trace": Path("/dev/null")}, {"trace": Path("/no/such/dir/t.json")}])
+def test_keyword_settings_of_any_type_are_validated(settings):
+    """``install(sync_level=7)`` is refused as ``CHAINER_PROF_SYNC_LEVEL=7`` is."""
+    with pytest.raises(SettingsError) as info:
+        from_environ({}, overrides=settings)
+    assert "\n" not in str(info.value) and "not valid" in str(info.value)
+
+
+def test_keyword_settings_of_other_types_are_taken_when_valid():
+    cfg = from_environ({}, overrides={"sync_level": 2, "iterations": [10, 20], "summary": 0,
+                                      "ranks": {3, 0}, "trace": Path("t.json"), "warmup": None})
+    assert (cfg.sync_level, cfg.iterations, cfg.summary, cfg.ranks, cfg.trace, cfg.warmup) == (
+        2, (10, 20), False, frozenset({0, 3}), "t.json", 3)
 
 
 def test_markdown_table_has_a_row_per_setting():

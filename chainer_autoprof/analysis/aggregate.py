@@ -10,8 +10,11 @@ Aggregation, per thread, as each range ends (children end before parents):
 
 * ``iteration`` ranges: one iteration; the phase ranges (data, forward,
   backward, update) that ended inside it are its phases, and
-  ``other = iteration - sum(phases)``.  The first ``warmup`` iterations are
-  excluded from the statistics (their time is reported as ``warm-up``).
+  ``other = iteration - sum(phases)``.  The first ``warmup`` iterations of a
+  thread are excluded from the statistics (their time is reported as
+  ``warm-up``).  The figures are the loop thread's (below): threads that
+  train at the same time would otherwise add up to more than the wall time;
+  the other threads' iterations are only counted.
 * ``link`` ranges: calls, inclusive time and self time (inclusive minus the
   child link ranges) per link path; ``link_backward`` ranges: backward calls
   and time, attributed to the link whose forward created each function.
@@ -97,12 +100,19 @@ class Series:
 
 
 class _ThreadAgg:
-    """Aggregation state of one thread carried from one block of ranges to the next."""
+    """Aggregation state of one thread carried from one block of ranges to the next,
+    and the thread's figures (the result is the loop thread's)."""
 
-    __slots__ = ("child_ns", "gap_pending", "iterations", "last_top_end", "links",
-                 "nested_counted", "nested_warm", "outside", "phase_ns", "seen_iter")
+    __slots__ = ("child_ns", "counted", "gap_pending", "iter_total", "iterations",
+                 "last_top_end", "link_totals", "links", "nested_counted", "nested_warm",
+                 "outside", "phase_ns", "phase_total", "seen_iter", "series")
 
     def __init__(self, start_ns: int) -> None:
+        self.counted = 0
+        self.iter_total = 0
+        self.phase_total = [0, 0, 0, 0, 0]
+        self.link_totals: Any = None     # int64 array (link keys, 5)
+        self.series: Series | None = None  # made at the first counted iteration
         self.phase_ns = [0, 0, 0, 0]     # phases of the iteration still open
         self.child_ns: dict[int, int] = {}  # depth -> child link time of the open range there
         self.links: Any = None           # link figures not yet assigned to an iteration
@@ -142,12 +152,8 @@ class Aggregator:
         self._link_key_index: dict[str, int] = {}
         self._np_tables: Any = None
         self.threads: dict[int, _ThreadAgg] = {}
-        self.series = Series(max_kept, 1 + len(PHASE_KEYS))
-        self.seen = 0                      # iterations seen (warm-up included)
-        self.counted = 0
-        self.iter_total = 0
-        self.phase_total = [0, 0, 0, 0, 0]
-        self.link_totals: Any = None       # int64 array (link keys, 5)
+        self.max_kept = max_kept
+        self.seen = 0                      # iterations seen, every thread, warm-up included
         self.ranges = 0
         self.phase_seen = False
 
@@ -205,7 +211,7 @@ class Aggregator:
         is_iter = kind == _K_ITER
         it_pos = np.flatnonzero(is_iter)
         n_it = len(it_pos)
-        seq = self.seen + np.arange(1, n_it + 1)
+        seq = th.iterations + np.arange(1, n_it + 1)
         it_counted = seq > self.warmup_skip
         self.seen += n_it
         th.iterations += n_it
@@ -217,12 +223,14 @@ class Aggregator:
             other = it_dur - phases.sum(axis=1)
             table = np.column_stack([it_dur, phases, other])[it_counted]
             if len(table):
-                self.counted += len(table)
-                self.iter_total += int(table[:, 0].sum())
+                th.counted += len(table)
+                th.iter_total += int(table[:, 0].sum())
                 sums = table[:, 1:].sum(axis=0).tolist()
                 for i in range(5):
-                    self.phase_total[i] += int(sums[i])
-                self.series.extend(table / 1e6)
+                    th.phase_total[i] += int(sums[i])
+                if th.series is None:
+                    th.series = Series(self.max_kept, 1 + len(PHASE_KEYS))
+                th.series.extend(table / 1e6)
         self._top_level(th, kind, index, t0, t1, depth, dur, is_iter, it_pos, it_counted)
 
     def _phases(self, th: _ThreadAgg, kind: Any, dur: Any, it_pos: Any) -> Any:
@@ -284,7 +292,7 @@ class Aggregator:
         marker_counted[np.searchsorted(markers, it_pos)] = it_counted
         if th.links is not None and len(markers):
             if marker_counted[0]:
-                self._add_links(th.links)
+                self._add_links(th, th.links)
             th.links = None
         if not len(lk):
             return
@@ -303,17 +311,18 @@ class Aggregator:
             return np.column_stack([_bincount(ids[sel], col[sel], n_keys) for col in cols])
 
         if keep.any():
-            self._add_links(block(keep))
+            self._add_links(th, block(keep))
         if pending.any():
             part = block(pending)
             th.links = part if th.links is None else _grow(th.links, n_keys) + part
 
-    def _add_links(self, part: Any) -> None:
-        if self.link_totals is None:
-            self.link_totals = part.copy()
+    @staticmethod
+    def _add_links(th: _ThreadAgg, part: Any) -> None:
+        if th.link_totals is None:
+            th.link_totals = part.copy()
         else:
-            n = max(len(self.link_totals), len(part))
-            self.link_totals = _grow(self.link_totals, n) + _grow(part, n)
+            n = max(len(th.link_totals), len(part))
+            th.link_totals = _grow(th.link_totals, n) + _grow(part, n)
 
     def _top_level(self, th: _ThreadAgg, kind: Any, index: Any, t0: Any, t1: Any, depth: Any,
                    dur: Any, is_iter: Any, it_pos: Any, it_counted: Any) -> None:
@@ -384,12 +393,21 @@ class Aggregator:
             best = next(iter(self.threads))
         return best
 
+    def thread_ended(self, tid: int) -> None:
+        """Thread ``tid`` ended: forget it unless it may still be the loop thread."""
+        th = self.threads.get(tid)
+        if th is None:
+            return
+        if th.iterations == 0 or any(other.iterations >= th.iterations
+                                     for key, other in self.threads.items() if key != tid):
+            del self.threads[tid]
+
     def result(self, end_ns: int, main_tid: int | None = None, **extra: Any) -> RunStats:
-        """The statistics so far, the run ending at ``end_ns``."""
+        """The statistics so far (the loop thread's), the run ending at ``end_ns``."""
         tid = self.loop_thread(main_tid)
         outside_ns: dict[str, int] = {}
-        if tid is not None and tid in self.threads:
-            th = self.threads[tid]
+        th = self.threads.get(tid) if tid is not None else None
+        if th is not None:
             outside_ns = dict(th.outside)
             tail = max(0, end_ns - th.last_top_end) + th.gap_pending
             label = self.after_label if th.seen_iter else self.before_label
@@ -397,16 +415,20 @@ class Aggregator:
                 outside_ns[label] = outside_ns.get(label, 0) + tail
         elif end_ns > self.start_ns:
             outside_ns[self.before_label] = end_ns - self.start_ns
-        values = self.series.values
+        if th is None:
+            th = _ThreadAgg(self.start_ns)
+        series = th.series or Series(self.max_kept, 1 + len(PHASE_KEYS))
+        values = series.values
         links = []
-        if self.link_totals is not None:
-            for key, s in zip(self.link_keys, self.link_totals.tolist()):
+        if th.link_totals is not None:
+            for key, s in zip(self.link_keys, th.link_totals.tolist()):
                 if s[0] or s[3]:
                     links.append(LinkStat(key, s[0], s[1] / 1e6, s[2] / 1e6, s[3], s[4] / 1e6))
         links.sort(key=lambda link: (-link.incl_ms, -link.bwd_ms, link.name))
         fields: dict[str, Any] = {
-            "iterations": self.counted,
-            "warmup": self.seen - self.counted,
+            "iterations": th.counted,
+            "warmup": th.iterations - th.counted,
+            "other_thread_iterations": self.seen - th.iterations,
             "iteration_ms": values[0].tolist(),
             "phase_ms": {key: values[i + 1].tolist() for i, key in enumerate(PHASE_KEYS)},
             "outside_ms": {k: v / 1e6 for k, v in outside_ns.items() if v > 0},
@@ -414,12 +436,12 @@ class Aggregator:
             "links": links,
             "batch_size": None, "sync_level": 0, "sync_calls": 0, "overhead_ms": 0.0,
             "gpu_phase_ms": None, "meta": {},
-            "iteration_total_ms": self.iter_total / 1e6,
-            "phase_total_ms": {key: self.phase_total[i] / 1e6
+            "iteration_total_ms": th.iter_total / 1e6,
+            "phase_total_ms": {key: th.phase_total[i] / 1e6
                                for i, key in enumerate(PHASE_KEYS)},
-            "sample_stride": self.series.stride,
+            "sample_stride": series.stride,
             "ranges": self.ranges,
-            "has_phases": self.phase_seen or self.counted == 0,
+            "has_phases": self.phase_seen or th.counted == 0,
         }
         fields.update(extra)
         return RunStats(**fields)

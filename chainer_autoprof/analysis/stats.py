@@ -93,6 +93,8 @@ class RunStats:
     has_phases: bool = True
     #: How the overhead figure was obtained (one line).
     overhead_method: str = ""
+    #: Iterations run by threads other than the loop thread (not in these figures).
+    other_thread_iterations: int = 0
 
     # -- iterations --------------------------------------------------------
     def median(self) -> float:

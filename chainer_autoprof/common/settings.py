@@ -297,11 +297,20 @@ def from_environ(environ: Mapping[str, str] | None = None,
     for name, value in (overrides or {}).items():
         if name not in BY_NAME:
             raise SettingsError(f"unknown setting {name!r}; known: {', '.join(BY_NAME)}")
+        setting = BY_NAME[name]
+        if value is None:
+            value = setting.default
+        elif not isinstance(value, str):  # 7, True, (10, 20), a Path: checked as their text
+            try:
+                value = to_environ_value(setting, value)
+            except Exception:
+                raise SettingsError(f"{name}={value!r} is not valid: accepted: "
+                                    f"{setting.accepted}") from None
         if isinstance(value, str):
             try:
-                value = BY_NAME[name].parse(value)
+                value = setting.parse(value)
             except ValueError as exc:
-                raise _bad_value(BY_NAME[name], value, str(exc)) from None
+                raise _bad_value(setting, value, str(exc)) from None
         values[name] = value
         explicit.add(name)
     return Config(values, frozenset(explicit))
@@ -314,7 +323,8 @@ def to_environ_value(setting: Setting, value: Any) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     if setting.name == "iterations":
-        return f"{value[0]}:{value[1]}"
+        start, stop = value
+        return f"{start}:{stop}"
     if setting.name == "ranks":
         return ",".join(str(r) for r in sorted(value))
     return str(value)

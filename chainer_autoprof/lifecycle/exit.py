@@ -2,6 +2,10 @@
 
 * Normal end, ``sys.exit``, an uncaught exception, Ctrl-C (KeyboardInterrupt):
   the interpreter runs its ``atexit`` functions, where the agent closes.
+  After an uncaught KeyboardInterrupt CPython then dies by SIGINT (status 130)
+  on a flag that running source text resets (``namedtuple``, ``dataclass``
+  and the imports that use them do): :func:`keep_interrupt_status` puts it
+  back after the agent's exit-time work.
 * SIGTERM with no handler of the user's: the default action would kill the
   process without ``atexit``.  :func:`install` sets a handler that runs the
   agent's ``finish`` (close the open ranges, write the summary and the
@@ -20,6 +24,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -116,3 +121,47 @@ def _die() -> None:
     except Exception:
         pass
     os._exit(128 + signal.SIGTERM)
+
+
+# -- Ctrl-C: the interpreter's record of an uncaught KeyboardInterrupt --------------------------
+def keep_interrupt_status() -> Callable[[], None]:
+    """Note whether the program is ending by an uncaught KeyboardInterrupt (call at exit).
+
+    Returns the function that puts that record back once the agent's exit-time
+    work is done, so that the process still dies by SIGINT as it would without
+    the agent.
+    """
+    if not isinstance(getattr(sys, "last_value", None), KeyboardInterrupt):
+        return _nothing  # no KeyboardInterrupt reached the top level
+    flag = _interrupt_flag()
+    if flag is None:
+        return mark_interrupted
+    if not flag.value:
+        return _nothing  # reported, but not how the program ends (an interactive session)
+
+    def restore() -> None:
+        flag.value = 1
+
+    return restore
+
+
+def _interrupt_flag() -> Any:
+    """CPython's ``_Py_UnhandledKeyboardInterrupt`` (``None`` where it cannot be reached)."""
+    try:
+        import ctypes  # only at exit after a KeyboardInterrupt: never loaded otherwise
+
+        return ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt")
+    except Exception:
+        return None
+
+
+def mark_interrupted() -> None:
+    """Set the flag the way the interpreter does: source text that raises KeyboardInterrupt."""
+    try:
+        exec("raise KeyboardInterrupt")  # constant text: the interpreter notes the interrupt
+    except KeyboardInterrupt:
+        pass
+
+
+def _nothing() -> None:
+    pass

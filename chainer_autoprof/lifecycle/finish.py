@@ -27,23 +27,34 @@ from ..sinks.recorder import Recorder
 from . import overhead, processes
 
 
-def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int) -> RunStats | None:
+def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int,
+               start_dir: str | None = None) -> RunStats | None:
     """Statistics, trace file and summary of the run, once the tracer is closed.
 
-    ``hits`` counts the instrumented calls (for the overhead estimate).
-    Returns the statistics, or ``None`` for a process with nothing to say: a
-    forked worker that did no training, or a helper interpreter (a resource
-    tracker, ...) that recorded nothing.
+    ``hits`` counts the instrumented calls (for the overhead estimate); a
+    relative trace path is taken from ``start_dir``, the directory the run
+    started in and the path was checked in (the program may have changed it).
+    Returns the statistics, or ``None`` for a process with nothing to say: one
+    that never reached an instrumented call nor recorded a range (``python -c
+    'import json'`` with a ``CHAINER_PROF_*`` variable exported: no summary,
+    and no trace to replace the training's), a forked worker that did no
+    training, or a helper interpreter (a resource tracker, ...) that recorded
+    nothing.
     """
+    if hits == 0 and recorder.agg.ranges == 0:
+        return None
     if recorder.fork_child and recorder.agg.seen == 0:
         return None
     if recorder.agg.ranges == 0 and processes.is_child():
         return None
     end_ns = recorder.end_ns if recorder.end_ns is not None else tracer.clock()
     cost = overhead.estimate(recorder, tracer.granularity_level, hits, tracer.hotpath)
+    wall_ms = max(0, end_ns - recorder.start_ns) / 1e6
+    if cost[0] > wall_ms:  # threads share one interpreter: the agent's time fits in the wall's
+        cost = (wall_ms, cost[1] + "; capped at the wall time")
     stats = recorder.run_stats(end_ns, cost, metadata(cfg, tracer, recorder, end_ns))
     if cfg.trace:
-        stats.meta["trace_path"] = _write_trace(recorder, tracer, cfg.trace, stats)
+        stats.meta["trace_path"] = _write_trace(recorder, tracer, cfg.trace, stats, start_dir)
     if cfg.summary:
         try:
             sys.stderr.write(format_summary(stats, advice=bool(cfg.advice)) + "\n")
@@ -93,9 +104,12 @@ def metadata(cfg: Config, tracer: Any, recorder: Recorder, end_ns: int) -> dict[
     }
 
 
-def _write_trace(recorder: Recorder, tracer: Any, template: str, stats: RunStats) -> str | None:
+def _write_trace(recorder: Recorder, tracer: Any, template: str, stats: RunStats,
+                 start_dir: str | None) -> str | None:
     """Write the trace file; returns its path (``None`` on failure, said once)."""
     path = expand_path(processes.child_trace_template(template))
+    if start_dir is not None and not os.path.isabs(path):
+        path = os.path.join(start_dir, path)
     other = dict(stats.meta)
     other.update(dropped_ranges=recorder.dropped, main_tid=threading.main_thread().native_id,
                  batch_size=stats.batch_size, sync_level=stats.sync_level,
@@ -108,7 +122,8 @@ def _write_trace(recorder: Recorder, tracer: Any, template: str, stats: RunStats
     per_thread: dict[int, list] = {}
     for tid, block in recorder.retained:
         per_thread.setdefault(tid, []).append(block)
-    thread_names = {ts.tid: ts.thread_name for ts in list(tracer.states.values())}
+    thread_names = dict(tracer.ended_names)
+    thread_names.update({ts.tid: ts.thread_name for ts in list(tracer.states.values())})
     threads = [ThreadRanges(tid, thread_names.get(tid, f"thread {tid}"), blocks)
                for tid, blocks in per_thread.items()]
     number = other.get("rank", 0)

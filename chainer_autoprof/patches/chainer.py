@@ -447,8 +447,10 @@ class ChainerPatches(Instrumentor):
                 name = getattr(instance, "name", None) or getattr(instance, "default_name", "")
                 info = cache.get((name, cls))
                 if info is None:
-                    info = cache[(name, cls)] = tracer.info(
-                        names.extension_text(str(name), cls.__name__), names.EXTENSION)
+                    info = tracer.info(names.extension_text(str(name), cls.__name__),
+                                       names.EXTENSION)
+                    if tracer.kept(info):  # a name past the tracer's cap: not cached
+                        cache[(name, cls)] = info
                 ts.quiet += 1
                 ts.extension = instance
                 entered = True
@@ -468,11 +470,14 @@ class ChainerPatches(Instrumentor):
 
         return Around(enter, exit)
 
-    def _function_info(self, backward: bool) -> Callable[[str], RangeInfo]:
+    def _function_info(self, backward: bool) -> Callable[[str], tuple[RangeInfo, bool]]:
+        """The hot path's ``new_info(label) -> (info, cache)``: a label past the tracer's cap
+        of names (labels such as ``_ * 0.37`` never end) must not be cached."""
         tracer = self.tracer
 
-        def new_info(label: str) -> RangeInfo:
-            return tracer.info(names.function_text(label, backward), names.FUNCTION)
+        def new_info(label: str) -> tuple[RangeInfo, bool]:
+            info = tracer.info(names.function_text(label, backward), names.FUNCTION)
+            return info, tracer.kept(info)
 
         return new_info
 

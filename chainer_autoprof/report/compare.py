@@ -9,11 +9,13 @@ checked.  Output goes to stdout; errors are one line on stderr (exit status 2).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
 from ..analysis.stats import PHASE_KEYS, RunStats
 from ..analysis.verdict import pick_replay
+from ..common.paths import output_target
 from .html import write_report
 from .summary import PHASE_LABELS, fmt_ms, format_summary, outside_label, verdict_section
 from .tracefile import TraceError, read_trace
@@ -40,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class ReportError(Exception):
+    """A problem with the inputs or the output: one line for the user, exit status 2."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``report`` subcommand; returns the exit status."""
     args_list = list(sys.argv[1:] if argv is None else argv)
@@ -47,30 +53,57 @@ def main(argv: Sequence[str] | None = None) -> int:
         args_list = args_list[1:]
     args = _parser().parse_args(args_list)
     try:
-        traces = [read_trace(path) for path in (args.trace, args.after) if path]
-        runs = [(trace, trace.stats(from_events=args.from_events)) for trace in traces]
-    except TraceError as exc:
+        text = report(args)
+    except (ReportError, TraceError) as exc:
         sys.stderr.write(f"chainer_autoprof report: {exc}\n")
         return 2
+    except RecursionError:
+        sys.stderr.write(f"chainer_autoprof report: {args.trace}: nested too deeply\n")
+        return 2
+    except Exception as exc:  # a damage no check above knows yet: one line, never a traceback
+        sys.stderr.write(f"chainer_autoprof report: cannot report on {args.trace} "
+                         f"(internal error {type(exc).__name__}: {exc})\n")
+        return 2
+    print(text)
+    return 0
+
+
+def report(args: argparse.Namespace) -> str:
+    """The text to print (and the HTML page written); raises :class:`ReportError`."""
+    if args.html:
+        problem = _html_problem(args.html, [p for p in (args.trace, args.after) if p])
+        if problem:
+            raise ReportError(problem)
+    traces = [read_trace(path) for path in (args.trace, args.after) if path]
+    runs = [(trace, trace.stats(from_events=args.from_events)) for trace in traces]
     before = runs[0][1]
     after = runs[1][1] if len(runs) > 1 else None
     advice = not args.no_advice
+    if after is None:
+        title = f"chainer_autoprof report of {args.trace}: {before.meta.get('command', '')}"
+        text = format_summary(before, advice=advice, title=title.rstrip(": "))
+    else:
+        text = compare(before, after, args.trace, args.after)
+        pair = pick_replay(before, after) if advice else None
+        if pair is not None:  # a normal run and its replay run: data made free
+            text += "\n\n" + verdict_section(pair[0], replay=pair[1])
     if args.html:
         try:
             write_report(args.html, runs)
-        except OSError as exc:
-            sys.stderr.write(f"chainer_autoprof report: cannot write {args.html}: {exc}\n")
-            return 2
-    if after is None:
-        title = f"chainer_autoprof report of {args.trace}: {before.meta.get('command', '')}"
-        print(format_summary(before, advice=advice, title=title.rstrip(": ")))
-        return 0
-    print(compare(before, after, args.trace, args.after))
-    if advice:
-        pair = pick_replay(before, after)  # a normal run and its replay run: data made free
-        if pair is not None:
-            print("\n" + verdict_section(pair[0], replay=pair[1]))
-    return 0
+        except (OSError, ValueError) as exc:
+            raise ReportError(f"cannot write {args.html}: {exc}") from None
+    return text
+
+
+def _html_problem(path: str, inputs: list[str]) -> str | None:
+    """Why the HTML report cannot go to ``path`` (checked before any work), else ``None``."""
+    try:
+        target = output_target(path)
+    except ValueError as exc:
+        return f"cannot write {exc}"
+    if target in {os.path.realpath(p) for p in inputs}:
+        return f"the HTML output {path} is one of the input traces"
+    return None
 
 
 def _change(a: float, b: float) -> str:

@@ -18,8 +18,9 @@ from typing import Any, Sequence
 
 from ..analysis.advice import check
 from ..analysis.stats import percentile
-from ..analysis.verdict import decide, pick_replay
+from ..analysis.verdict import Verdict, decide, pick_replay
 from ..common import names
+from ..common.paths import output_target
 
 #: Bars drawn at most in the per-iteration chart (more iterations are averaged in bins).
 MAX_BARS = 600
@@ -332,8 +333,12 @@ def key_figures(stats: Any) -> str:
 
 def render(trace: Any, stats: Any, replay: Any = None) -> str:
     """The whole HTML page for ``trace`` (``stats`` computed from it)."""
-    verdict = decide(stats, replay)
-    findings = check(stats, verdict)
+    try:
+        verdict = decide(stats, replay)
+        findings = check(stats, verdict)
+    except Exception as exc:  # the trace's facts are damaged: the rest of the page stands
+        verdict = Verdict("unknown", "no verdict", [f"left out: {type(exc).__name__}: {exc}"])
+        findings = []
     rows = iteration_rows(trace)
     heading, line = timeline(trace, rows)
     meta = stats.meta or {}
@@ -382,7 +387,7 @@ def write_report(out_path: str, runs: Sequence[tuple[Any, Any]]) -> None:
             trace, stats = runs[0] if runs[0][1] is pair[0] else runs[1]
             replay = pair[1]
     page = render(trace, stats, replay)
-    with open(out_path, "w", encoding="utf-8") as f:
+    with open(output_target(out_path), "w", encoding="utf-8") as f:
         f.write(page)
 
 

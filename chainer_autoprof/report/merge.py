@@ -44,7 +44,9 @@ from typing import Any, Iterator, Sequence
 
 from ..analysis.stats import median
 from ..common import names
-from .tracefile import TraceError, load_trace_json
+from ..common.paths import output_target
+from . import trace_check
+from .tracefile import TraceError, finite, load_trace_json
 
 ALIGN_METHODS = ("auto", "clock", "collective", "wall")
 #: Below this share of the others' iteration time spent waiting, the ranks count as balanced.
@@ -141,6 +143,10 @@ def load_input(path: str, warmup: int | None = None) -> Input:
                          "chainer_autoprof metadata)")
     if meta.get("merged"):
         raise MergeError(f"{path} is already a merged trace; merge the per-rank traces")
+    try:
+        trace_check.metadata(meta)
+    except trace_check.MalformedError as exc:
+        raise MergeError(f"{path}: {exc}") from None
     clock = meta.get("clock") or {}
     process = meta.get("process") or {}
     try:
@@ -213,19 +219,17 @@ def rank_stats(inp: Input, events: list[Any], warmup: int | None) -> RankStats:
     """Per-iteration time and communication time of one input, from its ranges."""
     iterations: dict[Any, list[tuple[int, int]]] = {}
     comm: dict[Any, list[tuple[int, int]]] = {}
-    for ev in events:
+    for n, ev in enumerate(events):
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
-        cat = ev.get("cat")
+        try:
+            _name, cat, tid, t0, t1, _depth, _it = trace_check.complete_event(ev, n)
+        except trace_check.MalformedError as exc:
+            raise MergeError(f"{inp.path}: {exc}") from None
         if cat != names.ITERATION and cat != names.COMM:
             continue
-        try:
-            t0 = round(float(ev["ts"]) * 1000)
-            t1 = t0 + round(float(ev["dur"]) * 1000)
-        except (KeyError, TypeError, ValueError):
-            continue
         table = iterations if cat == names.ITERATION else comm
-        table.setdefault(ev.get("tid"), []).append((t0, t1))
+        table.setdefault(tid, []).append((t0, t1))
     loop_tid = max(iterations, key=lambda tid: len(iterations[tid]), default=None)
     iters = sorted(iterations.get(loop_tid, []))
     skip = int(inp.meta.get("warmup_skip", 0)) if warmup is None else warmup
@@ -300,7 +304,7 @@ def merged_events(inputs: list[Input], zero_ns: int) -> Iterator[dict[str, Any]]
         if inp.rank is not None:
             yield {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0,
                    "args": {"labels": f"rank {inp.rank}"}}
-        for ev in _read_json(inp.path)["traceEvents"]:
+        for n, ev in enumerate(_read_json(inp.path)["traceEvents"]):
             if not isinstance(ev, dict):
                 continue
             if ev.get("ph") == "M" and ev.get("name") in ("process_name", "process_sort_index",
@@ -310,9 +314,9 @@ def merged_events(inputs: list[Input], zero_ns: int) -> Iterator[dict[str, Any]]
             ev["pid"] = pid
             if "ts" in ev and ev.get("ph") != "M":
                 try:
-                    ev["ts"] = round(float(ev["ts"]) + shift_us, 3)
-                except (TypeError, ValueError):
-                    continue
+                    ev["ts"] = round(trace_check.timestamp(ev, n) + shift_us, 3)
+                except trace_check.MalformedError as exc:
+                    raise MergeError(f"{inp.path}: {exc}") from None
             yield ev
 
 
@@ -342,28 +346,43 @@ def merge(paths: Sequence[str], output: str, method: str = "auto",
         "summary": summary,
     }}
     events = merged_events(inputs, zero_ns)
-    directory = os.path.dirname(os.path.abspath(output))
+    try:
+        output = output_target(output)  # a regular file only; a symlink's target
+    except ValueError as exc:
+        raise MergeError(f"cannot write {exc}") from None
+    directory = os.path.dirname(output)
     if not os.path.isdir(directory):
         raise MergeError(f"directory {directory} does not exist")
     tmp = f"{output}.{os.getpid()}.tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write('{"displayTimeUnit":"ms","otherData":')
-            json.dump(other, f, default=str)
+            json.dump(finite(other), f, default=str, allow_nan=False)
             f.write(',"traceEvents":[\n')
             for n, ev in enumerate(events):
                 if n:
                     f.write(",\n")
-                f.write(json.dumps(ev, separators=(",", ":")))
+                try:  # strict JSON: NaN and Infinity are not numbers there
+                    f.write(json.dumps(ev, separators=(",", ":"), allow_nan=False))
+                except ValueError:
+                    raise MergeError(f"an event of {_source(inputs, ev)} holds NaN or "
+                                     "Infinity") from None
             f.write("\n]}\n")
         os.replace(tmp, output)
-    except OSError as exc:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
-        raise MergeError(f"cannot write {output}: {exc.strerror or exc}") from None
+        if isinstance(exc, OSError):
+            raise MergeError(f"cannot write {output}: {exc.strerror or exc}") from None
+        raise
     return summary
+
+
+def _source(inputs: list[Input], ev: dict[str, Any]) -> str:
+    """The input file a merged event came from."""
+    return next((i.path for i in inputs if i.new_pid == ev.get("pid")), "an input")
 
 
 def format_summary(summary: dict[str, Any], output: str) -> str:
@@ -419,7 +438,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.warmup is not None and args.warmup < 0:
         sys.stderr.write("merge: --warmup must be >= 0\n")
         return 2
-    if os.path.abspath(args.output) in {os.path.abspath(p) for p in args.traces}:
+    real = [os.path.realpath(p) for p in args.traces]
+    twice = next((p for p, r in zip(args.traces, real) if real.count(r) > 1), None)
+    if twice is not None:
+        sys.stderr.write(f"merge: {twice} is given twice\n")
+        return 2
+    streams = [p for p in args.traces if os.path.exists(p) and not os.path.isfile(p)]
+    if streams:
+        sys.stderr.write(f"merge: {streams[0]} is not a regular file (each input is read "
+                         "twice: give files)\n")
+        return 2
+    if os.path.realpath(args.output) in set(real):
         sys.stderr.write(f"merge: the output {args.output} is one of the inputs\n")
         return 2
     try:

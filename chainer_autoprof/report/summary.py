@@ -136,6 +136,9 @@ def _iteration_lines(stats: RunStats) -> list[str]:
     if warm_setting is not None:
         warm += f" (CHAINER_PROF_WARMUP={warm_setting})"
     lines = [f"  iterations      {stats.iterations} counted, {warm}"]
+    if stats.other_thread_iterations:
+        lines.append(f"                  (the loop thread's; {stats.other_thread_iterations} more "
+                     "on other threads are not in these figures)")
     if not stats.iterations:
         return lines
     rate = f"{stats.iterations_per_second():.1f} it/s"

@@ -27,13 +27,16 @@ maps to the closest ``cname`` (:data:`CNAMES`); the NVTX ARGB colour is in
 ``args.color``.
 
 The file is written to a temporary name beside the target and renamed, so a
-crash never leaves half a file (path templates: :mod:`..common.paths`).
+crash never leaves half a file; only a regular file is replaced, a symlink is
+written through to its target (path templates and kinds: :mod:`..common.paths`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -43,6 +46,8 @@ import numpy as np
 from ..analysis.aggregate import Aggregator
 from ..analysis.stats import DEPTH_BITS, DEPTH_MASK, RunStats
 from ..common import names
+from ..common.paths import output_target
+from . import trace_check
 
 #: category -> Chrome trace-viewer colour name (closest to the NVTX colour)
 CNAMES: dict[str, str] = {
@@ -106,13 +111,15 @@ def write_trace(path: str, *, pid: int, start_ns: int, infos: Sequence[tuple[str
         prefixes.append(f'{{"ph":"X","name":{json.dumps(name)},"cat":{json.dumps(category)},'
                         f'"cname":{cname},"pid":{pid},"tid":')
     colors = [_argb_hex(color) for _n, _c, color in infos]
-    directory = os.path.dirname(os.path.abspath(path))
+    path = output_target(path)  # never replace a device, a FIFO, ...; through a symlink
+    directory = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(prefix=".chainer_autoprof.", suffix=".tmp", dir=directory)
     written = 0
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write('{"displayTimeUnit":"ms","otherData":')
-            out.write(json.dumps({"chainer_autoprof": other}, default=str))
+            out.write(json.dumps({"chainer_autoprof": finite(other)}, default=str,
+                                 allow_nan=False))
             out.write(',"traceEvents":[\n')
             meta = {"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                     "args": {"name": process_name}}
@@ -151,6 +158,17 @@ def write_trace(path: str, *, pid: int, start_ns: int, infos: Sequence[tuple[str
             pass
         raise
     return written
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every float that is not finite replaced by ``None`` (strict JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def _umask() -> int:
@@ -204,7 +222,11 @@ class Trace:
 
         meta = self.meta
         if not from_events and meta.get("dropped_ranges") and meta.get("run_stats"):
-            stats = RunStats.from_dict(meta["run_stats"])
+            try:
+                saved = trace_check.run_stats(meta["run_stats"])
+            except trace_check.MalformedError as exc:
+                raise TraceError(f"{self.path}: {exc}") from None
+            stats = RunStats.from_dict(saved)
             stats.meta = {k: v for k, v in meta.items() if k != "run_stats"}
             return stats
         settings = meta.get("settings") or {}
@@ -246,7 +268,17 @@ class TraceError(ValueError):
 
 
 def load_trace_json(path: str) -> dict[str, Any]:
-    """The JSON object of a trace-event file (a bare event list is wrapped); TraceError if not."""
+    """The JSON object of a trace-event file (a bare event list is wrapped); TraceError if not.
+
+    A device is refused before it is read (``/dev/zero`` never ends); a pipe is
+    read (``report <(zcat run.json.gz)``).
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        raise TraceError(f"{path} is a device, not a trace file")
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -254,6 +286,8 @@ def load_trace_json(path: str) -> dict[str, Any]:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise TraceError(f"{path} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise TraceError(f"{path} is not a trace-event file (nested too deeply)") from None
     if isinstance(data, list):
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
@@ -262,28 +296,33 @@ def load_trace_json(path: str) -> dict[str, Any]:
 
 
 def read_trace(path: str) -> Trace:
-    """Read a trace written by :func:`write_trace` (or merged from several)."""
+    """Read a trace written by :func:`write_trace` (or merged from several).
+
+    Raises :class:`TraceError` (one line) for a file that is not such a trace,
+    or holds an event or a metadata field that is not what the agent writes.
+    """
     data = load_trace_json(path)
     other = data.get("otherData") or {}
     meta = other.get("chainer_autoprof") if isinstance(other, dict) else None
     meta = dict(meta) if isinstance(meta, dict) else {}
-    pid = meta.get("pid")
     ranges: list[Range] = []
     thread_names: dict[int, str] = {}
-    for ev in data["traceEvents"]:
-        if not isinstance(ev, dict):
-            continue
-        if pid is not None and ev.get("pid") != pid:
-            continue
-        ph = ev.get("ph")
-        if ph == "X":
-            args = ev.get("args") or {}
-            t0 = round(float(ev["ts"]) * 1000)
-            ranges.append(Range(str(ev.get("name", "")), str(ev.get("cat", "")),
-                                int(ev.get("tid", 0)), t0, t0 + round(float(ev["dur"]) * 1000),
-                                int(args.get("depth", 0)), args.get("iteration")))
-        elif ph == "M" and ev.get("name") == "thread_name":
-            thread_names[int(ev.get("tid", 0))] = str((ev.get("args") or {}).get("name", ""))
+    try:
+        trace_check.metadata(meta)
+        pid = meta.get("pid")
+        for n, ev in enumerate(data["traceEvents"]):
+            if not isinstance(ev, dict):
+                continue
+            if pid is not None and ev.get("pid") != pid:
+                continue
+            ph = ev.get("ph")
+            if ph == "X":
+                ranges.append(Range(*trace_check.complete_event(ev, n)))
+            elif ph == "M" and ev.get("name") == "thread_name":
+                tid, name = trace_check.thread_name_event(ev, n)
+                thread_names[tid] = name
+    except trace_check.MalformedError as exc:
+        raise TraceError(f"{path}: {exc}") from None
     return Trace(path, meta, ranges, thread_names, pid)
 
 

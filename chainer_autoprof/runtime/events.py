@@ -13,18 +13,41 @@ a token that must be passed to ``end`` (``None`` when nothing was emitted, so
 the native hot path (:mod:`.hotpath`) the tracer's ``core`` does them in C,
 on the same ThreadState objects (``ts.stack`` stays a list of ``(RangeInfo,
 t0)`` tuples, outermost first).
+
+Bounds: at most :data:`MAX_RANGE_NAMES` names are kept (a program that puts a
+step number into an ``annotate()`` name would otherwise grow them forever);
+a name beyond gets a RangeInfo for that call only, recorded under one
+:data:`OVERFLOW_NAME` per category (NVTX still shows it).  A thread's state
+goes when the thread ends, and what it left open ends then, on that thread
+(:meth:`Tracer.thread_ended`).
+
+Exit: ranges still open on other threads when the process ends are ended in
+the recorder's view at the exit time; NVTX ranges can only be popped by the
+thread that pushed them, so each such thread pops its own at its next
+instrumented call, while the exiting thread waits a little
+(:meth:`Tracer.close`, :meth:`Tracer.wait_for_threads`).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import weakref
 from time import perf_counter_ns
 from typing import Any, Callable, Protocol
 
 from ..common import names
 from . import hotpath
 from .policies import CaptureWindow, SyncPolicy
+
+#: Distinct range names kept (each with its attributes for every sink, built once).
+MAX_RANGE_NAMES = 4096
+#: What the ranges beyond :data:`MAX_RANGE_NAMES` names are recorded as (per category).
+OVERFLOW_NAME = "(other names)"
+#: Names of ended threads remembered for the trace's thread tracks.
+MAX_ENDED_THREAD_NAMES = 4096
+#: At exit, how long other threads get to end their open ranges themselves (seconds).
+CLOSE_GRACE_S = 0.05
 
 
 class RangeInfo:
@@ -94,12 +117,37 @@ class ThreadState:
 
 
 class Sink(Protocol):
-    """Where ranges go.  ``prepare`` runs once per RangeInfo, off the hot path."""
+    """Where ranges go.  ``prepare`` runs once per RangeInfo, off the hot path.
+
+    Optional: ``prepare_transient(info)`` for a name beyond :data:`MAX_RANGE_NAMES`
+    (nothing may be cached for it); ``abandon(ts, entries, end_ns)`` ends, in the
+    sink's own view and from any thread, ranges their thread will never end (it
+    ended, or the process is ending): a sink without it is one whose ranges only
+    their own thread can end (NVTX); ``thread_ended(ts)``; ``reset_after_fork``.
+    """
 
     def prepare(self, info: RangeInfo) -> None: ...
     def begin(self, info: RangeInfo, ts: ThreadState) -> None: ...
     def end(self, info: RangeInfo, t0: int, t1: int, ts: ThreadState) -> None: ...
     def close(self, tracer: Tracer) -> None: ...
+
+
+class _ThreadEnd:
+    """Kept in a thread's locals beside its state: dropped when the thread ends, it says so."""
+
+    __slots__ = ("tracer", "ts")
+
+    def __init__(self, tracer: Tracer, ts: ThreadState) -> None:
+        self.tracer = weakref.ref(tracer)
+        self.ts = ts
+
+    def __del__(self) -> None:
+        tracer = self.tracer()
+        if tracer is not None:
+            try:
+                tracer.thread_ended(self.ts)
+            except Exception:
+                pass  # a thread's teardown: nowhere to report to
 
 
 class Tracer:
@@ -122,6 +170,10 @@ class Tracer:
         self._lock = threading.Lock()
         self._local = threading.local()  # never replaced: hot wrappers read it inline
         self.states: dict[int, ThreadState] = {}
+        self.ended_names: dict[int, str] = {}  # names of ended threads (the newest)
+        self._closing: dict[ThreadState, bool] | None = None  # threads still to unwind at exit
+        self._unrecorded: dict[ThreadState, bool] = {}  # ...whose ranges the recorder awaits
+        self._unwound = threading.Event()
         self.iterations = 0           # iterations begun in this process
         self.facts: dict[str, Any] = {}  # e.g. batch_size, seen by patches
         self.pid = os.getpid()
@@ -178,16 +230,40 @@ class Tracer:
             with self._lock:
                 info = self._by_key.get(key)
                 if info is None:
-                    level, color = names.CATEGORIES[category]
-                    info = RangeInfo(len(self.infos), name, category, level, color)
-                    info.emit = level <= self.granularity_level
-                    # level S syncs ranges coarser than S; S=3 (finest) every range emitted
-                    info.sync = level < self.sync.level or self.sync.level >= names.FUNCTION_LEVEL
-                    for sink in self.sinks:
-                        sink.prepare(info)
-                    self.infos.append(info)
-                    self._by_key[key] = info
+                    if len(self.infos) >= MAX_RANGE_NAMES:
+                        return self._transient(name, category)
+                    info = self._by_key[key] = self._new_info(name, category)
         return info
+
+    def _new_info(self, name: str, category: str) -> RangeInfo:
+        level, color = names.CATEGORIES[category]
+        info = RangeInfo(len(self.infos), name, category, level, color)
+        info.emit = level <= self.granularity_level
+        # level S syncs ranges coarser than S; S=3 (finest) every range emitted
+        info.sync = level < self.sync.level or self.sync.level >= names.FUNCTION_LEVEL
+        for sink in self.sinks:
+            sink.prepare(info)
+        self.infos.append(info)
+        return info
+
+    def _transient(self, name: str, category: str) -> RangeInfo:
+        """A name beyond the cap: a RangeInfo for this range only, recorded as the overflow."""
+        key = (OVERFLOW_NAME, category)
+        shared = self._by_key.get(key)
+        if shared is None:
+            shared = self._by_key[key] = self._new_info(OVERFLOW_NAME, category)
+        info = RangeInfo(shared.index, name, category, shared.level, shared.color)
+        info.emit, info.sync = shared.emit, shared.sync
+        for sink in self.sinks:
+            prepare = getattr(sink, "prepare_transient", None)
+            if prepare is not None:
+                prepare(info)
+        return info
+
+    def kept(self, info: RangeInfo) -> bool:
+        """Whether ``info`` is kept by the tracer (not a name past the cap): callers that
+        cache RangeInfos by their own keys cache only these."""
+        return self.infos[info.index] is info
 
     def state(self) -> ThreadState:
         """This thread's state (created on first use)."""
@@ -200,6 +276,7 @@ class Tracer:
     def _new_state(self) -> ThreadState:
         """A new state for this thread, registered in :attr:`states`."""
         ts = ThreadState()
+        self._local.end = _ThreadEnd(self, ts)  # goes with the thread's locals: says it ended
         self.states[ts.tid] = ts
         return ts
 
@@ -214,6 +291,33 @@ class Tracer:
         if self.core is not self:
             return self.core.current()
         return getattr(self._local, "state", None)
+
+    def thread_ended(self, ts: ThreadState) -> None:
+        """``ts``'s thread has ended: the sinks take what it left, and its state goes."""
+        if self.states.get(ts.tid) is not ts:
+            return  # another process's (after a fork), or already gone
+        if ts.stack:  # left open: an implicit iteration, a block entered by hand
+            if threading.get_native_id() == ts.tid and self._closing is None:
+                self.close_thread(ts)  # still on that thread (its teardown): end them all
+            else:
+                self._abandon(ts, list(ts.stack))
+        for sink in list(self.sinks):
+            ended = getattr(sink, "thread_ended", None)
+            if ended is not None:
+                ended(ts)
+        self.states.pop(ts.tid, None)
+        names_kept = self.ended_names
+        names_kept[ts.tid] = ts.thread_name
+        while len(names_kept) > MAX_ENDED_THREAD_NAMES:
+            del names_kept[next(iter(names_kept))]
+
+    def _abandon(self, ts: ThreadState, entries: list[tuple[RangeInfo, int]]) -> None:
+        """End ``entries`` of ``ts`` now in the sinks that can do so from any thread."""
+        end_ns = self.clock()
+        for sink in list(self.sinks):
+            abandon = getattr(sink, "abandon", None)
+            if abandon is not None:
+                abandon(ts, entries, end_ns)
 
     # -- hot path ----------------------------------------------------------
     def begin(self, info: RangeInfo, ts: ThreadState | None = None) -> RangeInfo | None:
@@ -378,6 +482,7 @@ class Tracer:
             ts.stack.clear()
         self.states = {}
         self._lock = threading.Lock()
+        self._unwound = threading.Event()  # the parent's may be mid-use by a thread not copied
         if current is not None:
             current.tid = threading.get_native_id()
             current.record = None
@@ -390,9 +495,76 @@ class Tracer:
                 reset(self)
 
     def close(self) -> None:
-        """End of the process: close this thread's ranges, then every sink."""
+        """End of the process: close this thread's ranges, then the others', then every sink.
+
+        Another thread's open ranges end now in the sinks that can end them
+        from here (the recorder); each such thread pops its NVTX ranges itself
+        at its next instrumented call (:meth:`wait_for_threads`).  From now on
+        nothing new is emitted.
+        """
         try:
             self.close_thread(self.state())
         finally:
-            for sink in list(self.sinks):
-                sink.close(self)
+            try:
+                self._close_other_threads()
+            finally:
+                for sink in list(self.sinks):
+                    sink.close(self)
+
+    def _close_other_threads(self) -> None:
+        me = self.state()
+        others = [ts for ts in list(self.states.values()) if ts is not me]
+        # threads with open ranges: each unwinds itself at its next call (see _pop_on_thread)
+        closing = self._closing = {ts: bool(ts.stack) for ts in others}
+        unrecorded = self._unrecorded = dict.fromkeys(others, True)
+        if True not in list(closing.values()):
+            self._unwound.set()
+        self._late_unwinders()
+        # A short grace: a thread in the middle of a range's end finishes it in every sink;
+        # what the threads still away left open then ends in the recorder's view, from here.
+        self._unwound.wait(CLOSE_GRACE_S)
+        for ts in others:
+            if unrecorded.pop(ts, None) is not None and ts.stack:
+                self._abandon(ts, list(ts.stack))
+
+    def _late_unwinders(self) -> None:
+        """From now on a begin or end only ends what its thread left open (once)."""
+        self._begin_fns = (self._late_begin,)
+        self._end_fns = (self._late_end,)
+        if self.core is not self:
+            self.core.set_sinks([("python", self._late_begin, self._late_end)], self._timed)
+
+    def _late_begin(self, info: RangeInfo, ts: ThreadState) -> None:
+        """After close, a thread's first begin: end what it had open (not this new range)."""
+        if self._closing is not None:
+            self._pop_on_thread(ts, ts.stack[:-1])
+
+    def _late_end(self, info: RangeInfo, t0: int, t1: int, ts: ThreadState) -> None:
+        """After close, a thread's first end: end this range and what is still open below it."""
+        if self._closing is not None:
+            self._pop_on_thread(ts, [*ts.stack, (info, t0)])
+
+    def _pop_on_thread(self, ts: ThreadState, entries: list[tuple[RangeInfo, int]]) -> None:
+        """On ``ts``'s own thread, once: end ``entries`` (outermost first) in every sink."""
+        closing = self._closing
+        if closing is None or closing.pop(ts, None) is None:
+            return  # a thread that started later, or already done
+        if self._unrecorded.pop(ts, None) is not None and entries:
+            self._abandon(ts, entries)  # before the recorder closes: in this thread's order
+        t1 = self.clock()
+        for info, t0 in reversed(entries):
+            for sink in self.sinks:
+                if getattr(sink, "end", None) and not hasattr(sink, "abandon"):
+                    try:
+                        sink.end(info, t0, t1, ts)
+                    except Exception:
+                        pass
+        if True not in list(closing.values()):  # a copy: other threads pop meanwhile
+            self._unwound.set()
+
+    def wait_for_threads(self, timeout: float) -> bool:
+        """After :meth:`close`: wait up to ``timeout`` s for the threads left to pop their
+        NVTX ranges; whether all did (a thread blocked outside instrumented code cannot)."""
+        if self._closing is None:
+            return True
+        return self._unwound.wait(timeout)

@@ -17,6 +17,7 @@ from typing import Any
 try:  # a dependency, but a broken install must cost the NVTX ranges only, not the agent
     import nvtx
     from nvtx._lib import DummyDomain, pop_range, push_range
+    from nvtx._lib.lib import EventAttributes, RegisteredString
 except ImportError:
     nvtx = None
 
@@ -57,7 +58,13 @@ class NvtxSink:
 
     def prepare(self, info) -> None:
         info.nvtx = self.domain.get_event_attributes(
-            message=info.name, color=info.color, category=info.category)
+            message=_text(info.name), color=info.color, category=info.category)
+
+    def prepare_transient(self, info) -> None:
+        """A name beyond the tracer's cap: attributes for this range alone, nothing cached
+        (``get_event_attributes`` would keep the registered string forever)."""
+        info.nvtx = EventAttributes(self.domain, RegisteredString(self._handle, _text(info.name)),
+                                    info.color, self.domain.get_category_id(info.category))
 
     def mark(self, text: str, color: int = 0xFFFFFFFF) -> None:
         """An instantaneous marker (e.g. the capture window's edges)."""
@@ -95,15 +102,30 @@ class NativeNvtxSink:
         return end
 
     def prepare(self, info) -> None:
-        info.nvtx = self.domain.attributes(message=info.name, color=info.color,
+        info.nvtx = self.domain.attributes(message=_text(info.name), color=info.color,
                                            category=info.category)
+
+    def prepare_transient(self, info) -> None:
+        """A name beyond the tracer's cap: attributes for this range alone, nothing kept."""
+        info.nvtx = self.domain.attributes(message=_text(info.name), color=info.color,
+                                           category=info.category, keep=False)
 
     def mark(self, text: str, color: int = 0xFFFFFFFF) -> None:
         """An instantaneous marker (e.g. the capture window's edges)."""
-        self.domain.mark(message=text, color=color)
+        self.domain.mark(message=_text(text), color=color)
 
     def close(self, tracer) -> None:
         pass
+
+
+def _text(name: str) -> str:
+    """``name`` as NVTX can take it: UTF-8, a lone surrogate (an undecodable file name, a
+    link's odd name) written as its escape rather than failing the registration."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return name
 
 
 def make_nvtx_sink(domain_name: str, implementation: Any = None) -> Any:

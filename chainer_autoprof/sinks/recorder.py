@@ -32,7 +32,7 @@ import os
 import threading
 from collections import deque
 from itertools import chain
-from time import perf_counter_ns
+from time import thread_time_ns
 from typing import Any, Callable
 
 import numpy as np
@@ -141,7 +141,7 @@ class Recorder:
     def _absorb(self, tid: int, buf: Any) -> None:
         with self._lock:
             self.busy_thread = threading.get_ident()
-            t_start = perf_counter_ns()
+            t_start = thread_time_ns()  # this thread's CPU: not the waits for the GIL
             try:
                 block = _block(buf, take=True)
                 self.agg.feed(tid, block)
@@ -151,7 +151,7 @@ class Recorder:
                 log.error(f"recorder: {type(exc).__name__}: {exc}; some ranges are missing "
                           "from the summary and the trace")
             finally:
-                self.flush_ns += perf_counter_ns() - t_start
+                self.flush_ns += thread_time_ns() - t_start
                 self.busy_thread = None
         deferred = self.deferred
         if deferred is not None and threading.get_ident() == threading.main_thread().ident:
@@ -174,6 +174,23 @@ class Recorder:
             self.retained_ranges -= drop
             self.dropped += drop
             excess -= drop
+
+    def abandon(self, ts: Any, entries: list[tuple[Any, int]], end_ns: int) -> None:
+        """Ranges ``ts``'s thread will never end (it ended, or the process is ending):
+        recorded as ending at ``end_ns``, innermost first (any thread may call this)."""
+        if self.closed:
+            return
+        self._flush_thread(ts)
+        self._absorb(ts.tid, [(info.index, t0, max(t0, end_ns), depth)
+                              for depth, (info, t0) in reversed(list(enumerate(entries)))])
+
+    def thread_ended(self, ts: Any) -> None:
+        """``ts``'s thread has ended: aggregate what it buffered; its figures may go."""
+        if self.closed:
+            return
+        self._flush_thread(ts)
+        with self._lock:
+            self.agg.thread_ended(ts.tid)
 
     def flush_all(self) -> None:
         """Aggregate every thread's buffered ranges (at exit)."""

@@ -355,10 +355,11 @@ static void nvtx_domain_dealloc(NvtxDomain *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* The registered string for `text` (registered on first use). */
-static nvtxStringHandle_t nvtx_string(NvtxDomain *self, PyObject *text)
+/* The registered string for `text` (registered on first use; with `keep` 0 registered
+ * anew and not remembered: a name beyond the tracer's cap). */
+static nvtxStringHandle_t nvtx_string(NvtxDomain *self, PyObject *text, int keep)
 {
-    PyObject *known = PyDict_GetItemWithError(self->strings, text);
+    PyObject *known = keep ? PyDict_GetItemWithError(self->strings, text) : NULL;
     const char *utf8;
     nvtxStringHandle_t handle;
     PyObject *value;
@@ -371,6 +372,8 @@ static nvtxStringHandle_t nvtx_string(NvtxDomain *self, PyObject *text)
     if (utf8 == NULL)
         return NULL;
     handle = nvtxDomainRegisterStringA(self->domain, utf8);
+    if (!keep)
+        return handle;
     value = PyLong_FromVoidPtr((void *)handle);
     if (value == NULL || PyDict_SetItem(self->strings, text, value) < 0) {
         Py_XDECREF(value);
@@ -410,7 +413,7 @@ static int nvtx_category(NvtxDomain *self, PyObject *name, uint32_t *out)
 }
 
 static NvtxAttr *nvtx_make_attr(NvtxDomain *self, PyObject *message, PyObject *color,
-                                PyObject *category)
+                                PyObject *category, int keep)
 {
     NvtxAttr *attr = PyObject_New(NvtxAttr, &NvtxAttrType);
     uint32_t cat = 0;
@@ -433,7 +436,7 @@ static NvtxAttr *nvtx_make_attr(NvtxDomain *self, PyObject *message, PyObject *c
         attr->attr.category = cat;
     }
     if (message != NULL && message != Py_None) {
-        nvtxStringHandle_t handle = nvtx_string(self, message);
+        nvtxStringHandle_t handle = nvtx_string(self, message, keep);
         if (handle == NULL && PyErr_Occurred())
             goto error;
         attr->attr.messageType = NVTX_MESSAGE_TYPE_REGISTERED;
@@ -448,12 +451,14 @@ error:
 
 static PyObject *nvtx_domain_attributes(NvtxDomain *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"message", "color", "category", NULL};
+    static char *names[] = {"message", "color", "category", "keep", NULL};
     PyObject *message = Py_None, *color = Py_None, *category = Py_None;
+    int keep = 1;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOO", names, &message, &color, &category))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOOp", names, &message, &color, &category,
+                                     &keep))
         return NULL;
-    return (PyObject *)nvtx_make_attr(self, message, color, category);
+    return (PyObject *)nvtx_make_attr(self, message, color, category, keep);
 }
 
 static PyObject *nvtx_domain_mark(NvtxDomain *self, PyObject *args, PyObject *kw)
@@ -464,7 +469,7 @@ static PyObject *nvtx_domain_mark(NvtxDomain *self, PyObject *args, PyObject *kw
 
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|OO", names, &message, &color))
         return NULL;
-    attr = nvtx_make_attr(self, message, color, NULL);
+    attr = nvtx_make_attr(self, message, color, NULL, 1);
     if (attr == NULL)
         return NULL;
     nvtxDomainMarkEx(self->domain, &attr->attr);
@@ -497,7 +502,7 @@ static PyObject *nvtx_domain_start_range(NvtxDomain *self, PyObject *args, PyObj
 
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|OO", names, &message, &color))
         return NULL;
-    attr = nvtx_make_attr(self, message, color, NULL);
+    attr = nvtx_make_attr(self, message, color, NULL, 1);
     if (attr == NULL)
         return NULL;
     id = nvtxDomainRangeStartEx(self->domain, &attr->attr);
@@ -521,7 +526,7 @@ static PyObject *nvtx_domain_enabled(NvtxDomain *self, void *c)
 
 static PyMethodDef nvtx_domain_methods[] = {
     {"attributes", (PyCFunction)(void (*)(void))nvtx_domain_attributes,
-     METH_VARARGS | METH_KEYWORDS, "Event attributes (message registered, category named)."},
+     METH_VARARGS | METH_KEYWORDS, "Event attributes (message registered, category named; keep=False: a string not remembered)."},
     {"mark", (PyCFunction)(void (*)(void))nvtx_domain_mark, METH_VARARGS | METH_KEYWORDS,
      "An instantaneous marker."},
     {"push", (PyCFunction)nvtx_domain_push, METH_O, "Push a range with prebuilt attributes."},
@@ -1827,52 +1832,56 @@ attribution_done:
 
 /* -- function ranges: the RangeInfo of a FunctionNode ------------------------------------ */
 
-/* The info for `node` (borrowed), through the per-type cache when its label is the default
- * (its class name), else by label. */
+/* The info for `node` (a new reference), through the per-type cache when its label is the
+ * default (the class's own `label` property) and the per-label cache otherwise.  A label seen
+ * the first time goes to `new_info(label)` -> (info, cache): a label past the tracer's cap
+ * of names (cache false) is not remembered, so labels such as "_ * 0.37" cannot grow it. */
+static PyObject *new_function_info(Wrapper *w, PyObject *label, int *cache)
+{
+    PyObject *made = call1(w->new_info, label), *info;
+    if (made == NULL)
+        return NULL;
+    if (!PyTuple_CheckExact(made) || PyTuple_GET_SIZE(made) != 2) {
+        Py_DECREF(made);
+        PyErr_SetString(PyExc_TypeError, "new_info() must return (info, cache)");
+        return NULL;
+    }
+    info = Py_NewRef(PyTuple_GET_ITEM(made, 0));
+    *cache = PyObject_IsTrue(PyTuple_GET_ITEM(made, 1));
+    Py_DECREF(made);
+    if (*cache < 0 || (*cache && PyDict_SetItem(w->infos_by_label, label, info) < 0)) {
+        Py_DECREF(info);
+        return NULL;
+    }
+    return info;
+}
+
 static PyObject *function_info(Wrapper *w, PyObject *node)
 {
     PyTypeObject *type = Py_TYPE(node);
     PyObject *label_descr = _PyType_Lookup(type, str_label);
     PyObject *info, *label;
+    int cache = 1;
 
     if (label_descr == w->default_label) {
         info = PyDict_GetItemWithError(w->infos_by_type, (PyObject *)type);
-        if (info != NULL || PyErr_Occurred())
-            return info;
-        label = PyObject_GetAttr(node, str_label);
-        if (label == NULL)
+        if (info != NULL)
+            return Py_NewRef(info);
+        if (PyErr_Occurred())
             return NULL;
-        info = PyDict_GetItemWithError(w->infos_by_label, label);
-        if (info == NULL && !PyErr_Occurred()) {
-            PyObject *made = call1(w->new_info, label);
-            if (made == NULL || PyDict_SetItem(w->infos_by_label, label, made) < 0) {
-                Py_XDECREF(made);
-                Py_DECREF(label);
-                return NULL;
-            }
-            Py_DECREF(made);
-            info = PyDict_GetItemWithError(w->infos_by_label, label);
-        }
-        Py_DECREF(label);
-        if (info == NULL || PyDict_SetItem(w->infos_by_type, (PyObject *)type, info) < 0)
-            return NULL;
-        return info;
     }
     label = PyObject_GetAttr(node, str_label);
     if (label == NULL)
         return NULL;
     info = PyDict_GetItemWithError(w->infos_by_label, label);
-    if (info == NULL && !PyErr_Occurred()) {
-        PyObject *made = call1(w->new_info, label);
-        if (made == NULL || PyDict_SetItem(w->infos_by_label, label, made) < 0) {
-            Py_XDECREF(made);
-            Py_DECREF(label);
-            return NULL;
-        }
-        Py_DECREF(made);
-        info = PyDict_GetItemWithError(w->infos_by_label, label);
-    }
+    if (info != NULL)
+        Py_INCREF(info);
+    else if (!PyErr_Occurred())
+        info = new_function_info(w, label, &cache);
     Py_DECREF(label);
+    if (info != NULL && cache && label_descr == w->default_label
+        && PyDict_SetItem(w->infos_by_type, (PyObject *)type, info) < 0)
+        Py_CLEAR(info);
     return info;
 }
 
@@ -1882,7 +1891,7 @@ static NOINLINE PyObject *apply_call(Wrapper *w, PyObject *const *args, size_t n
 {
     Core *core = w->core;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *node, *ts, *info, *links, *tok = NULL, *out;
+    PyObject *node, *ts, *info = NULL, *links, *tok = NULL, *out;
 
     if (nargs < 1)
         return call_original(w, args, nargsf, kwnames);
@@ -1910,12 +1919,14 @@ static NOINLINE PyObject *apply_call(Wrapper *w, PyObject *const *args, size_t n
             goto failed;
     }
     tok = core_begin(core, info, ts);
+    Py_CLEAR(info);
     if (tok == NULL)
         goto failed;
     if (tok == Py_None)
         Py_CLEAR(tok);
     goto call;
 failed:
+    Py_XDECREF(info);
     if (contain(w->fail) < 0) {
         Py_DECREF(ts);
         return NULL;
@@ -2047,6 +2058,7 @@ static NOINLINE PyObject *backprop_call(Wrapper *w, PyObject *const *args, size_
         if (info == NULL)
             goto failed;
         tok = core_begin(core, info, ts);
+        Py_DECREF(info);
         if (tok == NULL)
             goto failed;
         if (tok == Py_None)

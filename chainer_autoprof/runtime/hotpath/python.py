@@ -236,7 +236,9 @@ def _function_info(infos: dict, new_info: Callable, node: Any) -> Any:
     label = node.label
     info = infos.get(label)
     if info is None:
-        info = infos[label] = new_info(label)
+        info, cache = new_info(label)
+        if cache:  # not a label past the tracer's cap of names ("_ * 0.37" never ends)
+            infos[label] = info
     return info
 
 
@@ -246,7 +248,7 @@ def apply_wrapper(original: Callable, switch: Switch, fail: Callable, core: Any,
                   method: bool = True) -> Callable:
     """The ``FunctionNode.apply`` wrapper: a function range, and its owner for backward.
 
-    ``new_info(label)`` makes the range of a label seen the first time (the
+    ``new_info(label) -> (info, cache)`` makes the range of a label seen the first time (the
     native twin keeps one per class while ``label`` is ``default_label``).
     """
     tracer = core

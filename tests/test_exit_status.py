@@ -1,0 +1,133 @@
+"""Ctrl-C ends a profiled program as it ends a plain one: killed by SIGINT, after the summary.
+
+CPython dies by SIGINT (shell status 130) when a KeyboardInterrupt goes
+uncaught; the agent's exit-time work must not change that, whether the
+interrupt is raised by the script, comes from a real ``kill -INT`` during
+training, or is raised in a Trainer extension; under the launcher and
+activated from the environment alone.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import clean_env, write_script
+
+TRAIN = r'''
+import sys
+
+import numpy as np
+import chainer
+import chainer.links as L
+
+model = L.Classifier(L.Linear(4, 3))
+optimizer = chainer.optimizers.SGD()
+optimizer.setup(model)
+x = np.random.RandomState(0).randn(8, 4).astype(np.float32)
+t = (np.arange(8) % 3).astype(np.int32)
+
+
+def step():
+    optimizer.update(model, x, t)
+'''
+
+SCRIPTS = {
+    "raise": TRAIN + r'''
+for _ in range(5):
+    step()
+raise KeyboardInterrupt
+''',
+    "signal": TRAIN + r'''
+for _ in range(5):
+    step()
+print("training", flush=True)
+while True:
+    step()
+''',
+    "extension": TRAIN + r'''
+from chainer import training
+
+it = chainer.iterators.SerialIterator(chainer.datasets.TupleDataset(x, t), 4)
+updater = training.updaters.StandardUpdater(it, optimizer)
+trainer = training.Trainer(updater, (20, "iteration"), out="result")
+
+
+@training.make_extension(trigger=(5, "iteration"))
+def interrupt(trainer):
+    raise KeyboardInterrupt
+
+
+trainer.extend(interrupt)
+trainer.run()
+''',
+}
+
+MODES = {
+    "plain": ([], {}),
+    "launcher": (["-m", "chainer_autoprof"], {}),
+    "env": ([], {"CHAINER_PROF_ENABLE": "1"}),
+}
+
+
+def _run(tmp_path: Path, script: str, mode: str) -> subprocess.CompletedProcess:
+    path = write_script(tmp_path, f"ctrl_c_{script}.py", SCRIPTS[script])
+    prefix, extra = MODES[mode]
+    env = clean_env(**extra)
+    cmd = [sys.executable, *prefix, str(path)]
+    if script != "signal":
+        return subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=120)
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "training\n"
+        proc.send_signal(signal.SIGINT)  # a real Ctrl-C while iterations run
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(cmd, proc.returncode, "training\n" + out, err)
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+@pytest.mark.parametrize("mode", ["launcher", "env"])
+def test_ctrl_c_exit_status_is_the_plain_one(tmp_path: Path, script: str, mode: str):
+    plain = _run(tmp_path, script, "plain")
+    assert plain.returncode == -signal.SIGINT, plain.stderr  # python dies by SIGINT: 130
+    assert "KeyboardInterrupt" in plain.stderr
+    got = _run(tmp_path, script, mode)
+    assert got.returncode == plain.returncode, got.stderr
+    assert got.stdout == plain.stdout
+    assert "KeyboardInterrupt" in got.stderr
+    assert "chainer_autoprof summary" in got.stderr  # the summary was printed, then SIGINT
+
+
+INTERRUPTED_SUMMARY = TRAIN + r'''
+from chainer_autoprof.report import summary
+
+
+def section(stats):
+    raise KeyboardInterrupt  # as a second Ctrl-C while the summary is being written
+
+
+summary.SECTIONS.append(section)
+for _ in range(5):
+    step()
+print("done", flush=True)
+'''
+
+
+def test_ctrl_c_while_the_summary_is_written_ends_quietly(tmp_path: Path):
+    """One line, no traceback, and the process ends as a Ctrl-C'd one does."""
+    path = write_script(tmp_path, "again.py", INTERRUPTED_SUMMARY)
+    run = subprocess.run([sys.executable, "-m", "chainer_autoprof", str(path)],
+                         env=clean_env(), cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert run.stdout == "done\n"
+    assert run.returncode == -signal.SIGINT, run.stderr
+    assert "Traceback" not in run.stderr and "Exception ignored" not in run.stderr, run.stderr
+    assert run.stderr.splitlines() == ["chainer_autoprof: interrupted while finishing: the "
+                                       "summary or the trace may be missing"]
