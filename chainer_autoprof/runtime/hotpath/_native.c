@@ -1453,12 +1453,25 @@ enum { KIND_AROUND = 1, KIND_LINK = 2, KIND_APPLY = 3, KIND_BACKPROP = 4 };
  * entry here, without the id() key of the parent's dict.  It holds the parent entry (its
  * address is not reused while cached) and the entry, whose weak reference must still
  * point at the link for a hit. */
-#define ENTRY_CACHE_SIZE 256
+#define ENTRY_CACHE_BITS 10
+#define ENTRY_CACHE_SIZE (1 << ENTRY_CACHE_BITS)
+
 typedef struct {
     PyObject *link;    /* compared by address only */
     PyObject *parent;  /* strong: the parent entry, or None */
     PyObject *entry;   /* strong */
 } entry_slot;
+
+/* The slot of (link, parent): multiplicative hashing, whose high bits spread objects that
+ * lie far apart (links are scattered over the heap, so the low bits of their addresses
+ * collide: 50 Linear links shared 36 of 256 slots by address bits, and those sharing one
+ * missed every call). */
+static inline entry_slot *entry_cache_slot(entry_slot *cache, PyObject *link, PyObject *parent)
+{
+    uint64_t h = ((uint64_t)(uintptr_t)link >> 4) * 0x9E3779B97F4A7C15ull
+                 ^ ((uint64_t)(uintptr_t)parent >> 4) * 0xC2B2AE3D27D4EB4Full;
+    return &cache[h >> (64 - ENTRY_CACHE_BITS)];
+}
 
 typedef struct {
     PyObject_HEAD
@@ -1681,8 +1694,7 @@ static NOINLINE PyObject *link_call(Wrapper *w, PyObject *const *args, size_t na
     }
     {
         PyObject *parent_key = parent != NULL ? parent : Py_None;
-        uintptr_t h = ((uintptr_t)instance >> 4) ^ (((uintptr_t)parent_key >> 4) * 31u);
-        slot = &w->entry_cache[h & (ENTRY_CACHE_SIZE - 1)];
+        slot = entry_cache_slot(w->entry_cache, instance, parent_key);
         if (slot->link == instance && slot->parent == parent_key && slot->entry != NULL) {
             PyObject *ref = SLOT(slot->entry, w->off_ref);
             if (ref != NULL && PyWeakref_Check(ref) && PyWeakref_GET_OBJECT(ref) == instance)
