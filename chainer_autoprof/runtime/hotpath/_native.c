@@ -2498,7 +2498,7 @@ PyMODINIT_FUNC PyInit__native(void)
             return NULL;
         }
     }
-    if (PyModule_AddIntConstant(m, "PROTOCOL", 1) < 0) {
+    if (PyModule_AddIntConstant(m, "PROTOCOL", 2) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -19,7 +19,7 @@ import functools
 import types
 from typing import Any, Callable
 
-PROTOCOL = 1
+PROTOCOL = 2  # what the wrappers expect of their callers (e.g. new_info -> (info, cache))
 
 #: The attribute naming the owning link's entry index on a FunctionNode.
 LINK_ATTR = "_chainer_autoprof_link"
