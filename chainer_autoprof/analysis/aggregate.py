@@ -12,6 +12,9 @@ Aggregation, per thread, as each range ends (children end before parents):
   backward, update) that ended inside it are its phases, and
   ``other = iteration - sum(phases)``.  The first ``warmup`` iterations are
   excluded from the statistics (their time is reported as ``warm-up``).
+* ``gc`` ranges: their time inside each counted iteration (a per-iteration
+  column beside the phases); the few slowest counted iterations are kept
+  with what ran inside them (:mod:`.outliers`).
 * ``link`` ranges: calls, inclusive time and self time (inclusive minus the
   child link ranges) per link path; ``link_backward`` ranges: backward calls
   and time, attributed to the link whose forward created each function.
@@ -36,9 +39,11 @@ from typing import Any
 import numpy as np
 
 from ..common import names
+from .outliers import SlowestIterations
 from .stats import (
     AFTER_WINDOW,
     BEFORE_WINDOW,
+    DEPTH_BITS,
     DEPTH_MASK,
     IDLE,
     MAX_KEPT_ITERATIONS,
@@ -51,8 +56,10 @@ from .stats import (
 )
 
 # Kinds of a range name, for aggregation.
-_K_SKIP, _K_ITER, _K_LINK, _K_LINK_BWD, _K_QUIET, _K_OTHER = 0, 1, 2, 3, 4, 5
+_K_SKIP, _K_ITER, _K_LINK, _K_LINK_BWD, _K_QUIET, _K_OTHER, _K_GC = 0, 1, 2, 3, 4, 5, 6
 _K_PHASE0 = 10  # + index in PHASE_KEYS
+#: Rows of an iteration still open at the end of a block kept for the slow-iteration details.
+_TAIL_ROWS = 2048
 
 
 class Series:
@@ -99,8 +106,8 @@ class Series:
 class _ThreadAgg:
     """Aggregation state of one thread carried from one block of ranges to the next."""
 
-    __slots__ = ("child_ns", "gap_pending", "iterations", "last_top_end", "links",
-                 "nested_counted", "nested_warm", "outside", "phase_ns", "seen_iter")
+    __slots__ = ("child_ns", "gap_pending", "gc_pending", "iterations", "last_top_end", "links",
+                 "nested_counted", "nested_warm", "outside", "phase_ns", "seen_iter", "tail")
 
     def __init__(self, start_ns: int) -> None:
         self.phase_ns = [0, 0, 0, 0]     # phases of the iteration still open
@@ -113,6 +120,8 @@ class _ThreadAgg:
         self.nested_warm = 0
         self.outside: dict[str, int] = {}
         self.iterations = 0
+        self.gc_pending: Any = None      # (t0, duration) of gc ranges not yet in an iteration
+        self.tail: Any = None            # rows of the open iteration (not links or functions)
 
 
 class Aggregator:
@@ -138,11 +147,15 @@ class Aggregator:
         self.kinds: list[int] = []
         self.keys: list[str] = []          # outside key per name index
         self.link_ids: list[int] = []      # link key id per name index (-1: not a link)
+        self.gens: list[int] = []          # collected generation per gc name index
         self.link_keys: list[str] = []
         self._link_key_index: dict[str, int] = {}
         self._np_tables: Any = None
         self.threads: dict[int, _ThreadAgg] = {}
-        self.series = Series(max_kept, 1 + len(PHASE_KEYS))
+        # per counted iteration: its time, its phases (and the rest), its gc time
+        self.series = Series(max_kept, 2 + len(PHASE_KEYS))
+        self.slowest = SlowestIterations()
+        self.gc_total = 0
         self.seen = 0                      # iterations seen (warm-up included)
         self.counted = 0
         self.iter_total = 0
@@ -159,8 +172,11 @@ class Aggregator:
             self.kinds.append(_K_SKIP)
             self.keys.append("")
             self.link_ids.append(-1)
+            self.gens.append(0)
         self.names[index] = name
         kind, key = _kind_of(name, category)
+        if kind == _K_GC:
+            self.gens[index] = names.gc_generation(name) or 0
         self.kinds[index], self.keys[index] = kind, key
         if kind in (_K_LINK, _K_LINK_BWD):
             lid = self._link_key_index.get(key)
@@ -212,17 +228,24 @@ class Aggregator:
 
         self._links(th, a, kind, depth, dur, is_iter, it_pos, it_counted, link_ids_t)
         phases = self._phases(th, kind, dur, it_pos)
+        gc_ns = self._gc(th, kind, t0, dur, it_pos)
         if n_it:
             it_dur = dur[it_pos]
             other = it_dur - phases.sum(axis=1)
-            table = np.column_stack([it_dur, phases, other])[it_counted]
+            full = np.column_stack([it_dur, phases, other, gc_ns])
+            table = full[it_counted]
             if len(table):
                 self.counted += len(table)
                 self.iter_total += int(table[:, 0].sum())
                 sums = table[:, 1:].sum(axis=0).tolist()
                 for i in range(5):
                     self.phase_total[i] += int(sums[i])
+                self.gc_total += int(sums[5])
                 self.series.extend(table / 1e6)
+                packed = a[it_pos, 3] >> DEPTH_BITS
+                numbers = np.where(packed > 0, packed - 1, seq - 1)
+                self._slowest(th, a, kind, it_pos, it_counted, full, numbers)
+        self._keep_tail(th, a, kind, it_pos)
         self._top_level(th, kind, index, t0, t1, depth, dur, is_iter, it_pos, it_counted)
 
     def _phases(self, th: _ThreadAgg, kind: Any, dur: Any, it_pos: Any) -> Any:
@@ -248,6 +271,92 @@ class Aggregator:
             carried = [c + int(x) for c, x in zip(carried, left.tolist())]
         th.phase_ns = carried
         return sums
+
+    def _gc(self, th: _ThreadAgg, kind: Any, t0: Any, dur: Any, it_pos: Any) -> Any:
+        """Collection time inside each iteration of the block; later ones are carried."""
+        n_it = len(it_pos)
+        sums = np.zeros(n_it, dtype=np.int64)
+        g = np.flatnonzero(kind == _K_GC)
+        pending = th.gc_pending
+        if n_it and pending is not None:
+            inside = pending[:, 0] >= t0[it_pos[0]]
+            sums[0] += int(pending[inside, 1].sum())
+            pending = None
+        if len(g):
+            owner = np.searchsorted(it_pos, g)
+            within = owner < n_it
+            rows, own = g[within], owner[within]
+            ok = t0[rows] >= t0[it_pos[own]]  # not a collection between iterations
+            sums += _bincount(own[ok], dur[rows[ok]], n_it)
+            left = g[~within]
+            if len(left):
+                later = np.column_stack([t0[left], dur[left]])
+                pending = later if pending is None else np.vstack([pending, later])[-_TAIL_ROWS:]
+        th.gc_pending = pending
+        return sums
+
+    def _keep_tail(self, th: _ThreadAgg, a: Any, kind: Any, it_pos: Any) -> None:
+        """Keep the rows after the block's last iteration (no links, no functions)."""
+        start = int(it_pos[-1]) + 1 if len(it_pos) else 0
+        rest = a[start:]
+        rest = rest[_wanted(kind[start:])]
+        if len(it_pos) or th.tail is None:
+            th.tail = rest if len(rest) else None
+        elif len(rest):
+            th.tail = np.vstack([th.tail, rest])[-_TAIL_ROWS:]
+
+    def _slowest(self, th: _ThreadAgg, a: Any, kind: Any, it_pos: Any, it_counted: Any,
+                 table: Any, numbers: Any) -> None:
+        """Offer the block's slowest counted iterations, with their details, to the keeper."""
+        keeper = self.slowest
+        counted = np.flatnonzero(it_counted)
+        slow = counted[table[counted, 0] > keeper.threshold()]
+        if len(slow) > keeper.keep:
+            slow = slow[np.argpartition(-table[slow, 0], keeper.keep)[:keeper.keep]]
+        for j in slow.tolist():
+            keeper.add(int(table[j, 0]), self._details(th, a, kind, it_pos, j, table[j],
+                                                       int(numbers[j])))
+
+    def _details(self, th: _ThreadAgg, a: Any, kind: Any, it_pos: Any, j: int, row: Any,
+                 number: int) -> dict[str, Any]:
+        """What ran inside iteration ``j`` of the block: phases, collections, named ranges."""
+        p = int(it_pos[j])
+        start = int(it_pos[j - 1]) + 1 if j else 0
+        rows, kinds = a[start:p], kind[start:p]
+        keep = _wanted(kinds)
+        rows, kinds = rows[keep], kinds[keep]
+        if not j and th.tail is not None:
+            kinds_t = self._tables()[0]
+            tail = th.tail[th.tail[:, 0] < len(kinds_t)]
+            rows = np.vstack([tail, rows])
+            kinds = np.concatenate([kinds_t[tail[:, 0]], kinds])
+        it_t0, it_t1 = int(a[p, 1]), int(a[p, 2])
+        inside = (rows[:, 1] >= it_t0) & (rows[:, 2] <= it_t1)
+        phases_seen: list[tuple[str, int, int]] = []
+        gcs: list[tuple[int, int, int]] = []
+        named: list[tuple[int, int, int, int]] = []
+        for (index, t0, t1, _depth), k in zip(rows[inside].tolist(), kinds[inside].tolist()):
+            if k >= _K_PHASE0:
+                phases_seen.append((PHASE_KEYS[k - _K_PHASE0], t0, t1))
+            elif k == _K_GC:
+                gcs.append((index, t0, t1))
+            else:
+                named.append((index, t0, t1, k))
+
+        def phase_of(t0: int, t1: int) -> str:
+            for key, p0, p1 in phases_seen:
+                if p0 <= t0 and t1 <= p1:
+                    return key
+            return "other"
+
+        gc_rows = sorted(([self.gens[i] if i < len(self.gens) else 0, (t1 - t0) / 1e6,
+                           phase_of(t0, t1)] for i, t0, t1 in gcs), key=lambda r: -r[1])
+        ranges = sorted(([self.names[i] if i < len(self.names) else "?", (t1 - t0) / 1e6,
+                          phase_of(t0, t1)] for i, t0, t1, _k in named), key=lambda r: -r[1])
+        values = (row / 1e6).tolist()
+        return {"iteration": number, "ms": values[0],
+                "phases": {key: values[1 + i] for i, key in enumerate(PHASE_KEYS)},
+                "gc_ms": values[6], "gc": gc_rows[:5], "ranges": ranges[:3]}
 
     def _links(self, th: _ThreadAgg, a: Any, kind: Any, depth: Any, dur: Any, is_iter: Any,
                it_pos: Any, it_counted: Any, link_ids_t: Any) -> None:
@@ -420,9 +529,17 @@ class Aggregator:
             "sample_stride": self.series.stride,
             "ranges": self.ranges,
             "has_phases": self.phase_seen or self.counted == 0,
+            "gc_ms": values[6].tolist(),
+            "gc_total_ms": self.gc_total / 1e6,
+            "slowest": self.slowest.items(),
         }
         fields.update(extra)
         return RunStats(**fields)
+
+
+def _wanted(kinds: Any) -> Any:
+    """Rows the slow-iteration details look at: phases, collections, named ranges."""
+    return (kinds >= _K_PHASE0) | (kinds == _K_GC) | (kinds == _K_QUIET) | (kinds == _K_OTHER)
 
 
 def _sum_by(keys: Any, values: Any) -> list[tuple[int, int]]:
@@ -463,5 +580,7 @@ def _kind_of(name: str, category: str) -> tuple[int, str]:
         return _K_OTHER, f"user:{name}"
     if category == names.FUNCTION:
         return _K_SKIP, name
+    if category == names.GC:
+        return _K_GC, name
     return _K_OTHER, name
 

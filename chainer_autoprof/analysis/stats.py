@@ -27,6 +27,8 @@ WARMUP = "warm-up"
 IDLE = "idle"
 SHUTDOWN = "shutdown"
 BEFORE_WINDOW = "before window"
+#: A run read from its partial trace: the time after its last complete iteration.
+UNFINISHED = "unfinished"
 AFTER_WINDOW = "after window"
 
 
@@ -93,6 +95,11 @@ class RunStats:
     has_phases: bool = True
     #: How the overhead figure was obtained (one line).
     overhead_method: str = ""
+    #: Collection time per counted iteration (same sample as ``iteration_ms``), and in all.
+    gc_ms: list[float] = field(default_factory=list)
+    gc_total_ms: float = 0.0
+    #: The slowest counted iterations with what ran inside them (:mod:`.outliers`).
+    slowest: list[dict[str, Any]] = field(default_factory=list)
 
     # -- iterations --------------------------------------------------------
     def median(self) -> float:
