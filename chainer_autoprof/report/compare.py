@@ -1,6 +1,9 @@
 """``python -m chainer_autoprof report TRACE [TRACE2]``: the summary of saved traces.
 
-With one trace, prints the same summary the run printed at exit.  With two
+With one trace, prints the same summary the run printed at exit.  A run
+that did not end normally (SIGKILL, the OOM killer, a crash in native code)
+left its trace so far in ``TRACE.partial``: that file is read the same way,
+and a trace path whose final file is missing falls back to it.  With two
 (before and after a change), prints both summaries' key figures side by side,
 phase by phase, with the change, and a one-line conclusion, so a fix can be
 checked.  Output goes to stdout; errors are one line on stderr (exit status 2).
@@ -9,12 +12,14 @@ checked.  Output goes to stdout; errors are one line on stderr (exit status 2).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
 from ..analysis.stats import PHASE_KEYS, RunStats
 from ..analysis.verdict import pick_replay
 from .html import write_report
+from .partial import partial_path
 from .summary import PHASE_LABELS, fmt_ms, format_summary, outside_label, verdict_section
 from .tracefile import TraceError, read_trace
 
@@ -46,8 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_list[:1] == ["report"]:
         args_list = args_list[1:]
     args = _parser().parse_args(args_list)
+    paths = [resolve(path) for path in (args.trace, args.after) if path]
     try:
-        traces = [read_trace(path) for path in (args.trace, args.after) if path]
+        traces = [read_trace(path) for path in paths]
         runs = [(trace, trace.stats(from_events=args.from_events)) for trace in traces]
     except TraceError as exc:
         sys.stderr.write(f"chainer_autoprof report: {exc}\n")
@@ -62,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stderr.write(f"chainer_autoprof report: cannot write {args.html}: {exc}\n")
             return 2
     if after is None:
-        title = f"chainer_autoprof report of {args.trace}: {before.meta.get('command', '')}"
+        title = f"chainer_autoprof report of {paths[0]}: {before.meta.get('command', '')}"
         print(format_summary(before, advice=advice, title=title.rstrip(": ")))
         return 0
     print(compare(before, after, args.trace, args.after))
@@ -71,6 +77,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if pair is not None:
             print("\n" + verdict_section(pair[0], replay=pair[1]))
     return 0
+
+
+def resolve(path: str) -> str:
+    """The file to read for ``path``: its partial trace when only that exists (said on stderr)."""
+    partial = partial_path(path)
+    if not os.path.exists(partial):
+        return path
+    if not os.path.exists(path):
+        sys.stderr.write(f"chainer_autoprof report: {path} does not exist; reading {partial}, "
+                         "the trace so far of a run that did not end normally\n")
+        return partial
+    if os.path.getmtime(partial) > os.path.getmtime(path):
+        sys.stderr.write(f"chainer_autoprof report: note: {partial} is newer than {path}: a "
+                         "later run with this trace path did not end normally (or is still "
+                         f"running); 'report {partial}' reads what it left\n")
+    return path
 
 
 def _change(a: float, b: float) -> str:

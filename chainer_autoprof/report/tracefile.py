@@ -41,7 +41,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..analysis.aggregate import Aggregator
-from ..analysis.stats import DEPTH_BITS, DEPTH_MASK, RunStats
+from ..analysis.stats import DEPTH_BITS, DEPTH_MASK, SHUTDOWN, UNFINISHED, RunStats
 from ..common import names
 
 #: category -> Chrome trace-viewer colour name (closest to the NVTX colour)
@@ -55,6 +55,7 @@ CNAMES: dict[str, str] = {
     names.INFERENCE: "background_memory_dump",
     names.COMM: "bad",
     names.USER: "cq_build_failed",
+    names.GC: "terrible",
     names.LINK: "cq_build_passed",
     names.LINK_BACKWARD: "thread_state_runnable",
     names.FUNCTION: "grey",
@@ -95,10 +96,13 @@ def _rows_in_begin_order(blocks: list[Any]) -> list[list[int]]:
 
 def write_trace(path: str, *, pid: int, start_ns: int, infos: Sequence[tuple[str, str, int]],
                 threads: Iterable[ThreadRanges], other: dict[str, Any],
-                process_name: str, main_tid: int | None = None) -> int:
+                process_name: str, main_tid: int | None = None,
+                event_args: Mapping[tuple[int, int], Mapping[str, Any]] | None = None) -> int:
     """Write the trace file atomically; returns the number of ranges written.
 
-    ``infos[i]`` is ``(name, category, ARGB colour)`` of name index ``i``.
+    ``infos[i]`` is ``(name, category, ARGB colour)`` of name index ``i``;
+    ``event_args`` adds arguments to the ranges it names by (thread id,
+    start ns), e.g. the objects a garbage collection freed.
     """
     prefixes: list[str] = []
     for name, category, _color in infos:
@@ -135,6 +139,10 @@ def write_trace(path: str, *, pid: int, start_ns: int, infos: Sequence[tuple[str
                     depth = packed & DEPTH_MASK
                     extra = (f',"iteration":{(packed >> DEPTH_BITS) - 1}'
                              if packed > DEPTH_MASK else "")
+                    if event_args:
+                        more = event_args.get((tid, t0))
+                        if more:
+                            extra += "," + json.dumps(more)[1:-1]
                     out.write(f',\n{prefixes[index]}{tid},"ts":{_fixed3(t0 - start_ns)},'
                               f'"dur":{_fixed3(t1 - t0)},"args":{{"depth":{depth},'
                               f'"color":"{colors[index]}"{extra}}}}}')
@@ -206,7 +214,7 @@ class Trace:
         if not from_events and meta.get("dropped_ranges") and meta.get("run_stats"):
             stats = RunStats.from_dict(meta["run_stats"])
             stats.meta = {k: v for k, v in meta.items() if k != "run_stats"}
-            return stats
+            return _unfinished(stats)
         settings = meta.get("settings") or {}
         window = settings.get("iterations")
         agg = Aggregator(0, int(meta.get("warmup_skip", 0)),
@@ -220,10 +228,20 @@ class Trace:
                     index[key] = len(index)
                     agg.add_name(index[key], r.name, r.category)
         for tid, rows in per_thread.items():
-            agg.feed(tid, [(index[(r.name, r.category)], r.t0, r.t1, r.depth) for r in rows])
+            agg.feed(tid, [(index[(r.name, r.category)], r.t0, r.t1,
+                            r.depth if r.iteration is None
+                            else r.depth | ((int(r.iteration) + 1) << DEPTH_BITS))
+                           for r in rows])
         clock = meta.get("clock") or {}
         end_ns = int(clock.get("duration_ns") or max((r.t1 for r in self.ranges), default=0))
-        return agg.result(end_ns, meta.get("main_tid"), **stats_extras(meta))
+        return _unfinished(agg.result(end_ns, meta.get("main_tid"), **stats_extras(meta)))
+
+
+def _unfinished(stats: RunStats) -> RunStats:
+    """A partial trace's run did not shut down: the time after its last iteration is unfinished."""
+    if stats.meta.get("partial") and SHUTDOWN in stats.outside_ms:
+        stats.outside_ms[UNFINISHED] = stats.outside_ms.pop(SHUTDOWN)
+    return stats
 
 
 def stats_extras(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -246,7 +264,19 @@ class TraceError(ValueError):
 
 
 def load_trace_json(path: str) -> dict[str, Any]:
-    """The JSON object of a trace-event file (a bare event list is wrapped); TraceError if not."""
+    """The JSON object of a trace-event file (a bare event list is wrapped); TraceError if not.
+
+    A partial trace (the trace so far of a run that did not end normally) is
+    read into the same object.
+    """
+    # partial.py builds on this module's event layout: imported here, not at the top
+    from .partial import is_partial, read_partial
+
+    if is_partial(path):
+        try:
+            return read_partial(path)
+        except (OSError, ValueError) as exc:
+            raise TraceError(f"cannot read the partial trace {path}: {exc}") from None
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
