@@ -27,13 +27,18 @@ from ..sinks.recorder import Recorder
 from . import overhead, processes
 
 
-def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int) -> RunStats | None:
+def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int,
+               extra_meta: dict[str, Any] | None = None,
+               event_args: dict[tuple[int, int], dict[str, Any]] | None = None
+               ) -> RunStats | None:
     """Statistics, trace file and summary of the run, once the tracer is closed.
 
-    ``hits`` counts the instrumented calls (for the overhead estimate).
-    Returns the statistics, or ``None`` for a process with nothing to say: a
-    forked worker that did no training, or a helper interpreter (a resource
-    tracker, ...) that recorded nothing.
+    ``hits`` counts the instrumented calls (for the overhead estimate);
+    ``extra_meta`` goes into the metadata (e.g. the stall reports);
+    ``event_args`` adds arguments to ranges of the trace (by thread id and
+    start ns).  Returns the statistics, or ``None`` for a process with
+    nothing to say: a forked worker that did no training, or a helper
+    interpreter (a resource tracker, ...) that recorded nothing.
     """
     if recorder.fork_child and recorder.agg.seen == 0:
         return None
@@ -41,9 +46,11 @@ def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int) -> RunSt
         return None
     end_ns = recorder.end_ns if recorder.end_ns is not None else tracer.clock()
     cost = overhead.estimate(recorder, tracer.granularity_level, hits)
-    stats = recorder.run_stats(end_ns, cost, metadata(cfg, tracer, recorder, end_ns))
+    meta = metadata(cfg, tracer, recorder, end_ns)
+    meta.update(extra_meta or {})
+    stats = recorder.run_stats(end_ns, cost, meta)
     if cfg.trace:
-        stats.meta["trace_path"] = _write_trace(recorder, tracer, cfg.trace, stats)
+        stats.meta["trace_path"] = _write_trace(recorder, tracer, cfg.trace, stats, event_args)
     if cfg.summary:
         try:
             sys.stderr.write(format_summary(stats, advice=bool(cfg.advice)) + "\n")
@@ -51,6 +58,23 @@ def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int) -> RunSt
         except Exception as exc:
             log.error(f"no summary ({type(exc).__name__}: {exc})")
     return stats
+
+
+def partial_metadata(cfg: Config, tracer: Any, recorder: Recorder) -> dict[str, Any]:
+    """The metadata of the trace so far, as the final trace will hold it (while the run goes on)."""
+    meta = metadata(cfg, tracer, recorder, tracer.clock())
+    meta["clock"].pop("duration_ns", None)  # the reader takes it from the last write
+    meta.update(main_tid=threading.main_thread().native_id, process_name=process_name(),
+                batch_size=tracer.facts.get("batch_size"), sync_level=tracer.sync.level,
+                sync_calls=tracer.sync.calls)
+    return meta
+
+
+def process_name() -> str:
+    """The trace's name of this process: the script, the pid, the rank."""
+    number = rank.number()
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    return f"{script} (pid {os.getpid()}" + (f", rank {number})" if number else ")")
 
 
 def metadata(cfg: Config, tracer: Any, recorder: Recorder, end_ns: int) -> dict[str, Any]:
@@ -92,7 +116,8 @@ def metadata(cfg: Config, tracer: Any, recorder: Recorder, end_ns: int) -> dict[
     }
 
 
-def _write_trace(recorder: Recorder, tracer: Any, template: str, stats: RunStats) -> str | None:
+def _write_trace(recorder: Recorder, tracer: Any, template: str, stats: RunStats,
+                 event_args: dict[tuple[int, int], dict[str, Any]] | None) -> str | None:
     """Write the trace file; returns its path (``None`` on failure, said once)."""
     path = expand_path(processes.child_trace_template(template))
     other = dict(stats.meta)
@@ -110,13 +135,10 @@ def _write_trace(recorder: Recorder, tracer: Any, template: str, stats: RunStats
     thread_names = {ts.tid: ts.thread_name for ts in list(tracer.states.values())}
     threads = [ThreadRanges(tid, thread_names.get(tid, f"thread {tid}"), blocks)
                for tid, blocks in per_thread.items()]
-    number = other.get("rank", 0)
-    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-    process = f"{script} (pid {os.getpid()}" + (f", rank {number})" if number else ")")
     try:
         write_trace(path, pid=os.getpid(), start_ns=recorder.start_ns, infos=recorder.infos,
-                    threads=threads, other=other, process_name=process,
-                    main_tid=other["main_tid"])
+                    threads=threads, other=other, process_name=process_name(),
+                    main_tid=other["main_tid"], event_args=event_args)
     except Exception as exc:
         log.error(f"could not write the trace {path}: {type(exc).__name__}: {exc}")
         return None
