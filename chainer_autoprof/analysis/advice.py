@@ -250,6 +250,9 @@ def check_gc(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
     caused = [s for s in slow_iterations(stats) if s.cause == "gc"]
     if share < vd.ADVICE_MIN_SHARE and not (caused and st.share >= vd.ADVICE_MIN_SHARE):
         return None
+    caused_ms = sum(s.cause_ms for s in caused)
+    if max(stats.gc_total_ms, caused_ms) < vd.GC_MIN_MS:
+        return None
     counts = list(gc.get("collections") or [0, 0, 0])
     seen = (f"{sum(counts):,} collections in the run (gen 0: {counts[0]}, gen 1: {counts[1]}, "
             f"gen 2: {counts[2]}); inside counted iterations they took "

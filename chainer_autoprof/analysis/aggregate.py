@@ -242,9 +242,7 @@ class Aggregator:
                     self.phase_total[i] += int(sums[i])
                 self.gc_total += int(sums[5])
                 self.series.extend(table / 1e6)
-                packed = a[it_pos, 3] >> DEPTH_BITS
-                numbers = np.where(packed > 0, packed - 1, seq - 1)
-                self._slowest(th, a, kind, it_pos, it_counted, full, numbers)
+                self._slowest(th, a, kind, it_pos, it_counted, full, seq)
         self._keep_tail(th, a, kind, it_pos)
         self._top_level(th, kind, index, t0, t1, depth, dur, is_iter, it_pos, it_counted)
 
@@ -306,16 +304,18 @@ class Aggregator:
             th.tail = np.vstack([th.tail, rest])[-_TAIL_ROWS:]
 
     def _slowest(self, th: _ThreadAgg, a: Any, kind: Any, it_pos: Any, it_counted: Any,
-                 table: Any, numbers: Any) -> None:
+                 table: Any, seq: Any) -> None:
         """Offer the block's slowest counted iterations, with their details, to the keeper."""
         keeper = self.slowest
-        counted = np.flatnonzero(it_counted)
-        slow = counted[table[counted, 0] > keeper.threshold()]
+        slow = np.flatnonzero(it_counted & (table[:, 0] > keeper.threshold()))
+        if not len(slow):
+            return
         if len(slow) > keeper.keep:
             slow = slow[np.argpartition(-table[slow, 0], keeper.keep)[:keeper.keep]]
         for j in slow.tolist():
-            keeper.add(int(table[j, 0]), self._details(th, a, kind, it_pos, j, table[j],
-                                                       int(numbers[j])))
+            packed = int(a[it_pos[j], 3]) >> DEPTH_BITS  # the iteration's number + 1, if recorded
+            number = packed - 1 if packed > 0 else int(seq[j]) - 1
+            keeper.add(int(table[j, 0]), self._details(th, a, kind, it_pos, j, table[j], number))
 
     def _details(self, th: _ThreadAgg, a: Any, kind: Any, it_pos: Any, j: int, row: Any,
                  number: int) -> dict[str, Any]:

@@ -88,6 +88,9 @@ TOP_LINKS = 5
 #: Slow iterations' time above the median, as a share of the iteration time, from which
 #: the verdict says the run stutters (a tenth of the time lost to a few iterations).
 OUTLIER_SHARE = 0.10
+#: The gc-bound verdict and the gc advice need at least this many milliseconds of
+#: collections inside the counted iterations (a short run's few are not worth a line).
+GC_MIN_MS = 100.0
 #: An input queue empty at this share of the training fetches or more has run dry.
 QUEUE_DRY_SHARE = 0.5
 
@@ -270,7 +273,7 @@ def _candidates(stats: Any, fig: dict[str, float]) -> list[tuple[str, float, flo
         return out
     if fig["data_share"] >= INPUT_SHARE:
         out.append(("input-bound", stats.phase_total("data"), fig["data_share"]))
-    if fig["gc_share"] >= GC_SHARE:
+    if fig["gc_share"] >= GC_SHARE and fig["gc_ms"] >= GC_MIN_MS:
         out.append(("gc-bound", fig["gc_ms"], fig["gc_share"]))
     if (stats.sync_level >= SYNC_INSIDE_LEVEL and fig.get("sync_share", 0.0) >= SYNC_SHARE):
         out.append(("synchronization-bound", fig["sync_ms"], fig["sync_share"]))

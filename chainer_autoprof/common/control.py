@@ -10,7 +10,8 @@ synchronization) and without any signal the program may use itself.
   clean up after a SIGKILL); elsewhere ``$TMPDIR/chainer_autoprof-UID/PID.sock``
   in a directory only its owner can enter.
 * Who: on Linux the server accepts only a peer of its own user (or root),
-  checked with ``SO_PEERCRED``.
+  and the client only a server that is the process it asked, both checked
+  with ``SO_PEERCRED`` (an abstract name taken by someone else is refused).
 * Messages: one JSON object each way, the request ending with a newline,
   the answer with the end of the connection.
 """
@@ -86,13 +87,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _peer(conn: socket.socket) -> tuple[int, int] | None:
+    """(pid, uid) of the connected peer, where the system says (Linux)."""
+    if not ABSTRACT or not hasattr(socket, "SO_PEERCRED"):
+        return None  # elsewhere the socket directory is private to its owner
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return pid, uid
+
+
 def peer_allowed(conn: socket.socket) -> bool:
     """Whether the connected peer runs as this process's user (or root)."""
-    if not ABSTRACT or not hasattr(socket, "SO_PEERCRED"):
-        return True  # the socket directory is private to its owner
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return uid in (0, os.getuid())
+    peer = _peer(conn)
+    return peer is None or peer[1] in (0, os.getuid())
 
 
 def send(conn: socket.socket, message: dict[str, Any], end: bool = False) -> None:
@@ -138,5 +145,8 @@ def request(pid: int, message: dict[str, Any], timeout: float = 10.0) -> dict[st
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout)
         conn.connect(address(pid))
+        peer = _peer(conn)
+        if peer is not None and peer[0] != pid:
+            raise ConnectionRefusedError(f"the socket of pid {pid} belongs to pid {peer[0]}")
         send(conn, message)
         return receive(conn)

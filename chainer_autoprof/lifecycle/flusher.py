@@ -94,12 +94,7 @@ class Flusher:
             self.writer.move(path)
         if self.rows + count > 2 * self.limit or self.writer.size > STATE_BYTES + 64 * self.limit:
             return self._rewrite(partial, where, stalls)
-        chunks = self._header(partial, full=False)
-        for tid, part in rows.items():
-            chunks += partial.rows_records(tid, part)
-        chunks += self._gc(partial, full=False)
-        chunks.append(self._state(partial, where, stalls))
-        self.writer.append(chunks)
+        self.writer.append(self._records(partial, rows, where, stalls, full=False))
         self.rows += count
         return self.writer.path
 
@@ -110,14 +105,19 @@ class Flusher:
         blocks, self.mark = self.recorder.retained_since(0)
         rows = self._new_rows(blocks + self.recorder.pending_blocks())
         self.names, self.threads, self.meta_text, self.gc_mark = 0, {}, "", 0
-        chunks = self._header(partial, full=True)
-        for tid, part in rows.items():
-            chunks += partial.rows_records(tid, part)
-        chunks += self._gc(partial, full=True)
-        chunks.append(self._state(partial, where, stalls))
-        self.writer.rewrite(chunks)
+        self.writer.rewrite(self._records(partial, rows, where, stalls, full=True))
         self.rows = sum(len(r) for r in rows.values())
         return self.writer.path
+
+    def _records(self, partial: Any, rows: dict[int, Any], where: dict[str, Any] | None,
+                 stalls: list[dict[str, Any]], full: bool) -> list[bytes]:
+        """The records of one write: what is new of the header, the rows, gc details, the state."""
+        chunks = self._header(partial, full)
+        for tid, part in rows.items():
+            chunks += partial.rows_records(tid, part)
+        chunks += self._gc(partial, full)
+        chunks.append(self._state(partial, where, stalls))
+        return chunks
 
     def _new_rows(self, parts: list[tuple[int, Any]]) -> dict[int, Any]:
         """Per thread, the rows not written yet (in end order)."""

@@ -153,11 +153,13 @@ class Monitor:
         threshold = self.threshold()
         if since < threshold:
             return False
-        snap = where.snapshot(self.tracer, "stall", since_s=since, threshold_s=threshold,
-                              notes=self._notes())
-        loop = next((t for t in snap["threads"] if t.get("loop")), None)
+        glance = where.snapshot(self.tracer, "stall", stacks=False)
+        loop = next((t for t in glance["threads"] if t.get("loop")), None)
         if loop is None or not loop["open"]:
             return False  # the training thread is outside every range: training is over
+        snap = where.snapshot(self.tracer, "stall", since_s=since, threshold_s=threshold,
+                              notes=self._notes())
+        loop = next((t for t in snap["threads"] if t.get("loop")), None) or loop
         age = _iteration_age(loop)
         if age is not None:  # exact, where the watch saw the iteration begin a poll late
             snap["since_iteration_s"] = round(max(since, age), 3)
