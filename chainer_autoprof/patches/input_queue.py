@@ -77,11 +77,15 @@ class InputQueueProbe(Instrumentor):
         state = self.tracer.state
         facts = self.tracer.facts
         stats = self.stats
+        probed: dict[type, str] = {}  # iterator class -> the probed class it is
 
         def wrapper(wrapped, instance, args, kwargs):
             if patch.on and not state().quiet:
                 try:
-                    name = _class_name(instance)
+                    cls = type(instance)
+                    name = probed.get(cls)
+                    if name is None:
+                        name = probed[cls] = _class_name(instance)
                     ready = READERS[name](instance)
                     if ready is not None:
                         entry = stats.get(name)
@@ -90,10 +94,11 @@ class InputQueueProbe(Instrumentor):
                                                    "ready": [0] * (ready[1] + 1)}
                             facts["input_queue"] = stats
                         counts = entry["ready"]
-                        n = min(ready[0], len(counts) - 1)
-                        counts[n] += 1
+                        counts[min(ready[0], len(counts) - 1)] += 1
                         entry["fetches"] += 1
-                    self._last = weakref.ref(instance)
+                    last = self._last
+                    if last is None or last() is not instance:
+                        self._last = weakref.ref(instance)
                 except Exception as exc:
                     patch.fail(exc)
             return wrapped(*args, **kwargs)
