@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import gc
 import sys
-import threading
 from collections import deque
+from threading import get_ident, get_native_id
 from time import perf_counter_ns
 from typing import Any
 
@@ -77,33 +77,30 @@ class GcRanges:
 
     def _start(self, info: dict) -> None:
         now = perf_counter_ns()
-        self._open = None
-        tracer = self.tracer
-        ts = tracer.states.get(threading.get_native_id())
+        thread = get_ident()
+        ts = self.tracer.states.get(get_native_id())
         if ts is None or not ts.stack:
-            self._open = (None, None, threading.get_ident(), now)
+            self._open = (None, None, thread, now)
             return
         caller = sys._getframe(2)  # the frame whose allocation started the collection
         if caller.f_globals.get("__name__", "").startswith(AGENT_INTERNALS):
             self.totals["unranged"] += 1
-            self._open = (None, None, threading.get_ident(), now)
+            self._open = (None, None, thread, now)
             return
-        generation = min(max(int(info.get("generation", 0)), 0), 2)
-        info_range = self.infos[generation]
-        token = tracer.begin(info_range, ts)
-        self._open = (token, ts, threading.get_ident(), now)
+        token = self.tracer.begin(self.infos[info["generation"]], ts)
+        self._open = (token, ts, thread, now)
 
     def _stop(self, info: dict) -> None:
         opened = self._open
         self._open = None
-        generation = min(max(int(info.get("generation", 0)), 0), 2)
+        generation = info["generation"]
         totals = self.totals
         totals["collections"][generation] += 1
-        collected = int(info.get("collected", 0))
-        uncollectable = int(info.get("uncollectable", 0))
+        collected = info["collected"]
+        uncollectable = info["uncollectable"]
         totals["collected"][generation] += collected
         totals["uncollectable"][generation] += uncollectable
-        if opened is None or opened[2] != threading.get_ident():
+        if opened is None or opened[2] != get_ident():
             return
         token, ts, _thread, start = opened
         totals["ms"][generation] += (perf_counter_ns() - start) / 1e6
