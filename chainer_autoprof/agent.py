@@ -36,7 +36,7 @@ from .patches.input_queue import InputQueueProbe
 from .patches.status import missed_targets, status_report
 from .runtime.device import get_backend
 from .runtime.events import Tracer
-from .runtime.gc_ranges import GcRanges
+from .runtime.gc_ranges import KEEP_DETAILS, GcRanges
 from .runtime.policies import CaptureWindow, SyncPolicy
 from .sinks.nvtx import make_nvtx_sink
 from .sinks.recorder import Recorder
@@ -72,7 +72,9 @@ class Agent:
         if self.queue_probe is not None:
             self.instrumentors.append(self.queue_probe)
         self.instrumentors.append(ChainerMNPatches(self.tracer, self.patches, self.on_rank))
-        self.gc_ranges = GcRanges(self.tracer) if cfg.gc else None
+        # what each collection freed is kept for a trace only
+        self.gc_ranges = GcRanges(self.tracer, keep=KEEP_DETAILS if cfg.trace else 0) \
+            if cfg.gc else None
         self.monitor = self._monitor()
         self.chainer: Any = None
         self.active = True

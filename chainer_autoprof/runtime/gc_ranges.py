@@ -31,8 +31,9 @@ from ..common import names
 
 #: Modules whose frames may hold a range half begun or half ended.
 AGENT_INTERNALS = ("chainer_autoprof.runtime.", "chainer_autoprof.sinks.")
-#: Per-range details kept for the trace (the newest; older ones are dropped).
-KEEP_DETAILS = 100_000
+#: Per-range details kept for the trace (the newest; older ones are dropped): about
+#: 150 bytes each.
+KEEP_DETAILS = 10_000
 
 
 class GcRanges:
