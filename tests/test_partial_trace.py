@@ -107,15 +107,23 @@ ALLREDUCE = (("iteration", "iteration"), ("update", "update"),
 
 
 def test_odd_one_out_rules():
+    data = (("iteration", "iteration"), ("data", "data"))
     # the ranks in a collective wait for the one that is elsewhere
     found = odd_one_out([position(_snap(r, 7, *ALLREDUCE)) for r in (0, 2, 3)]
-                        + [position(_snap(1, 7, ("iteration", "iteration"), ("data", "data")))])
-    assert [p.rank for p in found.odd] == [1] and found.rule == "comm"
+                        + [position(_snap(1, 7, *data))])
+    assert [p.rank for p in found.odd] == [1] and found.rule == "majority"
     assert found.others_in == "comm:multi_node_mean_grad"
-    # a rank an iteration behind
-    found = odd_one_out([position(_snap(0, 8, ("iteration", "iteration"), ("data", "data"))),
-                         position(_snap(1, 7, ("iteration", "iteration"), ("data", "data"))),
-                         position(_snap(2, 8, ("iteration", "iteration"), ("data", "data")))])
+    # one rank went into the collective, the others never left their data phase
+    found = odd_one_out([position(_snap(r, 7, *data)) for r in (0, 2, 3)]
+                        + [position(_snap(1, 7, *ALLREDUCE))])
+    assert [p.rank for p in found.odd] == [1] and found.others_in == "data"
+    # two ranks: the one outside the collective holds the other
+    found = odd_one_out([position(_snap(0, 7, *ALLREDUCE)), position(_snap(1, 7, *data))])
+    assert [p.rank for p in found.odd] == [1] and found.rule == "comm"
+    # two ranks, an iteration apart, neither in a collective
+    found = odd_one_out([position(_snap(0, 8, *data)),
+                         position(_snap(1, 7, ("iteration", "iteration"),
+                                        ("forward", "forward")))])
     assert [p.rank for p in found.odd] == [1] and found.rule == "behind"
     # the majority's place, finer ranges (links, gc) ignored
     found = odd_one_out([position(_snap(0, 7, ("iteration", "iteration"), ("forward", "forward"),

@@ -3,15 +3,17 @@
 In a data-parallel job a rank that stops (a dead data loader, a deadlock,
 a slow file system) holds every other rank in the next collective, so the
 others all wait in the same communication while the odd rank is somewhere
-else.  :func:`odd_one_out` takes each process's position -- where its
-training thread is, from a stall report, a dump or a partial trace -- and
-names the rank(s) whose position differs:
+else -- or one rank went into a collective that the others, stuck
+elsewhere, never reach.  :func:`odd_one_out` takes each process's position
+-- where its training thread is, from a stall report, a dump or a partial
+trace -- and names the rank(s) whose position differs from the others':
 
-1. some ranks wait in a communication range (``comm:*``) and others do not:
-   the others are the odd ones, and the waiting ranks wait in that range;
-2. else, some ranks are in an earlier iteration than the rest: those lag;
-3. else, one position is shared by more ranks than any other: the ranks
-   elsewhere are the odd ones.
+1. one position is shared by more ranks than any other (and by two or
+   more): the ranks elsewhere are the odd ones;
+2. else (e.g. two ranks in two places), some ranks wait in a communication
+   range (``comm:*``) and others do not: those others are the odd ones, the
+   ranks that the waiting ones wait for;
+3. else, some ranks are in an earlier iteration than the rest: those lag.
 
 Works on plain snapshot dictionaries (:mod:`..lifecycle.where` makes them).
 """
@@ -95,6 +97,13 @@ def odd_one_out(positions: Sequence[Position]) -> OddOneOut | None:
     ranks = [p for p in positions if p is not None]
     if len(ranks) < 2:
         return None
+    counts = Counter(p.coarse for p in ranks)
+    if len(counts) == 1:
+        return None  # all in the same place
+    (common, n), (_second, m) = counts.most_common(2)
+    if n >= 2 and n > m:
+        return OddOneOut([p for p in ranks if p.coarse != common],
+                         [p for p in ranks if p.coarse == common], "majority")
     waiting = [p for p in ranks if p.in_comm]
     if waiting and len(waiting) < len(ranks):
         return OddOneOut([p for p in ranks if not p.in_comm], waiting, "comm")
@@ -103,9 +112,4 @@ def odd_one_out(positions: Sequence[Position]) -> OddOneOut | None:
         low = min(iterations)
         behind = [p for p in ranks if p.iteration == low]
         return OddOneOut(behind, [p for p in ranks if p.iteration != low], "behind")
-    counts = Counter(p.coarse for p in ranks)
-    (common, n), *rest = counts.most_common()
-    if len(counts) == 1 or n < 2 or (rest and rest[0][1] == n):
-        return None
-    return OddOneOut([p for p in ranks if p.coarse != common],
-                     [p for p in ranks if p.coarse == common], "majority")
+    return None

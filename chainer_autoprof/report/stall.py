@@ -179,7 +179,8 @@ def describe_odd(found: OddOneOut) -> str:
         return (f"odd one out: {odd} {verb} behind, in {where}; {others} "
                 f"{'is' if len(found.others) == 1 else 'are'} already in iteration "
                 f"{found.others[0].iteration}, in {found.others_in}")
-    return f"odd one out: {odd} {verb} in {where}; {others} in {found.others_in}"
+    return (f"odd one out: {odd} {verb} in {where}; {others} "
+            f"{'is' if len(found.others) == 1 else 'are'} in {found.others_in}")
 
 
 def side_by_side(snaps: Sequence[dict[str, Any]], title: str = "where each process is") -> str:
