@@ -11,6 +11,9 @@ import json
 from nvtx_tool import ranges_by_thread
 from support import run_with_agent
 
+from chainer_autoprof.analysis.outliers import slow_iterations
+from chainer_autoprof.report.tracefile import stats_from_trace
+
 #: Every EVERY-th forward builds a large reference cycle and drops it; a big
 #: set of long-lived objects makes each full collection expensive.
 CYCLES = """
@@ -91,9 +94,6 @@ def test_reference_cycles_give_gc_ranges_and_an_outlier_line_naming_gc(tmp_path)
     assert sum(facts["collections"]) >= len(gcs)
 
     # report of the trace says the same
-    from chainer_autoprof.analysis.outliers import slow_iterations
-    from chainer_autoprof.report.tracefile import stats_from_trace
-
     slowest = slow_iterations(stats_from_trace(str(tmp_path / "run.json")))
     assert slowest and slowest[0].cause == "gc" and slowest[0].iteration == number
 

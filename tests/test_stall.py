@@ -23,6 +23,8 @@ from headless_browser import Browser, find_browser
 from nvtx_tool import nvtx_env, ranges_by_thread, read_events
 from support import clean_env, write_script
 
+from chainer_autoprof.common.settings import from_environ
+
 #: A Trainer whose iterator blocks, at the fetches listed in BLOCK_AT, until the
 #: test writes a byte to the pipe RELEASE_FD (os.read: blocked inside C).
 BLOCKING = """
@@ -323,8 +325,6 @@ def test_dump_of_a_process_without_the_agent_says_so(tmp_path):
 
 @pytest.mark.parametrize("setting", ["0", "off"])
 def test_stall_off(setting):
-    from chainer_autoprof.common.settings import from_environ
-
     assert from_environ({"CHAINER_PROF_STALL": setting}).stall is None
     assert from_environ({"CHAINER_PROF_STALL": "auto"}).stall == "auto"
     assert from_environ({"CHAINER_PROF_STALL": "2.5"}).stall == 2.5
