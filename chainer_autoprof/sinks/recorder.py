@@ -190,6 +190,55 @@ class Recorder:
             if ts.record:
                 self._flush_thread(ts)
 
+    def pending_blocks(self) -> list[tuple[int, Any]]:
+        """Per thread, a copy of the ranges buffered, not yet aggregated: ``(tid, (n, 4) int64)``.
+
+        Safe from another thread while the program runs: nothing is consumed.
+        A buffer being aggregated at that moment may show up both here and in
+        :meth:`retained_since`; a thread's rows end in order (``t1`` never
+        decreases), so readers drop the repeats.
+        """
+        out = []
+        for ts in list(self.tracer.states.values()):
+            buf = ts.record
+            if not buf:
+                continue
+            rows = list(buf)  # one copy in C: no append of the owning thread comes between
+            if rows:
+                out.append((ts.tid, np.array(rows, dtype=np.int64).reshape(-1, 4)))
+        return out
+
+    def retained_since(self, mark: int) -> tuple[list[tuple[int, Any]], int]:
+        """The blocks kept for the trace after ``mark``, and the mark to pass next time.
+
+        ``mark`` counts the ranges ever kept (0 at first); blocks kept since
+        then, in the order they were kept.  Ranges the record limit dropped
+        before they were asked for are not returned.  Safe from another thread.
+        """
+        with self._lock:
+            total = self.retained_ranges + self.dropped
+            wanted = total - mark
+            blocks: list[tuple[int, Any]] = []
+            for tid, block in reversed(self.retained):
+                if wanted <= 0:
+                    break
+                if len(block) > wanted:
+                    block = block[len(block) - wanted:]
+                blocks.append((tid, block))
+                wanted -= len(block)
+        blocks.reverse()
+        return blocks, total
+
+    def stats_now(self, end_ns: int, meta: dict[str, Any] | None = None) -> RunStats:
+        """The statistics aggregated so far, asked from another thread while the program runs."""
+        tracer = self.tracer
+        with self._lock:
+            return self.agg.result(
+                end_ns, threading.main_thread().native_id,
+                batch_size=tracer.facts.get("batch_size"),
+                sync_level=tracer.sync.level, sync_calls=tracer.sync.calls,
+                meta=meta if meta is not None else {}, dropped_ranges=self.dropped)
+
     def flushing_here(self) -> bool:
         """Whether this thread is in the middle of aggregating (signal handlers ask)."""
         return self.busy_thread == threading.get_ident()
