@@ -106,7 +106,8 @@ class Agent:
             gc_details = self.gc_ranges.details_since if self.gc_ranges is not None else None
             flusher = Flusher(recorder, lambda: processes.child_trace_template(cfg.trace),
                               int(cfg.record_limit), self._partial_metadata, gc_details,
-                              lambda: recorder.stats_now(self.tracer.clock()).to_dict())
+                              lambda: recorder.stats_now(self.tracer.clock()).to_dict(),
+                              start_dir=self.start_dir)
         notes = self.queue_probe.describe if self.queue_probe is not None else None
         return Monitor(self.tracer, cfg.stall, flusher, float(cfg.flush_interval), notes)
 

@@ -12,6 +12,7 @@ import json
 import os
 import queue
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -290,6 +291,71 @@ def test_sigkill_leaves_a_trace_that_report_summarizes(tmp_path):
 
     # The NVTX stream up to the kill: every pop had its push (open ranges at the kill allowed).
     ranges_by_thread(read_events(tmp_path / "nvtx.*.tsv"), "chainer", allow_open=True)
+
+
+#: KILLED, run from a directory it then leaves, after a thread that trained and ended.
+MOVING = """
+import os, threading
+os.makedirs("elsewhere", exist_ok=True)
+
+def warm_up():
+    import numpy as np, chainer, chainer.links as L
+    m = L.Classifier(L.Linear(4, 2))
+    o = chainer.optimizers.SGD()
+    o.setup(m)
+    for _ in range(3):
+        o.update(m, np.ones((2, 4), np.float32), np.zeros(2, np.int32))
+
+w = threading.Thread(target=warm_up, name="warm-up-thread")
+w.start()
+w.join()
+os.chdir("elsewhere")
+""" + KILLED
+
+
+def test_trace_so_far_lies_beside_the_trace_and_names_ended_threads(tmp_path):
+    """A relative trace path is the start directory's for the trace so far too, and a thread
+    that ended before a background write keeps its name there."""
+    proc, err = start(tmp_path, MOVING, {"CHAINER_PROF_TRACE": "run.json",
+                                         "CHAINER_PROF_FLUSH_INTERVAL": "0.3"})
+    try:
+        for _ in range(40):
+            assert proc.stdout.readline(), "\n".join(err.rest())
+        time.sleep(1.0)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (tmp_path / "elsewhere" / "run.json.partial").exists()
+    partial = tmp_path / "run.json.partial"
+    assert partial.exists(), sorted(p.name for p in tmp_path.rglob("*"))
+    merged = cli(tmp_path, "merge", str(partial), "-o", "job.json")
+    assert merged.returncode == 0, merged.stderr
+    events = json.loads((tmp_path / "job.json").read_text())["traceEvents"]
+    threads = {ev["tid"]: ev["args"]["name"] for ev in events
+               if ev.get("ph") == "M" and ev.get("name") == "thread_name"}
+    trained = {threads.get(ev["tid"]) for ev in events
+               if ev.get("ph") == "X" and ev.get("name") == "iteration"}
+    assert trained == {"warm-up-thread", "MainThread"}, trained
+
+
+def test_trace_so_far_never_replaces_what_is_not_a_regular_file(tmp_path):
+    """A FIFO where the trace so far would go is left alone (one line); the run and its
+    final trace are not held up."""
+    os.mkfifo(tmp_path / "run.json.partial")
+    script = write_script(tmp_path, "train.py", KILLED.replace("while True:",
+                                                               "while n < 40:"))
+    run = subprocess.run([sys.executable, "-m", "chainer_autoprof", "--summary", "0",
+                          "--trace", "run.json", "--flush-interval", "0.1", str(script)],
+                         env=clean_env(), cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "run.json.partial").st_mode)
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1 and "trace so far" in lines[0] and "a FIFO" in lines[0], lines
+    meta = json.loads((tmp_path / "run.json").read_text())["otherData"]["chainer_autoprof"]
+    assert meta["pid"] == int(meta["pid"])
 
 
 def test_bad_stall_setting_is_one_line(tmp_path):

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..common import log
-from ..common.paths import expand_path
+from ..common.paths import output_target, trace_file
 
 #: Bytes of metadata and states a file may gather before it is rewritten.
 STATE_BYTES = 8 << 20
@@ -41,9 +41,11 @@ class Flusher:
     def __init__(self, recorder: Any, template: Callable[[], str], limit: int,
                  meta: Callable[[], dict[str, Any]],
                  gc_details: Callable[[int], tuple[list, int]] | None = None,
-                 run_stats: Callable[[], dict[str, Any]] | None = None) -> None:
+                 run_stats: Callable[[], dict[str, Any]] | None = None,
+                 start_dir: str | None = None) -> None:
         self.recorder = recorder
         self.template = template      # the trace path template of this process
+        self.start_dir = start_dir    # where a relative trace path is taken from
         self.limit = limit
         self.meta = meta
         self.gc_details = gc_details
@@ -87,7 +89,9 @@ class Flusher:
         count = sum(len(r) for r in rows.values())
         if self.writer is None and not count:
             return None
-        path = os.path.abspath(partial.partial_path(expand_path(self.template())))
+        # beside the final trace; never replacing what is not a regular file
+        path = output_target(os.path.abspath(
+            partial.partial_path(trace_file(self.template(), self.start_dir))))
         if self.writer is None:
             self.writer = partial.PartialWriter(path)
         else:
@@ -157,7 +161,9 @@ class Flusher:
             chunks.append(partial.json_record(
                 b"NAME", [[i, *infos[i]] for i in range(self.names, ready)]))
             self.names = ready
-        threads = {ts.tid: ts.thread_name for ts in list(self.recorder.tracer.states.values())}
+        tracer = self.recorder.tracer
+        threads = dict(tracer.ended_names)  # threads that ended since the last write
+        threads.update({ts.tid: ts.thread_name for ts in list(tracer.states.values())})
         new = {tid: name for tid, name in threads.items() if self.threads.get(tid) != name}
         if new:
             chunks.append(partial.json_record(b"THRD", [[tid, n] for tid, n in new.items()]))
