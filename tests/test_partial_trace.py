@@ -8,12 +8,21 @@ none lost between a buffer copy and its aggregation, none written twice.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import os
 import threading
 import time
+from pathlib import Path
+
+import pytest
 
 from chainer_autoprof.analysis.stall import odd_one_out, position
 from chainer_autoprof.common.settings import Config
 from chainer_autoprof.lifecycle.flusher import Flusher
+from chainer_autoprof.report import partial as partial_format
+from chainer_autoprof.report.compare import main as report_main
 from chainer_autoprof.report.partial import read_partial
 from chainer_autoprof.runtime.device import NullBackend
 from chainer_autoprof.runtime.events import Tracer
@@ -138,3 +147,57 @@ def test_odd_one_out_rules():
     assert odd_one_out([position(_snap(0, 7, ("iteration", "iteration"), ("data", "data"))),
                         position(_snap(1, 7, ("iteration", "iteration"),
                                        ("forward", "forward")))]) is None
+
+
+def _report(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = report_main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _through_a_pipe(data: bytes) -> str:
+    """A path that reads ``data`` from a pipe (``report <(zcat run.json.partial.gz)``)."""
+    read, write = os.pipe()
+
+    def feed() -> None:
+        with os.fdopen(write, "wb") as f:
+            f.write(data)
+
+    threading.Thread(target=feed, daemon=True).start()
+    return f"/dev/fd/{read}"
+
+
+def test_report_reads_a_trace_or_a_trace_so_far_from_a_pipe(tmp_path):
+    """The first bytes say which kind of file it is: a pipe is read once, whichever it is."""
+    tracer, _recorder, flusher = _tracer(tmp_path, limit=100_000, chunk=64)
+    _work(tracer, 200)
+    partial = Path(flusher.flush(None, []))
+    final = json.dumps(read_partial(str(partial))).encode()
+    for data in (partial.read_bytes(), final):
+        path = _through_a_pipe(data)
+        try:
+            code, out, err = _report([path])
+        finally:
+            os.close(int(path.rsplit("/", 1)[1]))
+        assert code == 0, err
+        assert "200 counted" in out
+
+
+@pytest.mark.parametrize("record", [
+    partial_format.json_record(b"META", ["not", "an", "object"]),
+    partial_format.json_record(b"NAME", [[0, "iteration"]]),
+    partial_format.json_record(b"THRD", {"tid": 1}),
+    partial_format.json_record(b"STAT", "written"),
+    partial_format.json_record(b"META", {"pid": 1, "clock": "now"}),
+    partial_format.rows_records(1, [[0, 2000, 1000, 0]])[0],  # ends before it begins
+])
+def test_a_damaged_trace_so_far_is_one_line(tmp_path, record):
+    tracer, _recorder, flusher = _tracer(tmp_path, limit=100_000, chunk=64)
+    _work(tracer, 20)
+    path = Path(flusher.flush(None, []))
+    path.write_bytes(path.read_bytes() + record)
+    code, out, err = _report([str(path)])
+    assert (code, out) == (2, ""), err
+    assert len(err.splitlines()) == 1 and str(path) in err, err
+    assert "internal error" not in err and "Traceback" not in err
