@@ -124,13 +124,18 @@ class Recorder:
 
     # -- aggregation ----------------------------------------------------------
     def _flush_thread(self, ts: Any) -> None:
-        buf = ts.record
-        ts.record = []
-        if buf:
-            self._absorb(ts.tid, buf)
+        if ts.record:
+            self._absorb(ts.tid, None, ts)
 
-    def _absorb(self, tid: int, buf: list) -> None:
+    def _absorb(self, tid: int, buf: list | None, ts: Any = None) -> None:
+        """Aggregate ``buf``, or the buffer of ``ts`` taken under the lock: a thread that
+        waits for the lock keeps its rows where another's flush (the exit's) finds them."""
         with self._lock:
+            if ts is not None:
+                buf = ts.record
+                ts.record = []
+                if not buf:
+                    return
             self.busy_thread = threading.get_ident()
             t_start = thread_time_ns()  # this thread's CPU: not the waits for the GIL
             try:
