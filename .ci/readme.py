@@ -32,6 +32,8 @@ CATEGORY_RANGES = {
                       "(`train=False` or `no_backprop_mode`)"),
     names.COMM: "`comm:<op>`: a ChainerMN communication",
     names.USER: "your `annotate(name)` ranges",
+    names.GC: ("`gc gen <N>`: a garbage collection inside another range, on the thread "
+               "that ran it (`CHAINER_PROF_GC`)"),
     names.LINK: "`predictor/l1 (Linear)`: a Link call (`@gpuN` on a GPU)",
     names.LINK_BACKWARD: "`predictor/l1 (Linear) backward`: a link's part of the backward pass",
     names.FUNCTION: "`<label>.forward` / `<label>.backward`: a FunctionNode",

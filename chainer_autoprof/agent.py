@@ -27,13 +27,17 @@ from .common import log, names, rank, tracebacks
 from .common.settings import Config, SettingsError, from_environ
 from .lifecycle import exit as exit_hooks
 from .lifecycle import processes
+from .lifecycle.flusher import Flusher
+from .lifecycle.monitor import ClockSink, Monitor
 from .patches.base import Instrumentor
 from .patches.chainer import ChainerPatches
 from .patches.chainermn import ChainerMNPatches
+from .patches.input_queue import InputQueueProbe
 from .patches.status import missed_targets, status_report
 from .runtime import hotpath
 from .runtime.device import get_backend
 from .runtime.events import Tracer
+from .runtime.gc_ranges import KEEP_DETAILS, GcRanges
 from .runtime.policies import CaptureWindow, SyncPolicy
 from .sinks.nvtx import make_nvtx_sink
 from .sinks.recorder import Recorder
@@ -68,11 +72,18 @@ class Agent:
         self._add_sinks()
         self.patches = ChainerPatches(self.tracer, cfg.link_depth, replay=_replay(cfg, self.tracer))
         self.probes = _probes(cfg, self.tracer)
+        self.queue_probe = InputQueueProbe(self.tracer) if self.recorder is not None else None
         #: Every patch set, in the order they apply (a library's sets in this order).
         self.instrumentors: list[Instrumentor] = [self.patches]
         if self.probes is not None:
             self.instrumentors.append(self.probes)
+        if self.queue_probe is not None:
+            self.instrumentors.append(self.queue_probe)
         self.instrumentors.append(ChainerMNPatches(self.tracer, self.patches, self.on_rank))
+        # what each collection freed is kept for a trace only
+        self.gc_ranges = GcRanges(self.tracer, keep=KEEP_DETAILS if cfg.trace else 0) \
+            if cfg.gc else None
+        self.monitor = self._monitor()
         self.chainer: Any = None
         self.active = True
         self.closed = False
@@ -88,6 +99,27 @@ class Agent:
         if self.cfg.summary or self.cfg.trace:
             self.recorder = Recorder(self.cfg, self.tracer)
             self.tracer.add_sink(self.recorder)
+        elif self.cfg.stall is not None:  # stall reports say how long each range has been open
+            self.tracer.add_sink(ClockSink())
+
+    def _monitor(self) -> Monitor:
+        """The watchdog, the background writes of the trace so far and the dump server."""
+        cfg, recorder = self.cfg, self.recorder
+        flusher = None
+        if recorder is not None and recorder.keep and cfg.flush_interval > 0:
+            gc_details = self.gc_ranges.details_since if self.gc_ranges is not None else None
+            flusher = Flusher(recorder, lambda: processes.child_trace_template(cfg.trace),
+                              int(cfg.record_limit), self._partial_metadata, gc_details,
+                              lambda: recorder.stats_now(self.tracer.clock()).to_dict(),
+                              start_dir=self.start_dir)
+        notes = self.queue_probe.describe if self.queue_probe is not None else None
+        return Monitor(self.tracer, cfg.stall, flusher, float(cfg.flush_interval), notes)
+
+    def _partial_metadata(self) -> dict[str, Any]:
+        # the run's metadata lives with the end of the run: loaded at the first background write
+        from .lifecycle.finish import partial_metadata
+
+        return partial_metadata(self.cfg, self.tracer, self.recorder)
 
     @property
     def implementation(self) -> str:
@@ -112,6 +144,9 @@ class Agent:
             tracebacks.install_excepthook()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork_in_child)
+        if self.gc_ranges is not None:
+            self.gc_ranges.install()
+        self.monitor.start()
         log.debug(f"active: {self.cfg!r}; NVTX tool attached: {self.nvtx is not None}; "
                   f"hot path: {self.hotpath.describe()}")
         if not _chainer_installed():
@@ -177,12 +212,14 @@ class Agent:
         try:
             self.tracer.reset_after_fork()
             processes.after_fork()
+            self.monitor.after_fork()
             if _agent is not self:
                 return  # an agent uninstalled before the fork
             if not self.cfg.children:
                 self.switch_off()
             else:
                 processes.close_at_worker_exit(self, self.at_exit)
+                self.monitor.start()
         except Exception as exc:
             log.error(f"could not reset after fork: {exc}")
 
@@ -211,19 +248,29 @@ class Agent:
             restore_interrupt()  # Ctrl-C: still killed by SIGINT, as without the agent
 
     def _finish(self) -> None:
+        self._stop_watching()
         try:
             self.tracer.close()
         except Exception as exc:
             log.error(f"could not finish cleanly: {type(exc).__name__}: {exc}")
         if self.recorder is not None:
+            final_written = False
             try:
                 # the reporting modules load at exit only: start-up stays light
                 from .lifecycle.finish import report_run
 
-                report_run(self.recorder, self.tracer, self.cfg,
-                           hits=sum(p.hits for p in self.all_patches()), start_dir=self.start_dir)
+                stalls = self.monitor.stall_records()
+                stats = report_run(self.recorder, self.tracer, self.cfg,
+                                   hits=sum(p.hits for p in self.all_patches()),
+                                   start_dir=self.start_dir,
+                                   extra_meta={"stalls": stalls} if stalls else None,
+                                   event_args=self.gc_ranges.args_by_range()
+                                   if self.gc_ranges is not None and self.cfg.trace else None)
+                final_written = stats is None or not self.cfg.trace or \
+                    bool(stats.meta.get("trace_path"))
             except Exception as exc:
                 log.error(f"no summary or trace ({type(exc).__name__}: {exc})")
+            self.monitor.finish(final_written)
         try:
             patches = self.all_patches()
             if log.enabled("debug"):
@@ -244,8 +291,18 @@ class Agent:
         except Exception as exc:
             log.error(f"could not wait for other threads: {type(exc).__name__}: {exc}")
 
+    def _stop_watching(self) -> None:
+        """The watchdog, the background writes, the dump server and the gc ranges stop."""
+        if self.gc_ranges is not None:
+            self.gc_ranges.remove()
+        try:
+            self.monitor.stop()
+        except Exception as exc:
+            log.error(f"could not stop the monitor: {type(exc).__name__}: {exc}")
+
     def uninstall(self) -> None:
         self.active = False
+        self._stop_watching()
         for inst in reversed(self.instrumentors):
             if inst.module is not None:
                 inst.remove()

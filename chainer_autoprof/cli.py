@@ -6,8 +6,8 @@ runs a module), and everything after it belongs to the script.  Each setting
 of :data:`chainer_autoprof.settings.SETTINGS` has a flag; flags are validated
 together with the ``CHAINER_PROF_*`` environment before the script starts,
 then exported as ``CHAINER_PROF_*`` variables so that child processes profile
-with the same settings.  ``report`` and ``merge`` as the first argument are
-subcommands.
+with the same settings.  ``report``, ``merge`` and ``dump`` as the first
+argument are subcommands.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ SUBCOMMANDS = {
     "report": ("chainer_autoprof.report.compare", "print the summary of a recorded trace file"),
     "merge": ("chainer_autoprof.report.merge",
               "merge the trace files of several processes or ranks"),
+    "dump": ("chainer_autoprof.report.dump",
+             "make running processes report where they are now (also while blocked)"),
 }
 
 _FLAGS: dict[str, Setting] = {s.flag: s for s in SETTINGS}

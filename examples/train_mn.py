@@ -9,10 +9,18 @@ communicator needs only MPI and mpi4py (no GPU, no NCCL)::
     python -m chainer_autoprof merge rank*.json -o job.json
 
 ``--slow-rank R --slow-ms T`` makes rank R spend T more milliseconds in each
-forward pass, a deliberate straggler.
+forward pass, a deliberate straggler.  ``--hang-rank R --hang-at N`` makes
+rank R stop in the forward pass of its iteration N (until the file
+``--hang-until`` exists, else for good) while the other ranks wait for it in
+the gradient all-reduce: a hung job, for the stall report::
+
+    mpiexec -n 2 python -m chainer_autoprof --stall 10 examples/train_mn.py --hang-rank 1
+    chainer-autoprof dump          # from another shell: where each rank is, the odd one out
 """
 
 import argparse
+import os
+import threading
 import time
 
 import chainer
@@ -24,20 +32,32 @@ from chainer import training
 
 
 class MLP(chainer.Chain):
-    def __init__(self, n_units, n_out, delay=0.0):
+    def __init__(self, n_units, n_out, delay=0.0, hang_at=-1, hang_until=None):
         super().__init__()
         self.delay = delay
+        self.hang_at, self.hang_until, self.calls = hang_at, hang_until, 0
         with self.init_scope():
             self.l1 = L.Linear(None, n_units)
             self.l2 = L.Linear(None, n_units)
             self.l3 = L.Linear(None, n_out)
 
     def forward(self, x):
+        if self.calls == self.hang_at:
+            hang(self.hang_until)
+        self.calls += 1
         if self.delay:
             time.sleep(self.delay)
         h1 = F.relu(self.l1(x))
         h2 = F.relu(self.l2(h1))
         return self.l3(h2)
+
+
+def hang(until):
+    """Block (inside C, in a lock) until the file ``until`` exists, or for good."""
+    stop = threading.Event()
+    while not stop.wait(0.2 if until else None):
+        if os.path.exists(until):
+            return
 
 
 def synthetic(n, n_in, seed):
@@ -60,12 +80,16 @@ def main():
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-ms", type=float, default=0.0)
+    parser.add_argument("--hang-rank", type=int, default=-1)
+    parser.add_argument("--hang-at", type=int, default=5, help="iteration at which it hangs")
+    parser.add_argument("--hang-until", default=None, help="file that ends the hang")
     parser.add_argument("--out", "-o", default="result")
     args = parser.parse_args()
 
     comm = chainermn.create_communicator(args.communicator)
     delay = args.slow_ms / 1000.0 if comm.rank == args.slow_rank else 0.0
-    model = L.Classifier(MLP(args.unit, 10, delay))
+    hang_at = args.hang_at if comm.rank == args.hang_rank else -1
+    model = L.Classifier(MLP(args.unit, 10, delay, hang_at, args.hang_until))
     optimizer = chainermn.create_multi_node_optimizer(chainer.optimizers.Adam(), comm)
     optimizer.setup(model)
 

@@ -182,8 +182,16 @@ def read_events(path_or_glob: os.PathLike | str) -> list[NvtxEvent]:
 # --------------------------------------------------------------------------
 
 
+#: Garbage collections become ranges wherever one happens to run (``gc gen N``).
+GC_PREFIX = "gc gen "
+
+
 def ranges_by_thread(
-    events: list[NvtxEvent], domain: str | None = None, *, allow_open: bool = False
+    events: list[NvtxEvent],
+    domain: str | None = None,
+    *,
+    allow_open: bool = False,
+    keep_gc: bool = False,
 ) -> dict[tuple[int, int], list[tuple[int, str, int | None]]]:
     """Rebuild push/pop nesting: ``{(pid, tid): [(depth, text, color), ...]}``.
 
@@ -191,7 +199,10 @@ def ranges_by_thread(
     each domain has its own stack per thread; pass ``domain`` ("" for the
     default domain) to look at one domain only.  Raises AssertionError for a
     pop without a matching push, and for ranges left open unless
-    ``allow_open`` (open ranges are then left out).
+    ``allow_open`` (open ranges are then left out).  Garbage collection ranges
+    (``gc gen N``), which appear wherever the collector happens to run, are
+    checked for balance like every range but left out of the result (and of
+    the depth of what nests in them) unless ``keep_gc``.
     """
     result: dict[tuple[int, int], list] = defaultdict(list)
     stacks: dict[tuple[int, int, str], list[int]] = defaultdict(list)
@@ -203,8 +214,10 @@ def ranges_by_thread(
         thread = (ev.pid, ev.tid)
         stack = stacks[(ev.pid, ev.tid, ev.domain)]
         if ev.event == "push":
+            hidden = not keep_gc and ev.text.startswith(GC_PREFIX)
+            depth = sum(1 for i in stack if not result[thread][i][4])
             stack.append(len(result[thread]))
-            result[thread].append([len(stack) - 1, ev.text, ev.color, False])
+            result[thread].append([depth, ev.text, ev.color, False, hidden])
         else:
             assert stack, f"pop without push in domain {ev.domain!r} on thread {thread}"
             result[thread][stack.pop()][3] = True
@@ -218,7 +231,9 @@ def ranges_by_thread(
     )
     return {
         thread: [
-            (depth, text, color) for depth, text, color, closed in ranges if closed
+            (depth, text, color)
+            for depth, text, color, closed, hidden in ranges
+            if closed and not hidden
         ]
         for thread, ranges in result.items()
     }

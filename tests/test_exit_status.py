@@ -70,6 +70,10 @@ MODES = {
     "plain": ([], {}),
     "launcher": (["-m", "chainer_autoprof"], {}),
     "env": ([], {"CHAINER_PROF_ENABLE": "1"}),
+    # the watchdog, the background writes of the trace so far and the dump server running
+    "watching": (["-m", "chainer_autoprof"], {"CHAINER_PROF_STALL": "30",
+                                              "CHAINER_PROF_TRACE": "run.json",
+                                              "CHAINER_PROF_FLUSH_INTERVAL": "0.05"}),
 }
 
 
@@ -93,7 +97,7 @@ def _run(tmp_path: Path, script: str, mode: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
-@pytest.mark.parametrize("mode", ["launcher", "env"])
+@pytest.mark.parametrize("mode", ["launcher", "env", "watching"])
 def test_ctrl_c_exit_status_is_the_plain_one(tmp_path: Path, script: str, mode: str):
     plain = _run(tmp_path, script, "plain")
     assert plain.returncode == -signal.SIGINT, plain.stderr  # python dies by SIGINT: 130
@@ -103,6 +107,9 @@ def test_ctrl_c_exit_status_is_the_plain_one(tmp_path: Path, script: str, mode: 
     assert got.stdout == plain.stdout
     assert "KeyboardInterrupt" in got.stderr
     assert "chainer_autoprof summary" in got.stderr  # the summary was printed, then SIGINT
+    if mode == "watching":  # the final trace written, the trace so far gone
+        assert (tmp_path / "run.json").exists()
+        assert not (tmp_path / "run.json.partial").exists()
 
 
 INTERRUPTED_SUMMARY = TRAIN + r'''

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -245,3 +248,80 @@ def test_percent_r_is_the_communicators_rank_when_no_launcher_says(tmp_path):
             "chainer_autoprof"]
         assert meta["rank"] == number
         assert meta["process"]["rank_source"] == "communicator"
+
+
+@needs_mpi
+def test_hung_rank_is_named_the_odd_one_out(tmp_path):
+    """Rank 1 stops in its forward pass; rank 0 waits in the gradient all-reduce.
+
+    Both ranks' watchdogs report the stall; ``dump`` (while both main threads
+    are blocked, rank 0 inside MPI) and ``merge`` of the traces so far name
+    rank 1; released, the job ends normally with balanced NVTX streams.
+    """
+    release = tmp_path / "release"
+    run_env = clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                        OMPI_MCA_btl_base_warn_component_unused="0",
+                        CHAINER_AUTOPROF_TEST_DEVICE="counting",
+                        CHAINER_AUTOPROF_TEST_DEVICE_LOG=str(tmp_path / "device.%p.log"))
+    run_env.update(nvtx_env(tmp_path / "nvtx.%p.tsv"))
+    cmd = [*(_mpiexec() or ()), "-n", "2", sys.executable, "-m", "chainer_autoprof",
+           "--summary", "0", "--stall", "2", "--trace", "rank%r.json",
+           str(EXAMPLES / "train_mn.py"), "-i", str(ITERATIONS), "-o", str(tmp_path / "result"),
+           "--hang-rank", "1", "--hang-at", "5", "--hang-until", str(release)]
+    proc = subprocess.Popen(cmd, env=run_env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        reports: dict[int, int] = {}  # rank -> pid, from the stall reports on stderr
+        deadline = time.monotonic() + 120
+        lines = []
+        while len(reports) < 2 and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "chainer_autoprof: stall:" in line:
+                assert "in iteration 5" in line
+                pid = int(line.split(" pid ")[1].split()[0])
+                reports[int(line.split(", rank ")[1].split()[0])] = pid
+        assert sorted(reports) == [0, 1], "".join(lines)
+        for rank in (0, 1):
+            assert (tmp_path / f"rank{rank}.json.partial").exists()
+
+        dump = subprocess.run([sys.executable, "-m", "chainer_autoprof", "dump", "--no-print",
+                               str(reports[0]), str(reports[1])], env=clean_env(),
+                              capture_output=True, text=True, timeout=120)
+        assert dump.returncode == 0, dump.stderr
+        odd = [line for line in dump.stdout.splitlines() if line.startswith("odd one out:")]
+        assert odd == [odd[0]] and odd[0].startswith("odd one out: rank 1 is in forward "
+                                                     "(iteration 5, open ")
+        assert odd[0].endswith("rank 0 waits in comm:multi_node_mean_grad")
+
+        merged = merge(tmp_path, "rank0.json.partial", "rank1.json.partial", "-o", "hung.json")
+        assert merged.returncode == 0, merged.stderr
+        assert "where each rank was" in merged.stdout
+        assert odd[0].split(" (iteration")[0] in merged.stdout
+        summary = json.loads((tmp_path / "hung.json").read_text())["otherData"][
+            "chainer_autoprof"]["summary"]
+        assert summary["where"]["odd_one_out"] == [1]
+
+        release.write_text("go")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert f"ranks: 2  iterations: {ITERATIONS}" in out
+    # a normal end: final traces, no partial ones; the stalls kept in the metadata
+    assert not list(tmp_path.glob("*.partial"))
+    for rank in (0, 1):
+        meta = json.loads((tmp_path / f"rank{rank}.json").read_text())["otherData"][
+            "chainer_autoprof"]
+        assert [s["iteration"] for s in meta["stalls"]] == [5]
+    final = merge(tmp_path, "rank0.json", "rank1.json", "-o", "job.json")
+    assert final.returncode == 0, final.stderr
+    assert odd[0].split(" (iteration")[0] in final.stdout
+    events = read_events(tmp_path / "nvtx.*.tsv")
+    pushed = sum(text == "iteration" for rows in ranges_by_thread(events, "chainer").values()
+                 for _d, text, _c in rows)
+    assert pushed == 2 * ITERATIONS

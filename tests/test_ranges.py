@@ -32,6 +32,8 @@ def expected_colour(text: str, user: tuple[str, ...] = ()) -> int:
         return PHASE_COLOURS[text]
     if text.startswith("extension:"):
         return names.CATEGORIES[names.EXTENSION][1]
+    if names.gc_generation(text) is not None:
+        return names.CATEGORIES[names.GC][1]
     if text.endswith(" backward"):
         return names.CATEGORIES[names.LINK_BACKWARD][1]
     if text.endswith((".forward", ".backward")):

@@ -108,7 +108,10 @@ META_FIELDS = ["pid", "rank", "host", "command", "settings", "settings.iteration
                "process.mpi_rank", "process.child", "process.clock_reference",
                "run_stats", "run_stats.iterations", "run_stats.iteration_ms",
                "run_stats.phase_ms", "run_stats.outside_ms", "run_stats.links",
-               "run_stats.wall_ms", "run_stats.sample_stride", "run_stats.has_phases"]
+               "run_stats.wall_ms", "run_stats.sample_stride", "run_stats.has_phases",
+               "run_stats.gc_ms", "run_stats.gc_total_ms", "run_stats.slowest", "facts.gc",
+               "facts.gc.collections", "facts.input_queue", "stalls", "partial",
+               "partial.where", "partial.stalls", "partial.unix_ns"]
 
 
 def _set(target: dict, dotted: str, value, delete: bool) -> None:
@@ -261,7 +264,22 @@ VARIANTS = {
     "deeply nested": lambda d: d["traceEvents"].append("@deep"),
     "pid a string": lambda d: d["otherData"]["chainer_autoprof"].update(pid="abc"),
     "rank a word": lambda d: d["otherData"]["chainer_autoprof"].update(rank="zero"),
+    "slow iterations damaged": lambda d: d["otherData"]["chainer_autoprof"].update(
+        dropped_ranges=5, run_stats=dict(_saved_stats(d), slowest=[{"iteration": 3,
+                                                                    "ms": "slow"}])),
+    "gc facts damaged": lambda d: d["otherData"]["chainer_autoprof"].setdefault(
+        "facts", {}).update(gc={"collections": "many"}),
+    "stall report damaged": lambda d: d["otherData"]["chainer_autoprof"].update(
+        stalls=[{"rank": 0, "threads": "MainThread"}]),
+    "partial state damaged": lambda d: d["otherData"]["chainer_autoprof"].update(
+        partial={"where": {"threads": [{"open": [{"name": "data", "open_s": "long"}]}]}}),
 }
+
+
+def _saved_stats(data: dict) -> dict:
+    """The statistics a trace with dropped ranges saves (from the real trace that has them)."""
+    return json.loads(json.dumps(_TRACES["dropped"]["otherData"]["chainer_autoprof"][
+        "run_stats"]))
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -274,7 +292,8 @@ def test_issue_variants_on_the_command_line(traces, tmp_path, variant):
     (tmp_path / "bad.json").write_text(text)
     (tmp_path / "b.json").write_text(json.dumps(traces["b"]))
     commands = [["report", "bad.json"], ["report", "bad.json", "--html", "r.html"]]
-    if variant != "bad run_stats":  # merge reads the events, not the saved statistics
+    if variant not in ("bad run_stats", "slow iterations damaged", "gc facts damaged"):
+        # merge reads the events and where the ranks were, not the saved statistics
         commands.append(["merge", "bad.json", "b.json", "-o", "m.json"])
     for args in commands:
         run = subprocess.run([sys.executable, "-m", "chainer_autoprof", *args], cwd=tmp_path,

@@ -17,6 +17,7 @@ import pytest
 from support import EXAMPLES, run_with_agent
 
 from chainer_autoprof.analysis.aggregate import Aggregator, Series
+from chainer_autoprof.analysis.outliers import slow_iterations
 from chainer_autoprof.analysis.stats import PHASE_KEYS
 from chainer_autoprof.common import names
 from chainer_autoprof.common.settings import Config
@@ -213,6 +214,34 @@ def aggregate(threads: dict[int, list[tuple]], warmup: int, end_ns: int,
                 agg.feed(tid, np.array(rows[start:stop], dtype=np.int64))
                 positions[tid] = stop
     return agg.result(end_ns, main_tid=min(threads))
+
+
+def _iterations_with_gc(durations_ms: list[int], gc_ms: list[int]) -> np.ndarray:
+    """Rows (in end order) of back-to-back iterations, each with a collection of ``gc_ms``."""
+    rows, t = [], 0
+    for duration, collection in zip(durations_ms, gc_ms):
+        if collection:
+            rows.append((1, t + 1000, t + 1000 + collection * 1_000_000, 1))
+        rows.append((0, t, t + duration * 1_000_000, 0))
+        t += duration * 1_000_000 + 1000
+    return np.array(rows, dtype=np.int64)
+
+
+def test_slow_iterations_and_gc_time_are_the_loop_threads():
+    """Threads training at once: the slowest iterations and the collection time are the
+    loop thread's, as every other figure of the summary (they add up to its wall time)."""
+    agg = Aggregator(0, 0)
+    agg.add_name(0, "iteration", names.ITERATION)
+    agg.add_name(1, names.gc_text(2), names.GC)
+    agg.feed(1, _iterations_with_gc([10] * 19 + [50], [0] * 19 + [40]))
+    agg.feed(2, _iterations_with_gc([10, 10, 500], [0, 0, 400]))  # another thread's
+    stats = agg.result(10 ** 10, main_tid=1)
+    assert stats.iterations == 20 and stats.other_thread_iterations == 3
+    assert stats.gc_total_ms == pytest.approx(40)
+    assert stats.gc_ms == pytest.approx([0] * 19 + [40])
+    assert max(item["ms"] for item in stats.slowest) == pytest.approx(50)
+    assert [(item.iteration, item.cause, item.generation) for item in slow_iterations(stats)] \
+        == [(19, "gc", 2)]
 
 
 @pytest.mark.parametrize("seed", range(12))

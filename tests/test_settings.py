@@ -58,6 +58,9 @@ BAD_VALUES = {
     "CHAINER_PROF_NATIVE": ("c", "1/0"),
     "CHAINER_PROF_CHILDREN": ("all", "1/0"),
     "CHAINER_PROF_RANKS": ("0,x", "'all' or a comma-separated list of ranks"),
+    "CHAINER_PROF_STALL": ("soon", "seconds (a number > 0), auto, or 0/off"),
+    "CHAINER_PROF_FLUSH_INTERVAL": ("-1", "a number of seconds >= 0"),
+    "CHAINER_PROF_GC": ("sometimes", "1/0, true/false, yes/no or on/off"),
 }
 
 

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from nvtx_tool import build_injection_library, nvtx_env, ranges_by_thread, read_events
 from support import clean_env, write_script
 from test_threads import _check_nesting, _trace_threads
@@ -65,11 +66,11 @@ else:
 '''
 
 
-def _run(tmp: Path, mode: str) -> tuple[subprocess.CompletedProcess, list]:
+def _run(tmp: Path, mode: str, **settings: str) -> tuple[subprocess.CompletedProcess, list]:
     script = write_script(tmp, "threads.py", TRAINING)
     build_injection_library()
     env = clean_env(CHAINER_PROF_GRANULARITY="link", CHAINER_PROF_TRACE="t.json",
-                    **nvtx_env(tmp / "nvtx.%p.tsv"))
+                    **nvtx_env(tmp / "nvtx.%p.tsv"), **settings)
     proc = subprocess.Popen([sys.executable, "-m", "chainer_autoprof", str(script), mode],
                             env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -121,3 +122,16 @@ def test_worker_threads_training_at_sigterm(tmp_path: Path):
     ranges_by_thread(events, "chainer")  # balanced on every thread
     _check_summary(run.stderr)
     _check_trace(tmp_path / "t.json")
+
+
+@pytest.mark.parametrize("mode", ["daemon", "term"])
+def test_threads_training_at_exit_while_the_agent_watches(tmp_path: Path, mode: str):
+    """The watchdog, the background writes and the dump server stop before the threads'
+    ranges end: NVTX balanced, the summary sane, the final trace replaces the trace so far."""
+    run, events = _run(tmp_path, mode, CHAINER_PROF_STALL="30",
+                       CHAINER_PROF_FLUSH_INTERVAL="0.05")
+    assert run.returncode == (0 if mode == "daemon" else -signal.SIGTERM), run.stderr
+    ranges_by_thread(events, "chainer")
+    _check_summary(run.stderr)
+    _check_trace(tmp_path / "t.json")
+    assert not (tmp_path / "t.json.partial").exists()

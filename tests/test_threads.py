@@ -62,13 +62,17 @@ print("ok")
 
 
 def _trace_threads(path):
-    """{thread name: [(name, t0, t1, depth), ...]} of a recorder trace, in begin order."""
+    """{thread name: [(name, t0, t1, depth), ...]} of a recorder trace, in begin order.
+
+    Garbage collections (category ``gc``) run wherever the collector happens
+    to start: left out.
+    """
     data = json.loads(path.read_text())
     names = {ev["tid"]: ev["args"]["name"] for ev in data["traceEvents"]
              if ev["ph"] == "M" and ev["name"] == "thread_name"}
     out: dict[str, list] = {}
     for ev in data["traceEvents"]:
-        if ev["ph"] == "X":
+        if ev["ph"] == "X" and ev["cat"] != "gc":
             out.setdefault(names[ev["tid"]], []).append(
                 (ev["name"], float(ev["ts"]), float(ev["ts"]) + float(ev["dur"]),
                  ev["args"]["depth"]))

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import verdict as vd
+from .outliers import OUTLIER_FACTOR, slow_iterations, stutter
 
 PERFORMANCE_DOC = "https://docs.chainer.org/en/stable/performance.html"
+GC_DOC = "https://docs.python.org/3/library/gc.html#gc.freeze"
 CONFIG_DOC = "https://docs.chainer.org/en/stable/reference/configuration.html"
 
 #: Link class names whose work cuDNN accelerates (besides convolutions).
@@ -238,10 +240,67 @@ def check_warmup(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | N
         f"{PERFORMANCE_DOC}#auto-tuner")
 
 
+def check_gc(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+    """Garbage collection takes a share of the iterations, or makes some of them slow."""
+    gc = facts.get("gc")
+    if not isinstance(gc, dict) or not stats.iteration_total_ms:
+        return None
+    st = stutter(stats)
+    share = stats.gc_total_ms / stats.iteration_total_ms
+    caused = [s for s in slow_iterations(stats) if s.cause == "gc"]
+    if share < vd.ADVICE_MIN_SHARE and not (caused and st.share >= vd.ADVICE_MIN_SHARE):
+        return None
+    caused_ms = sum(s.cause_ms for s in caused)
+    if max(stats.gc_total_ms, caused_ms) < vd.GC_MIN_MS:
+        return None
+    counts = list(gc.get("collections") or [0, 0, 0])
+    seen = (f"{sum(counts):,} collections in the run (gen 0: {counts[0]}, gen 1: {counts[1]}, "
+            f"gen 2: {counts[2]}); inside counted iterations they took "
+            f"{stats.gc_total_ms:.1f} ms ({100 * share:.1f}% of the iteration time)")
+    if caused:
+        worst = caused[0]
+        seen += (f"; iteration {worst.iteration} took {worst.ms:.1f} ms ({worst.factor:.1f}x "
+                 f"the median), {worst.cause_ms:.1f} ms of it in gc gen {worst.generation}")
+    cost = f"{stats.gc_total_ms:.1f} ms of the counted iterations"
+    if st.count:
+        cost += (f"; iterations above {st.median_ms * OUTLIER_FACTOR:.3g} ms "
+                 f"({OUTLIER_FACTOR:g}x the median) hold {100 * st.share:.1f}% of the iteration "
+                 "time above the median")
+    return Finding(
+        "gc", "garbage collection slows training iterations", seen, cost,
+        "call gc.freeze() once the model, the optimizer and the data set are built (just "
+        "before trainer.run()): what exists then is never traversed by a collection again; "
+        "if collections still hurt, raise the thresholds (gc.set_threshold(50_000, 50, 100)) "
+        "or turn automatic collection off in the loop (gc.disable()) and call gc.collect() "
+        "between epochs; reference cycles made each iteration (a graph kept in a list, "
+        "a Variable stored on the model) are what fills the generations",
+        GC_DOC)
+
+
+def check_slow_extension(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+    """Slow iterations explained by an extension or an evaluation run inside them."""
+    found = [s for s in slow_iterations(stats)
+             if s.cause == "range" and (s.name.startswith("extension:") or
+                                        s.name == "inference")]
+    if not found:
+        return None
+    worst = found[0]
+    return Finding(
+        "slow_extension", f"{worst.name} makes some iterations slow",
+        f"iteration {worst.iteration} took {worst.ms:.1f} ms ({worst.factor:.1f}x the median), "
+        f"{worst.cause_ms:.1f} ms of it in {worst.name} ({len(found)} of the slowest "
+        "iterations alike)",
+        f"about {worst.cause_ms:.1f} ms each time it runs",
+        "run it less often (a larger trigger interval, e.g. trigger=(1, 'epoch')) or outside "
+        "the training iteration, or make it cheaper (evaluate on a subset)",
+        f"{PERFORMANCE_DOC}")
+
+
 #: Every check, in the order findings are printed.
 CHECKS: tuple[Callable[[Any, Any, dict[str, Any]], Finding | None], ...] = (
     check_serial_iterator, check_type_check, check_eval_backprop, check_transfers,
-    check_cudnn, check_autotune, check_float64_gpu, check_blas, check_warmup,
+    check_cudnn, check_autotune, check_float64_gpu, check_blas, check_warmup, check_gc,
+    check_slow_extension,
 )
 
 

@@ -15,6 +15,9 @@ Aggregation, per thread, as each range ends (children end before parents):
   ``warm-up``).  The figures are the loop thread's (below): threads that
   train at the same time would otherwise add up to more than the wall time;
   the other threads' iterations are only counted.
+* ``gc`` ranges: their time inside each counted iteration (a per-iteration
+  column beside the phases); the few slowest counted iterations are kept
+  with what ran inside them (:mod:`.outliers`).
 * ``link`` ranges: calls, inclusive time and self time (inclusive minus the
   child link ranges) per link path; ``link_backward`` ranges: backward calls
   and time, attributed to the link whose forward created each function.
@@ -39,9 +42,11 @@ from typing import Any
 import numpy as np
 
 from ..common import names
+from .outliers import SlowestIterations
 from .stats import (
     AFTER_WINDOW,
     BEFORE_WINDOW,
+    DEPTH_BITS,
     DEPTH_MASK,
     IDLE,
     MAX_KEPT_ITERATIONS,
@@ -54,8 +59,10 @@ from .stats import (
 )
 
 # Kinds of a range name, for aggregation.
-_K_SKIP, _K_ITER, _K_LINK, _K_LINK_BWD, _K_QUIET, _K_OTHER = 0, 1, 2, 3, 4, 5
+_K_SKIP, _K_ITER, _K_LINK, _K_LINK_BWD, _K_QUIET, _K_OTHER, _K_GC = 0, 1, 2, 3, 4, 5, 6
 _K_PHASE0 = 10  # + index in PHASE_KEYS
+#: Rows of an iteration still open at the end of a block kept for the slow-iteration details.
+_TAIL_ROWS = 2048
 
 
 class Series:
@@ -103,9 +110,10 @@ class _ThreadAgg:
     """Aggregation state of one thread carried from one block of ranges to the next,
     and the thread's figures (the result is the loop thread's)."""
 
-    __slots__ = ("child_ns", "counted", "gap_pending", "iter_total", "iterations",
-                 "last_top_end", "link_totals", "links", "nested_counted", "nested_warm",
-                 "outside", "phase_ns", "phase_total", "seen_iter", "series")
+    __slots__ = ("child_ns", "counted", "gap_pending", "gc_pending", "gc_total", "iter_total",
+                 "iterations", "last_top_end", "link_totals", "links", "nested_counted",
+                 "nested_warm", "outside", "phase_ns", "phase_total", "seen_iter", "series",
+                 "slowest", "tail")
 
     def __init__(self, start_ns: int) -> None:
         self.counted = 0
@@ -113,6 +121,8 @@ class _ThreadAgg:
         self.phase_total = [0, 0, 0, 0, 0]
         self.link_totals: Any = None     # int64 array (link keys, 5)
         self.series: Series | None = None  # made at the first counted iteration
+        self.gc_total = 0                # collection time inside counted iterations
+        self.slowest: SlowestIterations | None = None  # made at the first slow candidate
         self.phase_ns = [0, 0, 0, 0]     # phases of the iteration still open
         self.child_ns: dict[int, int] = {}  # depth -> child link time of the open range there
         self.links: Any = None           # link figures not yet assigned to an iteration
@@ -123,6 +133,8 @@ class _ThreadAgg:
         self.nested_warm = 0
         self.outside: dict[str, int] = {}
         self.iterations = 0
+        self.gc_pending: Any = None      # (t0, duration) of gc ranges not yet in an iteration
+        self.tail: Any = None            # rows of the open iteration (not links or functions)
 
 
 class Aggregator:
@@ -148,6 +160,7 @@ class Aggregator:
         self.kinds: list[int] = []
         self.keys: list[str] = []          # outside key per name index
         self.link_ids: list[int] = []      # link key id per name index (-1: not a link)
+        self.gens: list[int] = []          # collected generation per gc name index
         self.link_keys: list[str] = []
         self._link_key_index: dict[str, int] = {}
         self._np_tables: Any = None
@@ -165,8 +178,11 @@ class Aggregator:
             self.kinds.append(_K_SKIP)
             self.keys.append("")
             self.link_ids.append(-1)
+            self.gens.append(0)
         self.names[index] = name
         kind, key = _kind_of(name, category)
+        if kind == _K_GC:
+            self.gens[index] = names.gc_generation(name) or 0
         self.kinds[index], self.keys[index] = kind, key
         if kind in (_K_LINK, _K_LINK_BWD):
             lid = self._link_key_index.get(key)
@@ -218,19 +234,25 @@ class Aggregator:
 
         self._links(th, a, kind, depth, dur, is_iter, it_pos, it_counted, link_ids_t)
         phases = self._phases(th, kind, dur, it_pos)
+        gc_ns = self._gc(th, kind, t0, dur, it_pos)
         if n_it:
             it_dur = dur[it_pos]
             other = it_dur - phases.sum(axis=1)
-            table = np.column_stack([it_dur, phases, other])[it_counted]
+            full = np.column_stack([it_dur, phases, other, gc_ns])
+            table = full[it_counted]
             if len(table):
                 th.counted += len(table)
                 th.iter_total += int(table[:, 0].sum())
                 sums = table[:, 1:].sum(axis=0).tolist()
                 for i in range(5):
                     th.phase_total[i] += int(sums[i])
+                th.gc_total += int(sums[5])
                 if th.series is None:
-                    th.series = Series(self.max_kept, 1 + len(PHASE_KEYS))
+                    # per counted iteration: its time, its phases (and the rest), its gc time
+                    th.series = Series(self.max_kept, 2 + len(PHASE_KEYS))
                 th.series.extend(table / 1e6)
+                self._slowest(th, a, kind, it_pos, it_counted, full, seq)
+        self._keep_tail(th, a, kind, it_pos)
         self._top_level(th, kind, index, t0, t1, depth, dur, is_iter, it_pos, it_counted)
 
     def _phases(self, th: _ThreadAgg, kind: Any, dur: Any, it_pos: Any) -> Any:
@@ -256,6 +278,96 @@ class Aggregator:
             carried = [c + int(x) for c, x in zip(carried, left.tolist())]
         th.phase_ns = carried
         return sums
+
+    def _gc(self, th: _ThreadAgg, kind: Any, t0: Any, dur: Any, it_pos: Any) -> Any:
+        """Collection time inside each iteration of the block; later ones are carried."""
+        n_it = len(it_pos)
+        sums = np.zeros(n_it, dtype=np.int64)
+        g = np.flatnonzero(kind == _K_GC)
+        pending = th.gc_pending
+        if n_it and pending is not None:
+            inside = pending[:, 0] >= t0[it_pos[0]]
+            sums[0] += int(pending[inside, 1].sum())
+            pending = None
+        if len(g):
+            owner = np.searchsorted(it_pos, g)
+            within = owner < n_it
+            rows, own = g[within], owner[within]
+            ok = t0[rows] >= t0[it_pos[own]]  # not a collection between iterations
+            sums += _bincount(own[ok], dur[rows[ok]], n_it)
+            left = g[~within]
+            if len(left):
+                later = np.column_stack([t0[left], dur[left]])
+                pending = later if pending is None else np.vstack([pending, later])[-_TAIL_ROWS:]
+        th.gc_pending = pending
+        return sums
+
+    def _keep_tail(self, th: _ThreadAgg, a: Any, kind: Any, it_pos: Any) -> None:
+        """Keep the rows after the block's last iteration (no links, no functions)."""
+        start = int(it_pos[-1]) + 1 if len(it_pos) else 0
+        rest = a[start:]
+        rest = rest[_wanted(kind[start:])]
+        if len(it_pos) or th.tail is None:
+            th.tail = rest if len(rest) else None
+        elif len(rest):
+            th.tail = np.vstack([th.tail, rest])[-_TAIL_ROWS:]
+
+    def _slowest(self, th: _ThreadAgg, a: Any, kind: Any, it_pos: Any, it_counted: Any,
+                 table: Any, seq: Any) -> None:
+        """Offer the block's slowest counted iterations, with their details, to the keeper."""
+        keeper = th.slowest
+        if keeper is None:
+            keeper = th.slowest = SlowestIterations()
+        slow = np.flatnonzero(it_counted & (table[:, 0] > keeper.threshold()))
+        if not len(slow):
+            return
+        if len(slow) > keeper.keep:
+            slow = slow[np.argpartition(-table[slow, 0], keeper.keep)[:keeper.keep]]
+        for j in slow.tolist():
+            packed = int(a[it_pos[j], 3]) >> DEPTH_BITS  # the iteration's number + 1, if recorded
+            number = packed - 1 if packed > 0 else int(seq[j]) - 1
+            keeper.add(int(table[j, 0]), self._details(th, a, kind, it_pos, j, table[j], number))
+
+    def _details(self, th: _ThreadAgg, a: Any, kind: Any, it_pos: Any, j: int, row: Any,
+                 number: int) -> dict[str, Any]:
+        """What ran inside iteration ``j`` of the block: phases, collections, named ranges."""
+        p = int(it_pos[j])
+        start = int(it_pos[j - 1]) + 1 if j else 0
+        rows, kinds = a[start:p], kind[start:p]
+        keep = _wanted(kinds)
+        rows, kinds = rows[keep], kinds[keep]
+        if not j and th.tail is not None:
+            kinds_t = self._tables()[0]
+            tail = th.tail[th.tail[:, 0] < len(kinds_t)]
+            rows = np.vstack([tail, rows])
+            kinds = np.concatenate([kinds_t[tail[:, 0]], kinds])
+        it_t0, it_t1 = int(a[p, 1]), int(a[p, 2])
+        inside = (rows[:, 1] >= it_t0) & (rows[:, 2] <= it_t1)
+        phases_seen: list[tuple[str, int, int]] = []
+        gcs: list[tuple[int, int, int]] = []
+        named: list[tuple[int, int, int, int]] = []
+        for (index, t0, t1, _depth), k in zip(rows[inside].tolist(), kinds[inside].tolist()):
+            if k >= _K_PHASE0:
+                phases_seen.append((PHASE_KEYS[k - _K_PHASE0], t0, t1))
+            elif k == _K_GC:
+                gcs.append((index, t0, t1))
+            else:
+                named.append((index, t0, t1, k))
+
+        def phase_of(t0: int, t1: int) -> str:
+            for key, p0, p1 in phases_seen:
+                if p0 <= t0 and t1 <= p1:
+                    return key
+            return "other"
+
+        gc_rows = sorted(([self.gens[i] if i < len(self.gens) else 0, (t1 - t0) / 1e6,
+                           phase_of(t0, t1)] for i, t0, t1 in gcs), key=lambda r: -r[1])
+        ranges = sorted(([self.names[i] if i < len(self.names) else "?", (t1 - t0) / 1e6,
+                          phase_of(t0, t1)] for i, t0, t1, _k in named), key=lambda r: -r[1])
+        values = (row / 1e6).tolist()
+        return {"iteration": number, "ms": values[0],
+                "phases": {key: values[1 + i] for i, key in enumerate(PHASE_KEYS)},
+                "gc_ms": values[6], "gc": gc_rows[:5], "ranges": ranges[:3]}
 
     def _links(self, th: _ThreadAgg, a: Any, kind: Any, depth: Any, dur: Any, is_iter: Any,
                it_pos: Any, it_counted: Any, link_ids_t: Any) -> None:
@@ -417,7 +529,7 @@ class Aggregator:
             outside_ns[self.before_label] = end_ns - self.start_ns
         if th is None:
             th = _ThreadAgg(self.start_ns)
-        series = th.series or Series(self.max_kept, 1 + len(PHASE_KEYS))
+        series = th.series or Series(self.max_kept, 2 + len(PHASE_KEYS))
         values = series.values
         links = []
         if th.link_totals is not None:
@@ -442,9 +554,17 @@ class Aggregator:
             "sample_stride": series.stride,
             "ranges": self.ranges,
             "has_phases": self.phase_seen or th.counted == 0,
+            "gc_ms": values[6].tolist(),
+            "gc_total_ms": th.gc_total / 1e6,
+            "slowest": th.slowest.items() if th.slowest is not None else [],
         }
         fields.update(extra)
         return RunStats(**fields)
+
+
+def _wanted(kinds: Any) -> Any:
+    """Rows the slow-iteration details look at: phases, collections, named ranges."""
+    return (kinds >= _K_PHASE0) | (kinds == _K_GC) | (kinds == _K_QUIET) | (kinds == _K_OTHER)
 
 
 def _sum_by(keys: Any, values: Any) -> list[tuple[int, int]]:
@@ -485,5 +605,7 @@ def _kind_of(name: str, category: str) -> tuple[int, str]:
         return _K_OTHER, f"user:{name}"
     if category == names.FUNCTION:
         return _K_SKIP, name
+    if category == names.GC:
+        return _K_GC, name
     return _K_OTHER, name
 

@@ -27,6 +27,8 @@ WARMUP = "warm-up"
 IDLE = "idle"
 SHUTDOWN = "shutdown"
 BEFORE_WINDOW = "before window"
+#: A run read from its partial trace: the time after its last complete iteration.
+UNFINISHED = "unfinished"
 AFTER_WINDOW = "after window"
 
 
@@ -95,6 +97,11 @@ class RunStats:
     overhead_method: str = ""
     #: Iterations run by threads other than the loop thread (not in these figures).
     other_thread_iterations: int = 0
+    #: Collection time per counted iteration (same sample as ``iteration_ms``), and in all.
+    gc_ms: list[float] = field(default_factory=list)
+    gc_total_ms: float = 0.0
+    #: The slowest counted iterations with what ran inside them (:mod:`.outliers`).
+    slowest: list[dict[str, Any]] = field(default_factory=list)
 
     # -- iterations --------------------------------------------------------
     def median(self) -> float:

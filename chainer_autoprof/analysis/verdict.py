@@ -12,6 +12,8 @@ Kinds:
   :data:`EXTENSION_SHARE` of the training loop's wall time or more;
 * ``input-bound``: the data phase takes :data:`INPUT_SHARE` of the iteration
   time or more;
+* ``gc-bound``: garbage collections inside the counted iterations take
+  :data:`GC_SHARE` of the iteration time or more;
 * ``synchronization-bound``: at sync level 2 or 3 the agent's own GPU
   synchronizations take :data:`SYNC_SHARE` of the iteration time or more;
 * ``host-bound``: forward/backward/update dominate but each function call is
@@ -20,8 +22,14 @@ Kinds:
   :data:`HOST_MIN_FUNCTIONS` calls per iteration), or on a GPU at sync level
   1 the host almost never waits for the GPU (under :data:`GPU_WAIT_SHARE`);
 * ``compute-bound``: forward + backward + update take :data:`COMPUTE_SHARE`
-  of the iteration time or more;
+  of the iteration time or more (their collections left out);
 * ``balanced``: none of the above; the shares are printed.
+
+Beside the kind, the verdict says when slow iterations (at least
+:data:`~.outliers.OUTLIER_FACTOR` times the median) hold
+:data:`OUTLIER_SHARE` of the iteration time or more, and how many of them
+garbage collection explains; an input-bound verdict names the input queue
+when it was empty at :data:`QUEUE_DRY_SHARE` of the fetches or more.
 
 When several kinds pass their thresholds the one with the most time behind it
 is the verdict and the others are listed under "also"; synchronization-bound
@@ -33,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .outliers import OUTLIER_FACTOR, stutter
 from .stats import median
 
 #: Data phase share of the counted iteration time at or above which a run is input-bound.
@@ -54,6 +63,9 @@ SYNC_INSIDE_LEVEL = 2
 #: Forward + backward + update share of the iteration time at or above which
 #: the model's own work dominates (compute-bound, or host-bound when calls are short).
 COMPUTE_SHARE = 0.50
+#: Share of the counted iteration time spent in garbage collections at or above
+#: which the collector, not the model, sets the pace (gc-bound).
+GC_SHARE = 0.25
 #: Mean host time of one function call (forward + backward + update time over
 #: the function calls of an iteration) under which the work is mostly Python
 #: overhead; Chainer's own per-call cost is tens of microseconds ...
@@ -73,6 +85,14 @@ GPU_WAIT_SHARE = 0.10
 OVERHEAD_NOTE_SHARE = 0.10
 #: Links listed for a compute-bound run.
 TOP_LINKS = 5
+#: Slow iterations' time above the median, as a share of the iteration time, from which
+#: the verdict says the run stutters (a tenth of the time lost to a few iterations).
+OUTLIER_SHARE = 0.10
+#: The gc-bound verdict and the gc advice need at least this many milliseconds of
+#: collections inside the counted iterations (a short run's few are not worth a line).
+GC_MIN_MS = 100.0
+#: An input queue empty at this share of the training fetches or more has run dry.
+QUEUE_DRY_SHARE = 0.5
 
 # -- advice thresholds (chainer_autoprof.advice) ----------------------------------------
 #: An estimated cost under this share of the time it is part of is not reported.
@@ -93,7 +113,7 @@ WARMUP_MIN_SHARE = 0.10
 WARMUP_MIN_MS = 100.0
 
 #: Outside-iteration keys that are not part of the training loop.
-_NOT_LOOP = ("startup", "warm-up", "shutdown", "before window", "after window")
+_NOT_LOOP = ("startup", "warm-up", "shutdown", "before window", "after window", "unfinished")
 
 
 @dataclass
@@ -106,6 +126,8 @@ class Verdict:
     suggestions: list[str] = field(default_factory=list)
     also: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: The slow iterations, when they hold a significant share of the time.
+    stutter: list[str] = field(default_factory=list)
     #: Figures for renderers: shares (0-1) and milliseconds.
     figures: dict[str, float] = field(default_factory=dict)
 
@@ -211,6 +233,7 @@ def decide(stats: Any, replay: Any = None) -> Verdict:
         verdict.also = [f"{k} ({_pct(share)})" for k, _total, share in candidates[1:]
                         if k != "compute-bound"]
     verdict.figures = figures
+    verdict.stutter = _stutter(stats, figures)
     verdict.notes += _notes(stats, figures)
     if replay is not None and verdict.kind != "input-bound":
         verdict.evidence += compare_replay(stats, replay)
@@ -227,6 +250,10 @@ def _figures(stats: Any) -> dict[str, float]:
         fig[f"{key}_share"] = stats.phase_share(key)
         fig[f"{key}_ms_per_iteration"] = per_iteration(stats, stats.phase_total(key))
     fig["compute_share"] = fig["forward_share"] + fig["backward_share"] + fig["update_share"]
+    fig["gc_ms"] = float(getattr(stats, "gc_total_ms", 0.0) or 0.0)
+    fig["gc_share"] = fig["gc_ms"] / total if total > 0 else 0.0
+    # the model's own work: the collections inside the phases are the collector's
+    fig["compute_net_share"] = max(0.0, fig["compute_share"] - fig["gc_share"])
     fig["extension_share"] = fig["extension_ms"] / fig["loop_ms"] if fig["loop_ms"] > 0 else 0.0
     waited = sync_ms(stats)
     if waited is not None:
@@ -246,13 +273,15 @@ def _candidates(stats: Any, fig: dict[str, float]) -> list[tuple[str, float, flo
         return out
     if fig["data_share"] >= INPUT_SHARE:
         out.append(("input-bound", stats.phase_total("data"), fig["data_share"]))
+    if fig["gc_share"] >= GC_SHARE and fig["gc_ms"] >= GC_MIN_MS:
+        out.append(("gc-bound", fig["gc_ms"], fig["gc_share"]))
     if (stats.sync_level >= SYNC_INSIDE_LEVEL and fig.get("sync_share", 0.0) >= SYNC_SHARE):
         out.append(("synchronization-bound", fig["sync_ms"], fig["sync_share"]))
-    if fig["compute_share"] >= COMPUTE_SHARE:
+    if fig["compute_net_share"] >= COMPUTE_SHARE:
         kind = "host-bound" if _host_bound(stats, fig) else "compute-bound"
         # the waits of sync levels 2-3 fall inside the phases: not the model's own time
         waits = fig.get("sync_ms", 0.0) if stats.sync_level >= SYNC_INSIDE_LEVEL else 0.0
-        out.append((kind, fig["compute_share"] * total - waits, fig["compute_share"]))
+        out.append((kind, fig["compute_net_share"] * total - waits, fig["compute_share"]))
     return out
 
 
@@ -282,8 +311,8 @@ def us_per_function(stats: Any, fig: dict[str, float]) -> float | None:
     if not calls:
         return None
     compute_ms = (fig["forward_ms_per_iteration"] + fig["backward_ms_per_iteration"]
-                  + fig["update_ms_per_iteration"])
-    return compute_ms * 1000.0 / calls
+                  + fig["update_ms_per_iteration"]) - per_iteration(stats, fig.get("gc_ms", 0.0))
+    return max(0.0, compute_ms) * 1000.0 / calls
 
 
 # -- one builder per kind ------------------------------------------------------------
@@ -308,6 +337,32 @@ def _extension(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
     return v
 
 
+def _stutter(stats: Any, fig: dict[str, float]) -> list[str]:
+    """The slow iterations' line, when they hold :data:`OUTLIER_SHARE` of the time or more."""
+    st = stutter(stats)
+    fig["outlier_share"] = st.share
+    if st.share < OUTLIER_SHARE or not st.count:
+        return []
+    line = (f"{st.count} of {st.sampled} counted iterations take {OUTLIER_FACTOR:g}x the median "
+            f"({_ms(st.median_ms)}) or more, and their time above it is {_pct(st.share)} of "
+            "the iteration time")
+    if st.gc_count:
+        line += (f"; garbage collection explains {st.gc_count} of them (see the slowest "
+                 "iterations and the advice)")
+    return [line]
+
+
+def dry_queues(stats: Any) -> list[tuple[str, float, int, int]]:
+    """(iterator, share of fetches with an empty queue, fetches, capacity) of dry input queues."""
+    out = []
+    for name, q in sorted((facts_of(stats).get("input_queue") or {}).items()):
+        fetches = int(q.get("fetches") or 0)
+        ready = q.get("ready") or []
+        if fetches and ready and ready[0] / fetches >= QUEUE_DRY_SHARE:
+            out.append((name, ready[0] / fetches, fetches, int(q.get("capacity") or 1)))
+    return out
+
+
 def _input(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
     facts = facts_of(stats)
     iterator = facts.get("iterator")
@@ -322,6 +377,10 @@ def _input(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
         line += (f", batch size {batch}: {_ms(fig['data_ms_per_iteration'] / batch)} per "
                  "example")
     v.evidence.append(line)
+    dry = dry_queues(stats)
+    for name, share, fetches, capacity in dry:
+        v.evidence.append(f"input queue ran dry: {name} had no batch ready at {_pct(share)} "
+                          f"of {fetches} fetches ({capacity} prefetched at most)")
     rest = fig["iteration_mean_ms"] - fig["data_ms_per_iteration"]
     if rest > 0:
         v.evidence.append(f"without the data phase an iteration would take about {_ms(rest)} "
@@ -331,8 +390,10 @@ def _input(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
                              "(dataset, batch_size, n_processes=N) for CPU-heavy loading, "
                              "MultithreadIterator(dataset, batch_size, n_threads=N) for "
                              "I/O-bound loading")
-    elif iterator in ("MultiprocessIterator", "MultithreadIterator"):
-        v.suggestions.append(f"{iterator} cannot keep up: raise n_processes / n_threads and "
+    elif iterator in ("MultiprocessIterator", "MultithreadIterator") or dry:
+        name = iterator if iterator in ("MultiprocessIterator", "MultithreadIterator") \
+            else dry[0][0]
+        v.suggestions.append(f"{name} cannot keep up: raise n_processes / n_threads and "
                              "n_prefetch, or make each example cheaper (decode once, cache, "
                              "smaller images)")
     else:
@@ -344,6 +405,24 @@ def _input(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
         v.suggestions.append("confirm with CHAINER_PROF_REPLAY_BATCH=1 (the first batch fed "
                              "again every iteration) and compare both traces with "
                              "'python -m chainer_autoprof report NORMAL.json REPLAY.json'")
+    return v
+
+
+def _gc(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
+    v = Verdict("gc-bound",
+                f"gc-bound: garbage collection takes {_pct(fig['gc_share'])} of the iteration "
+                f"time (threshold {_pct(GC_SHARE)})")
+    counts = (facts_of(stats).get("gc") or {}).get("collections") or []
+    line = f"collections inside the counted iterations: {_ms(fig['gc_ms'])}, " \
+           f"{_ms(per_iteration(stats, fig['gc_ms']))} per iteration on average"
+    if len(counts) == 3:
+        line += f" (in the run: gen 0 {counts[0]}, gen 1 {counts[1]}, gen 2 {counts[2]})"
+    v.evidence.append(line)
+    v.evidence.append(f"the model's own work (forward, backward, update without the "
+                      f"collections): {_pct(fig['compute_net_share'])} of the iteration time")
+    v.suggestions.append("keep what set-up built out of the collections: gc.freeze() just "
+                         "before training, then fewer reference cycles per iteration (see "
+                         "the gc advice)")
     return v
 
 
@@ -440,7 +519,7 @@ def _balanced(stats: Any, fig: dict[str, float]) -> Verdict:
 #: Kinds measured inside the phases, where the sync waits of levels 2-3 fall.
 _INSIDE_PHASES = ("synchronization-bound", "host-bound", "compute-bound")
 
-_BUILDERS = {"extension-bound": _extension, "input-bound": _input,
+_BUILDERS = {"extension-bound": _extension, "input-bound": _input, "gc-bound": _gc,
              "synchronization-bound": _sync, "host-bound": _host, "compute-bound": _compute}
 
 

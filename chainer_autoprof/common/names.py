@@ -28,6 +28,7 @@ EXTENSION = "extension"
 INFERENCE = "inference"
 COMM = "comm"
 USER = "user"
+GC = "gc"
 LINK = "link"
 LINK_BACKWARD = "link_backward"
 FUNCTION = "function"
@@ -43,6 +44,7 @@ CATEGORIES: dict[str, tuple[int, int]] = {
     INFERENCE: (PHASE_LEVEL, 0xFF3D85C6),
     COMM: (PHASE_LEVEL, 0xFF8B4513),
     USER: (PHASE_LEVEL, 0xFFF4B6C2),
+    GC: (PHASE_LEVEL, 0xFF5A5A5A),
     LINK: (LINK_LEVEL, 0xFFB5E38C),
     LINK_BACKWARD: (LINK_LEVEL, 0xFFBDEBFF),
     FUNCTION: (FUNCTION_LEVEL, 0xFFC8C8C8),
@@ -71,3 +73,16 @@ def extension_text(name: str, cls_name: str) -> str:
 
 def comm_text(operation: str) -> str:
     return f"comm:{operation}"
+
+
+def gc_text(generation: int) -> str:
+    """``gc gen 2``: a garbage collection of ``generation`` (and the younger ones)."""
+    return f"gc gen {generation}"
+
+
+def gc_generation(name: str) -> int | None:
+    """The generation in a :func:`gc_text` name (``None`` for other names)."""
+    prefix = "gc gen "
+    if name.startswith(prefix) and name[len(prefix):].isdigit():
+        return int(name[len(prefix):])
+    return None

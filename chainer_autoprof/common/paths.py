@@ -46,6 +46,15 @@ def expand_path(template: str, pid: int | None = None,
     return os.path.expanduser(_SUBST.sub(sub, template))
 
 
+def trace_file(template: str, start_dir: str | None = None) -> str:
+    """The file ``template`` names for this process; a relative one is taken from
+    ``start_dir`` (the directory the run started in and the path was checked in)."""
+    path = expand_path(template)
+    if start_dir is not None and not os.path.isabs(path):
+        path = os.path.join(start_dir, path)
+    return path
+
+
 #: Kernel interfaces: files there are not storage, and creating one fails at exit.
 KERNEL_TREES = ("/proc", "/sys")
 

@@ -132,6 +132,33 @@ def parse_ranks(text: str) -> frozenset[int] | None:
     return ranks
 
 
+def parse_stall(text: str) -> float | str | None:
+    """Seconds without a new iteration that make a stall (a number > 0), ``auto``, or off."""
+    raw = text.strip().lower()
+    if raw in ("", "0", "off", "no", "false"):
+        return None
+    if raw == "auto":
+        return "auto"
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("seconds (a number > 0), auto, or 0/off") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError("seconds (a number > 0), auto, or 0/off")
+    return value
+
+
+def parse_seconds(text: str) -> float:
+    """A number of seconds >= 0."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("a number of seconds >= 0") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("a number of seconds >= 0")
+    return value
+
+
 GRANULARITIES = ("iteration", "phase", "link", "function")
 LOG_LEVELS = ("error", "warning", "info", "debug")
 
@@ -141,6 +168,8 @@ parse_optional_path.accepted = "a file path"  # type: ignore[attr-defined]
 parse_trace_path.accepted = "a file path in a writable directory"  # type: ignore[attr-defined]
 parse_window.accepted = "START:STOP or START:+COUNT"  # type: ignore[attr-defined]
 parse_ranks.accepted = "'all' or a list such as 0,3"  # type: ignore[attr-defined]
+parse_stall.accepted = "seconds (a number > 0), auto, or 0/off"  # type: ignore[attr-defined]
+parse_seconds.accepted = "a number of seconds >= 0"  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -169,6 +198,8 @@ class Setting:
             return "unset"
         if isinstance(self.default, bool):
             return "1" if self.default else "0"
+        if isinstance(self.default, float) and self.default.is_integer():
+            return str(int(self.default))
         return str(self.default)
 
 
@@ -218,6 +249,17 @@ SETTINGS: tuple[Setting, ...] = (
             "Profile child processes too (fork, spawn, forkserver).", "0|1"),
     Setting("ranks", parse_ranks, None,
             "MPI ranks that profile: all, or a list such as 0,3.", "all|0,3"),
+    Setting("stall", parse_stall, None,
+            "Stall report on stderr when no new iteration has begun for this many seconds "
+            "(auto: max(60 s, 20x the median iteration once 10 are counted)); 0 or unset: "
+            "off.", "SECONDS|auto"),
+    Setting("flush_interval", parse_seconds, 5.0,
+            "With a trace: seconds between background writes of the trace so far to "
+            "TRACE.partial, read by report after a crash or SIGKILL (0: only at exit).",
+            "SECONDS"),
+    Setting("gc", parse_bool, True,
+            "Garbage collections inside recorded ranges become gc ranges (NVTX and "
+            "recorder); slow iterations name them.", "0|1"),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

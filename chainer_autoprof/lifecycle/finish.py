@@ -17,7 +17,7 @@ from typing import Any
 
 from ..analysis.stats import RunStats
 from ..common import log, rank
-from ..common.paths import expand_path
+from ..common.paths import trace_file
 from ..common.settings import SETTINGS, Config, to_environ_value
 from ..common.version import __version__
 from ..report.summary import format_summary
@@ -28,18 +28,23 @@ from . import overhead, processes
 
 
 def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int,
-               start_dir: str | None = None) -> RunStats | None:
+               start_dir: str | None = None,
+               extra_meta: dict[str, Any] | None = None,
+               event_args: dict[tuple[int, int], dict[str, Any]] | None = None
+               ) -> RunStats | None:
     """Statistics, trace file and summary of the run, once the tracer is closed.
 
     ``hits`` counts the instrumented calls (for the overhead estimate); a
     relative trace path is taken from ``start_dir``, the directory the run
-    started in and the path was checked in (the program may have changed it).
-    Returns the statistics, or ``None`` for a process with nothing to say: one
-    that never reached an instrumented call nor recorded a range (``python -c
-    'import json'`` with a ``CHAINER_PROF_*`` variable exported: no summary,
-    and no trace to replace the training's), a forked worker that did no
-    training, or a helper interpreter (a resource tracker, ...) that recorded
-    nothing.
+    started in and the path was checked in (the program may have changed it);
+    ``extra_meta`` goes into the metadata (e.g. the stall reports);
+    ``event_args`` adds arguments to ranges of the trace (by thread id and
+    start ns).  Returns the statistics, or ``None`` for a process with
+    nothing to say: one that never reached an instrumented call nor recorded
+    a range (``python -c 'import json'`` with a ``CHAINER_PROF_*`` variable
+    exported: no summary, and no trace to replace the training's), a forked
+    worker that did no training, or a helper interpreter (a resource
+    tracker, ...) that recorded nothing.
     """
     if hits == 0 and recorder.agg.ranges == 0:
         return None
@@ -52,9 +57,12 @@ def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int,
     wall_ms = max(0, end_ns - recorder.start_ns) / 1e6
     if cost[0] > wall_ms:  # threads share one interpreter: the agent's time fits in the wall's
         cost = (wall_ms, cost[1] + "; capped at the wall time")
-    stats = recorder.run_stats(end_ns, cost, metadata(cfg, tracer, recorder, end_ns))
+    meta = metadata(cfg, tracer, recorder, end_ns)
+    meta.update(extra_meta or {})
+    stats = recorder.run_stats(end_ns, cost, meta)
     if cfg.trace:
-        stats.meta["trace_path"] = _write_trace(recorder, tracer, cfg.trace, stats, start_dir)
+        stats.meta["trace_path"] = _write_trace(recorder, tracer, cfg.trace, stats, start_dir,
+                                                event_args)
     if cfg.summary:
         try:
             sys.stderr.write(format_summary(stats, advice=bool(cfg.advice)) + "\n")
@@ -62,6 +70,23 @@ def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int,
         except Exception as exc:
             log.error(f"no summary ({type(exc).__name__}: {exc})")
     return stats
+
+
+def partial_metadata(cfg: Config, tracer: Any, recorder: Recorder) -> dict[str, Any]:
+    """The metadata of the trace so far, as the final trace will hold it (while the run goes on)."""
+    meta = metadata(cfg, tracer, recorder, tracer.clock())
+    meta["clock"].pop("duration_ns", None)  # the reader takes it from the last write
+    meta.update(main_tid=threading.main_thread().native_id, process_name=process_name(),
+                batch_size=tracer.facts.get("batch_size"), sync_level=tracer.sync.level,
+                sync_calls=tracer.sync.calls)
+    return meta
+
+
+def process_name() -> str:
+    """The trace's name of this process: the script, the pid, the rank."""
+    number = rank.number()
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    return f"{script} (pid {os.getpid()}" + (f", rank {number})" if number else ")")
 
 
 def metadata(cfg: Config, tracer: Any, recorder: Recorder, end_ns: int) -> dict[str, Any]:
@@ -105,11 +130,10 @@ def metadata(cfg: Config, tracer: Any, recorder: Recorder, end_ns: int) -> dict[
 
 
 def _write_trace(recorder: Recorder, tracer: Any, template: str, stats: RunStats,
-                 start_dir: str | None) -> str | None:
+                 start_dir: str | None,
+                 event_args: dict[tuple[int, int], dict[str, Any]] | None) -> str | None:
     """Write the trace file; returns its path (``None`` on failure, said once)."""
-    path = expand_path(processes.child_trace_template(template))
-    if start_dir is not None and not os.path.isabs(path):
-        path = os.path.join(start_dir, path)
+    path = trace_file(processes.child_trace_template(template), start_dir)
     other = dict(stats.meta)
     other.update(dropped_ranges=recorder.dropped, main_tid=threading.main_thread().native_id,
                  batch_size=stats.batch_size, sync_level=stats.sync_level,
@@ -126,13 +150,10 @@ def _write_trace(recorder: Recorder, tracer: Any, template: str, stats: RunStats
     thread_names.update({ts.tid: ts.thread_name for ts in list(tracer.states.values())})
     threads = [ThreadRanges(tid, thread_names.get(tid, f"thread {tid}"), blocks)
                for tid, blocks in per_thread.items()]
-    number = other.get("rank", 0)
-    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-    process = f"{script} (pid {os.getpid()}" + (f", rank {number})" if number else ")")
     try:
         write_trace(path, pid=os.getpid(), start_ns=recorder.start_ns, infos=recorder.infos,
-                    threads=threads, other=other, process_name=process,
-                    main_tid=other["main_tid"])
+                    threads=threads, other=other, process_name=process_name(),
+                    main_tid=other["main_tid"], event_args=event_args)
     except Exception as exc:
         log.error(f"could not write the trace {path}: {type(exc).__name__}: {exc}")
         return None

@@ -1,6 +1,9 @@
 """``python -m chainer_autoprof report TRACE [TRACE2]``: the summary of saved traces.
 
-With one trace, prints the same summary the run printed at exit.  With two
+With one trace, prints the same summary the run printed at exit.  A run
+that did not end normally (SIGKILL, the OOM killer, a crash in native code)
+left its trace so far in ``TRACE.partial``: that file is read the same way,
+and a trace path whose final file is missing falls back to it.  With two
 (before and after a change), prints both summaries' key figures side by side,
 phase by phase, with the change, and a one-line conclusion, so a fix can be
 checked.  Output goes to stdout; errors are one line on stderr (exit status 2).
@@ -17,6 +20,7 @@ from ..analysis.stats import PHASE_KEYS, RunStats
 from ..analysis.verdict import pick_replay
 from ..common.paths import output_target
 from .html import write_report
+from .partial import partial_path
 from .summary import PHASE_LABELS, fmt_ms, format_summary, outside_label, verdict_section
 from .tracefile import TraceError, read_trace
 
@@ -70,17 +74,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def report(args: argparse.Namespace) -> str:
     """The text to print (and the HTML page written); raises :class:`ReportError`."""
+    given = [p for p in (args.trace, args.after) if p]
+    paths = [resolve(path) for path in given]
     if args.html:
-        problem = _html_problem(args.html, [p for p in (args.trace, args.after) if p])
+        problem = _html_problem(args.html, given + paths)
         if problem:
             raise ReportError(problem)
-    traces = [read_trace(path) for path in (args.trace, args.after) if path]
+    traces = [read_trace(path) for path in paths]
     runs = [(trace, trace.stats(from_events=args.from_events)) for trace in traces]
     before = runs[0][1]
     after = runs[1][1] if len(runs) > 1 else None
     advice = not args.no_advice
     if after is None:
-        title = f"chainer_autoprof report of {args.trace}: {before.meta.get('command', '')}"
+        title = f"chainer_autoprof report of {paths[0]}: {before.meta.get('command', '')}"
         text = format_summary(before, advice=advice, title=title.rstrip(": "))
     else:
         text = compare(before, after, args.trace, args.after)
@@ -104,6 +110,26 @@ def _html_problem(path: str, inputs: list[str]) -> str | None:
     if target in {os.path.realpath(p) for p in inputs}:
         return f"the HTML output {path} is one of the input traces"
     return None
+
+
+def resolve(path: str) -> str:
+    """The file to read for ``path``: its partial trace when only that exists (said on stderr)."""
+    partial = partial_path(path)
+    if not os.path.exists(partial):
+        return path
+    if not os.path.exists(path):
+        sys.stderr.write(f"chainer_autoprof report: {path} does not exist; reading {partial}, "
+                         "the trace so far of a run that did not end normally\n")
+        return partial
+    try:
+        newer = os.path.getmtime(partial) > os.path.getmtime(path)
+    except OSError:  # gone meanwhile: the read says what is wrong
+        newer = False
+    if newer:
+        sys.stderr.write(f"chainer_autoprof report: note: {partial} is newer than {path}: a "
+                         "later run with this trace path did not end normally (or is still "
+                         f"running); 'report {partial}' reads what it left\n")
+    return path
 
 
 def _change(a: float, b: float) -> str:

@@ -17,10 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..analysis.advice import check
+from ..analysis.outliers import slow_iterations
 from ..analysis.stats import percentile
 from ..analysis.verdict import Verdict, decide, pick_replay
 from ..common import names
 from ..common.paths import output_target
+from .stall import ended_abnormally
+from .summary import describe_slow
 
 #: Bars drawn at most in the per-iteration chart (more iterations are averaged in bins).
 MAX_BARS = 600
@@ -281,6 +284,8 @@ def verdict_html(verdict: Any) -> str:
     also = (f'<p class="also">Also over threshold: {_e("; ".join(verdict.also))}</p>'
             if verdict.also else "")
     notes = "".join(f'<p class="note">{_e(n)}</p>' for n in verdict.notes)
+    notes = "".join(f'<p class="stutter">Slow iterations: {_e(n)}</p>'
+                    for n in verdict.stutter) + notes
     return (f'<p class="kind">{_e(verdict.kind)}</p><p class="title">{_e(verdict.title)}</p>'
             f'<ul class="evidence">{items}</ul>'
             + (f'<h3>What to try</h3><ul class="suggest">{tries}</ul>' if tries else "")
@@ -344,7 +349,15 @@ def render(trace: Any, stats: Any, replay: Any = None) -> str:
     meta = stats.meta or {}
     command = meta.get("command", "")
     data = {"verdict": verdict.kind, "iterations": stats.iterations,
-            "median_ms": round(stats.median(), 4), "advice": [f.key for f in findings]}
+            "median_ms": round(stats.median(), 4), "advice": [f.key for f in findings],
+            "ended_normally": not meta.get("partial")}
+    abnormal = "".join(f"<p>{_e(line.strip())}</p>" for line in ended_abnormally(meta))
+    if abnormal:
+        abnormal = f'<section id="abnormal" class="abnormal">{abnormal}</section>'
+    slow = slow_iterations(stats)
+    slow_html = ("<section id=\"slow\"><h2>Slowest iterations</h2><ul>"
+                 + "".join(f"<li>{_e(describe_slow(item))}</li>" for item in slow[:10])
+                 + "</ul></section>") if slow else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{CSP}">
@@ -354,11 +367,13 @@ def render(trace: Any, stats: Any, replay: Any = None) -> str:
 <body>
 <header><h1>chainer_autoprof report</h1><p class="cmd">{_e(command)}</p>
 <dl class="figures">{key_figures(stats)}</dl></header>
+{abnormal}
 <section id="verdict" class="verdict kind-{_e(verdict.kind)}"><h2>Verdict</h2>
 {verdict_html(verdict)}</section>
 <section id="advice"><h2>Advice</h2>{advice_html(findings)}</section>
 <section id="wall"><h2>Where the wall time went</h2>{wall_bar(stats)}</section>
 <section id="phases"><h2>Phase times per iteration</h2>{phase_chart(rows)}</section>
+{slow_html}
 <section id="timeline"><h2>{_e(heading)}</h2>{line}</section>
 <section id="links"><h2>Top links</h2>{links_table(stats)}</section>
 <footer>chainer_autoprof {_e(meta.get("version", ""))} &middot; trace {_e(trace.path)}</footer>
@@ -413,6 +428,7 @@ padding:1px 8px;font-weight:700;margin:0 0 6px}
 .kind-synchronization-bound{border-left-color:#e60012}
 .kind-synchronization-bound .kind{background:#e60012}
 .kind-host-bound{border-left-color:#3d85c6}.kind-host-bound .kind{background:#3d85c6}
+.kind-gc-bound{border-left-color:#5a5a5a}.kind-gc-bound .kind{background:#5a5a5a}
 .kind-balanced .kind,.kind-unknown .kind{background:#888}
 .verdict .title{font-size:15px;font-weight:600;margin:0 0 6px}
 .evidence li,.suggest li{margin:2px 0}.note,.also{color:var(--muted);margin:6px 0 0}
@@ -420,6 +436,7 @@ padding:1px 8px;font-weight:700;margin:0 0 6px}
 .finding dl{display:grid;grid-template-columns:48px 1fr;gap:2px 10px;margin:0}
 .finding dt{color:var(--muted)}.finding dd{margin:0}
 .empty{color:var(--muted);margin:0}
+.abnormal{border-left:6px solid #e60012}.abnormal p{margin:2px 0}.stutter{margin:6px 0 0}
 svg{display:block;max-width:100%;height:auto}
 .plot{fill:#fff;stroke:var(--line)}.grid{stroke:#eee}.axis{font-size:11px;fill:var(--muted)}
 .warm{fill:#f1f1f1}.clip{fill:#333}.label{font-size:11px;fill:#111;pointer-events:none}

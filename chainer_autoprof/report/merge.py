@@ -23,6 +23,13 @@ Clock alignment (``--align``, default ``auto``), per input:
 ``--align collective`` and ``--align wall`` force a method for every input
 that allows it.  Traces keep their own times; only the offsets change.
 
+Hung and killed jobs: the inputs may be the ranks' partial traces
+(``TRACE.partial``, the trace so far a rank left when it was killed or that a
+stall report or ``dump`` wrote).  Each holds where its training thread was at
+that moment; those positions, or a finished trace's last stall report, are
+printed side by side and the odd one out is named (:mod:`.stall`): the rank
+that is somewhere else while the others wait in the collective.
+
 Per-rank statistics need no alignment: the first ``warmup`` iterations of each
 rank (the recorder's setting, or ``--warmup``) are left out; communication is
 the time in ``comm:*`` ranges inside the counted iterations; compute is the
@@ -42,10 +49,12 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
+from ..analysis.stall import odd_one_out, position
 from ..analysis.stats import median
 from ..common import names
 from ..common.paths import output_target
 from . import trace_check
+from .stall import describe_odd, side_by_side
 from .tracefile import TraceError, finite, load_trace_json
 
 ALIGN_METHODS = ("auto", "clock", "collective", "wall")
@@ -280,6 +289,16 @@ def straggler(stats: list[RankStats]) -> dict[str, Any] | None:
     }
 
 
+def last_position(inp: Input) -> dict[str, Any] | None:
+    """Where ``inp``'s training thread last was: a partial trace's last state, else its last
+    stall report (``None`` for a run that ended normally without a stall)."""
+    partial = inp.meta.get("partial")
+    if isinstance(partial, dict) and isinstance(partial.get("where"), dict):
+        return partial["where"]
+    stalls = inp.meta.get("stalls") or (partial or {}).get("stalls") or []
+    return stalls[-1] if stalls and isinstance(stalls[-1], dict) else None
+
+
 # -- writing ---------------------------------------------------------------------------
 def _labels(inputs: list[Input]) -> None:
     inputs.sort(key=lambda i: i.sort_key)
@@ -331,9 +350,14 @@ def merge(paths: Sequence[str], output: str, method: str = "auto",
     for i in inputs:
         if i.stats is not None:
             i.stats.label = i.label
+    snaps = [snap for snap in (last_position(i) for i in inputs if not i.child) if snap]
+    found = odd_one_out([position(snap) for snap in snaps]) if len(snaps) > 1 else None
     summary = {
         "ranks": [s.as_dict() for s in stats],
         "straggler": straggler(stats),
+        "where": {"positions": snaps,
+                  "odd_one_out": [p.rank for p in found.odd] if found else [],
+                  "odd_one_out_text": describe_odd(found) if found else ""},
         "alignment": [{"path": i.path, "label": i.label, "method": i.method,
                        "offset_ns": i.offset_ns} for i in inputs],
     }
@@ -410,6 +434,10 @@ def format_summary(summary: dict[str, Any], output: str) -> str:
         if slow["balanced"]:
             lines.append(f"  the ranks are balanced (waits under {BALANCED_SHARE:.0%} of the "
                          "iteration time)")
+    where = summary.get("where") or {}
+    if where.get("positions"):
+        lines += ["", side_by_side(where["positions"],
+                                   "where each rank was (the last state each trace holds)")]
     return "\n".join(lines)
 
 

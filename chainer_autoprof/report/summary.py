@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..analysis.advice import Finding, check
+from ..analysis.outliers import OUTLIER_FACTOR, SlowIteration, slow_iterations, stutter
 from ..analysis.stats import (
     AFTER_WINDOW,
     BEFORE_WINDOW,
@@ -26,17 +27,21 @@ from ..analysis.stats import (
     PHASE_KEYS,
     SHUTDOWN,
     STARTUP,
+    UNFINISHED,
     WARMUP,
     RunStats,
     median,
 )
-from ..analysis.verdict import Verdict, decide
+from ..analysis.verdict import Verdict, decide, facts_of
+from .stall import ended_abnormally
 
 #: Extra summary sections: ``stats -> text or None``, appended in order.
 SECTIONS: list[Callable[[RunStats], str | None]] = []
 
 #: How many links the summary lists.
 TOP_LINKS = 10
+#: How many slow iterations the summary lists.
+TOP_SLOW = 5
 
 PHASE_LABELS = {
     "data": "data",
@@ -61,13 +66,15 @@ OUTSIDE_LABELS = {
     WARMUP: "warm-up iterations",
     IDLE: "idle (between iterations, no range)",
     SHUTDOWN: "after the last iteration",
+    UNFINISHED: "unfinished (the run did not end)",
     AFTER_WINDOW: "after the capture window",
 }
 
 #: Outside-iteration keys that are not part of the training loop.
-_NOT_LOOP = (STARTUP, BEFORE_WINDOW, WARMUP, SHUTDOWN, AFTER_WINDOW)
+_NOT_LOOP = (STARTUP, BEFORE_WINDOW, WARMUP, SHUTDOWN, AFTER_WINDOW, UNFINISHED)
 
-_OUTSIDE_ORDER = {STARTUP: 0, BEFORE_WINDOW: 0, WARMUP: 1, IDLE: 8, SHUTDOWN: 9, AFTER_WINDOW: 9}
+_OUTSIDE_ORDER = {STARTUP: 0, BEFORE_WINDOW: 0, WARMUP: 1, IDLE: 8, SHUTDOWN: 9, AFTER_WINDOW: 9,
+                  UNFINISHED: 9}
 
 
 def fmt_ms(ms: float) -> str:
@@ -101,10 +108,13 @@ def _outside_items(stats: RunStats) -> list[tuple[str, float]]:
 def format_summary(stats: RunStats, advice: bool = True, title: str | None = None) -> str:
     """The whole summary block (no trailing newline)."""
     lines = [title or _title(stats)]
+    lines += ended_abnormally(stats.meta)
     lines += _iteration_lines(stats)
     lines += _time_table(stats)
     lines += _gpu_lines(stats)
+    lines += _slow_lines(stats)
     lines += _link_lines(stats)
+    lines += _gc_lines(stats)
     lines += _agent_lines(stats)
     sections: list[Callable[[RunStats], str | None]] = [verdict_section] if advice else []
     sections += SECTIONS
@@ -167,6 +177,8 @@ def _time_table(stats: RunStats) -> list[str]:
                 lines.append(_row("  " + PHASE_LABELS[key], fmt_ms(total),
                                   fmt_pct(stats.phase_share(key)), fmt_pct(stats.wall_share(total)),
                                   fmt_ms(stats.phase_median(key))))
+                if key == "data":
+                    lines += [f"        {line}" for line in queue_lines(stats)]
         else:
             lines.append("      (no phase ranges: granularity iteration)")
         total = stats.iteration_total_ms
@@ -206,6 +218,69 @@ def _link_lines(stats: RunStats) -> list[str]:
     if len(ordered) > TOP_LINKS:
         lines.append(f"    ... {len(ordered) - TOP_LINKS} more links")
     return lines
+
+
+def queue_lines(stats: RunStats) -> list[str]:
+    """The input queue of each prefetching iterator: how often it was empty when asked."""
+    lines = []
+    for name, q in sorted((facts_of(stats).get("input_queue") or {}).items()):
+        fetches = int(q.get("fetches") or 0)
+        ready = list(q.get("ready") or [])
+        if not fetches or not ready:
+            continue
+        mean = sum(n * count for n, count in enumerate(ready)) / fetches
+        lines.append(f"input queue ({name}, {q.get('capacity')} prefetched at most): empty at "
+                     f"{fmt_pct(ready[0] / fetches)} of {fetches:,} fetches, "
+                     f"{mean:.2g} batches ready on average")
+    return lines
+
+
+def describe_slow(item: SlowIteration) -> str:
+    """``iteration 812: 310 ms (8.2x the median): gc gen 2 took 270 ms in backward``."""
+    head = f"iteration {item.iteration}: {fmt_ms(item.ms)} ({item.factor:.1f}x the median)"
+    if item.cause == "gc":
+        gen = f"gc gen {item.generation}" if item.generation is not None else "gc"
+        where = f" in {item.phase}" if item.phase and item.phase != "other" else \
+            " between phases"
+        if item.collections > 1:
+            return (f"{head}: {item.collections} collections took {fmt_ms(item.cause_ms)}, the "
+                    f"longest {gen} ({fmt_ms(item.longest_ms)}){where}")
+        return f"{head}: {gen} took {fmt_ms(item.cause_ms)}{where}"
+    if item.cause == "range":
+        return f"{head}: {item.name} took {fmt_ms(item.cause_ms)} in {item.phase}"
+    if item.cause:
+        label = PHASE_LABELS.get(item.cause, item.cause)
+        return (f"{head}: {label} took {fmt_ms(item.cause_ms)} (median "
+                f"{fmt_ms(item.median_ms)})")
+    return f"{head}: every phase a little slower, no single cause"
+
+
+def _slow_lines(stats: RunStats) -> list[str]:
+    slow = slow_iterations(stats)
+    if not slow:
+        return []
+    share = stutter(stats)
+    lines = [f"  slowest iterations ({OUTLIER_FACTOR:g}x the median or more: {share.count} of "
+             f"{share.sampled} counted, {fmt_pct(share.share)} of the iteration time above "
+             "the median)"]
+    lines += [f"    {describe_slow(item)}" for item in slow[:TOP_SLOW]]
+    return lines
+
+
+def _gc_lines(stats: RunStats) -> list[str]:
+    gc = facts_of(stats).get("gc")
+    if not isinstance(gc, dict) or not sum(gc.get("collections") or ()):
+        return []
+    counts = list(gc.get("collections") or [])
+    ms = sum(gc.get("ms") or ())
+    per_gen = ", ".join(f"gen {g}: {n}" for g, n in enumerate(counts) if n)
+    line = (f"  garbage collection  {sum(counts):,} collections ({per_gen}), {fmt_ms(ms)} "
+            f"({fmt_pct(stats.wall_share(ms))} of wall), {sum(gc.get('collected') or ()):,} "
+            "objects freed")
+    if stats.iterations and stats.gc_total_ms > 0:
+        line += (f"; {fmt_ms(stats.gc_total_ms)} inside counted iterations "
+                 f"({fmt_pct(stats.gc_total_ms / stats.iteration_total_ms)})")
+    return [line]
 
 
 def _agent_lines(stats: RunStats) -> list[str]:
@@ -274,6 +349,7 @@ def format_verdict(v: Verdict) -> str:
     """The verdict with its evidence, suggestions and notes."""
     lines = [f"Verdict: {v.title}"]
     lines += [f"  {line}" for line in v.evidence]
+    lines += [f"  slow iterations: {line}" for line in v.stutter]
     lines += [f"  -> {line}" for line in v.suggestions]
     if v.also:
         lines.append("  also over threshold: " + "; ".join(v.also))

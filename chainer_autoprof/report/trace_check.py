@@ -139,6 +139,7 @@ def metadata(meta: dict[str, Any]) -> dict[str, Any]:
     for key in ("facts", "versions", "env", "run_stats"):
         _optional(meta, key, mapping, where)
     _optional(meta, "gpu_phase_ms", _series, where)
+    _facts(meta.get("facts") or {}, f"{where}.facts")
     settings = _section(meta, "settings", where)
     if settings is not None:
         _optional(settings, "iterations", _window, f"{where}.settings")
@@ -147,6 +148,17 @@ def metadata(meta: dict[str, Any]) -> dict[str, Any]:
         _optional(clock or {}, key, integer, f"{where}.clock")
     for i, device in enumerate(sequence(meta.get("devices") or [], f"{where}.devices")):
         mapping(device, f"{where}.devices[{i}]")
+    for i, snap in enumerate(sequence(meta.get("stalls") or [], f"{where}.stalls")):
+        snapshot(snap, f"{where}.stalls[{i}]")
+    partial = _section(meta, "partial", where)
+    if partial is not None:
+        at = f"{where}.partial"
+        for key in ("unix_ns", "perf_ns", "dropped"):
+            _optional(partial, key, integer, at)
+        _optional(partial, "path", text, at)
+        _optional(partial, "where", snapshot, at)
+        for i, snap in enumerate(sequence(partial.get("stalls") or [], f"{at}.stalls")):
+            snapshot(snap, f"{at}.stalls[{i}]")
     process = _section(meta, "process", where)
     if process is not None:
         _optional(process, "mpi_rank", integer, f"{where}.process")
@@ -155,6 +167,46 @@ def metadata(meta: dict[str, Any]) -> dict[str, Any]:
             integer(reference.get("perf_counter_ns"),
                     f"{where}.process.clock_reference.perf_counter_ns")
     return meta
+
+
+def _facts(facts: dict[str, Any], where: str) -> None:
+    """The facts the summary reads figures from: collections, input queues."""
+    gc = _section(facts, "gc", where)
+    if gc is not None:
+        for key in ("collections", "collected", "uncollectable", "ms"):
+            numbers(gc.get(key) or [], f"{where}.gc.{key}", 0)
+    queues = _section(facts, "input_queue", where)
+    for name, queue in (queues or {}).items():
+        at = f"{where}.input_queue.{name}"
+        mapping(queue, at)
+        for key in ("fetches", "capacity"):
+            _optional(queue, key, integer, at)
+        for i, count in enumerate(sequence(queue.get("ready") or [], f"{at}.ready")):
+            integer(count, f"{at}.ready[{i}]")
+
+
+def snapshot(value: Any, where: str) -> None:
+    """Where a process was (a stall report, a dump, a partial trace's last state)."""
+    snap = mapping(value, where)
+    for key in ("pid", "parent_pid", "rank", "world_size", "iteration", "unix_ns", "perf_ns"):
+        _optional(snap, key, integer, where)
+    for key in ("since_iteration_s", "threshold_s"):
+        _optional(snap, key, number, where, 0)
+    for key in ("reason", "host"):
+        _optional(snap, key, text, where)
+    sequence(snap.get("notes") or [], f"{where}.notes")
+    for i, thread in enumerate(sequence(snap.get("threads") or [], f"{where}.threads")):
+        at = f"{where}.threads[{i}]"
+        mapping(thread, at)
+        _optional(thread, "tid", integer, at)
+        _optional(thread, "name", text, at)
+        for j, opened in enumerate(sequence(thread.get("open") or [], f"{at}.open")):
+            mapping(opened, f"{at}.open[{j}]")
+            for key in ("name", "category"):
+                _optional(opened, key, text, f"{at}.open[{j}]")
+            _optional(opened, "open_s", number, f"{at}.open[{j}]", 0)
+        for j, frame in enumerate(sequence(thread.get("stack") or [], f"{at}.stack")):
+            mapping(frame, f"{at}.stack[{j}]")
 
 
 def _section(meta: Mapping[str, Any], key: str, where: str) -> dict[str, Any] | None:
@@ -177,6 +229,26 @@ def _series(value: Any, where: str) -> None:
         numbers(values, f"{where}.{key}")
 
 
+def _slowest(value: Any, where: str) -> None:
+    """The slowest iterations kept with their details (:mod:`..analysis.outliers`)."""
+    for i, item in enumerate(sequence(value, where)):
+        at = f"{where}[{i}]"
+        mapping(item, at)
+        integer(item.get("iteration"), f"{at}.iteration")
+        number(item.get("ms"), f"{at}.ms", 0)
+        _optional(item, "gc_ms", number, at, 0)
+        for key, ms in mapping(item.get("phases") or {}, f"{at}.phases").items():
+            number(ms, f"{at}.phases.{key}")
+        for key, first in (("gc", integer), ("ranges", text)):
+            for j, row in enumerate(sequence(item.get(key) or [], f"{at}.{key}")):
+                row_at = f"{at}.{key}[{j}]"
+                if not isinstance(row, list) or len(row) != 3:
+                    raise MalformedError(f"{row_at} is {_shown(row)}, not [{key}, ms, phase]")
+                first(row[0], f"{row_at}[0]")
+                number(row[1], f"{row_at}[1]", 0)
+                text(row[2], f"{row_at}[2]")
+
+
 #: The fields of a saved RunStats: checker and its arguments (``None``: may be null).
 _RUN_STATS: dict[str, tuple[Any, ...]] = {
     "iterations": (integer,), "warmup": (integer,), "iteration_ms": (numbers, 0),
@@ -184,6 +256,7 @@ _RUN_STATS: dict[str, tuple[Any, ...]] = {
     "overhead_ms": (number, 0), "meta": (mapping,), "iteration_total_ms": (number, 0),
     "sample_stride": (integer, 1), "ranges": (integer,), "dropped_ranges": (integer,),
     "other_thread_iterations": (integer,),
+    "gc_ms": (numbers, 0), "gc_total_ms": (number, 0), "slowest": (_slowest,),
     "overhead_method": (text,),
 }
 _REQUIRED = ("iterations", "warmup", "iteration_ms", "phase_ms", "outside_ms", "wall_ms",

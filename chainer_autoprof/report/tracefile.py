@@ -44,7 +44,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..analysis.aggregate import Aggregator
-from ..analysis.stats import DEPTH_BITS, DEPTH_MASK, RunStats
+from ..analysis.stats import DEPTH_BITS, DEPTH_MASK, SHUTDOWN, UNFINISHED, RunStats
 from ..common import names
 from ..common.paths import output_target
 from . import trace_check
@@ -60,6 +60,7 @@ CNAMES: dict[str, str] = {
     names.INFERENCE: "background_memory_dump",
     names.COMM: "bad",
     names.USER: "cq_build_failed",
+    names.GC: "terrible",
     names.LINK: "cq_build_passed",
     names.LINK_BACKWARD: "thread_state_runnable",
     names.FUNCTION: "grey",
@@ -100,10 +101,13 @@ def _rows_in_begin_order(blocks: list[Any]) -> list[list[int]]:
 
 def write_trace(path: str, *, pid: int, start_ns: int, infos: Sequence[tuple[str, str, int]],
                 threads: Iterable[ThreadRanges], other: dict[str, Any],
-                process_name: str, main_tid: int | None = None) -> int:
+                process_name: str, main_tid: int | None = None,
+                event_args: Mapping[tuple[int, int], Mapping[str, Any]] | None = None) -> int:
     """Write the trace file atomically; returns the number of ranges written.
 
-    ``infos[i]`` is ``(name, category, ARGB colour)`` of name index ``i``.
+    ``infos[i]`` is ``(name, category, ARGB colour)`` of name index ``i``;
+    ``event_args`` adds arguments to the ranges it names by (thread id,
+    start ns), e.g. the objects a garbage collection freed.
     """
     prefixes: list[str] = []
     for name, category, _color in infos:
@@ -142,6 +146,10 @@ def write_trace(path: str, *, pid: int, start_ns: int, infos: Sequence[tuple[str
                     depth = packed & DEPTH_MASK
                     extra = (f',"iteration":{(packed >> DEPTH_BITS) - 1}'
                              if packed > DEPTH_MASK else "")
+                    if event_args:
+                        more = event_args.get((tid, t0))
+                        if more:
+                            extra += "," + json.dumps(more)[1:-1]
                     out.write(f',\n{prefixes[index]}{tid},"ts":{_fixed3(t0 - start_ns)},'
                               f'"dur":{_fixed3(t1 - t0)},"args":{{"depth":{depth},'
                               f'"color":"{colors[index]}"{extra}}}}}')
@@ -228,7 +236,7 @@ class Trace:
                 raise TraceError(f"{self.path}: {exc}") from None
             stats = RunStats.from_dict(saved)
             stats.meta = {k: v for k, v in meta.items() if k != "run_stats"}
-            return stats
+            return _unfinished(stats)
         settings = meta.get("settings") or {}
         window = settings.get("iterations")
         agg = Aggregator(0, int(meta.get("warmup_skip", 0)),
@@ -242,10 +250,20 @@ class Trace:
                     index[key] = len(index)
                     agg.add_name(index[key], r.name, r.category)
         for tid, rows in per_thread.items():
-            agg.feed(tid, [(index[(r.name, r.category)], r.t0, r.t1, r.depth) for r in rows])
+            agg.feed(tid, [(index[(r.name, r.category)], r.t0, r.t1,
+                            r.depth if r.iteration is None
+                            else r.depth | ((int(r.iteration) + 1) << DEPTH_BITS))
+                           for r in rows])
         clock = meta.get("clock") or {}
         end_ns = int(clock.get("duration_ns") or max((r.t1 for r in self.ranges), default=0))
-        return agg.result(end_ns, meta.get("main_tid"), **stats_extras(meta))
+        return _unfinished(agg.result(end_ns, meta.get("main_tid"), **stats_extras(meta)))
+
+
+def _unfinished(stats: RunStats) -> RunStats:
+    """A partial trace's run did not shut down: the time after its last iteration is unfinished."""
+    if stats.meta.get("partial") and SHUTDOWN in stats.outside_ms:
+        stats.outside_ms[UNFINISHED] = stats.outside_ms.pop(SHUTDOWN)
+    return stats
 
 
 def stats_extras(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -271,8 +289,13 @@ def load_trace_json(path: str) -> dict[str, Any]:
     """The JSON object of a trace-event file (a bare event list is wrapped); TraceError if not.
 
     A device is refused before it is read (``/dev/zero`` never ends); a pipe is
-    read (``report <(zcat run.json.gz)``).
+    read (``report <(zcat run.json.gz)``), once: the file's first bytes say
+    whether it is a partial trace (the trace so far of a run that did not end
+    normally), read into the same object.
     """
+    # partial.py builds on this module's event layout: imported here, not at the top
+    from .partial import MAGIC, read_partial
+
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:
@@ -280,10 +303,18 @@ def load_trace_json(path: str) -> dict[str, Any]:
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         raise TraceError(f"{path} is a device, not a trace file")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if raw.startswith(MAGIC):
+        try:
+            return read_partial(path, data=raw)
+        except Exception as exc:  # a damaged record of any kind: one line
+            raise TraceError(f"cannot read the partial trace {path}: "
+                             f"{exc if str(exc) else type(exc).__name__}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
     except ValueError as exc:
         raise TraceError(f"{path} is not valid JSON ({exc})") from None
     except RecursionError:

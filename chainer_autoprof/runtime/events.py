@@ -48,6 +48,10 @@ OVERFLOW_NAME = "(other names)"
 MAX_ENDED_THREAD_NAMES = 4096
 #: At exit, how long other threads get to end their open ranges themselves (seconds).
 CLOSE_GRACE_S = 0.05
+#: At most how long the exit waits for threads ending their open ranges in the recorder.
+RECORDING_WAIT_S = 1.0
+#: A thread's entry in ``Tracer._closing`` while it ends its open ranges at exit.
+_POPPING = "popping"
 
 
 class RangeInfo:
@@ -171,7 +175,7 @@ class Tracer:
         self._local = threading.local()  # never replaced: hot wrappers read it inline
         self.states: dict[int, ThreadState] = {}
         self.ended_names: dict[int, str] = {}  # names of ended threads (the newest)
-        self._closing: dict[ThreadState, bool] | None = None  # threads still to unwind at exit
+        self._closing: dict[ThreadState, Any] | None = None  # threads still to unwind at exit
         self._unrecorded: dict[ThreadState, bool] = {}  # ...whose ranges the recorder awaits
         self._unwound = threading.Event()
         self.iterations = 0           # iterations begun in this process
@@ -514,17 +518,32 @@ class Tracer:
     def _close_other_threads(self) -> None:
         me = self.state()
         others = [ts for ts in list(self.states.values()) if ts is not me]
-        # threads with open ranges: each unwinds itself at its next call (see _pop_on_thread)
-        closing = self._closing = {ts: bool(ts.stack) for ts in others}
+        # made at exit, not with the tracer: the running program carries none of it
+        self._closing_lock = threading.Lock()  # the threads' entries in _closing
+        self._closing_done = threading.Condition(self._closing_lock)
+        self._recording = 0  # threads ending their open ranges in the recorder now
+        # Each thread unwinds itself at its next call (see _pop_on_thread).  The late
+        # functions go in first: from then on no range is pushed, so what a thread has open
+        # is fixed, and one whose stack is empty then has nothing to pop (it is not waited
+        # for).  Looking before the swap would miss the ranges a thread pushes in between.
+        closing = self._closing = dict.fromkeys(others, True)
         unrecorded = self._unrecorded = dict.fromkeys(others, True)
-        if True not in list(closing.values()):
-            self._unwound.set()
         self._late_unwinders()
+        with self._closing_lock:
+            for ts in others:
+                if not ts.stack and closing.get(ts) is True:
+                    closing[ts] = False
+            if not any(closing.values()):
+                self._unwound.set()
         # A short grace: a thread in the middle of a range's end finishes it in every sink;
-        # what the threads still away left open then ends in the recorder's view, from here.
+        # what the threads still away left open then ends in the recorder's view, from here,
+        # once the threads that are ending theirs there have done so (their rows in hand).
         self._unwound.wait(CLOSE_GRACE_S)
-        for ts in others:
-            if unrecorded.pop(ts, None) is not None and ts.stack:
+        with self._closing_done:
+            away = [ts for ts in others if unrecorded.pop(ts, None) is not None]
+            self._closing_done.wait_for(lambda: not self._recording, RECORDING_WAIT_S)
+        for ts in away:
+            if ts.stack:
                 self._abandon(ts, list(ts.stack))
 
     def _late_unwinders(self) -> None:
@@ -547,20 +566,36 @@ class Tracer:
     def _pop_on_thread(self, ts: ThreadState, entries: list[tuple[RangeInfo, int]]) -> None:
         """On ``ts``'s own thread, once: end ``entries`` (outermost first) in every sink."""
         closing = self._closing
-        if closing is None or closing.pop(ts, None) is None:
-            return  # a thread that started later, or already done
-        if self._unrecorded.pop(ts, None) is not None and entries:
-            self._abandon(ts, entries)  # before the recorder closes: in this thread's order
-        t1 = self.clock()
-        for info, t0 in reversed(entries):
-            for sink in self.sinks:
-                if getattr(sink, "end", None) and not hasattr(sink, "abandon"):
-                    try:
-                        sink.end(info, t0, t1, ts)
-                    except Exception:
-                        pass
-        if True not in list(closing.values()):  # a copy: other threads pop meanwhile
-            self._unwound.set()
+        if closing is None:
+            return
+        with self._closing_lock:
+            state = closing.get(ts)
+            if state is None or state is _POPPING:
+                return  # a thread that started later, done, or at it
+            closing[ts] = _POPPING  # still waited for: the exit goes on once it is done
+            record = self._unrecorded.pop(ts, None) is not None and bool(entries)
+            self._recording += record
+        try:
+            if record:
+                try:  # before the recorder closes, in this thread's order
+                    self._abandon(ts, entries)
+                finally:
+                    with self._closing_done:
+                        self._recording -= 1
+                        self._closing_done.notify_all()
+            t1 = self.clock()
+            for info, t0 in reversed(entries):
+                for sink in self.sinks:
+                    if getattr(sink, "end", None) and not hasattr(sink, "abandon"):
+                        try:
+                            sink.end(info, t0, t1, ts)
+                        except Exception:
+                            pass
+        finally:
+            with self._closing_lock:
+                closing.pop(ts, None)
+                if not any(closing.values()):
+                    self._unwound.set()
 
     def wait_for_threads(self, timeout: float) -> bool:
         """After :meth:`close`: wait up to ``timeout`` s for the threads left to pop their

@@ -132,14 +132,19 @@ class Recorder:
 
     # -- aggregation ----------------------------------------------------------
     def _flush_thread(self, ts: Any) -> None:
-        buf = ts.record
-        if type(buf) is list:
-            ts.record = []
-        if buf:
-            self._absorb(ts.tid, buf)
+        if ts.record:
+            self._absorb(ts.tid, None, ts)
 
-    def _absorb(self, tid: int, buf: Any) -> None:
+    def _absorb(self, tid: int, buf: Any, ts: Any = None) -> None:
+        """Aggregate ``buf``, or the buffer of ``ts`` taken under the lock: a thread that
+        waits for the lock keeps its rows where another's flush (the exit's) finds them."""
         with self._lock:
+            if ts is not None:
+                buf = ts.record
+                if type(buf) is list:  # the native RecordBuffer is emptied by _block(take=True)
+                    ts.record = []
+                if not buf:
+                    return
             self.busy_thread = threading.get_ident()
             t_start = thread_time_ns()  # this thread's CPU: not the waits for the GIL
             try:
@@ -202,7 +207,10 @@ class Recorder:
         """Per thread, a copy ``(n, 4)`` int64 of the ranges buffered, not yet aggregated.
 
         Nothing is consumed, and any thread may ask (a copy is taken in one step
-        under the GIL while the owning thread appends).
+        under the GIL while the owning thread appends).  A buffer being
+        aggregated at that moment may show up both here and in
+        :meth:`retained_since`; a thread's rows end in order (``t1`` never
+        decreases), so readers drop the repeats.
         """
         blocks = []
         for ts in list(self.tracer.states.values()):
@@ -212,6 +220,37 @@ class Recorder:
                 if len(block):
                     blocks.append((ts.tid, block))
         return blocks
+
+    def retained_since(self, mark: int) -> tuple[list[tuple[int, Any]], int]:
+        """The blocks kept for the trace after ``mark``, and the mark to pass next time.
+
+        ``mark`` counts the ranges ever kept (0 at first); blocks kept since
+        then, in the order they were kept.  Ranges the record limit dropped
+        before they were asked for are not returned.  Safe from another thread.
+        """
+        with self._lock:
+            total = self.retained_ranges + self.dropped
+            wanted = total - mark
+            blocks: list[tuple[int, Any]] = []
+            for tid, block in reversed(self.retained):
+                if wanted <= 0:
+                    break
+                if len(block) > wanted:
+                    block = block[len(block) - wanted:]
+                blocks.append((tid, block))
+                wanted -= len(block)
+        blocks.reverse()
+        return blocks, total
+
+    def stats_now(self, end_ns: int, meta: dict[str, Any] | None = None) -> RunStats:
+        """The statistics aggregated so far, asked from another thread while the program runs."""
+        tracer = self.tracer
+        with self._lock:
+            return self.agg.result(
+                end_ns, threading.main_thread().native_id,
+                batch_size=tracer.facts.get("batch_size"),
+                sync_level=tracer.sync.level, sync_calls=tracer.sync.calls,
+                meta=meta if meta is not None else {}, dropped_ranges=self.dropped)
 
     def flushing_here(self) -> bool:
         """Whether this thread is in the middle of aggregating (signal handlers ask)."""

@@ -1,0 +1,106 @@
+"""The on-demand report: a background thread answering ``chainer-autoprof dump PID``.
+
+The thread waits in ``accept`` on this process's control socket
+(:mod:`..common.control`), so it costs nothing until asked, and it answers
+while the main thread is blocked in C (an MPI collective, a queue ``get``, a
+CUDA synchronization): no signal is involved, so none of the program's own
+signals is taken.  Each request runs the handler the agent passed down
+(print the report on this process's stderr, write the trace so far) and
+sends its answer back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+from typing import Any, Callable
+
+from ..common import control, log
+
+#: Seconds a client may take to send its request.
+REQUEST_TIMEOUT = 5.0
+
+
+class DumpServer:
+    """Serves dump requests on this process's control socket."""
+
+    def __init__(self, handle: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self.handle = handle
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.address = ""
+
+    def start(self) -> bool:
+        """Listen (``False``, said at debug level, where the socket cannot be made)."""
+        try:
+            control.prepare_dir()
+            self.address = control.address()
+            if not control.ABSTRACT:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.address)  # a file left by an earlier process with this pid
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(self.address)
+            sock.listen(8)
+        except OSError as exc:
+            log.debug(f"no on-demand reports for this process ({exc})")
+            return False
+        self._sock = sock
+        self._stopping = False
+        self._thread = threading.Thread(target=self._serve, args=(sock,),
+                                        name="chainer_autoprof dump server", daemon=True)
+        self._thread.start()
+        return True
+
+    def _serve(self, sock: socket.socket) -> None:
+        while not self._stopping:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                if self._stopping:
+                    return
+                try:
+                    self._answer(conn)
+                except Exception as exc:  # a bad client must not end the service
+                    log.debug(f"dump request failed: {type(exc).__name__}: {exc}")
+
+    def _answer(self, conn: socket.socket) -> None:
+        if not control.peer_allowed(conn):
+            return
+        conn.settimeout(REQUEST_TIMEOUT)
+        message = control.receive(conn, line=True)
+        try:
+            answer = self.handle(message)
+        except Exception as exc:
+            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        control.send(conn, answer, end=True)
+
+    def stop(self) -> None:
+        """Stop serving and close the socket (at exit, on uninstall)."""
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        self._stopping = True
+        try:  # wake the accept() with a connection of our own
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as wake:
+                wake.settimeout(1.0)
+                wake.connect(self.address)
+        except OSError:
+            pass
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+        sock.close()
+        if not control.ABSTRACT:
+            with contextlib.suppress(OSError):
+                os.unlink(self.address)
+
+    def forget(self) -> None:
+        """In a forked child: the inherited socket is the parent's (close our copy only)."""
+        sock, self._sock = self._sock, None
+        self._thread = None
+        if sock is not None:
+            sock.close()

@@ -1,0 +1,277 @@
+"""The trace so far: an append-only file that survives SIGKILL, the OOM killer or a native crash.
+
+While the program runs, a background thread appends what the recorder
+holds to ``TRACE.partial`` every few seconds (``CHAINER_PROF_FLUSH_INTERVAL``)
+and at every stall report.  Appending costs no formatting: ranges are written
+as the recorder's int64 rows.  After a normal exit the final trace replaces
+it (:mod:`.tracefile`); when the process dies, the partial file is what is
+left, and :func:`read_partial` turns it into the same trace-event object a
+final trace holds, so ``report``, ``merge`` and the HTML report read it.
+
+File layout: the line :data:`MAGIC`, then records, each an 8-byte header
+(4-byte ASCII kind, little-endian uint32 payload length) and its payload:
+
+* ``META``: JSON, the trace metadata (as ``otherData.chainer_autoprof``);
+  the last one wins;
+* ``NAME``: JSON list of ``[index, name, category, ARGB colour]``;
+* ``THRD``: JSON list of ``[tid, thread name]``;
+* ``ROWS``: int64 tid, then rows ``(name index, t0 ns, t1 ns, depth)`` of
+  that thread, in end order (int64, little-endian);
+* ``GCAR``: int64 rows ``(tid, t0, collected, uncollectable)`` of gc ranges;
+* ``STAT``: JSON, the state at that write: when, where every thread was
+  (open ranges), the stall reports so far; the last one wins.
+
+Each write appends whole records in one ``write``; a record cut short by a
+death in the middle of a write is ignored.  A file that grows past twice the
+record limit is rewritten with the newest ranges (atomically), so the disk
+used stays bounded like the memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..analysis.stats import DEPTH_BITS, DEPTH_MASK
+from .tracefile import CNAMES, _argb_hex
+
+MAGIC = b"CHAINER_AUTOPROF_PARTIAL 1\n"
+SUFFIX = ".partial"
+_HEADER = struct.Struct("<4sI")
+#: Rows per ROWS record at most (keeps a record under the 4 GiB length field).
+_MAX_ROWS = 1 << 20
+
+
+def partial_path(trace_path: str) -> str:
+    """Where the trace so far is written for a final trace at ``trace_path``."""
+    return trace_path + SUFFIX
+
+
+# -- records ---------------------------------------------------------------------------
+
+def _record(kind: bytes, payload: bytes) -> bytes:
+    return _HEADER.pack(kind, len(payload)) + payload
+
+
+def json_record(kind: bytes, value: Any) -> bytes:
+    """A META, NAME, THRD or STAT record."""
+    return _record(kind, json.dumps(value, default=str, separators=(",", ":")).encode())
+
+
+def rows_records(tid: int, rows: Any) -> list[bytes]:
+    """ROWS records of one thread's ``(n, 4)`` int64 rows."""
+    rows = np.ascontiguousarray(rows, dtype="<i8").reshape(-1, 4)
+    out = []
+    for start in range(0, len(rows), _MAX_ROWS):
+        part = rows[start:start + _MAX_ROWS]
+        out.append(_record(b"ROWS", struct.pack("<q", tid) + part.tobytes()))
+    return out
+
+
+def gc_record(rows: Any) -> bytes:
+    """A GCAR record: ``(tid, t0, collected, uncollectable)`` rows."""
+    return _record(b"GCAR", np.ascontiguousarray(rows, dtype="<i8").reshape(-1, 4).tobytes())
+
+
+def records(data: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """``(kind, payload)`` of every whole record after the magic line."""
+    pos = len(MAGIC)
+    end = len(data)
+    while pos + _HEADER.size <= end:
+        kind, length = _HEADER.unpack_from(data, pos)
+        pos += _HEADER.size
+        if pos + length > end:
+            return  # cut short by the death of the writer
+        yield kind, data[pos:pos + length]
+        pos += length
+
+
+# -- writing -----------------------------------------------------------------------------
+
+class PartialWriter:
+    """Appends records to one partial trace file; rewrites it whole when asked."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self.size = 0
+
+    def append(self, chunks: list[bytes]) -> None:
+        """Append ``chunks`` (whole records) in one write, creating the file if needed."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
+                               0o666)
+            self.size = 0
+            chunks = [MAGIC, *chunks]
+        _write_all(self._fd, b"".join(chunks))
+        self.size += sum(len(c) for c in chunks)
+
+    def rewrite(self, chunks: list[bytes]) -> None:
+        """Replace the file with ``chunks`` (whole records), atomically."""
+        directory = os.path.dirname(os.path.abspath(self.path))
+        fd, tmp = tempfile.mkstemp(prefix=".chainer_autoprof.", suffix=".partial.tmp",
+                                   dir=directory)
+        try:
+            data = b"".join([MAGIC, *chunks])
+            _write_all(fd, data)
+            os.close(fd)
+            fd = -1
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)
+            os.replace(tmp, self.path)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        self.close()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self.size = len(data)
+
+    def move(self, path: str) -> None:
+        """The file is now called ``path`` (e.g. the MPI rank became known)."""
+        if path == self.path:
+            return
+        if self._fd is not None:
+            os.replace(self.path, path)
+        self.path = path
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+    def discard(self) -> None:
+        """Close and delete the file (the final trace was written)."""
+        had = self._fd is not None
+        self.close()
+        if had:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+    def forget(self) -> None:
+        """In a forked child: the parent's file is not ours (close our copy of the descriptor)."""
+        self.close()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+# -- reading -----------------------------------------------------------------------------
+
+def read_partial(path: str, limit: int | None = None,
+                 data: bytes | None = None) -> dict[str, Any]:
+    """The trace-event object (as :func:`~.tracefile.write_trace` writes it) of a partial trace.
+
+    ``limit``: the newest ranges kept (default: the run's record limit);
+    ``data``: the file's bytes, when already read (a pipe is read once).
+    ``otherData.chainer_autoprof.partial`` holds the last state written.
+    """
+    if data is None:
+        with open(path, "rb") as f:
+            data = f.read()
+    if not data.startswith(MAGIC):
+        raise ValueError(f"{path} is not a partial trace")
+    meta: dict[str, Any] = {}
+    state: dict[str, Any] = {}
+    infos: dict[int, tuple[str, str, int]] = {}
+    thread_names: dict[int, str] = {}
+    blocks: dict[int, list[Any]] = {}
+    gc_args: dict[tuple[int, int], dict[str, int]] = {}
+    for kind, payload in records(data):
+        if kind == b"META":
+            meta = json.loads(payload)
+        elif kind == b"STAT":
+            state = json.loads(payload)
+        elif kind == b"NAME":
+            for index, name, category, color in json.loads(payload):
+                infos[int(index)] = (str(name), str(category), int(color))
+        elif kind == b"THRD":
+            for tid, name in json.loads(payload):
+                thread_names[int(tid)] = str(name)
+        elif kind == b"ROWS" and len(payload) >= 8:
+            (tid,) = struct.unpack_from("<q", payload)
+            rows = np.frombuffer(payload, dtype="<i8", offset=8)
+            blocks.setdefault(tid, []).append(rows[:len(rows) // 4 * 4].reshape(-1, 4))
+        elif kind == b"GCAR":
+            rows = np.frombuffer(payload, dtype="<i8")
+            for tid, t0, collected, uncollectable in rows[:len(rows) // 4 * 4].reshape(
+                    -1, 4).tolist():
+                gc_args[(tid, t0)] = {"collected": collected, "uncollectable": uncollectable}
+    per_thread = {tid: np.concatenate(parts) for tid, parts in blocks.items()}
+    if limit is None:
+        limit = int((meta.get("settings") or {}).get("record_limit") or 0) or None
+    dropped = _keep_newest(per_thread, limit)
+    pid = meta.get("pid", 0)
+    start_ns = int((meta.get("clock") or {}).get("perf_counter_ns_at_start", 0))
+    written_ns = int(state.get("perf_ns", 0) or 0)
+    meta = dict(meta)
+    clock = dict(meta.get("clock") or {})
+    if written_ns and start_ns:
+        clock["duration_ns"] = written_ns - start_ns
+    meta["clock"] = clock
+    meta["dropped_ranges"] = int(state.get("dropped", 0)) + dropped
+    if state.get("run_stats") and meta["dropped_ranges"]:
+        meta["run_stats"] = state["run_stats"]
+    meta["partial"] = {key: value for key, value in state.items() if key != "run_stats"}
+    meta["partial"]["path"] = path
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+         "args": {"name": meta.get("process_name") or f"pid {pid}"}}]
+    main_tid = meta.get("main_tid")
+    order = sorted(per_thread, key=lambda tid: (tid != main_tid, tid))
+    for n, tid in enumerate(order):
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                       "args": {"name": thread_names.get(tid, f"thread {tid}")}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                       "args": {"sort_index": n}})
+    for tid in order:
+        rows = per_thread[tid]
+        rows = rows[np.lexsort((rows[:, 3] & DEPTH_MASK, rows[:, 1]))]
+        for index, t0, t1, packed in rows.tolist():
+            info = infos.get(index)
+            if info is None:
+                continue
+            name, category, color = info
+            args: dict[str, Any] = {"depth": packed & DEPTH_MASK, "color": _argb_hex(color)}
+            if packed > DEPTH_MASK:
+                args["iteration"] = (packed >> DEPTH_BITS) - 1
+            extra = gc_args.get((tid, t0))
+            if extra is not None and category == "gc":
+                args.update(extra)
+            events.append({"ph": "X", "name": name, "cat": category,
+                           "cname": CNAMES.get(category, "generic_work"), "pid": pid,
+                           "tid": tid, "ts": (t0 - start_ns) / 1000.0,
+                           "dur": (t1 - t0) / 1000.0, "args": args})
+    return {"displayTimeUnit": "ms", "otherData": {"chainer_autoprof": meta},
+            "traceEvents": events}
+
+
+def _keep_newest(per_thread: dict[int, Any], limit: int | None) -> int:
+    """Keep the newest ``limit`` rows of all threads (by end); returns how many were dropped."""
+    total = sum(len(rows) for rows in per_thread.values())
+    if not limit or total <= limit:
+        return 0
+    ends = np.sort(np.concatenate([rows[:, 2] for rows in per_thread.values()]))
+    cut = ends[total - limit]
+    for tid, rows in list(per_thread.items()):
+        per_thread[tid] = rows[rows[:, 2] >= cut]
+    return total - sum(len(rows) for rows in per_thread.values())
