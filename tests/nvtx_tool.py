@@ -23,11 +23,10 @@ processes write files of their own.
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import re
 import subprocess
-import sys
-import sysconfig
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
@@ -50,25 +49,20 @@ EVENTS = TIMELINE_EVENTS + NAMING_EVENTS
 
 
 def nvtx_include_dir() -> Path:
-    """Directory holding ``nvtx3/nvToolsExt.h``, from the ``nvidia-nvtx`` wheel.
-
-    Falls back to the CUDA toolkit ($CUDA_HOME, /usr/local/cuda).
-    """
-    candidates = []
-    for key in ("purelib", "platlib"):
-        candidates += sorted(Path(sysconfig.get_paths()[key]).glob("nvidia/*/include"))
-    for entry in sys.path:
-        candidates += sorted(Path(entry or ".").glob("nvidia/*/include"))
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if cuda_home:
-        candidates.append(Path(cuda_home) / "include")
-    candidates.append(Path("/usr/local/cuda/include"))
-    for directory in candidates:
-        if (directory / "nvtx3" / "nvToolsExt.h").is_file():
-            return directory
-    raise FileNotFoundError(
-        "nvtx3/nvToolsExt.h not found; install the nvidia-nvtx wheel (pip install nvidia-nvtx)"
-    )
+    """Directory holding ``nvtx3/nvToolsExt.h``: the one the native hot path is built with
+    (the ``nvidia-nvtx`` wheel, else the CUDA toolkit)."""
+    # this checkout's build helpers, by file: a benchmark may put another checkout's
+    # package (one without them) first on sys.path
+    spec = importlib.util.spec_from_file_location(
+        "_hotpath_build", Path(__file__).resolve().parent.parent / "chainer_autoprof" / "runtime"
+        / "hotpath" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    directory = build.nvtx_include_dir()
+    if directory is None:
+        raise FileNotFoundError(
+            "nvtx3/nvToolsExt.h not found; install the nvidia-nvtx wheel (pip install nvidia-nvtx)")
+    return directory
 
 
 def build_injection_library() -> Path:

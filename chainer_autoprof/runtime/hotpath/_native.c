@@ -1314,44 +1314,41 @@ static PyObject *core_forget_py(Core *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* The `ts` of begin(info, ts=None) / end(token, ts=None): NULL for this thread's; -1 with a
+ * TypeError naming `usage` for other arguments. */
+static int thread_state_arg(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                            const char *usage, PyObject **ts)
+{
+    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    *ts = NULL;
+    if (nargs + nkw == 2 && nargs >= 1
+        && (nkw == 0 || (PyUnicode_Check(PyTuple_GET_ITEM(kwnames, 0))
+                         && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0),
+                                                             "ts") == 0))) {
+        *ts = args[1] == Py_None ? NULL : args[1];
+        return 0;
+    }
+    if (nargs == 1 && nkw == 0)
+        return 0;
+    PyErr_SetString(PyExc_TypeError, usage);
+    return -1;
+}
+
 static PyObject *core_begin_py(Core *self, PyObject *const *args, Py_ssize_t nargs,
                                PyObject *kwnames)
 {
-    PyObject *ts = NULL;
-    if (nargs < 1 || nargs > 2 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
-        if (kwnames == NULL || PyTuple_GET_SIZE(kwnames) != 1 || nargs != 1
-            || !PyUnicode_Check(PyTuple_GET_ITEM(kwnames, 0))
-            || PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "ts") != 0) {
-            PyErr_SetString(PyExc_TypeError, "begin(info, ts=None)");
-            return NULL;
-        }
-        ts = args[1];
-    } else if (nargs == 2) {
-        ts = args[1];
-    }
-    if (ts == Py_None)
-        ts = NULL;
+    PyObject *ts;
+    if (thread_state_arg(args, nargs, kwnames, "begin(info, ts=None)", &ts) < 0)
+        return NULL;
     return core_begin(self, args[0], ts);
 }
 
 static PyObject *core_end_py(Core *self, PyObject *const *args, Py_ssize_t nargs,
                              PyObject *kwnames)
 {
-    PyObject *ts = NULL;
-    if (nargs < 1 || nargs > 2 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
-        if (kwnames == NULL || PyTuple_GET_SIZE(kwnames) != 1 || nargs != 1
-            || !PyUnicode_Check(PyTuple_GET_ITEM(kwnames, 0))
-            || PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "ts") != 0) {
-            PyErr_SetString(PyExc_TypeError, "end(token, ts=None)");
-            return NULL;
-        }
-        ts = args[1];
-    } else if (nargs == 2) {
-        ts = args[1];
-    }
-    if (ts == Py_None)
-        ts = NULL;
-    if (core_end(self, args[0], ts) < 0)
+    PyObject *ts;
+    if (thread_state_arg(args, nargs, kwnames, "end(token, ts=None)", &ts) < 0
+        || core_end(self, args[0], ts) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
