@@ -28,7 +28,7 @@ from .common.settings import Config, SettingsError, from_environ
 from .lifecycle import exit as exit_hooks
 from .lifecycle import processes
 from .lifecycle.flusher import Flusher
-from .lifecycle.monitor import ClockSink, Monitor
+from .lifecycle.monitor import Monitor
 from .patches.base import Instrumentor
 from .patches.chainer import ChainerPatches
 from .patches.chainermn import ChainerMNPatches
@@ -39,6 +39,7 @@ from .runtime.device import get_backend
 from .runtime.events import Tracer
 from .runtime.gc_ranges import KEEP_DETAILS, GcRanges
 from .runtime.policies import CaptureWindow, SyncPolicy
+from .sinks.clock import ClockSink
 from .sinks.nvtx import make_nvtx_sink
 from .sinks.recorder import Recorder
 

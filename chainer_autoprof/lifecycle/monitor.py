@@ -42,18 +42,6 @@ AUTO_AFTER = 10
 KEEP_STALLS = 20
 
 
-class ClockSink:
-    """A sink that only asks the tracer to time every range (open ranges' ages for the reports)."""
-
-    timed = True
-
-    def prepare(self, info: Any) -> None:
-        pass
-
-    def close(self, tracer: Any) -> None:
-        pass
-
-
 class Monitor:
     """The watchdog thread, the background flushing and the dump server of one process."""
 
