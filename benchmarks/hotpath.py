@@ -81,13 +81,6 @@ PEER_LABELS = {
     "fhook": "hand-written NVTX FunctionHook",
     "timerhook": "chainer TimerHook",
 }
-AGENT_GRANULARITIES = ("phase", "link", "function", "link+recorder")
-PEERS = ("linkhook", "fhook", "timerhook")
-PEER_LABELS = {
-    "linkhook": "hand-written NVTX LinkHook",
-    "fhook": "hand-written NVTX FunctionHook",
-    "timerhook": "chainer TimerHook",
-}
 
 # -- configurations -------------------------------------------------------------
 
