@@ -135,3 +135,49 @@ def test_threads_training_at_exit_while_the_agent_watches(tmp_path: Path, mode: 
     _check_summary(run.stderr)
     _check_trace(tmp_path / "t.json")
     assert not (tmp_path / "t.json.partial").exists()
+
+
+TEARDOWN = r'''
+import threading
+
+import numpy as np
+import chainer.links as L
+
+model = L.Linear(3, 2)
+x = np.ones((1, 3), np.float32)
+local = threading.local()
+
+
+class CallsAtTeardown:
+    def __del__(self):
+        model(x)  # instrumented code while the thread's own state is being torn down
+
+
+def work():
+    model(x)
+    local.guard = CallsAtTeardown()
+
+
+for _ in range(50):
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+print("done")
+'''
+
+
+def test_instrumented_call_in_a_threads_teardown(tmp_path):
+    """A Link called from a thread-local's finalizer, as the thread ends, after the thread's
+    own state is gone: it runs (a state made anew), nothing freed is touched (debug
+    allocator), NVTX stays balanced on every thread."""
+    script = write_script(tmp_path, "teardown.py", TEARDOWN)
+    env = clean_env(CHAINER_PROF_GRANULARITY="link", CHAINER_PROF_SUMMARY="0",
+                    PYTHONMALLOC="debug", **nvtx_env(tmp_path / "nvtx.%p.tsv"))
+    build_injection_library()
+    proc = subprocess.run([sys.executable, "-m", "chainer_autoprof", str(script)], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == "done\n"
+    ranges = ranges_by_thread(read_events(tmp_path / "nvtx.*.tsv"), "chainer")
+    linear = [name for stream in ranges.values() for _, name, _ in stream if "Linear" in name]
+    assert len(linear) == 100  # each thread's call and its finalizer's

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from time import perf_counter_ns
+from time import monotonic, perf_counter_ns
 from typing import Any, Callable, Protocol
 
 from ..common import names
@@ -46,6 +46,11 @@ MAX_RANGE_NAMES = 4096
 OVERFLOW_NAME = "(other names)"
 #: Names of ended threads remembered for the trace's thread tracks.
 MAX_ENDED_THREAD_NAMES = 4096
+#: After a thread's state ended on that thread (its teardown), for how long a state it asks
+#: for again is taken as its teardown's: a thread-local's finalizer calling a Link (seconds).
+TEARDOWN_S = 1.0
+#: Threads in their teardown remembered at once (the newest).
+MAX_TORN_DOWN = 64
 #: At exit, how long other threads get to end their open ranges themselves (seconds).
 CLOSE_GRACE_S = 0.05
 #: At most how long the exit waits for threads ending their open ranges in the recorder.
@@ -175,6 +180,7 @@ class Tracer:
         self._local = threading.local()  # never replaced: hot wrappers read it inline
         self.states: dict[int, ThreadState] = {}
         self.ended_names: dict[int, str] = {}  # names of ended threads (the newest)
+        self._torn_down: dict[tuple[int, int], float] = {}  # (tid, ident) -> when it ended
         self._closing: dict[ThreadState, Any] | None = None  # threads still to unwind at exit
         self._unrecorded: dict[ThreadState, bool] = {}  # ...whose ranges the recorder awaits
         self._unwound = threading.Event()
@@ -280,13 +286,19 @@ class Tracer:
     def _new_state(self) -> ThreadState:
         """A new state for this thread, registered in :attr:`states`."""
         ts = ThreadState()
-        self._local.end = _ThreadEnd(self, ts)  # goes with the thread's locals: says it ended
+        ended = self._torn_down.pop((ts.tid, threading.get_ident()), None)
+        if ended is not None and monotonic() - ended < TEARDOWN_S:
+            # the thread is being torn down (its locals are gone, so no guard would ever say
+            # it ended): what it still runs is not training, and opens no iteration
+            ts.quiet = 1
+        else:
+            self._local.end = _ThreadEnd(self, ts)  # goes with the thread's locals: says it ended
         self.states[ts.tid] = ts
         return ts
 
     def forget_thread(self) -> None:
-        """This thread drops its state (the tracer is done): the native core's entry in the
-        thread's dict would otherwise outlive the tracer."""
+        """This thread drops its state (the tracer is done, or the thread is ending): the
+        native core's entry in the thread's dict would otherwise outlive it."""
         if self.core is not self:
             self.core.forget()
 
@@ -300,6 +312,12 @@ class Tracer:
         """``ts``'s thread has ended: the sinks take what it left, and its state goes."""
         if self.states.get(ts.tid) is not ts:
             return  # another process's (after a fork), or already gone
+        if threading.get_native_id() == ts.tid:  # on that thread: its teardown
+            self.forget_thread()  # the native core's entry: a later call gets a new state
+            torn = self._torn_down
+            torn[(ts.tid, threading.get_ident())] = monotonic()
+            while len(torn) > MAX_TORN_DOWN:
+                del torn[next(iter(torn))]
         if ts.stack:  # left open: an implicit iteration, a block entered by hand
             if threading.get_native_id() == ts.tid and self._closing is None:
                 self.close_thread(ts)  # still on that thread (its teardown): end them all

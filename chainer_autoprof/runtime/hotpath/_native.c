@@ -826,9 +826,9 @@ typedef struct {
     Py_ssize_t off_stack, off_record, off_links, off_quiet, off_phase, off_bwd_link,
         off_bwd_link_tok;
     Py_ssize_t off_emit, off_sync, off_index, off_nvtx, off_stack_entry;
-    PyThreadState *last_tstate;  /* the thread asked last, and its ThreadState (borrowed: */
-    uint64_t last_id;            /*   the thread's dict holds it; the id tells a thread */
-    PyObject *last_state;        /*   from a later one with the same PyThreadState) */
+    PyThreadState *last_tstate;  /* the thread asked last, and its ThreadState (strong: a */
+    uint64_t last_id;            /*   thread's teardown clears its dict before its last */
+    PyObject *last_state;        /*   calls; the id tells a later thread at that address) */
     PyObject *new_state;      /* () -> a new ThreadState for this thread, registered */
     PyObject *sync;           /* () -> None: synchronize the devices */
     PyObject *window;         /* None, or an object whose .open says whether to emit */
@@ -879,7 +879,7 @@ static PyObject *core_state_slow(Core *core, int create)
     }
     core->last_tstate = tstate;
     core->last_id = PyThreadState_GetID(tstate);
-    core->last_state = ts;
+    Py_XSETREF(core->last_state, Py_NewRef(ts));  /* the old one may go: nothing of ours after */
     return ts;
 }
 
@@ -1201,6 +1201,7 @@ static int core_traverse(Core *self, visitproc visit, void *arg)
     Py_VISIT(self->sync);
     Py_VISIT(self->window);
     Py_VISIT(self->clock);
+    Py_VISIT(self->last_state);
     if (self->sinks != NULL) {
         for (Py_ssize_t i = 0; i < self->sinks->n; i++) {
             Py_VISIT(self->sinks->items[i].obj);
@@ -1223,6 +1224,8 @@ static int core_clear(Core *self)
     Py_CLEAR(self->sync);
     Py_CLEAR(self->window);
     Py_CLEAR(self->clock);
+    self->last_tstate = NULL;
+    Py_CLEAR(self->last_state);
     core_drop_sinks(self);
     return 0;
 }
@@ -1302,9 +1305,10 @@ static PyObject *core_current_py(Core *self, PyObject *unused)
 
 static PyObject *core_forget_py(Core *self, PyObject *unused)
 {
-    PyObject *dict = PyThreadState_GetDict();
+    /* the thread's dict as it is: none in a thread's teardown, and none is made for us */
+    PyObject *dict = PyThreadState_Get()->dict;
     self->last_tstate = NULL;
-    self->last_state = NULL;
+    Py_CLEAR(self->last_state);
     if (dict != NULL && PyDict_GetItemWithError(dict, self->key) != NULL) {
         if (PyDict_DelItem(dict, self->key) < 0)
             return NULL;
