@@ -1,6 +1,6 @@
 """The hot path's targets: a 50-layer training step, the agent beside hand-written hooks.
 
-    python benchmarks/hotpath.py                  # instructions and wall clock, ~10 minutes
+    python benchmarks/hotpath.py                  # instructions and wall clock, ~13 minutes
     python benchmarks/hotpath.py --instructions   # callgrind only
     python benchmarks/hotpath.py --wallclock      # in-process wall clock only, ~3 minutes
     python benchmarks/hotpath.py --package DIR    # measure the chainer_autoprof of another checkout
