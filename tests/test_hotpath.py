@@ -108,11 +108,13 @@ def _trace_ranges(path: Path) -> list[list[tuple]]:
 
 
 def _masked(summary: str) -> list[str]:
-    """The summary's lines with every figure masked, before the verdict (timing-driven)."""
+    """The summary's lines with every figure masked, before the verdict, without the slowest
+    iterations (both timing-driven)."""
     body = summary.split("Verdict:")[0]
     lines = [" ".join(re.sub(r"\d[\d,]*(\.\d+)?( ?(ms|s|us|µs)\b)?", "#", line).split())
              for line in body.splitlines()[1:]
-             if "agent overhead" not in line and "trace " not in line]
+             if "agent overhead" not in line and "trace " not in line
+             and "the median" not in line]
     return sorted(lines)  # the top links are ordered by time
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from time import monotonic, perf_counter_ns
+from time import monotonic, perf_counter_ns, sleep
 from typing import Any, Callable, Protocol
 
 from ..common import names
@@ -55,6 +55,9 @@ MAX_TORN_DOWN = 64
 CLOSE_GRACE_S = 0.05
 #: At most how long the exit waits for threads ending their open ranges in the recorder.
 RECORDING_WAIT_S = 1.0
+#: At exit, with other threads but none inside a range, how long they get to finish a range's
+#: end that is under way (seconds).
+IN_FLIGHT_S = 0.01
 #: A thread's entry in ``Tracer._closing`` while it ends its open ranges at exit.
 _POPPING = "popping"
 
@@ -556,7 +559,11 @@ class Tracer:
         # A short grace: a thread in the middle of a range's end finishes it in every sink;
         # what the threads still away left open then ends in the recorder's view, from here,
         # once the threads that are ending theirs there have done so (their rows in hand).
-        self._unwound.wait(CLOSE_GRACE_S)
+        if self._unwound.wait(CLOSE_GRACE_S) and others:
+            # nothing (more) open, yet a thread may be between a range's end and its record
+            # (the recorder's Python part of an iteration's end), its stack already popped:
+            # a switch interval or two for it to finish before the recorder closes
+            sleep(IN_FLIGHT_S)
         with self._closing_done:
             away = [ts for ts in others if unrecorded.pop(ts, None) is not None]
             self._closing_done.wait_for(lambda: not self._recording, RECORDING_WAIT_S)
