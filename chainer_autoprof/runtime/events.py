@@ -289,6 +289,11 @@ class Tracer:
     def _new_state(self) -> ThreadState:
         """A new state for this thread, registered in :attr:`states`."""
         ts = ThreadState()
+        guard = getattr(self._local, "end", None)
+        if guard is not None and self.states.get(ts.tid) is guard.ts:
+            # made meanwhile, by a call nested in this one (a finalizer run by the collector):
+            # that one stays, or replacing its guard would end it while the thread runs on
+            return guard.ts
         ended = self._torn_down.pop((ts.tid, threading.get_ident()), None)
         if ended is not None and monotonic() - ended < TEARDOWN_S:
             # the thread is being torn down (its locals are gone, so no guard would ever say

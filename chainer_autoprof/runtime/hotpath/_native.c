@@ -1898,13 +1898,33 @@ static PyObject *function_info(Wrapper *w, PyObject *node)
     return info;
 }
 
+/* The original call inside the range `tok` (ours: NULL when none was begun), which ends
+ * after it whether it returned or raised; `ts` is ours too.  The user's error wins over ours
+ * (which turns the hook off). */
+static inline PyObject *call_in_range(Wrapper *w, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames, PyObject *tok, PyObject *ts)
+{
+    PyObject *out = call_original(w, args, nargsf, kwnames);
+    if (tok != NULL) {
+        saved_error user = {NULL, NULL, NULL}, ours = {NULL, NULL, NULL};
+        if (out == NULL)
+            save_error(&user);
+        if (core_end(w->core, tok, ts) < 0)
+            after_call_error(w->fail, &ours);
+        out = finish_call(out, &user, &ours);
+        Py_DECREF(tok);
+    }
+    Py_DECREF(ts);
+    return out;
+}
+
 /* -- FunctionNode.apply ------------------------------------------------------------------ */
 
 static NOINLINE PyObject *apply_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     Core *core = w->core;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *node, *ts, *info = NULL, *links, *tok = NULL, *out;
+    PyObject *node, *ts, *info = NULL, *links, *tok = NULL;
 
     if (nargs < 1)
         return call_original(w, args, nargsf, kwnames);
@@ -1945,18 +1965,7 @@ failed:
         return NULL;
     }
 call:
-    out = call_original(w, args, nargsf, kwnames);
-    if (tok != NULL) {
-        saved_error user = {NULL, NULL, NULL}, ours = {NULL, NULL, NULL};
-        if (out == NULL)
-            save_error(&user);
-        if (core_end(core, tok, ts) < 0)
-            after_call_error(w->fail, &ours);
-        out = finish_call(out, &user, &ours);
-        Py_DECREF(tok);
-    }
-    Py_DECREF(ts);
-    return out;
+    return call_in_range(w, args, nargsf, kwnames, tok, ts);
 }
 
 /* -- _backprop_utils.backprop_step -------------------------------------------------------- */
@@ -1985,7 +1994,7 @@ static NOINLINE PyObject *backprop_call(Wrapper *w, PyObject *const *args, size_
 {
     Core *core = w->core;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *ts, *phase, *func = NULL, *owner = NULL, *tok = NULL, *out;
+    PyObject *ts, *phase, *func = NULL, *owner = NULL, *tok = NULL;
 
     ts = core_state(core);
     if (ts == NULL) {
@@ -2086,18 +2095,7 @@ failed:
     }
 call:
     Py_XDECREF(owner);
-    out = call_original(w, args, nargsf, kwnames);
-    if (tok != NULL) {
-        saved_error user = {NULL, NULL, NULL}, ours = {NULL, NULL, NULL};
-        if (out == NULL)
-            save_error(&user);
-        if (core_end(core, tok, ts) < 0)
-            after_call_error(w->fail, &ours);
-        out = finish_call(out, &user, &ours);
-        Py_DECREF(tok);
-    }
-    Py_DECREF(ts);
-    return out;
+    return call_in_range(w, args, nargsf, kwnames, tok, ts);
 }
 
 /* -- the type ------------------------------------------------------------------------ */
