@@ -221,7 +221,8 @@ def read_partial(path: str, limit: int | None = None,
     write_container(text, meta, process_events(
         Timeline(pid, start_ns), meta.get("process_name") or f"pid {pid}",
         RangeTrack(known, threads, gc_args)))
-    return json.loads(text.getvalue())
+    trace: dict[str, Any] = json.loads(text.getvalue())
+    return trace
 
 
 def _dense_names(infos: dict[int, tuple[str, str, int]], per_thread: dict[int, Any]

@@ -299,7 +299,8 @@ def _rows_in_begin_order(blocks: list[Any]) -> list[list[int]]:
         return []
     rows = np.concatenate([np.asarray(b, dtype=np.int64).reshape(-1, 4) for b in blocks])
     order = np.lexsort((rows[:, 3] & DEPTH_MASK, rows[:, 1]))
-    return rows[order].tolist()
+    ordered: list[list[int]] = rows[order].tolist()
+    return ordered
 
 
 # -- one process's events, and the file around them ------------------------------------------------
