@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Generic, Iterable, Iterator, Mapping, Sequence, TextIO, Tuple, TypeVar
 
 import numpy as np
@@ -255,23 +256,31 @@ class Ranges(EventKind[Range]):
                     f'"cname":{json.dumps(CNAMES.get(info[1], DEFAULT_CNAME))},"pid":{pid},'
                     '"tid":' for info in items.infos]
         colors = ["" if info is None else argb_hex(info[2]) for info in items.infos]
-        n_infos = len(prefixes)
+        known = np.array([bool(p) for p in prefixes], dtype=bool)
         extra_args = items.extra_args
         for thread in items.threads:
             tid = thread.tid
-            for index, t0, t1, packed in _rows_in_begin_order(thread.blocks):
-                if index >= n_infos or not prefixes[index]:
-                    continue
-                depth = packed & DEPTH_MASK
-                extra = (f',"iteration":{(packed >> DEPTH_BITS) - 1}'
-                         if packed > DEPTH_MASK else "")
+            rows = _rows_in_begin_order(thread.blocks)
+            index = rows[:, 0]
+            rows = rows[(index >= 0) & (index < len(known))]
+            rows = rows[known[rows[:, 0]]]
+            items.written += len(rows)
+            t0, packed = rows[:, 1], rows[:, 3]
+            # microseconds with 3 decimals, exactly: integer parts and remainders, per column
+            ts_q, ts_r = np.divmod(t0 - start_ns, 1000)
+            dur_q, dur_r = np.divmod(rows[:, 2] - t0, 1000)
+            for index, begin, tq, tr, dq, dr, depth, iteration in zip(
+                    rows[:, 0].tolist(), t0.tolist(), ts_q.tolist(), ts_r.tolist(),
+                    dur_q.tolist(), dur_r.tolist(), (packed & DEPTH_MASK).tolist(),
+                    ((packed >> DEPTH_BITS) - 1).tolist()):
+                extra = f',"iteration":{iteration}' if iteration >= 0 else ""
                 if extra_args:
-                    more = extra_args.get((tid, t0))
+                    more = extra_args.get((tid, begin))
                     if more:
                         extra += "," + json.dumps(more)[1:-1]
-                items.written += 1
-                yield (f'{prefixes[index]}{tid},"ts":{fixed3(t0 - start_ns)},'
-                       f'"dur":{fixed3(t1 - t0)},"args":{{"depth":{depth},'
+                ts = f"{tq}.{tr:03d}" if tq >= 0 else fixed3(tq * 1000 + tr)
+                dur = f"{dq}.{dr:03d}" if dq >= 0 else fixed3(dq * 1000 + dr)
+                yield (f'{prefixes[index]}{tid},"ts":{ts},"dur":{dur},"args":{{"depth":{depth},'
                        f'"color":"{colors[index]}"{extra}}}}}')
 
     def decode(self, ev: dict[str, Any], where: str) -> Range:
@@ -294,13 +303,12 @@ class Ranges(EventKind[Range]):
 RANGES = register(Ranges())
 
 
-def _rows_in_begin_order(blocks: list[Any]) -> list[list[int]]:
+def _rows_in_begin_order(blocks: list[Any]) -> Any:
+    """One thread's rows as an ``(n, 4)`` int64 array, in begin order (ties: outer first)."""
     if not blocks:
-        return []
+        return np.empty((0, 4), dtype=np.int64)
     rows = np.concatenate([np.asarray(b, dtype=np.int64).reshape(-1, 4) for b in blocks])
-    order = np.lexsort((rows[:, 3] & DEPTH_MASK, rows[:, 1]))
-    ordered: list[list[int]] = rows[order].tolist()
-    return ordered
+    return rows[np.lexsort((rows[:, 3] & DEPTH_MASK, rows[:, 1]))]
 
 
 # -- one process's events, and the file around them ------------------------------------------------
@@ -332,13 +340,18 @@ def write_container(out: TextIO, record: Mapping[str, Any], events: Iterable[str
     out.write('{"displayTimeUnit":"ms","otherData":')
     out.write(json.dumps({"chainer_autoprof": finite(record)}, default=str, allow_nan=False))
     out.write(',"traceEvents":[\n')
-    first = True
-    for text in events:
-        if not first:
+    events = iter(events)
+    batch = list(islice(events, _BATCH))
+    while batch:
+        out.write(",\n".join(batch))
+        batch = list(islice(events, _BATCH))
+        if batch:
             out.write(",\n")
-        out.write(text)
-        first = False
     out.write("\n]}\n")
+
+
+#: Events joined per write.
+_BATCH = 4096
 
 
 def finite(value: Any) -> Any:
