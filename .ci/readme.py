@@ -1,11 +1,13 @@
-"""Keep README.md's generated tables in step with the code.
+"""Keep the generated tables of README.md and docs/trace_format.md in step with the code.
 
-The settings table comes from ``chainer_autoprof.common.settings.markdown_table()``,
-the range-colour table from ``chainer_autoprof.common.names.CATEGORIES``.  Each sits
-in README.md between ``<!-- BEGIN name -->`` and ``<!-- END name -->``.
+README.md: the settings table comes from ``chainer_autoprof.common.settings.markdown_table()``,
+the range-colour table from ``chainer_autoprof.common.names.CATEGORIES``.
+docs/trace_format.md: the event kinds from ``chainer_autoprof.report.trace_events.KINDS``,
+the run record from ``chainer_autoprof.analysis.record.RECORD``.  Each table sits between
+``<!-- BEGIN name -->`` and ``<!-- END name -->``.
 
-    python .ci/readme.py          # rewrite the tables in README.md
-    python .ci/readme.py --check  # exit 1 if README.md is out of date
+    python .ci/readme.py          # rewrite the tables
+    python .ci/readme.py --check  # exit 1 if a file is out of date
 """
 
 from __future__ import annotations
@@ -18,7 +20,11 @@ REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 sys.path.insert(0, str(REPO))
 
+from chainer_autoprof.analysis import record  # noqa: E402
 from chainer_autoprof.common import names, settings  # noqa: E402
+from chainer_autoprof.report import trace_events  # noqa: E402
+
+TRACE_FORMAT = REPO / "docs" / "trace_format.md"
 
 #: What each range category covers, in README words.
 CATEGORY_RANGES = {
@@ -55,34 +61,40 @@ def colour_table() -> str:
 
 
 TABLES = {"settings-table": settings_table, "colour-table": colour_table}
+#: The other generated files and their tables.
+DOC_TABLES = {TRACE_FORMAT: {"trace-events": trace_events.markdown,
+                             "run-record": record.markdown}}
 
 
 def block(name: str) -> re.Pattern:
     return re.compile(rf"(<!-- BEGIN {name} -->\n)(.*?)(<!-- END {name} -->)", re.S)
 
 
-def render(text: str) -> str:
+def render(text: str, tables: dict = TABLES, where: str = "README.md") -> str:
     """``text`` with every generated table replaced by its current version."""
-    for name, make in TABLES.items():
+    for name, make in tables.items():
         pattern = block(name)
         if not pattern.search(text):
-            raise SystemExit(f"README.md has no <!-- BEGIN {name} --> ... <!-- END {name} -->")
-        text = pattern.sub(lambda m, make=make: m.group(1) + make() + "\n" + m.group(3), text)
+            raise SystemExit(f"{where} has no <!-- BEGIN {name} --> ... <!-- END {name} -->")
+        new = make().rstrip("\n") + "\n"
+        text = pattern.sub(lambda m, new=new: m.group(1) + new + m.group(3), text)
     return text
 
 
 def main(argv: list[str]) -> int:
-    text = README.read_text(encoding="utf-8")
-    new = render(text)
-    if "--check" in argv:
-        if new != text:
-            print("README.md is out of date: run python .ci/readme.py", file=sys.stderr)
-            return 1
-        return 0
-    if new != text:
-        README.write_text(new, encoding="utf-8")
-        print("README.md updated")
-    return 0
+    stale = 0
+    for path, tables in {README: TABLES, **DOC_TABLES}.items():
+        text = path.read_text(encoding="utf-8")
+        new = render(text, tables, path.name)
+        if new == text:
+            continue
+        if "--check" in argv:
+            print(f"{path.name} is out of date: run python .ci/readme.py", file=sys.stderr)
+            stale = 1
+        else:
+            path.write_text(new, encoding="utf-8")
+            print(f"{path.name} updated")
+    return stale
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ The layers below never look the agent up: what they need is passed down
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.util
 import os
 import sys
@@ -56,6 +57,9 @@ class Agent:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.start_dir = os.getcwd()  # a relative trace path is relative to it, as checked
+        #: The file this process's trace goes to, when asked (the one composition of the path).
+        self.trace_path = functools.partial(processes.trace_path, cfg.trace or "",
+                                            self.start_dir)
         log.set_level(cfg.log)
         backend = get_backend()
         self.backend = backend
@@ -109,10 +113,9 @@ class Agent:
         flusher = None
         if recorder is not None and recorder.keep and cfg.flush_interval > 0:
             gc_details = self.gc_ranges.details_since if self.gc_ranges is not None else None
-            flusher = Flusher(recorder, lambda: processes.child_trace_template(cfg.trace),
-                              int(cfg.record_limit), self._partial_metadata, gc_details,
-                              lambda: recorder.stats_now(self.tracer.clock()).to_dict(),
-                              start_dir=self.start_dir)
+            flusher = Flusher(recorder, self.trace_path, int(cfg.record_limit),
+                              self._partial_metadata, gc_details,
+                              lambda: recorder.stats_now(self.tracer.clock()).to_dict())
         notes = self.queue_probe.describe if self.queue_probe is not None else None
         return Monitor(self.tracer, cfg.stall, flusher, float(cfg.flush_interval), notes)
 
@@ -263,7 +266,7 @@ class Agent:
                 stalls = self.monitor.stall_records()
                 stats = report_run(self.recorder, self.tracer, self.cfg,
                                    hits=sum(p.hits for p in self.all_patches()),
-                                   start_dir=self.start_dir,
+                                   trace_path=self.trace_path,
                                    extra_meta={"stalls": stalls} if stalls else None,
                                    event_args=self.gc_ranges.args_by_range()
                                    if self.gc_ranges is not None and self.cfg.trace else None)

@@ -8,6 +8,7 @@ trace is read in one go: both must give the same numbers).
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import tracemalloc
@@ -22,6 +23,7 @@ from chainer_autoprof.analysis.stats import PHASE_KEYS
 from chainer_autoprof.common import names
 from chainer_autoprof.common.settings import Config
 from chainer_autoprof.lifecycle.finish import report_run
+from chainer_autoprof.lifecycle.processes import trace_path
 from chainer_autoprof.runtime.device import CountingBackend, NullBackend
 from chainer_autoprof.runtime.events import Tracer
 from chainer_autoprof.runtime.policies import SyncPolicy
@@ -328,7 +330,9 @@ _settings: dict[int, Config] = {}
 def close(tracer, recorder, cfg=None):
     """The end of the run as the agent does it: close the tracer, then report from the recorder."""
     tracer.close()
-    return report_run(recorder, tracer, cfg or _settings[id(recorder)], hits=0)
+    cfg = cfg or _settings[id(recorder)]
+    return report_run(recorder, tracer, cfg, hits=0,
+                      trace_path=functools.partial(trace_path, cfg.trace or "", None))
 
 
 def test_trace_keeps_the_newest_ranges_and_counts_the_dropped(tmp_path):

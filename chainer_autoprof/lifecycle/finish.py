@@ -13,11 +13,12 @@ import socket
 import sys
 import threading
 from time import perf_counter_ns, time_ns
-from typing import Any
+from typing import Any, Callable
 
+from ..analysis import record
+from ..analysis.record import By
 from ..analysis.stats import RunStats
 from ..common import log, rank
-from ..common.paths import trace_file
 from ..common.settings import SETTINGS, Config, to_environ_value
 from ..common.version import __version__
 from ..report.summary import format_summary
@@ -28,22 +29,21 @@ from . import overhead, processes
 
 
 def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int,
-               start_dir: str | None = None,
+               trace_path: Callable[[], str] | None = None,
                extra_meta: dict[str, Any] | None = None,
                event_args: dict[tuple[int, int], dict[str, Any]] | None = None
                ) -> RunStats | None:
     """Statistics, trace file and summary of the run, once the tracer is closed.
 
-    ``hits`` counts the instrumented calls (for the overhead estimate); a
-    relative trace path is taken from ``start_dir``, the directory the run
-    started in and the path was checked in (the program may have changed it);
-    ``extra_meta`` goes into the metadata (e.g. the stall reports);
-    ``event_args`` adds arguments to ranges of the trace (by thread id and
-    start ns).  Returns the statistics, or ``None`` for a process with
-    nothing to say: one that never reached an instrumented call nor recorded
-    a range (``python -c 'import json'`` with a ``CHAINER_PROF_*`` variable
-    exported: no summary, and no trace to replace the training's), a forked
-    worker that did no training, or a helper interpreter (a resource
+    ``hits`` counts the instrumented calls (for the overhead estimate);
+    ``trace_path`` gives the file the trace goes to (:func:`.processes.trace_path`;
+    ``None``: no trace); ``extra_meta`` goes into the run record (e.g. the
+    stall reports); ``event_args`` adds arguments to ranges of the trace (by
+    thread id and start ns).  Returns the statistics, or ``None`` for a
+    process with nothing to say: one that never reached an instrumented call
+    nor recorded a range (``python -c 'import json'`` with a ``CHAINER_PROF_*``
+    variable exported: no summary, and no trace to replace the training's), a
+    forked worker that did no training, or a helper interpreter (a resource
     tracker, ...) that recorded nothing.
     """
     if hits == 0 and recorder.agg.ranges == 0:
@@ -57,12 +57,11 @@ def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int,
     wall_ms = max(0, end_ns - recorder.start_ns) / 1e6
     if cost[0] > wall_ms:  # threads share one interpreter: the agent's time fits in the wall's
         cost = (wall_ms, cost[1] + "; capped at the wall time")
-    meta = metadata(cfg, tracer, recorder, end_ns)
-    meta.update(extra_meta or {})
+    meta = metadata(cfg, tracer, recorder, end_ns, extra_meta)
     stats = recorder.run_stats(end_ns, cost, meta)
-    if cfg.trace:
-        stats.meta["trace_path"] = _write_trace(recorder, tracer, cfg.trace, stats, start_dir,
-                                                event_args)
+    if cfg.trace and trace_path is not None:
+        record.add(stats.meta, By.LIVE,
+                   trace_path=_write_trace(recorder, tracer, trace_path(), stats, event_args))
     if cfg.summary:
         try:
             sys.stderr.write(format_summary(stats, advice=bool(cfg.advice)) + "\n")
@@ -72,14 +71,32 @@ def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int,
     return stats
 
 
+def metadata(cfg: Config, tracer: Any, recorder: Recorder, end_ns: int,
+             extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run record at exit, but for the statistics' figures (the summary's ``meta``)."""
+    values = _run_values(cfg, tracer, recorder, _clock(recorder.start_ns, end_ns))
+    values.update(extra or {})
+    return record.build(By.EXIT, values, complete=False)
+
+
 def partial_metadata(cfg: Config, tracer: Any, recorder: Recorder) -> dict[str, Any]:
-    """The metadata of the trace so far, as the final trace will hold it (while the run goes on)."""
-    meta = metadata(cfg, tracer, recorder, tracer.clock())
-    meta["clock"].pop("duration_ns", None)  # the reader takes it from the last write
-    meta.update(main_tid=threading.main_thread().native_id, process_name=process_name(),
-                batch_size=tracer.facts.get("batch_size"), sync_level=tracer.sync.level,
-                sync_calls=tracer.sync.calls)
-    return meta
+    """The run record of the trace so far, while the run goes on (its reader adds the rest)."""
+    values = _run_values(cfg, tracer, recorder, _clock(recorder.start_ns, None))
+    values.update(main_tid=threading.main_thread().native_id, process_name=process_name(),
+                  batch_size=tracer.facts.get("batch_size"), sync_level=tracer.sync.level,
+                  sync_calls=tracer.sync.calls)
+    return record.build(By.SO_FAR, values)
+
+
+def final_record(stats: RunStats, dropped: int) -> dict[str, Any]:
+    """The run record of the final trace: the summary's, and the statistics' figures (the
+    whole run's statistics too when ``dropped`` ranges are not in the trace)."""
+    values = dict(stats.meta)
+    values.update(record.from_stats(stats))
+    values.update(main_tid=threading.main_thread().native_id, ranges=stats.ranges)
+    if dropped:
+        values["run_stats"] = dict(stats.to_dict(), meta={})
+    return record.build(By.EXIT, values)
 
 
 def process_name() -> str:
@@ -89,8 +106,17 @@ def process_name() -> str:
     return f"{script} (pid {os.getpid()}" + (f", rank {number})" if number else ")")
 
 
-def metadata(cfg: Config, tracer: Any, recorder: Recorder, end_ns: int) -> dict[str, Any]:
-    """Run metadata for the trace and the summary."""
+def _clock(start_ns: int, end_ns: int | None) -> dict[str, int]:
+    clock = {"perf_counter_ns_at_start": start_ns,
+             "unix_time_ns_at_start": time_ns() - (perf_counter_ns() - start_ns)}
+    if end_ns is not None:
+        clock["duration_ns"] = end_ns - start_ns
+    return clock
+
+
+def _run_values(cfg: Config, tracer: Any, recorder: Recorder,
+                clock: dict[str, int]) -> dict[str, Any]:
+    """The run's own fields of the record, as the final trace and the trace so far hold them."""
     settings: dict[str, Any] = {}
     for s in SETTINGS:
         value = getattr(cfg, s.name)
@@ -104,7 +130,6 @@ def metadata(cfg: Config, tracer: Any, recorder: Recorder, end_ns: int) -> dict[
         if mod is not None:
             versions[module] = str(getattr(mod, "__version__", "?"))
     argv = getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]
-    start_ns = recorder.start_ns
     return {
         "version": __version__,
         "pid": os.getpid(),
@@ -116,9 +141,7 @@ def metadata(cfg: Config, tracer: Any, recorder: Recorder, end_ns: int) -> dict[
                 for s in SETTINGS if s.name in cfg.explicit},
         "versions": versions,
         "devices": device_names(tracer.sync.devices),
-        "clock": {"perf_counter_ns_at_start": start_ns,
-                  "unix_time_ns_at_start": time_ns() - (perf_counter_ns() - start_ns),
-                  "duration_ns": end_ns - start_ns},
+        "clock": clock,
         "warmup_skip": recorder.warm_skip,
         "granularity": cfg.granularity,
         "implementation": tracer.hotpath.as_dict(),  # the hot path: native, or python and why
@@ -129,28 +152,18 @@ def metadata(cfg: Config, tracer: Any, recorder: Recorder, end_ns: int) -> dict[
     }
 
 
-def _write_trace(recorder: Recorder, tracer: Any, template: str, stats: RunStats,
-                 start_dir: str | None,
+def _write_trace(recorder: Recorder, tracer: Any, path: str, stats: RunStats,
                  event_args: dict[tuple[int, int], dict[str, Any]] | None) -> str | None:
-    """Write the trace file; returns its path (``None`` on failure, said once)."""
-    path = trace_file(processes.child_trace_template(template), start_dir)
-    other = dict(stats.meta)
-    other.update(dropped_ranges=recorder.dropped, main_tid=threading.main_thread().native_id,
-                 batch_size=stats.batch_size, sync_level=stats.sync_level,
-                 sync_calls=stats.sync_calls, overhead_ms=stats.overhead_ms,
-                 overhead_method=stats.overhead_method, gpu_phase_ms=stats.gpu_phase_ms,
-                 ranges=stats.ranges)
-    if recorder.dropped:
-        other["run_stats"] = stats.to_dict()
-        other["run_stats"]["meta"] = {}
-    per_thread: dict[int, list] = {}
-    for tid, block in recorder.retained:
-        per_thread.setdefault(tid, []).append(block)
-    thread_names = dict(tracer.ended_names)
-    thread_names.update({ts.tid: ts.thread_name for ts in list(tracer.states.values())})
-    threads = [ThreadRanges(tid, thread_names.get(tid, f"thread {tid}"), blocks)
-               for tid, blocks in per_thread.items()]
+    """Write the trace file at ``path``; returns it (``None`` on failure, said once)."""
     try:
+        other = final_record(stats, recorder.dropped)
+        per_thread: dict[int, list] = {}
+        for tid, block in recorder.retained:
+            per_thread.setdefault(tid, []).append(block)
+        thread_names = dict(tracer.ended_names)
+        thread_names.update({ts.tid: ts.thread_name for ts in list(tracer.states.values())})
+        threads = [ThreadRanges(tid, thread_names.get(tid, f"thread {tid}"), blocks)
+                   for tid, blocks in per_thread.items()]
         write_trace(path, pid=os.getpid(), start_ns=recorder.start_ns, infos=recorder.infos,
                     threads=threads, other=other, process_name=process_name(),
                     main_tid=other["main_tid"], event_args=event_args)

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..common import log
-from ..common.paths import output_target, trace_file
+from ..common.paths import output_target
 
 #: Bytes of metadata and states a file may gather before it is rewritten.
 STATE_BYTES = 8 << 20
@@ -38,14 +38,13 @@ STATE_BYTES = 8 << 20
 class Flusher:
     """Writes the recorder's ranges to this process's partial trace file."""
 
-    def __init__(self, recorder: Any, template: Callable[[], str], limit: int,
+    def __init__(self, recorder: Any, trace_path: Callable[[], str], limit: int,
                  meta: Callable[[], dict[str, Any]],
                  gc_details: Callable[[int], tuple[list, int]] | None = None,
-                 run_stats: Callable[[], dict[str, Any]] | None = None,
-                 start_dir: str | None = None) -> None:
+                 run_stats: Callable[[], dict[str, Any]] | None = None) -> None:
         self.recorder = recorder
-        self.template = template      # the trace path template of this process
-        self.start_dir = start_dir    # where a relative trace path is taken from
+        #: The file this process's final trace goes to now (:func:`.processes.trace_path`).
+        self.trace_path = trace_path
         self.limit = limit
         self.meta = meta
         self.gc_details = gc_details
@@ -90,8 +89,7 @@ class Flusher:
         if self.writer is None and not count:
             return None
         # beside the final trace; never replacing what is not a regular file
-        path = output_target(os.path.abspath(
-            partial.partial_path(trace_file(self.template(), self.start_dir))))
+        path = output_target(os.path.abspath(partial.partial_path(self.trace_path())))
         if self.writer is None:
             self.writer = partial.PartialWriter(path)
         else:

@@ -27,6 +27,7 @@ import threading
 from typing import Any, Callable, Mapping
 
 from ..common import log, rank
+from ..common.paths import trace_file
 from ..common.settings import BY_NAME, INTERNAL_PREFIX, to_environ_value
 
 #: The pid of the first process where the agent started (children see it).
@@ -181,6 +182,19 @@ def metadata() -> dict[str, Any]:
     if reference is not None:
         meta["clock_reference"] = dict(reference)
     return meta
+
+
+def trace_path(template: str, start_dir: str | None) -> str:
+    """THE file this process's trace goes to now (the final trace; the trace so far beside it).
+
+    ``template`` (``CHAINER_PROF_TRACE``) expanded now (``%p %h %r %q{VAR}``: the
+    pid after a fork, the rank once known), a child's without ``%p`` given
+    ``.%p`` (:func:`child_trace_template`), a relative one taken from
+    ``start_dir``, the directory the run started in and the path was checked
+    in (the program may have changed it).  The agent binds the template and
+    the directory once and hands this down; nothing else composes the path.
+    """
+    return trace_file(child_trace_template(template), start_dir)
 
 
 def child_trace_template(template: str) -> str:

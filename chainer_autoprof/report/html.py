@@ -21,7 +21,7 @@ from ..analysis.outliers import slow_iterations
 from ..analysis.stats import percentile
 from ..analysis.verdict import Verdict, decide, pick_replay
 from ..common import names
-from ..common.paths import output_target
+from ..common.outputs import atomic_text
 from .stall import ended_abnormally
 from .summary import describe_slow
 
@@ -402,7 +402,7 @@ def write_report(out_path: str, runs: Sequence[tuple[Any, Any]]) -> None:
             trace, stats = runs[0] if runs[0][1] is pair[0] else runs[1]
             replay = pair[1]
     page = render(trace, stats, replay)
-    with open(output_target(out_path), "w", encoding="utf-8") as f:
+    with atomic_text(out_path) as f:  # whole or not at all; a regular file only
         f.write(page)
 
 

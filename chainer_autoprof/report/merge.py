@@ -42,20 +42,23 @@ long it holds them back.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
+from ..analysis import record
+from ..analysis.record import By, MalformedError
 from ..analysis.stall import odd_one_out, position
 from ..analysis.stats import median
 from ..common import names
+from ..common.outputs import atomic_text
 from ..common.paths import output_target
-from . import trace_check
+from . import trace_events
 from .stall import describe_odd, side_by_side
-from .tracefile import TraceError, finite, load_trace_json
+from .trace_events import PROCESS_LABELS, PROCESS_NAME, PROCESS_SORT_INDEX, RANGES
+from .tracefile import TraceError, open_trace
 
 ALIGN_METHODS = ("auto", "clock", "collective", "wall")
 #: Below this share of the others' iteration time spent waiting, the ranks count as balanced.
@@ -133,7 +136,7 @@ def _share(part: float, whole: float) -> float:
 # -- reading ------------------------------------------------------------------------
 def _read_json(path: str) -> dict[str, Any]:
     try:
-        return load_trace_json(path)
+        return open_trace(path)
     except TraceError as exc:
         raise MergeError(str(exc)) from None
 
@@ -153,8 +156,8 @@ def load_input(path: str, warmup: int | None = None) -> Input:
     if meta.get("merged"):
         raise MergeError(f"{path} is already a merged trace; merge the per-rank traces")
     try:
-        trace_check.metadata(meta)
-    except trace_check.MalformedError as exc:
+        meta = record.check(meta)
+    except MalformedError as exc:
         raise MergeError(f"{path}: {exc}") from None
     clock = meta.get("clock") or {}
     process = meta.get("process") or {}
@@ -231,17 +234,19 @@ def rank_stats(inp: Input, events: list[Any], warmup: int | None) -> RankStats:
     for n, ev in enumerate(events):
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
-        try:
-            _name, cat, tid, t0, t1, _depth, _it = trace_check.complete_event(ev, n)
-        except trace_check.MalformedError as exc:
-            raise MergeError(f"{inp.path}: {exc}") from None
-        if cat != names.ITERATION and cat != names.COMM:
+        if trace_events.kind_of(ev) is not RANGES:
             continue
-        table = iterations if cat == names.ITERATION else comm
-        table.setdefault(tid, []).append((t0, t1))
+        try:
+            r = RANGES.decode(ev, f"event {n}")
+        except MalformedError as exc:
+            raise MergeError(f"{inp.path}: {exc}") from None
+        if r.category != names.ITERATION and r.category != names.COMM:
+            continue
+        table = iterations if r.category == names.ITERATION else comm
+        table.setdefault(r.tid, []).append((r.t0, r.t1))
     loop_tid = max(iterations, key=lambda tid: len(iterations[tid]), default=None)
     iters = sorted(iterations.get(loop_tid, []))
-    skip = int(inp.meta.get("warmup_skip", 0)) if warmup is None else warmup
+    skip = int(record.value(inp.meta, "warmup_skip")) if warmup is None else warmup
     if len(iters) <= skip:
         skip = 0
     starts = [t0 for t0, _ in iters]
@@ -316,27 +321,18 @@ def merged_events(inputs: list[Input], zero_ns: int) -> Iterator[dict[str, Any]]
         shift_us = (inp.start_perf + inp.offset_ns - zero_ns) / 1000.0
         pid = inp.new_pid
         detail = f"{inp.host}, pid {inp.pid}" if "pid" not in inp.label else inp.host
-        yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-               "args": {"name": f"{inp.label} ({detail})"}}
-        yield {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-               "args": {"sort_index": pid}}
+        yield PROCESS_NAME.event(pid, 0, f"{inp.label} ({detail})")
+        yield PROCESS_SORT_INDEX.event(pid, 0, pid)
         if inp.rank is not None:
-            yield {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0,
-                   "args": {"labels": f"rank {inp.rank}"}}
+            yield PROCESS_LABELS.event(pid, 0, f"rank {inp.rank}")
+        own = (PROCESS_NAME, PROCESS_SORT_INDEX, PROCESS_LABELS)  # the merged file's own
         for n, ev in enumerate(_read_json(inp.path)["traceEvents"]):
-            if not isinstance(ev, dict):
+            if not isinstance(ev, dict) or trace_events.kind_of(ev) in own:
                 continue
-            if ev.get("ph") == "M" and ev.get("name") in ("process_name", "process_sort_index",
-                                                          "process_labels"):
-                continue
-            ev = dict(ev)
-            ev["pid"] = pid
-            if "ts" in ev and ev.get("ph") != "M":
-                try:
-                    ev["ts"] = round(trace_check.timestamp(ev, n) + shift_us, 3)
-                except trace_check.MalformedError as exc:
-                    raise MergeError(f"{inp.path}: {exc}") from None
-            yield ev
+            try:
+                yield trace_events.move(ev, n, pid, shift_us)
+            except MalformedError as exc:
+                raise MergeError(f"{inp.path}: {exc}") from None
 
 
 def merge(paths: Sequence[str], output: str, method: str = "auto",
@@ -361,14 +357,14 @@ def merge(paths: Sequence[str], output: str, method: str = "auto",
         "alignment": [{"path": i.path, "label": i.label, "method": i.method,
                        "offset_ns": i.offset_ns} for i in inputs],
     }
-    other = {"chainer_autoprof": {
+    other = record.build(By.MERGE, {
         "merged": True,
         "inputs": [{"path": i.path, "label": i.label, "pid": i.pid, "merged_pid": i.new_pid,
                     "rank": i.rank, "host": i.host, "child": i.child, "meta": i.meta}
                    for i in inputs],
         "clock": {"method": method, "zero_perf_counter_ns": zero_ns},
         "summary": summary,
-    }}
+    })
     events = merged_events(inputs, zero_ns)
     try:
         output = output_target(output)  # a regular file only; a symlink's target
@@ -377,31 +373,22 @@ def merge(paths: Sequence[str], output: str, method: str = "auto",
     directory = os.path.dirname(output)
     if not os.path.isdir(directory):
         raise MergeError(f"directory {directory} does not exist")
-    tmp = f"{output}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write('{"displayTimeUnit":"ms","otherData":')
-            json.dump(finite(other), f, default=str, allow_nan=False)
-            f.write(',"traceEvents":[\n')
-            for n, ev in enumerate(events):
-                if n:
-                    f.write(",\n")
-                try:  # strict JSON: NaN and Infinity are not numbers there
-                    f.write(json.dumps(ev, separators=(",", ":"), allow_nan=False))
-                except ValueError:
-                    raise MergeError(f"an event of {_source(inputs, ev)} holds NaN or "
-                                     "Infinity") from None
-            f.write("\n]}\n")
-        os.replace(tmp, output)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise MergeError(f"cannot write {output}: {exc.strerror or exc}") from None
-        raise
+        with atomic_text(output) as out:
+            trace_events.write_container(out, other, _texts(events, inputs))
+    except OSError as exc:
+        raise MergeError(f"cannot write {output}: {exc.strerror or exc}") from None
     return summary
+
+
+def _texts(events: Iterator[dict[str, Any]], inputs: list[Input]) -> Iterator[str]:
+    """Each merged event as strict JSON text (NaN and Infinity are not numbers there)."""
+    for ev in events:
+        try:
+            yield trace_events.dumps(ev)
+        except ValueError:
+            raise MergeError(f"an event of {_source(inputs, ev)} holds NaN or "
+                             "Infinity") from None
 
 
 def _source(inputs: list[Input], ev: dict[str, Any]) -> str:

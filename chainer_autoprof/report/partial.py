@@ -29,16 +29,24 @@ used stays bounded like the memory.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
-import tempfile
 from typing import Any, Iterator
 
 import numpy as np
 
-from ..analysis.stats import DEPTH_BITS, DEPTH_MASK
-from .tracefile import CNAMES, _argb_hex
+from ..analysis import record
+from ..common import outputs
+from .trace_events import (
+    RangeTrack,
+    ThreadRanges,
+    Timeline,
+    in_track_order,
+    process_events,
+    write_container,
+)
 
 MAGIC = b"CHAINER_AUTOPROF_PARTIAL 1\n"
 SUFFIX = ".partial"
@@ -104,37 +112,19 @@ class PartialWriter:
     def append(self, chunks: list[bytes]) -> None:
         """Append ``chunks`` (whole records) in one write, creating the file if needed."""
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
-                               0o666)
+            self._fd = outputs.create_appendable(self.path)
             self.size = 0
             chunks = [MAGIC, *chunks]
-        _write_all(self._fd, b"".join(chunks))
+        outputs.append(self._fd, b"".join(chunks))
         self.size += sum(len(c) for c in chunks)
 
     def rewrite(self, chunks: list[bytes]) -> None:
         """Replace the file with ``chunks`` (whole records), atomically."""
-        directory = os.path.dirname(os.path.abspath(self.path))
-        fd, tmp = tempfile.mkstemp(prefix=".chainer_autoprof.", suffix=".partial.tmp",
-                                   dir=directory)
-        try:
-            data = b"".join([MAGIC, *chunks])
-            _write_all(fd, data)
-            os.close(fd)
-            fd = -1
-            mask = os.umask(0)
-            os.umask(mask)
-            os.chmod(tmp, 0o666 & ~mask)
-            os.replace(tmp, self.path)
-        except BaseException:
-            if fd >= 0:
-                os.close(fd)
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        data = b"".join([MAGIC, *chunks])
+        with outputs.atomic_bytes(self.path) as out:
+            out.write(data)
         self.close()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self._fd = outputs.reopen_appendable(self.path)
         self.size = len(data)
 
     def move(self, path: str) -> None:
@@ -142,7 +132,7 @@ class PartialWriter:
         if path == self.path:
             return
         if self._fd is not None:
-            os.replace(self.path, path)
+            outputs.rename(self.path, path)
         self.path = path
 
     def close(self) -> None:
@@ -158,28 +148,18 @@ class PartialWriter:
         had = self._fd is not None
         self.close()
         if had:
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+            outputs.remove(self.path)
 
     def forget(self) -> None:
         """In a forked child: the parent's file is not ours (close our copy of the descriptor)."""
         self.close()
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
 # -- reading -----------------------------------------------------------------------------
 
 def read_partial(path: str, limit: int | None = None,
                  data: bytes | None = None) -> dict[str, Any]:
-    """The trace-event object (as :func:`~.tracefile.write_trace` writes it) of a partial trace.
+    """The trace-event object of a partial trace, as a final trace of the same ranges holds it.
 
     ``limit``: the newest ranges kept (default: the run's record limit);
     ``data``: the file's bytes, when already read (a pipe is read once).
@@ -227,42 +207,39 @@ def read_partial(path: str, limit: int | None = None,
     clock = dict(meta.get("clock") or {})
     if written_ns and start_ns:
         clock["duration_ns"] = written_ns - start_ns
-    meta["clock"] = clock
-    meta["dropped_ranges"] = int(state.get("dropped", 0)) + dropped
-    if state.get("run_stats") and meta["dropped_ranges"]:
-        meta["run_stats"] = state["run_stats"]
-    meta["partial"] = {key: value for key, value in state.items() if key != "run_stats"}
-    meta["partial"]["path"] = path
-    events: list[dict[str, Any]] = [
-        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-         "args": {"name": meta.get("process_name") or f"pid {pid}"}}]
-    main_tid = meta.get("main_tid")
-    order = sorted(per_thread, key=lambda tid: (tid != main_tid, tid))
-    for n, tid in enumerate(order):
-        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                       "args": {"name": thread_names.get(tid, f"thread {tid}")}})
-        events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-                       "args": {"sort_index": n}})
-    for tid in order:
-        rows = per_thread[tid]
-        rows = rows[np.lexsort((rows[:, 3] & DEPTH_MASK, rows[:, 1]))]
-        for index, t0, t1, packed in rows.tolist():
-            info = infos.get(index)
-            if info is None:
-                continue
-            name, category, color = info
-            args: dict[str, Any] = {"depth": packed & DEPTH_MASK, "color": _argb_hex(color)}
-            if packed > DEPTH_MASK:
-                args["iteration"] = (packed >> DEPTH_BITS) - 1
-            extra = gc_args.get((tid, t0))
-            if extra is not None and category == "gc":
-                args.update(extra)
-            events.append({"ph": "X", "name": name, "cat": category,
-                           "cname": CNAMES.get(category, "generic_work"), "pid": pid,
-                           "tid": tid, "ts": (t0 - start_ns) / 1000.0,
-                           "dur": (t1 - t0) / 1000.0, "args": args})
-    return {"displayTimeUnit": "ms", "otherData": {"chainer_autoprof": meta},
-            "traceEvents": events}
+    dropped_ranges = int(state.get("dropped", 0)) + dropped
+    record.add(meta, record.By.READ, clock=clock, dropped_ranges=dropped_ranges)
+    if state.get("run_stats") and dropped_ranges:
+        record.add(meta, record.By.READ, run_stats=state["run_stats"])
+    last = {key: value for key, value in state.items() if key != "run_stats"}
+    last["path"] = path
+    record.add(meta, record.By.READ, partial=last)
+    known, per_thread = _dense_names(infos, per_thread)
+    threads = in_track_order((ThreadRanges(tid, thread_names.get(tid, f"thread {tid}"), [rows])
+                              for tid, rows in per_thread.items()), meta.get("main_tid"))
+    text = io.StringIO()
+    write_container(text, meta, process_events(
+        Timeline(pid, start_ns), meta.get("process_name") or f"pid {pid}",
+        RangeTrack(known, threads, gc_args)))
+    trace: dict[str, Any] = json.loads(text.getvalue())
+    return trace
+
+
+def _dense_names(infos: dict[int, tuple[str, str, int]], per_thread: dict[int, Any]
+                 ) -> tuple[list[tuple[str, str, int]], dict[int, Any]]:
+    """The names by index 0..n-1, and each thread's rows with their names' new indexes (rows
+    of a name never written left out): a damaged index never sizes a list."""
+    keys = np.array(sorted(infos), dtype=np.int64)
+    names = [infos[int(k)] for k in keys]
+    out = {}
+    for tid, rows in per_thread.items():
+        pos = np.searchsorted(keys, rows[:, 0])
+        known = pos < len(keys)
+        known[known] = keys[pos[known]] == rows[known, 0]
+        rows = rows[known].copy()
+        rows[:, 0] = pos[known]
+        out[tid] = rows
+    return names, out
 
 
 def _keep_newest(per_thread: dict[int, Any], limit: int | None) -> int:

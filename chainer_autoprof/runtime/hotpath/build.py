@@ -11,12 +11,13 @@ build requirement), or from a CUDA toolkit.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import sysconfig
-import uuid
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "_native.c"
@@ -77,11 +78,10 @@ def compile_to(out: Path, include_dirs: tuple[str, ...] = ()) -> None:
                          "pip install nvidia-nvtx")
     cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "gcc"
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     includes = [f"-I{d}" for d in (sysconfig.get_paths()["include"], *include_dirs, include)]
-    cmd = [*cc.split(), "-shared", "-fPIC", *EXTRA_COMPILE_ARGS, *includes,
-           "-o", str(tmp), str(SOURCE), *(f"-l{lib}" for lib in LIBRARIES)]
-    try:
+    with _outputs().replaced_by(str(out)) as tmp:  # renamed into place once it is whole
+        cmd = [*cc.split(), "-shared", "-fPIC", *EXTRA_COMPILE_ARGS, *includes,
+               "-o", tmp, str(SOURCE), *(f"-l{lib}" for lib in LIBRARIES)]
         try:
             result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         except OSError as exc:
@@ -91,7 +91,14 @@ def compile_to(out: Path, include_dirs: tuple[str, ...] = ()) -> None:
             first = next((line for line in lines if "error" in line),
                          lines[-1] if lines else "no output")
             raise BuildError(f"{cmd[0]} failed: {first}")
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+
+
+def _outputs() -> Any:
+    """``chainer_autoprof/common/outputs.py``, where every file the package writes is replaced:
+    loaded by path, as this file is (``setup.py`` builds before the package is importable)."""
+    spec = importlib.util.spec_from_file_location(
+        "_chainer_autoprof_outputs", HERE.parent.parent / "common" / "outputs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,423 @@
+"""The trace-event codec: every kind of event a trace holds, written and read back here only.
+
+A trace is a Chrome trace-event JSON object (Perfetto UI, chrome://tracing)::
+
+    {"displayTimeUnit": "ms", "otherData": {"chainer_autoprof": RECORD},
+     "traceEvents": [EVENT, ...]}
+
+``RECORD`` is the run record (:mod:`..analysis.record`).  Each kind of
+``EVENT`` is an :class:`EventKind` in :data:`KINDS`: how its events are told
+apart (``ph``, and the metadata event's ``name`` or the category it claims),
+how they are written (:meth:`EventKind.encode`: one JSON text per event, with
+times in microseconds since the agent started, 3 decimals: nanosecond exact),
+how they are checked and read back (:meth:`EventKind.decode`), and how
+``merge`` moves them onto another process track and clock
+(:meth:`EventKind.move`).  The final trace, the trace so far, ``merge``, the
+HTML report (through :func:`~.tracefile.read_trace`) and anything new write
+and read events through this module; the table of kinds in
+``docs/trace_format.md`` is generated from :data:`KINDS`.
+
+A new kind of event (GPU kernels, memory copies, CUDA runtime calls, flow
+events linking a launch to its kernel) is one more subclass, registered::
+
+    class Kernels(EventKind[Kernel]):          # ph "X", cat "kernel"
+        name, ph, key, doc = "kernel", "X", "kernel", "a GPU kernel, on its stream's track"
+        def encode(self, items, timeline): ...  # yields one JSON text per kernel
+        def decode(self, ev, where): ...        # -> Kernel, or MalformedError
+    KERNELS = register(Kernels())
+
+then written as one more track (``write_trace(..., tracks=[(KERNELS, kernels)])``)
+and read back in ``Trace.events["kernel"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any, Generic, Iterable, Iterator, Mapping, Sequence, TextIO, Tuple, TypeVar
+
+import numpy as np
+
+from ..analysis.shapes import (
+    INT,
+    MAX_US,
+    TEXT,
+    Int,
+    MalformedError,
+    Number,
+    Object,
+)
+from ..analysis.stats import DEPTH_BITS, DEPTH_MASK
+from ..common import names
+
+T = TypeVar("T")
+
+#: category -> Chrome trace-viewer colour name (closest to the NVTX colour)
+CNAMES: dict[str, str] = {
+    names.ITERATION: "yellow",
+    names.DATA: "detailed_memory_dump",
+    names.FORWARD: "cq_build_attempt_passed",
+    names.BACKWARD: "rail_response",
+    names.UPDATE: "rail_animation",
+    names.EXTENSION: "thread_state_iowait",
+    names.INFERENCE: "background_memory_dump",
+    names.COMM: "bad",
+    names.USER: "cq_build_failed",
+    names.GC: "terrible",
+    names.LINK: "cq_build_passed",
+    names.LINK_BACKWARD: "thread_state_runnable",
+    names.FUNCTION: "grey",
+}
+#: The colour name of a category without one.
+DEFAULT_CNAME = "generic_work"
+
+_TS = Number(-MAX_US, MAX_US)
+_DUR = Number(0, MAX_US)
+_DEPTH = Int(0, DEPTH_MASK)
+_ARGS = Object()
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What events are written against: their process track and the time zero (ns)."""
+
+    pid: int
+    start_ns: int
+
+
+def fixed3(ns: int) -> str:
+    """Nanoseconds as microseconds with 3 decimals, exactly."""
+    if ns < 0:
+        return f"{ns / 1000:.3f}"
+    q, r = divmod(ns, 1000)
+    return f"{q}.{r:03d}"
+
+
+def argb_hex(color: int) -> str:
+    """An NVTX ARGB colour as the trace's ``args.color`` (``0xAARRGGBB``)."""
+    return f"0x{color & 0xFFFFFFFF:08X}"
+
+
+# -- event kinds ---------------------------------------------------------------------------------
+class EventKind(Generic[T]):
+    """One kind of trace event (the extension point: see the module docstring).
+
+    ``ph`` is the trace-event phase; ``key`` tells kinds of one phase apart:
+    a metadata event's ``name``, else the category (``cat``) the kind claims
+    (``None``: every event of that phase no other kind claims).
+    """
+
+    name = ""
+    ph = ""
+    key: str | None = None
+    #: One line for the documentation: what the event is.
+    doc = ""
+    #: Its ``args``, for the documentation.
+    args_doc = ""
+    #: Whether readers read it back (:meth:`decode`); others are carried as they are.
+    read = False
+
+    def encode(self, items: Any, timeline: Timeline) -> Iterator[str]:
+        """The JSON text of each event for ``items`` (the kind's own data)."""
+        raise NotImplementedError
+
+    def decode(self, ev: dict[str, Any], where: str) -> T:
+        """What a reader takes from ``ev`` (checked: :class:`MalformedError` naming ``where``)."""
+        raise NotImplementedError
+
+    def move(self, ev: dict[str, Any], where: str, pid: int, shift_us: float) -> dict[str, Any]:
+        """``ev`` on process track ``pid``, its times ``shift_us`` later (``merge``)."""
+        ev = dict(ev)
+        ev["pid"] = pid
+        if "ts" in ev and ev.get("ph") != "M":
+            ev["ts"] = round(_TS.check(ev["ts"], f"{where}: ts") + shift_us, 3)
+        return ev
+
+
+#: Every kind, by ``(ph, key)``.
+KINDS: dict[tuple[str, str | None], EventKind[Any]] = {}
+
+
+def register(kind: EventKind[T]) -> EventKind[T]:
+    """Add ``kind`` to :data:`KINDS` (one kind per ``(ph, key)``); returns it."""
+    slot = (kind.ph, kind.key)
+    if slot in KINDS:
+        raise ValueError(f"an event kind for {slot} is registered already")
+    KINDS[slot] = kind
+    return kind
+
+
+def kind_of(ev: Mapping[str, Any]) -> EventKind[Any] | None:
+    """The kind of event ``ev`` (``None``: none the agent knows, carried as it is)."""
+    ph = ev.get("ph")
+    if not isinstance(ph, str):
+        return None
+    key = ev.get("name") if ph == "M" else ev.get("cat")
+    kind = KINDS.get((ph, key)) if isinstance(key, str) else None
+    return kind if kind is not None else KINDS.get((ph, None))
+
+
+class MetadataKind(EventKind[Any]):
+    """A metadata event (``ph: "M"``): a name or an order for a process or thread track."""
+
+    ph = "M"
+
+    def __init__(self, name: str, arg: str, doc: str) -> None:
+        self.name = self.key = name
+        self.arg = arg
+        self.doc = doc
+        self.args_doc = f"`{arg}`"
+
+    def event(self, pid: int, tid: int, value: Any) -> dict[str, Any]:
+        return {"ph": "M", "name": self.name, "pid": pid, "tid": tid, "args": {self.arg: value}}
+
+    def encode(self, items: Iterable[tuple[int, Any]], timeline: Timeline) -> Iterator[str]:
+        """``items``: ``(tid, value)`` pairs."""
+        for tid, value in items:
+            yield json.dumps(self.event(timeline.pid, tid, value))
+
+
+class ThreadName(MetadataKind):
+    read = True
+
+    def decode(self, ev: dict[str, Any], where: str) -> tuple[int, str]:
+        """``(tid, name)``."""
+        tid = INT.check(ev.get("tid", 0), f"{where}: tid")
+        args = _ARGS.check(ev.get("args") or {}, f"{where}: args")
+        return tid, TEXT.check(args.get("name", ""), f"{where}: args.name")
+
+
+PROCESS_NAME = register(MetadataKind("process_name", "name", "the process track's name"))
+PROCESS_SORT_INDEX = register(MetadataKind(
+    "process_sort_index", "sort_index", "the process track's place (merged traces)"))
+PROCESS_LABELS = register(MetadataKind(
+    "process_labels", "labels", "the process track's label (merged traces: its rank)"))
+THREAD_NAME = register(ThreadName("thread_name", "name", "a thread track's name"))
+THREAD_SORT_INDEX = register(MetadataKind(
+    "thread_sort_index", "sort_index", "a thread track's place (the main thread first)"))
+
+
+@dataclass
+class ThreadRanges:
+    """One thread's recorded ranges: int64 blocks of rows ``(index, t0, t1, depth)``."""
+
+    tid: int
+    name: str
+    blocks: list[Any]
+
+
+@dataclass
+class RangeTrack:
+    """What the range events of one process are written from."""
+
+    #: ``infos[i]``: ``(name, category, ARGB colour)`` of name index ``i`` (``None``: unknown,
+    #: its ranges left out).
+    infos: Sequence[tuple[str, str, int] | None]
+    #: Per thread, in track order.
+    threads: Sequence[ThreadRanges]
+    #: More arguments of the ranges they name by (thread id, start ns): what a collection freed.
+    extra_args: Mapping[tuple[int, int], Mapping[str, Any]] | None = None
+    #: Ranges written (set by the encoder).
+    written: int = 0
+
+
+@dataclass
+class Range:
+    """One range read back: times in ns since the agent started."""
+
+    name: str
+    category: str
+    tid: int
+    t0: int
+    t1: int
+    depth: int
+    iteration: int | None = None
+
+
+class Ranges(EventKind[Range]):
+    """The agent's ranges: complete events, one per range, per thread in begin order (ties:
+    outer range first)."""
+
+    name = "range"
+    ph = "X"
+    key = None
+    doc = ("a recorded range: `name`, `cat` its category, `cname` the closest Chrome colour "
+           "name, `ts`/`dur` in us since the agent started")
+    args_doc = ("`depth` (0: outermost), `color` the NVTX ARGB colour `0xAARRGGBB`, "
+                "`iteration` (iteration ranges, from 0), `collected`/`uncollectable` (gc)")
+    read = True
+
+    def encode(self, items: RangeTrack, timeline: Timeline) -> Iterator[str]:
+        pid, start_ns = json.dumps(timeline.pid), timeline.start_ns
+        prefixes = ["" if info is None else
+                    f'{{"ph":"X","name":{json.dumps(info[0])},"cat":{json.dumps(info[1])},'
+                    f'"cname":{json.dumps(CNAMES.get(info[1], DEFAULT_CNAME))},"pid":{pid},'
+                    '"tid":' for info in items.infos]
+        colors = ["" if info is None else argb_hex(info[2]) for info in items.infos]
+        known = np.array([bool(p) for p in prefixes], dtype=bool)
+        extra_args = items.extra_args
+        for thread in items.threads:
+            tid = thread.tid
+            rows = _rows_in_begin_order(thread.blocks)
+            index = rows[:, 0]
+            rows = rows[(index >= 0) & (index < len(known))]
+            rows = rows[known[rows[:, 0]]]
+            items.written += len(rows)
+            t0, packed = rows[:, 1], rows[:, 3]
+            # microseconds with 3 decimals, exactly: integer parts and remainders, per column
+            ts_q, ts_r = np.divmod(t0 - start_ns, 1000)
+            dur_q, dur_r = np.divmod(rows[:, 2] - t0, 1000)
+            for index, begin, tq, tr, dq, dr, depth, iteration in zip(
+                    rows[:, 0].tolist(), t0.tolist(), ts_q.tolist(), ts_r.tolist(),
+                    dur_q.tolist(), dur_r.tolist(), (packed & DEPTH_MASK).tolist(),
+                    ((packed >> DEPTH_BITS) - 1).tolist()):
+                extra = f',"iteration":{iteration}' if iteration >= 0 else ""
+                if extra_args:
+                    more = extra_args.get((tid, begin))
+                    if more:
+                        extra += "," + json.dumps(more)[1:-1]
+                ts = f"{tq}.{tr:03d}" if tq >= 0 else fixed3(tq * 1000 + tr)
+                dur = f"{dq}.{dr:03d}" if dq >= 0 else fixed3(dq * 1000 + dr)
+                yield (f'{prefixes[index]}{tid},"ts":{ts},"dur":{dur},"args":{{"depth":{depth},'
+                       f'"color":"{colors[index]}"{extra}}}}}')
+
+    def decode(self, ev: dict[str, Any], where: str) -> Range:
+        name = TEXT.check(ev.get("name", ""), f"{where}: name")
+        category = TEXT.check(ev.get("cat", ""), f"{where}: cat")
+        tid = INT.check(ev.get("tid", 0), f"{where}: tid")
+        if "ts" not in ev or "dur" not in ev:
+            raise MalformedError(f"{where} ({name!r}) has no {'ts' if 'ts' not in ev else 'dur'}")
+        ts = _TS.check(ev["ts"], f"{where}: ts")
+        dur = _DUR.check(ev["dur"], f"{where}: dur")
+        args = _ARGS.check(ev.get("args") or {}, f"{where}: args")
+        depth = _DEPTH.check(args.get("depth", 0), f"{where}: args.depth")
+        iteration = args.get("iteration")
+        if iteration is not None:
+            INT.check(iteration, f"{where}: args.iteration")
+        t0 = round(ts * 1000)
+        return Range(name, category, tid, t0, t0 + round(dur * 1000), depth, iteration)
+
+
+RANGES = register(Ranges())
+
+
+def _rows_in_begin_order(blocks: list[Any]) -> Any:
+    """One thread's rows as an ``(n, 4)`` int64 array, in begin order (ties: outer first)."""
+    if not blocks:
+        return np.empty((0, 4), dtype=np.int64)
+    rows = np.concatenate([np.asarray(b, dtype=np.int64).reshape(-1, 4) for b in blocks])
+    return rows[np.lexsort((rows[:, 3] & DEPTH_MASK, rows[:, 1]))]
+
+
+# -- one process's events, and the file around them ------------------------------------------------
+#: Another kind's events for one trace: the kind, and what its encoder takes.
+Track = Tuple[EventKind[Any], Any]
+
+
+def process_events(timeline: Timeline, process_name: str, ranges: RangeTrack,
+                   tracks: Sequence[Track] = ()) -> Iterator[str]:
+    """A process's events: its track's name, each thread's track (name, place), the ranges,
+    then ``tracks`` (each kind's events in turn)."""
+    yield from PROCESS_NAME.encode([(0, process_name)], timeline)
+    for order, thread in enumerate(ranges.threads):
+        yield from THREAD_NAME.encode([(thread.tid, thread.name)], timeline)
+        yield from THREAD_SORT_INDEX.encode([(thread.tid, order)], timeline)
+    yield from RANGES.encode(ranges, timeline)
+    for kind, items in tracks:
+        yield from kind.encode(items, timeline)
+
+
+def in_track_order(threads: Iterable[ThreadRanges], main_tid: int | None) -> list[ThreadRanges]:
+    """The threads as their tracks are shown: the main thread first, then by id."""
+    return sorted(threads, key=lambda t: (t.tid != main_tid, t.tid))
+
+
+def write_container(out: TextIO, record: Mapping[str, Any], events: Iterable[str]) -> None:
+    """The trace object: ``record`` as ``otherData.chainer_autoprof`` (strict JSON: a number
+    that is not finite becomes null), then ``events`` (JSON texts), one per line."""
+    out.write('{"displayTimeUnit":"ms","otherData":')
+    out.write(json.dumps({"chainer_autoprof": finite(record)}, default=str, allow_nan=False))
+    out.write(',"traceEvents":[\n')
+    events = iter(events)
+    batch = list(islice(events, _BATCH))
+    while batch:
+        out.write(",\n".join(batch))
+        batch = list(islice(events, _BATCH))
+        if batch:
+            out.write(",\n")
+    out.write("\n]}\n")
+
+
+#: Events joined per write.
+_BATCH = 4096
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every float that is not finite replaced by ``None`` (strict JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def dumps(ev: Mapping[str, Any]) -> str:
+    """One event as compact strict JSON (``ValueError`` for NaN or Infinity)."""
+    return json.dumps(ev, separators=(",", ":"), allow_nan=False)
+
+
+# -- reading -------------------------------------------------------------------------------------
+@dataclass
+class Decoded:
+    """The events of one process read back, checked."""
+
+    ranges: list[Range] = field(default_factory=list)
+    thread_names: dict[int, str] = field(default_factory=dict)
+    #: What every other kind read back gave, by kind name.
+    events: dict[str, list[Any]] = field(default_factory=dict)
+
+
+def decode(events: Sequence[Any], pid: int | None = None) -> Decoded:
+    """Every event of process ``pid`` (all: ``None``) that readers read, checked
+    (:class:`MalformedError` naming the event); other events and non-objects are skipped."""
+    out = Decoded()
+    for n, ev in enumerate(events):
+        if not isinstance(ev, dict) or (pid is not None and ev.get("pid") != pid):
+            continue
+        kind = kind_of(ev)
+        if kind is None or not kind.read:
+            continue
+        item = kind.decode(ev, f"event {n}")
+        if kind is RANGES:
+            out.ranges.append(item)
+        elif kind is THREAD_NAME:
+            tid, name = item
+            out.thread_names[tid] = name
+        else:
+            out.events.setdefault(kind.name, []).append(item)
+    return out
+
+
+def move(ev: dict[str, Any], n: int, pid: int, shift_us: float) -> dict[str, Any]:
+    """Event ``n`` of an input on merged process track ``pid``, ``shift_us`` later."""
+    kind = kind_of(ev) or _ANY_KIND
+    return kind.move(ev, f"event {n}", pid, shift_us)
+
+
+_ANY_KIND: EventKind[Any] = EventKind()
+
+
+def markdown() -> str:
+    """The table of event kinds for ``docs/trace_format.md``."""
+    rows = ["| Kind | `ph` | Told apart by | Read back | Meaning | `args` |",
+            "|---|---|---|---|---|---|"]
+    for (ph, key), kind in KINDS.items():
+        apart = (f"`name`: `{key}`" if ph == "M" else f"`cat`: `{key}`") if key else \
+            "any other `cat`"
+        rows.append(f"| {kind.name} | `{ph}` | {apart} | {'yes' if kind.read else 'no'} | "
+                    f"{kind.doc} | {kind.args_doc} |")
+    return "\n".join(rows) + "\n"
