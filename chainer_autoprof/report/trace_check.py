@@ -229,6 +229,11 @@ def _series(value: Any, where: str) -> None:
         numbers(values, f"{where}.{key}")
 
 
+def _totals(value: Any, where: str) -> None:
+    for key, total in mapping(value, where).items():
+        number(total, f"{where}.{key}", 0)
+
+
 def _slowest(value: Any, where: str) -> None:
     """The slowest iterations kept with their details (:mod:`..analysis.outliers`)."""
     for i, item in enumerate(sequence(value, where)):
@@ -258,6 +263,7 @@ _RUN_STATS: dict[str, tuple[Any, ...]] = {
     "other_thread_iterations": (integer,),
     "gc_ms": (numbers, 0), "gc_total_ms": (number, 0), "slowest": (_slowest,),
     "overhead_method": (text,),
+    "wait_phase_ms": (_series,), "wait_phase_total_ms": (_totals,),
 }
 _REQUIRED = ("iterations", "warmup", "iteration_ms", "phase_ms", "outside_ms", "wall_ms",
              "links", "sync_level", "sync_calls", "overhead_ms")
@@ -283,8 +289,9 @@ def run_stats(data: Any) -> dict[str, Any]:
     for key in ("outside_ms", "phase_total_ms"):
         for name, value in mapping(data.get(key) or {}, f"{where}.{key}").items():
             number(value, f"{where}.{key}.{name}")
-    if "has_phases" in data and not isinstance(data["has_phases"], bool):
-        raise MalformedError(f"{where}.has_phases is {_shown(data['has_phases'])}, not true/false")
+    for key in ("has_phases", "waits_recorded"):
+        if key in data and not isinstance(data[key], bool):
+            raise MalformedError(f"{where}.{key} is {_shown(data[key])}, not true/false")
     links = []
     for i, link in enumerate(sequence(data["links"], f"{where}.links")):
         at = f"{where}.links[{i}]"
