@@ -389,10 +389,14 @@ def _limit(stats: Any, ev: GpuEvidence, enough_events: bool, recorded: bool) -> 
         ev.limit = "gpu" if busy >= GPU_BOUND_SHARE else "host"
         return
     if busy is None:
-        ev.reason = ("sync level 0 without CUDA event times: the host's phase times are "
-                     "kernel launch times and say nothing of the GPU"
-                     if ev.sync_level == 0 else
-                     "neither CUDA event times nor the agent's waits were recorded")
+        if ev.sync_level == 0 and not stats.has_phases:
+            ev.reason = ("granularity iteration at sync level 0: no phase to compare the GPU's "
+                         "time with the host's")
+        elif ev.sync_level == 0:
+            ev.reason = ("sync level 0 without CUDA event times: the host's phase times are "
+                         "kernel launch times and say nothing of the GPU")
+        else:
+            ev.reason = "neither CUDA event times nor the agent's waits were recorded"
         return
     if busy >= GPU_BOUND_SHARE:
         ev.limit = "gpu"
@@ -437,8 +441,8 @@ def compare_sync(a: Any, b: Any) -> list[str]:
     low, high = (a, b) if a.sync_level < b.sync_level else (b, a)
     lo_ms, hi_ms = low.median(), high.median()
     delta = max(0.0, hi_ms - lo_ms)
-    return [f"the agent's synchronization: at sync level {high.sync_level} the median "
-            f"iteration takes {figures.ms(hi_ms)}, at sync level {low.sync_level} "
-            f"{figures.ms(lo_ms)}: {figures.ms(delta)} "
-            f"({figures.pct(delta / hi_ms if hi_ms > 0 else 0.0)}) of each iteration at level "
-            f"{high.sync_level} is the agent's overhead, not the run's"]
+    return [f"the agent's synchronization: the median iteration takes {figures.ms(hi_ms)} at "
+            f"sync level {high.sync_level}, {figures.ms(lo_ms)} at sync level "
+            f"{low.sync_level}: level {high.sync_level} costs {figures.ms(delta)} per iteration "
+            f"more ({figures.pct(delta / hi_ms if hi_ms > 0 else 0.0)}), the agent's overhead, "
+            "not the run's"]
