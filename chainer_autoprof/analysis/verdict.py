@@ -636,7 +636,7 @@ def _host_side_of_gpu_bound(stats: Any, gpu: GpuEvidence) -> list[str]:
         out.append(f"the host waited {fmt.ms(gpu.wait_ms)} per iteration "
                    f"({fmt.pct(gpu.wait_share)}) {where} in the agent's synchronization "
                    f"(sync level {gpu.sync_level}): the GPU's work made visible"
-                   + ("" if gpu.wait_source == "recorded" else f"; {gpu.wait_method}"))
+                   + ("" if gpu.wait_source == "recorded" else " (estimated, see the note)"))
     return out
 
 
