@@ -22,7 +22,7 @@ GPU: once the model's arrays are seen on a GPU, a
 phases with CUDA events on the loop thread, and each wait of the agent's own
 synchronization (sync level 1 and above) becomes a row of its own, a
 ``wait for GPU (<place>)`` range of category ``gpu_wait`` nested where the
-wait happened (:meth:`Recorder._waited`), so the summary can tell the waits
+wait happened (:meth:`Recorder._make_waited`), so the summary can tell the waits
 from the work.  They are not NVTX ranges: Nsight shows the synchronize call
 on its CUDA API row already, and the NVTX stream stays the program's.
 
@@ -88,7 +88,7 @@ class Recorder:
         # (the waits are timed with perf_counter_ns: the tracer's clock, unless a test's own)
         if sync is not None and sync.level >= 1 and getattr(tracer, "clock", None) \
                 is perf_counter_ns:
-            sync.watch(self._waited)
+            sync.watch(self._make_waited())
 
     def _reset(self, start_ns: int) -> None:
         self.start_ns = start_ns
@@ -147,36 +147,46 @@ class Recorder:
             self._flush_thread(ts)
 
     # -- the agent's own waits for the GPU -------------------------------------------
-    def _waited(self, t0: int, t1: int) -> None:
-        """The sync policy waited ``t0..t1`` on this thread (inside the tracer's begin or end):
-        a ``gpu_wait`` row under the innermost open range, named after the phase it lies in.
+    def _make_waited(self) -> Callable[[int, int], None]:
+        """The sync policy's watcher: each wait, ``t0..t1`` on this thread (inside the tracer's
+        begin or end), becomes a ``gpu_wait`` row under the innermost open range, named after
+        the phase it lies in.
 
         Nothing on a CPU run (no GPU in use: the call waited for nothing).  Never raises: an
         error of ours stops the recording of waits, the training goes on.
         """
-        if self.closed or not (self.tracer.sync.devices or self._test_events):
-            return
-        try:
-            index = self._wait_index
-            if index is None:
-                index = self._wait_index = self._wait_names()
-            ts = self.tracer.state()
-            stack = ts.stack
-            row = self._wait_outside
-            for entry in reversed(stack):
-                found = index.get(entry[0].category)
-                if found is not None:
-                    row = found
-                    break
-            buf = ts.record
-            if buf is None:
-                buf = ts.record = (self._buffer_type(self.chunk_ranges)
-                                   if self._buffer_type is not None else [])
-            buf.append((row, t0, t1, len(stack)))
-        except Exception as exc:
-            self.tracer.sync.watch(None)
-            log.error(f"recorder: {type(exc).__name__}: {exc}; the agent's waits for the GPU "
-                      "are not recorded")
+        tracer = self.tracer
+        sync = tracer.sync
+        state = tracer.state
+        test_events = self._test_events
+        chunk = self.chunk_ranges
+        buffer_type = self._buffer_type
+
+        def waited(t0: int, t1: int) -> None:
+            if self.closed or not (sync.devices or test_events):
+                return
+            try:
+                index = self._wait_index
+                if index is None:
+                    index = self._wait_index = self._wait_names()
+                ts = state()
+                stack = ts.stack
+                row = self._wait_outside
+                for entry in reversed(stack):
+                    found = index.get(entry[0].category)
+                    if found is not None:
+                        row = found
+                        break
+                buf = ts.record
+                if buf is None:
+                    buf = ts.record = buffer_type(chunk) if buffer_type is not None else []
+                buf.append((row, t0, t1, len(stack)))
+            except Exception as exc:
+                sync.watch(None)
+                log.error(f"recorder: {type(exc).__name__}: {exc}; the agent's waits for the "
+                          "GPU are not recorded")
+
+        return waited
 
     def _wait_names(self) -> dict[str, int]:
         tracer = self.tracer
