@@ -71,34 +71,41 @@ def run(tmp_path, level: int, impl_name: str, native_module, gpu: bool = True,  
     return stats, trace, recorder
 
 
-def waits_per_iteration(stats) -> dict[str, float]:
-    return {k: v / stats.iterations / (WAIT_S * 1e3)
-            for k, v in stats.wait_phase_total_ms.items()}
+def waits_per_iteration(trace) -> dict[str, float]:
+    """Wait rows per counted iteration, by place, counted in the trace (not timed: the stand-in
+    sleeps at least ``WAIT_S``, more on a loaded machine)."""
+    events = json.loads(trace.read_text())["traceEvents"]
+    counts: dict[str, float] = {}
+    for e in events:
+        if e.get("cat") == names.GPU_WAIT:
+            counts[e["name"]] = counts.get(e["name"], 0) + 1
+    return {place: counts.get(names.gpu_wait_text(place), 0) / ITERATIONS
+            for place in names.WAIT_PLACES}
 
 
 @pytest.mark.parametrize("impl_name", IMPLEMENTATIONS)
 def test_each_wait_lands_where_it_happened(tmp_path, impl_name, native_module):  # noqa: F811
     counted = ITERATIONS - WARMUP
+    at_least = WAIT_S * 1e3 * counted * 0.95
     # sync 1: the wait at each iteration's end lies in the iteration, between phases
-    stats, _, _ = run(tmp_path, 1, impl_name, native_module)
+    stats, trace, _ = run(tmp_path, 1, impl_name, native_module)
     assert stats.waits_recorded and stats.iterations == counted
-    per = waits_per_iteration(stats)
-    assert per["other"] == pytest.approx(1, abs=0.6)  # one wait of 2 ms per iteration
-    assert all(per[k] == 0 for k in ("data", "forward", "backward", "update"))
+    assert waits_per_iteration(trace) == {**dict.fromkeys(names.PHASES, 0), "iteration": 1}
+    assert stats.wait_phase_total_ms["other"] >= at_least
+    assert all(stats.wait_phase_total_ms[k] == 0 for k in names.PHASES)
     # ... and the one at each iteration's start lies between iterations
-    assert stats.outside_ms["wait for GPU"] >= ITERATIONS * WAIT_S * 1e3 * 0.9
+    assert stats.outside_ms["wait for GPU"] >= ITERATIONS * WAIT_S * 1e3 * 0.95
     # sync 2: one wait inside each phase (its end), and one between phases at each phase's
     # start and at the iteration's end
-    stats, _, _ = run(tmp_path, 2, impl_name, native_module)
-    per = waits_per_iteration(stats)
+    stats, trace, _ = run(tmp_path, 2, impl_name, native_module)
+    assert waits_per_iteration(trace) == {**dict.fromkeys(names.PHASES, 1), "iteration": 5}
     for phase in names.PHASES:
-        assert per[phase] == pytest.approx(1, abs=0.6), (phase, per)
-    assert per["other"] == pytest.approx(5, abs=2)
+        assert stats.wait_phase_total_ms[phase] >= at_least, phase
+    assert stats.wait_phase_total_ms["other"] >= 5 * at_least
     # sync 3: the link's start and end add two waits inside forward
-    stats, _, _ = run(tmp_path, 3, impl_name, native_module)
-    per = waits_per_iteration(stats)
-    assert per["forward"] == pytest.approx(3, abs=1.2)
-    assert per["data"] == pytest.approx(1, abs=0.6)
+    stats, trace, _ = run(tmp_path, 3, impl_name, native_module)
+    assert waits_per_iteration(trace)["forward"] == 3
+    assert stats.wait_phase_total_ms["forward"] >= 3 * at_least
     # the phases still hold their waits; the series has one row per counted iteration
     assert stats.phase_total("forward") >= stats.wait_phase_total_ms["forward"]
     assert len(stats.wait_phase_ms["forward"]) == counted
