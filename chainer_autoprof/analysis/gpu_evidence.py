@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence, TypedDict
 
 from ..common import figures
-from .stats import PHASE_KEYS, median
+from .stats import PHASE_KEYS, RunStats, median
 
 #: Phases timed with CUDA events (``other`` has no event of its own).
 EVENT_PHASES = PHASE_KEYS[:4]
@@ -161,7 +161,7 @@ def busy_text(ev: GpuEvidence) -> str:
 
 # -- the inputs -----------------------------------------------------------------------------
 
-def gpu_activity(stats: Any) -> GpuActivity | None:
+def gpu_activity(stats: RunStats) -> GpuActivity | None:
     """The run's exact GPU activity record, if it has one (a ``gpu_activity`` entry of the
     statistics or of the run's metadata); ``None`` otherwise or when it is not well formed."""
     value = getattr(stats, "gpu_activity", None)
@@ -189,20 +189,20 @@ def _number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def on_gpu(stats: Any) -> bool:
+def on_gpu(stats: RunStats) -> bool:
     """Whether the model ran on a GPU (parameters seen there, or GPU devices in use)."""
     facts = (stats.meta or {}).get("facts") if stats.meta else None
     params = (facts or {}).get("params") if isinstance(facts, dict) else None
     return bool((params or {}).get("gpu")) or bool((stats.meta or {}).get("devices"))
 
 
-def sync_ms_total(stats: Any) -> float | None:
+def sync_ms_total(stats: RunStats) -> float | None:
     """The agent's synchronizations' total wait over the whole run (warm-up included)."""
     value = (stats.meta or {}).get("sync_ms")
     return float(value) if _number(value) else None
 
 
-def _event_median(stats: Any, key: str) -> float | None:
+def _event_median(stats: RunStats, key: str) -> float | None:
     values = (stats.gpu_phase_ms or {}).get(key)
     return median(values) if values else None
 
@@ -216,7 +216,7 @@ def _net_median(host: Sequence[float], waits: Sequence[float]) -> float:
 
 # -- gathering ------------------------------------------------------------------------------
 
-def gather(stats: Any) -> GpuEvidence:
+def gather(stats: RunStats) -> GpuEvidence:
     """The GPU evidence of ``stats`` (call only for a run on a GPU, :func:`on_gpu`)."""
     n = stats.iterations
     events = stats.gpu_phase_ms or {}
@@ -229,8 +229,8 @@ def gather(stats: Any) -> GpuEvidence:
     enough_events = samples >= MIN_GPU_SAMPLES
     if enough_events:
         ev.gpu_iteration_ms = _event_median(stats, "iteration")
-    recorded = bool(getattr(stats, "waits_recorded", False))
-    wait_series = getattr(stats, "wait_phase_ms", None) or {}
+    recorded = stats.waits_recorded
+    wait_series = stats.wait_phase_ms or {}
     for key in EVENT_PHASES if stats.has_phases else ():
         host = stats.phase_median(key)
         waited = (stats.wait_phase_total_ms or {}).get(key, 0.0) / n if recorded else 0.0
@@ -258,7 +258,7 @@ class Waits:
     method: str = ""
 
 
-def waits(stats: Any) -> Waits:
+def waits(stats: RunStats) -> Waits:
     """The agent's waits inside the counted iterations: recorded, or estimated.
 
     Estimated (a trace without the waits recorded, or a run with no GPU in use): the run's
@@ -270,7 +270,7 @@ def waits(stats: Any) -> Waits:
     out = Waits()
     if not n:
         return out
-    if getattr(stats, "waits_recorded", False):
+    if stats.waits_recorded:
         out.by_key = {k: float(v) for k, v in (stats.wait_phase_total_ms or {}).items()}
         out.total_ms = sum(out.by_key.values())
         out.source = "recorded"
@@ -300,7 +300,7 @@ def waits(stats: Any) -> Waits:
     return out
 
 
-def _waits(stats: Any, ev: GpuEvidence) -> None:
+def _waits(stats: RunStats, ev: GpuEvidence) -> None:
     w = waits(stats)
     n = stats.iterations
     total = stats.iteration_total_ms
@@ -317,7 +317,7 @@ def _per_phase(ev: GpuEvidence, enough_events: bool, recorded: bool) -> bool:
     return enough_events if ev.sync_level <= 1 else recorded
 
 
-def _behind(stats: Any, ev: GpuEvidence, enough_events: bool, recorded: bool) -> None:
+def _behind(stats: RunStats, ev: GpuEvidence, enough_events: bool, recorded: bool) -> None:
     """Mark the phases the GPU was behind in (still working on after the host finished)."""
     if not _per_phase(ev, enough_events, recorded):
         return
@@ -334,7 +334,7 @@ def _behind(stats: Any, ev: GpuEvidence, enough_events: bool, recorded: bool) ->
                         and p.wait_ms >= BEHIND_MIN_MS)
 
 
-def _busy(stats: Any, ev: GpuEvidence, enough_events: bool, recorded: bool) -> None:
+def _busy(stats: RunStats, ev: GpuEvidence, enough_events: bool, recorded: bool) -> None:
     """The GPU's busy share the verdict rests on, and how it was obtained.
 
     Exact when the run has an activity record; else the larger of two lower bounds on the
@@ -378,7 +378,7 @@ def _busy(stats: Any, ev: GpuEvidence, enough_events: bool, recorded: bool) -> N
         ev.busy_method = f"{how}; a lower bound"
 
 
-def _limit(stats: Any, ev: GpuEvidence, enough_events: bool, recorded: bool) -> None:
+def _limit(stats: RunStats, ev: GpuEvidence, enough_events: bool, recorded: bool) -> None:
     """GPU-bound, host-bound, or not enough evidence (``reason``)."""
     if ev.iterations < MIN_ITERATIONS:
         ev.reason = (f"only {ev.iterations} counted iteration(s): run at least "
@@ -434,7 +434,7 @@ def _sync_cost(ev: GpuEvidence) -> None:
                            f"({figures.ms(gpu)}), which without the waits would overlap")
 
 
-def compare_sync(a: Any, b: Any) -> list[str]:
+def compare_sync(a: RunStats, b: RunStats) -> list[str]:
     """Two runs (of one program) at different sync levels: what the higher level costs."""
     if a.sync_level == b.sync_level or not a.iterations or not b.iterations:
         return []

@@ -434,8 +434,37 @@ def dominant_sentence(stats: RunStats) -> str:
     if not stats.has_phases:
         return (f"iterations take {fmt_pct(in_iterations)} of the training loop (no phase "
                 "ranges: use granularity phase or finer to see inside them).")
+    if on_gpu(stats):
+        sentence = _gpu_sentence(stats)
+        if sentence:
+            return sentence
+    waited = waits(stats) if stats.sync_level >= 1 else Waits()
+    if waited.total_ms > 0:  # the host's own time: the agent's waits left out
+        own = {k: max(0.0, stats.phase_total(k) - waited.by_key.get(k, 0.0)) for k in PHASE_KEYS}
+        phase = max(PHASE_KEYS, key=lambda k: own[k])
+        share = own[phase] / stats.iteration_total_ms if stats.iteration_total_ms > 0 else 0.0
+        what = "waits for the GPU" if on_gpu(stats) else "synchronize calls"
+        return (f"{PHASE_WORDS[phase]} takes {fmt_pct(share)} of each iteration (the agent's "
+                f"{what}, {fmt_pct(waited.total_ms / stats.iteration_total_ms)}, left out).")
     phase = stats.dominant_phase() or "other"
     return f"{PHASE_WORDS[phase]} takes {fmt_pct(stats.phase_share(phase))} of each iteration."
+
+
+def _gpu_sentence(stats: RunStats) -> str | None:
+    """On a GPU that sets the pace: the phase with the most GPU time."""
+    try:
+        ev = gather(stats)
+    except Exception as exc:  # our bug: the plain sentence stands
+        log.warning(log.contained("the GPU sentence", exc))
+        return None
+    top = ev.top_phase() if ev.limit == "gpu" else None
+    if top is None:
+        return None
+    top_ms = ev.gpu_time(top) or 0.0
+    whole = ev.gpu_iteration_ms or ev.host_iteration_ms
+    return (f"the GPU sets the pace; {PHASE_WORDS[top.phase]} takes the most GPU time, "
+            f"{fmt_ms(top_ms)} of a {fmt_ms(whole)} iteration "
+            f"({fmt_pct(top_ms / whole if whole > 0 else 0.0)}).")
 
 
 # -- the verdict and the advice ---------------------------------------------------------
