@@ -286,6 +286,12 @@ def test_too_few_iterations_are_not_enough_evidence():
     verdict = vd.decide(record(0, n=vd.MIN_ITERATIONS - 1, **GPU_LIMITED_SYNC0))
     assert verdict.kind == "unknown" and "not enough evidence" in verdict.title
     assert f"only {vd.MIN_ITERATIONS - 1} counted iteration(s)" in verdict.title
+    cpu = record(0, n=vd.MIN_ITERATIONS - 1, **HOST_LIMITED_SYNC0)  # a CPU run alike
+    cpu.meta["devices"] = []
+    cpu.meta["facts"]["params"]["gpu"] = 0
+    assert vd.decide(cpu).kind == "unknown"
+    cpu.iterations = vd.MIN_ITERATIONS
+    assert vd.decide(cpu).kind != "unknown"
 
 
 def test_sync_1_events_and_the_recorded_wait():
