@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence, TypedDict
+from typing import Mapping, Sequence, TypedDict
 
 from ..common import figures
 from .stats import PHASE_KEYS, RunStats, median
@@ -170,23 +170,27 @@ def gpu_activity(stats: RunStats) -> GpuActivity | None:
     if not isinstance(value, Mapping):
         return None
     out: GpuActivity = {}
-    share = value.get("busy_share")
-    if _number(share) and 0.0 <= share <= 1.0:
-        out["busy_share"] = float(share)
-    kernel = value.get("kernel_ms_per_iteration")
-    if _number(kernel) and kernel >= 0:
-        out["kernel_ms_per_iteration"] = float(kernel)
+    share = _number(value.get("busy_share"))
+    if share is not None and 0.0 <= share <= 1.0:
+        out["busy_share"] = share
+    kernel = _number(value.get("kernel_ms_per_iteration"))
+    if kernel is not None and kernel >= 0:
+        out["kernel_ms_per_iteration"] = kernel
     links = value.get("link_ms")
     if isinstance(links, Mapping):
-        out["link_ms"] = {str(k): float(v) for k, v in links.items() if _number(v) and v >= 0}
+        times = {str(k): _number(v) for k, v in links.items()}
+        out["link_ms"] = {k: v for k, v in times.items() if v is not None and v >= 0}
     source = value.get("source")
     if isinstance(source, str):
         out["source"] = source
     return out or None
 
 
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+def _number(x: object) -> float | None:
+    """``x`` as a float when it is a finite JSON number, else ``None``."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x):
+        return float(x)
+    return None
 
 
 def on_gpu(stats: RunStats) -> bool:
@@ -198,8 +202,7 @@ def on_gpu(stats: RunStats) -> bool:
 
 def sync_ms_total(stats: RunStats) -> float | None:
     """The agent's synchronizations' total wait over the whole run (warm-up included)."""
-    value = (stats.meta or {}).get("sync_ms")
-    return float(value) if _number(value) else None
+    return _number((stats.meta or {}).get("sync_ms"))
 
 
 def _event_median(stats: RunStats, key: str) -> float | None:

@@ -145,9 +145,10 @@ def iteration_rows(trace: Any) -> list[IterationRow]:
 def _waits_at_iteration_end(trace: Any) -> bool:
     """A GPU run at sync level 1 whose trace did not record the agent's waits: each one is the
     tail of its iteration, after the last phase (estimated so)."""
-    meta = trace.meta or {}
-    facts = meta.get("facts") if isinstance(meta.get("facts"), dict) else {}
-    gpu = bool(meta.get("devices")) or bool((facts.get("params") or {}).get("gpu"))
+    meta: dict[str, Any] = trace.meta or {}
+    facts = meta.get("facts")
+    params = facts.get("params") if isinstance(facts, dict) else None
+    gpu = bool(meta.get("devices")) or bool((params or {}).get("gpu"))
     return gpu and meta.get("sync_level") == 1
 
 
