@@ -331,6 +331,21 @@ def test_sync_1_without_events_decides_on_the_wait_share(share: float, kind: str
     assert verdict.gpu.busy_share == pytest.approx(wait * n / stats.iteration_total_ms)
 
 
+def test_many_short_waits_are_kernel_tails_not_a_backlog():
+    """Sync level 3 without the waits recorded: 15% of the iteration spent waiting, but in
+    hundreds of synchronize calls of 20 us each: the GPU had nothing queued at any boundary."""
+    host = {"data": 0.5, "forward": 4.0, "backward": 5.0, "update": 0.7, "other": 0.3}
+    n, warmup = 20, 3
+    wait = 0.15 * sum(host.values())
+    stats = record(3, host, sync_ms=wait * (n + warmup), n=n, warmup=warmup)
+    stats.sync_calls = round(wait * (n + warmup) / 0.02)  # 20 us per call
+    verdict = vd.decide(stats)
+    assert verdict.kind == "host-bound", format_verdict(verdict)
+    assert verdict.gpu is not None and "no backlog" in verdict.gpu.busy_method
+    stats.sync_calls = round(wait * (n + warmup) / 0.5)  # 0.5 ms per call: a backlog
+    assert vd.decide(stats).kind == "unknown"
+
+
 def test_sync_2_recorded_waits_tell_the_phases_apart():
     """At sync level 2 the spans equal the host times; the wait at a phase's end tells it."""
     host = {"data": 3.8, "forward": 11.2, "backward": 21.3, "update": 0.6, "other": 0.4}

@@ -61,6 +61,10 @@ WAIT_BEHIND_SHARE = 0.5
 #: Without per-phase evidence: the agent's waits under this share of the iteration mean the
 #: GPU finished (nearly) as soon as the host did: it waits for the host.
 GPU_WAIT_SHARE = 0.10
+#: Without per-phase evidence, with waits between GPU_WAIT_SHARE and GPU_BOUND_SHARE of the
+#: iteration: a mean wait per synchronize call under this (ms) is a last kernel's tail and the
+#: call's own cost, not a backlog: the GPU had (next to) nothing queued at the boundaries.
+WAIT_PER_SYNC_MS = 0.05
 #: CUDA event samples needed before their medians are read.
 MIN_GPU_SAMPLES = 3
 #: Counted iterations needed before any verdict (fewer is one sample, not a pattern).
@@ -110,6 +114,8 @@ class GpuEvidence:
     wait_share: float = 0.0
     #: Waits in the rest of the iteration (between phases, at the iteration's end).
     wait_other_ms: float = 0.0
+    #: The mean wait of one synchronize call over the run (``sync_ms`` / calls), if known.
+    wait_per_sync_ms: float | None = None
     #: ``recorded`` (gpu_wait ranges), ``estimated`` (old traces), ``none`` (sync level 0).
     wait_source: str = "none"
     wait_method: str = ""
@@ -312,6 +318,9 @@ def _waits(stats: RunStats, ev: GpuEvidence) -> None:
     ev.wait_ms = w.total_ms / n
     ev.wait_other_ms = w.by_key.get("other", 0.0) / n
     ev.wait_share = w.total_ms / total if total > 0 else 0.0
+    whole = sync_ms_total(stats)
+    if whole is not None and stats.sync_calls > 0:
+        ev.wait_per_sync_ms = whole / stats.sync_calls
 
 
 def _per_phase(ev: GpuEvidence, enough_events: bool, recorded: bool) -> bool:
@@ -407,12 +416,19 @@ def _limit(stats: RunStats, ev: GpuEvidence, enough_events: bool, recorded: bool
         ev.limit = "host"  # the GPU-limited phases hold under half the iteration
     elif ev.wait_share < GPU_WAIT_SHARE:
         ev.limit = "host"  # the GPU finished (nearly) as soon as the host did
+    elif ev.wait_per_sync_ms is not None and ev.wait_per_sync_ms < WAIT_PER_SYNC_MS:
+        ev.limit = "host"  # many short waits: kernels' tails, no backlog at any boundary
+        ev.busy_method += (f"; each of the {stats.sync_calls} synchronize calls waited "
+                           f"{figures.ms(ev.wait_per_sync_ms)} on average: a kernel's tail "
+                           "and the call itself, no backlog, so the GPU keeps up")
     else:
         ev.reason = (f"the agent's waits take {figures.pct(ev.wait_share)} of the iteration: "
                      f"the GPU was busy at least that long, which is neither under "
                      f"{figures.pct(GPU_WAIT_SHARE)} (the GPU keeps up) nor "
                      f"{figures.pct(GPU_BOUND_SHARE)} or more (the GPU is the limit), and "
-                     "at this sync level nothing tells the phases apart")
+                     "at this sync level nothing tells the phases apart"
+                     + (f" (a synchronize call waited {figures.ms(ev.wait_per_sync_ms)} on "
+                        "average)" if ev.wait_per_sync_ms is not None else ""))
 
 
 def _sync_cost(ev: GpuEvidence) -> None:

@@ -56,6 +56,7 @@ from .gpu_evidence import GPU_WAIT_SHARE as GPU_WAIT_SHARE
 from .gpu_evidence import MIN_GPU_SAMPLES as MIN_GPU_SAMPLES
 from .gpu_evidence import MIN_ITERATIONS as MIN_ITERATIONS
 from .gpu_evidence import WAIT_BEHIND_SHARE as WAIT_BEHIND_SHARE
+from .gpu_evidence import WAIT_PER_SYNC_MS as WAIT_PER_SYNC_MS
 from .gpu_evidence import GpuEvidence, gather, gpu_activity, on_gpu, waits
 from .outliers import OUTLIER_FACTOR, stutter
 
