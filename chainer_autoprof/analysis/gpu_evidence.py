@@ -160,7 +160,7 @@ def busy_text(ev: GpuEvidence) -> str:
         return "not known"
     if ev.busy_exact:
         return f"{figures.pct(ev.busy_share)} of the iteration (measured)"
-    if ev.busy_share == 0 and ev.per_phase:
+    if ev.per_phase and not ev.behind and ev.busy_share < GPU_WAIT_SHARE:
         return "no GPU-limited phase: the GPU keeps up with the host"
     return f"at least {figures.pct(ev.busy_share)} of the iteration"
 
