@@ -43,6 +43,8 @@ CATEGORY_RANGES = {
     names.LINK: "`predictor/l1 (Linear)`: a Link call (`@gpuN` on a GPU)",
     names.LINK_BACKWARD: "`predictor/l1 (Linear) backward`: a link's part of the backward pass",
     names.FUNCTION: "`<label>.forward` / `<label>.backward`: a FunctionNode",
+    names.GPU_WAIT: ("`wait for GPU (<phase>)`: the agent's own wait for the GPU at sync level "
+                     "1 and above, in the summary and the trace only, never an NVTX range"),
 }
 
 

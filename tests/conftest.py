@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from support import REPO, clean_env
 
+from chainer_autoprof.common import log
 from chainer_autoprof.runtime import hotpath
 from chainer_autoprof.runtime.hotpath import build
 
@@ -31,6 +32,9 @@ settings.load_profile("ci")
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU and CuPy")
+    # a check of the verdict or the advice, or a summary section, that raises fails the tests
+    # (in a user's run it is left out with one line); subprocesses inherit it (support.py)
+    os.environ.setdefault(log.ENV_TEST_STRICT, "1")
     mode = os.environ.setdefault(hotpath.ENV_TEST_NATIVE, "1")
     if mode not in ("0", "1"):
         pytest.exit(f"{hotpath.ENV_TEST_NATIVE}={mode!r}: accepted 0 or 1", returncode=2)

@@ -22,18 +22,22 @@ EXAMPLES = REPO / "examples"
 
 #: The hot path's implementation under test (see conftest.py), every subprocess's default.
 ENV_TEST_NATIVE = "CHAINER_AUTOPROF_TEST_NATIVE"
+#: Errors of the agent's own that its reports contain are raised under the tests (conftest.py).
+ENV_TEST_STRICT = "CHAINER_AUTOPROF_TEST_STRICT"
 
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The current environment without any CHAINER_PROF_* or NVTX variables, plus ``extra``.
 
-    The implementation of the hot path under test stays (``CHAINER_AUTOPROF_TEST_NATIVE``).
+    The implementation of the hot path under test stays (``CHAINER_AUTOPROF_TEST_NATIVE``),
+    and so does the strict mode of the tests (``CHAINER_AUTOPROF_TEST_STRICT``).
     """
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CHAINER_PROF_", "_CHAINER_PROF_", "NVTX_", "CHAINER_AUTOPROF_"))}
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + path if path else "")
     env[ENV_TEST_NATIVE] = os.environ.get(ENV_TEST_NATIVE, "1")
+    env[ENV_TEST_STRICT] = os.environ.get(ENV_TEST_STRICT, "1")
     env.update(extra)
     return env
 

@@ -16,6 +16,7 @@ from verdict_workloads import run_workload
 
 from chainer_autoprof.analysis import verdict as vd
 from chainer_autoprof.analysis.stats import RunStats
+from chainer_autoprof.common import figures
 from chainer_autoprof.report.summary import format_verdict
 
 _RUNS: dict[str, object] = {}
@@ -68,7 +69,7 @@ def test_slow_extension_is_extension_bound(runs):
     assert "extension:SlowReport" in text  # the extension is named, with its time
     ext_ms = w.stats.outside_ms["extension:SlowReport"]
     assert ext_ms >= 20 * 20 * 0.9  # 20 calls of at least 20 ms (sleep)
-    assert f"{ext_ms:.1f} ms" in text
+    assert figures.ms(ext_ms) in text
 
 
 def test_large_layers_are_compute_bound(runs):
@@ -80,7 +81,7 @@ def test_large_layers_are_compute_bound(runs):
     text = format_verdict(verdict)
     for phase in ("forward", "backward", "update"):  # each phase with its figures
         ms = w.stats.phase_total(phase) / w.stats.iterations
-        assert f"{phase} {vd._ms(ms)} ({100 * w.stats.phase_share(phase):.1f}%)" in text
+        assert f"{phase} {figures.ms(ms)} ({figures.pct(w.stats.phase_share(phase))})" in text
 
 
 def test_compute_bound_names_the_top_links(runs):
@@ -104,27 +105,41 @@ def test_many_small_layers_are_host_bound(runs):
     assert f"{calls} function calls per iteration" in format_verdict(verdict)
 
 
-def test_costly_synchronization_is_synchronization_bound(runs):
+def test_costly_synchronization_is_the_agents_overhead(runs):
     """Sync level 3 at function granularity: every range waits in the device layer.
 
     The counting stand-in appends a line to its log file at each
     synchronization, so the waits cost real time, as GPU synchronizations do.
+    They are the agent's, never the run's bottleneck: the verdict is about the
+    model's own work (host-bound for these many small layers, or compute-bound
+    when the stand-in's file writes, which count as the calls' CPU time in
+    iteration 1, make a call look costly), and the waits are a note about the
+    agent's overhead, left out of the figures.
     """
     w = runs("sync", "deep", "--batch", "2", "--iterations", "10",
              env={"CHAINER_PROF_SYNC_LEVEL": "3", "CHAINER_PROF_GRANULARITY": "function"})
     meta = w.stats.meta
     assert meta["sync_ms"] > 0 and w.stats.sync_calls > 0
     verdict = vd.decide(w.stats)
-    assert verdict.kind == "synchronization-bound", format_verdict(verdict)
-    assert verdict.figures["sync_share"] >= vd.SYNC_SHARE
-    assert "sync level 3" in format_verdict(verdict)
+    text = format_verdict(verdict)
+    assert verdict.kind in ("host-bound", "compute-bound"), text
+    assert "synchronization-bound" not in text and "synchronization-bound" not in w.stderr
+    assert verdict.figures["wait_share"] > 0.05  # the log writes cost real time
+    assert "the agent's overhead, not the run's bottleneck" in text
+    assert "sync level 3" in text
+    # the host's figures leave the waits out: a call's time is the host's own
+    with_waits = sum(w.stats.phase_total(k) for k in ("forward", "backward", "update"))
+    us = vd.us_per_function(w.stats, verdict.figures)
+    calls = vd.functions_per_iteration(w.stats)
+    assert us is not None and calls
+    assert us * calls / 1000 < with_waits / w.stats.iterations
 
 
-def test_sync_level_one_is_never_synchronization_bound(runs):
+def test_sync_level_one_is_never_the_bottleneck(runs):
     w = runs("sync1", "deep", "--batch", "2", "--iterations", "10",
              env={"CHAINER_PROF_SYNC_LEVEL": "1"})
     assert w.stats.sync_calls > 0
-    assert vd.decide(w.stats).kind != "synchronization-bound"
+    assert vd.decide(w.stats).kind == "host-bound"
 
 
 def test_advice_off_silences_verdict_and_advice(runs):
@@ -151,7 +166,7 @@ def test_replay_makes_data_nearly_free_and_compares(runs):
     text = format_verdict(verdict)
     n_med, r_med = normal.stats.median(), replay.stats.median()
     assert "if data were free (replay run)" in text
-    assert f"({n_med / r_med:.2f}x faster)" in text
+    assert f"({figures.factor(n_med / r_med)} faster)" in text
 
 
 def test_replay_keeps_epoch_triggers(runs):
@@ -188,9 +203,10 @@ def test_thresholds_are_documented():
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "verdict.md").read_text()
-    for name in ("INPUT_SHARE", "EXTENSION_SHARE", "SYNC_SHARE", "COMPUTE_SHARE",
+    for name in ("INPUT_SHARE", "EXTENSION_SHARE", "COMPUTE_SHARE",
                  "HOST_US_PER_FUNCTION", "HOST_CHECKS_PER_FUNCTION", "HOST_MIN_FUNCTIONS",
-                 "GPU_WAIT_SHARE",
+                 "GPU_WAIT_SHARE", "GPU_BOUND_SHARE", "BEHIND_MARGIN", "BEHIND_MIN_MS",
+                 "WAIT_BEHIND_SHARE", "WAIT_PER_SYNC_MS", "MIN_GPU_SAMPLES", "MIN_ITERATIONS",
                  "ADVICE_MIN_SHARE", "TRANSFER_ITERATION_SHARE", "BLAS_SLOW_GFLOPS",
                  "BLAS_MIN_COMPUTE_SHARE", "WARMUP_SLOW_FACTOR", "WARMUP_MIN_SHARE",
                  "WARMUP_MIN_MS", "OVERHEAD_NOTE_SHARE"):

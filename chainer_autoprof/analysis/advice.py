@@ -4,7 +4,10 @@ Every check reads the run-time facts the probes recorded
 (:mod:`chainer_autoprof.patches.probes`) and the run's statistics, and
 returns a :class:`Finding` -- what was seen, the measured cost when there is
 one, the fix and the Chainer documentation section -- or nothing.  A run with
-nothing to say gets no advice.  Thresholds live in :mod:`.verdict`.
+nothing to say gets no advice.  Thresholds live in :mod:`.verdict`; every figure
+goes through :mod:`..common.figures`.  A check that raises (a bug of ours, or a
+fact of a shape it does not expect) is left out with one line on stderr, and
+fails the tests (:func:`..common.log.contained`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..common import figures as fmt
+from ..common import log
 from . import verdict as vd
 from .outliers import OUTLIER_FACTOR, slow_iterations, stutter
 
@@ -60,10 +65,11 @@ def check_type_check(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding
     cost_ms = calls * check / 1000.0
     return Finding(
         "type_check", "chainer.config.type_check is on during training",
-        f"{calls} function calls per iteration, each type-checked; in iteration {counted_in} "
-        f"a call took {call:.3g} us of host CPU time on average, and its type check, timed "
-        f"again, {check:.3g} us (median of {facts.get('type_checks_timed', '?')})",
-        f"{100 * share:.1f}% of the host time of each call: about {cost_ms:.3g} ms per "
+        f"{fmt.count(calls)} function calls per iteration, each type-checked; in iteration "
+        f"{counted_in} a call took {fmt.us(call)} of host CPU time on average, and its type "
+        f"check, timed again, {fmt.us(check)} (median of "
+        f"{facts.get('type_checks_timed', '?')})",
+        f"{fmt.pct(share)} of the host time of each call: about {fmt.ms(cost_ms)} per "
         "iteration (estimated: calls x the timed check)",
         "chainer.config.type_check = False (or CHAINER_TYPE_CHECK=0) once the model and its "
         "inputs are tested",
@@ -100,15 +106,33 @@ def check_cudnn(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | No
     kinds = sorted({kind for link in stats.links for kind in CUDNN_LINKS if kind in link.name})
     if not conv and not kinds:
         return None
+    major = vd.cupy_major(stats)
     why = "chainer.config.use_cudnn = 'never'" if disabled else "cuDNN is not available to CuPy"
+    if not disabled and major is not None and major >= 14:
+        version = ((stats.meta or {}).get("versions") or {}).get("cupy")
+        why += f": this is CuPy {version}, and CuPy 14 removed cuDNN support"
     layers = f"{conv} convolution link(s) on the GPU" if conv else ", ".join(kinds) + " links"
+    fix = ("chainer.config.use_cudnn = 'auto' (the default)" if disabled
+           else vd.cudnn_fix(stats))
     return Finding(
         "cudnn", "cuDNN is not used",
         f"{why}; the model has {layers}",
-        "not measured: without cuDNN these layers run CuPy's own, slower kernels",
-        "install a CuPy wheel with cuDNN (e.g. cupy-cudaXXX) and check "
-        "chainer.print_runtime_info(); leave use_cudnn at 'auto'",
+        "not measured: without cuDNN these layers run CuPy's own, slower kernels"
+        + _conv_gpu_share(stats),
+        fix,
         f"{PERFORMANCE_DOC}#using-gpu")
+
+
+def _conv_gpu_share(stats: Any) -> str:
+    """The convolutions' share of the links' GPU time, where the run tells it (sync level 3
+    link ranges, or an activity record)."""
+    links, how = vd.gpu_links(stats, n=len(stats.links) or vd.TOP_LINKS)
+    total = sum(ms for _name, ms in links)
+    conv = sum(ms for name, ms in links if "Convolution" in name or "Deconvolution" in name)
+    if not total or not conv:
+        return ""
+    return (f"; here the convolution links hold {fmt.pct(conv / total)} of the links' GPU "
+            f"time ({fmt.ms(conv)} per iteration; {how})")
 
 
 def check_eval_backprop(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
@@ -120,7 +144,7 @@ def check_eval_backprop(stats: Any, verdict: Any, facts: dict[str, Any]) -> Find
     spent = stats.outside_ms.get(name)
     loop = vd.loop_ms(stats)
     cost = ("not measured separately: the graph's memory and bookkeeping are part of "
-            f"{name}'s {spent:.1f} ms over the run ({100 * spent / loop:.1f}% of the training "
+            f"{name}'s {fmt.ms(spent)} over the run ({fmt.pct(spent / loop)} of the training "
             "loop)") if spent and loop > 0 else \
         "not measured: keeping the graph costs memory and time in every evaluation"
     return Finding(
@@ -141,7 +165,7 @@ def check_float64_gpu(stats: Any, verdict: Any, facts: dict[str, Any]) -> Findin
     count = (params.get("dtypes") or {}).get("float64", len(examples))
     return Finding(
         "float64_gpu", "float64 parameters on the GPU",
-        f"{count} float64 parameter(s) on the GPU, e.g. {', '.join(examples[:3])}",
+        f"{fmt.count(count)} float64 parameter(s) on the GPU, e.g. {', '.join(examples[:3])}",
         "not measured: GPUs run float64 arithmetic at a fraction of the float32 rate and move "
         "twice the bytes",
         "use float32 (chainer.config.dtype = numpy.float32, the default; cast inputs with "
@@ -155,11 +179,12 @@ def check_transfers(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding 
     total = stats.iterations + stats.warmup
     if not seen_in or not total or seen_in / total < vd.TRANSFER_ITERATION_SHARE:
         return None
-    by = ", ".join(f"{k} x{n}" for k, n in sorted((info.get("by") or {}).items()))
-    where = ", ".join(f"{k} {n}" for k, n in sorted((info.get("phases") or {}).items()))
+    by = ", ".join(f"{k} x{fmt.count(n)}" for k, n in sorted((info.get("by") or {}).items()))
+    where = ", ".join(f"{k} {fmt.count(n)}"
+                      for k, n in sorted((info.get("phases") or {}).items()))
     return Finding(
         "transfers", "copies between host and GPU inside the iteration",
-        f"{info.get('calls', 0)} copies outside the data phase in {seen_in} of {total} "
+        f"{fmt.count(info.get('calls', 0))} copies outside the data phase in {seen_in} of {total} "
         f"training iterations ({by}; by phase: {where})",
         "not measured per copy: each copy to the host waits for all GPU work queued before it",
         "keep values on the GPU during the iteration: report Variables (chainer.report) "
@@ -182,9 +207,9 @@ def check_blas(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | Non
     name = blas.get("name") or "unknown"
     return Finding(
         "blas", "NumPy without an optimized BLAS on a CPU run",
-        f"NumPy's BLAS: {name}; forward/backward/update take {100 * compute:.1f}% of the "
+        f"NumPy's BLAS: {name}; forward/backward/update take {fmt.pct(compute)} of the "
         "iteration time",
-        f"measured {gflops:.3g} GFLOP/s on a float32 128x128 matrix product"
+        f"measured {fmt.num(gflops)} GFLOP/s on a float32 128x128 matrix product"
         if isinstance(gflops, (int, float)) else "not measured",
         "install a NumPy built with OpenBLAS or MKL (the PyPI wheels bundle OpenBLAS; "
         "check numpy.show_config())",
@@ -202,7 +227,7 @@ def check_serial_iterator(stats: Any, verdict: Any, facts: dict[str, Any]) -> Fi
         "serial_iterator", "SerialIterator while the run is input-bound",
         "the training iterator is a SerialIterator: examples load one after another in the "
         "training process",
-        f"data loading {data:.3g} ms per iteration ({100 * stats.phase_share('data'):.1f}% of "
+        f"data loading {fmt.ms(data)} per iteration ({fmt.pct(stats.phase_share('data'))} of "
         "the iteration time)",
         "chainer.iterators.MultiprocessIterator(dataset, batch_size, n_processes=N) when "
         "loading is CPU work, MultithreadIterator(dataset, batch_size, n_threads=N) when it "
@@ -232,10 +257,10 @@ def check_warmup(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | N
                "shapes fixed (pad to a few sizes), or turn autotune off for short runs; " + fix)
     return Finding(
         "warmup", "the first iterations are much slower than the rest",
-        f"the first {stats.warmup} iteration(s) took {mean_warm:.3g} ms each on average, "
-        f"{mean_warm / median:.1f}x the {median:.3g} ms median",
-        f"{excess:.1f} ms more than median iterations would take "
-        f"({100 * excess / training:.1f}% of the training time)",
+        f"the first {stats.warmup} iteration(s) took {fmt.ms(mean_warm)} each on average, "
+        f"{fmt.factor(mean_warm / median)} the {fmt.ms(median)} median",
+        f"{fmt.ms(excess)} more than median iterations would take "
+        f"({fmt.pct(excess / training)} of the training time)",
         fix,
         f"{PERFORMANCE_DOC}#auto-tuner")
 
@@ -254,18 +279,20 @@ def check_gc(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
     if max(stats.gc_total_ms, caused_ms) < vd.GC_MIN_MS:
         return None
     counts = list(gc.get("collections") or [0, 0, 0])
-    seen = (f"{sum(counts):,} collections in the run (gen 0: {counts[0]}, gen 1: {counts[1]}, "
-            f"gen 2: {counts[2]}); inside counted iterations they took "
-            f"{stats.gc_total_ms:.1f} ms ({100 * share:.1f}% of the iteration time)")
+    seen = (f"{fmt.count(sum(counts))} collections in the run (gen 0: {fmt.count(counts[0])}, "
+            f"gen 1: {fmt.count(counts[1])}, "
+            f"gen 2: {fmt.count(counts[2])}); inside counted iterations they took "
+            f"{fmt.ms(stats.gc_total_ms)} ({fmt.pct(share)} of the iteration time)")
     if caused:
         worst = caused[0]
-        seen += (f"; iteration {worst.iteration} took {worst.ms:.1f} ms ({worst.factor:.1f}x "
-                 f"the median), {worst.cause_ms:.1f} ms of it in gc gen {worst.generation}")
-    cost = f"{stats.gc_total_ms:.1f} ms of the counted iterations"
+        seen += (f"; iteration {worst.iteration} took {fmt.ms(worst.ms)} "
+                 f"({fmt.factor(worst.factor)} the median), {fmt.ms(worst.cause_ms)} of it in "
+                 f"gc gen {worst.generation}")
+    cost = f"{fmt.ms(stats.gc_total_ms)} of the counted iterations"
     if st.count:
-        cost += (f"; iterations above {st.median_ms * OUTLIER_FACTOR:.3g} ms "
-                 f"({OUTLIER_FACTOR:g}x the median) hold {100 * st.share:.1f}% of the iteration "
-                 "time above the median")
+        cost += (f"; iterations above {fmt.ms(st.median_ms * OUTLIER_FACTOR)} "
+                 f"({fmt.num(OUTLIER_FACTOR)}x the median) hold {fmt.pct(st.share)} of the "
+                 "iteration time above the median")
     return Finding(
         "gc", "garbage collection slows training iterations", seen, cost,
         "call gc.freeze() once the model, the optimizer and the data set are built (just "
@@ -287,10 +314,10 @@ def check_slow_extension(stats: Any, verdict: Any, facts: dict[str, Any]) -> Fin
     worst = found[0]
     return Finding(
         "slow_extension", f"{worst.name} makes some iterations slow",
-        f"iteration {worst.iteration} took {worst.ms:.1f} ms ({worst.factor:.1f}x the median), "
-        f"{worst.cause_ms:.1f} ms of it in {worst.name} ({len(found)} of the slowest "
+        f"iteration {worst.iteration} took {fmt.ms(worst.ms)} ({fmt.factor(worst.factor)} the "
+        f"median), {fmt.ms(worst.cause_ms)} of it in {worst.name} ({len(found)} of the slowest "
         "iterations alike)",
-        f"about {worst.cause_ms:.1f} ms each time it runs",
+        f"about {fmt.ms(worst.cause_ms)} each time it runs",
         "run it less often (a larger trigger interval, e.g. trigger=(1, 'epoch')) or outside "
         "the training iteration, or make it cheaper (evaluate on a subset)",
         f"{PERFORMANCE_DOC}")
@@ -315,7 +342,8 @@ def check(stats: Any, verdict: Any = None) -> list[Finding]:
     for fn in CHECKS:
         try:
             finding = fn(stats, verdict, facts)
-        except Exception:  # a fact of an unexpected shape: that check says nothing
+        except Exception as exc:  # our bug, or a fact of a shape it does not expect
+            log.warning(log.contained(f"advice check {fn.__name__}", exc), once=True)
             finding = None
         if finding is not None:
             findings.append(finding)

@@ -18,6 +18,11 @@ Aggregation, per thread, as each range ends (children end before parents):
 * ``gc`` ranges: their time inside each counted iteration (a per-iteration
   column beside the phases); the few slowest counted iterations are kept
   with what ran inside them (:mod:`.outliers`).
+* ``gpu_wait`` ranges (the agent's own waits for the GPU): their time inside
+  each counted iteration, per place (the phase they lie in, or ``other``
+  between phases), as columns beside the phases; the phases and ``other``
+  still include them.  A wait outside any iteration is time outside
+  iterations like any depth-0 range.
 * ``link`` ranges: calls, inclusive time and self time (inclusive minus the
   child link ranges) per link path; ``link_backward`` ranges: backward calls
   and time, attributed to the link whose forward created each function.
@@ -60,9 +65,12 @@ from .stats import (
 
 # Kinds of a range name, for aggregation.
 _K_SKIP, _K_ITER, _K_LINK, _K_LINK_BWD, _K_QUIET, _K_OTHER, _K_GC = 0, 1, 2, 3, 4, 5, 6
+_K_WAIT = 7  # the agent's wait for the GPU; its place (a PHASE_KEYS index) is per name
 _K_PHASE0 = 10  # + index in PHASE_KEYS
 #: Rows of an iteration still open at the end of a block kept for the slow-iteration details.
 _TAIL_ROWS = 2048
+#: Columns per counted iteration: its time, the 5 phase keys, gc, the waits per phase key.
+_SERIES_WIDTH = 2 + 2 * len(PHASE_KEYS)
 
 
 class Series:
@@ -113,7 +121,7 @@ class _ThreadAgg:
     __slots__ = ("child_ns", "counted", "gap_pending", "gc_pending", "gc_total", "iter_total",
                  "iterations", "last_top_end", "link_totals", "links", "nested_counted",
                  "nested_warm", "outside", "phase_ns", "phase_total", "seen_iter", "series",
-                 "slowest", "tail")
+                 "slowest", "tail", "wait_ns", "wait_total", "waits_seen")
 
     def __init__(self, start_ns: int) -> None:
         self.counted = 0
@@ -135,6 +143,9 @@ class _ThreadAgg:
         self.iterations = 0
         self.gc_pending: Any = None      # (t0, duration) of gc ranges not yet in an iteration
         self.tail: Any = None            # rows of the open iteration (not links or functions)
+        self.wait_ns = [0] * len(PHASE_KEYS)     # waits of the iteration still open, per place
+        self.wait_total = [0] * len(PHASE_KEYS)  # waits inside counted iterations, per place
+        self.waits_seen = False
 
 
 class Aggregator:
@@ -161,6 +172,7 @@ class Aggregator:
         self.keys: list[str] = []          # outside key per name index
         self.link_ids: list[int] = []      # link key id per name index (-1: not a link)
         self.gens: list[int] = []          # collected generation per gc name index
+        self.wait_places: list[int] = []   # PHASE_KEYS index per wait name index (-1: outside)
         self.link_keys: list[str] = []
         self._link_key_index: dict[str, int] = {}
         self._np_tables: Any = None
@@ -179,10 +191,14 @@ class Aggregator:
             self.keys.append("")
             self.link_ids.append(-1)
             self.gens.append(0)
+            self.wait_places.append(-1)
         self.names[index] = name
         kind, key = _kind_of(name, category)
         if kind == _K_GC:
             self.gens[index] = names.gc_generation(name) or 0
+        if kind == _K_WAIT:
+            place = names.gpu_wait_place(name)
+            self.wait_places[index] = names.WAIT_PLACES.index(place) if place else -1
         self.kinds[index], self.keys[index] = kind, key
         if kind in (_K_LINK, _K_LINK_BWD):
             lid = self._link_key_index.get(key)
@@ -235,10 +251,11 @@ class Aggregator:
         self._links(th, a, kind, depth, dur, is_iter, it_pos, it_counted, link_ids_t)
         phases = self._phases(th, kind, dur, it_pos)
         gc_ns = self._gc(th, kind, t0, dur, it_pos)
+        waits = self._waits(th, kind, index, dur, it_pos)
         if n_it:
             it_dur = dur[it_pos]
             other = it_dur - phases.sum(axis=1)
-            full = np.column_stack([it_dur, phases, other, gc_ns])
+            full = np.column_stack([it_dur, phases, other, gc_ns, waits])
             table = full[it_counted]
             if len(table):
                 th.counted += len(table)
@@ -246,10 +263,12 @@ class Aggregator:
                 sums = table[:, 1:].sum(axis=0).tolist()
                 for i in range(5):
                     th.phase_total[i] += int(sums[i])
+                    th.wait_total[i] += int(sums[6 + i])
                 th.gc_total += int(sums[5])
                 if th.series is None:
-                    # per counted iteration: its time, its phases (and the rest), its gc time
-                    th.series = Series(self.max_kept, 2 + len(PHASE_KEYS))
+                    # per counted iteration: its time, its phases (and the rest), its gc
+                    # time, its waits for the GPU per place
+                    th.series = Series(self.max_kept, _SERIES_WIDTH)
                 th.series.extend(table / 1e6)
                 self._slowest(th, a, kind, it_pos, it_counted, full, seq)
         self._keep_tail(th, a, kind, it_pos)
@@ -277,6 +296,36 @@ class Aggregator:
         if left is not None:
             carried = [c + int(x) for c, x in zip(carried, left.tolist())]
         th.phase_ns = carried
+        return sums
+
+    def _waits(self, th: _ThreadAgg, kind: Any, index: Any, dur: Any, it_pos: Any) -> Any:
+        """(iterations in block, 5) the agent's waits per place; an open iteration's are carried.
+
+        A wait named after a place lay inside an iteration (its name says so), which is the
+        next iteration to end on this thread.
+        """
+        n_it = len(it_pos)
+        sums = np.zeros((n_it, len(PHASE_KEYS)), dtype=np.int64)
+        w = np.flatnonzero(kind == _K_WAIT)
+        carried = th.wait_ns
+        if n_it:
+            sums[0] += np.array(carried, dtype=np.int64)
+            carried = [0] * len(PHASE_KEYS)
+        if len(w):
+            th.waits_seen = True
+            table = self.wait_places
+            place = np.array([table[i] if i < len(table) else -1 for i in index[w].tolist()],
+                             dtype=np.int64)
+            keep = place >= 0
+            w, place = w[keep], place[keep]
+            owner = np.searchsorted(it_pos, w)
+            inside = owner < n_it
+            width = len(PHASE_KEYS)
+            flat = _bincount(owner[inside] * width + place[inside], dur[w][inside], n_it * width)
+            sums += flat.reshape(n_it, width)
+            left = _bincount(place[~inside], dur[w][~inside], width)
+            carried = [c + int(x) for c, x in zip(carried, left.tolist())]
+        th.wait_ns = carried
         return sums
 
     def _gc(self, th: _ThreadAgg, kind: Any, t0: Any, dur: Any, it_pos: Any) -> Any:
@@ -529,7 +578,7 @@ class Aggregator:
             outside_ns[self.before_label] = end_ns - self.start_ns
         if th is None:
             th = _ThreadAgg(self.start_ns)
-        series = th.series or Series(self.max_kept, 2 + len(PHASE_KEYS))
+        series = th.series or Series(self.max_kept, _SERIES_WIDTH)
         values = series.values
         links = []
         if th.link_totals is not None:
@@ -556,6 +605,10 @@ class Aggregator:
             "has_phases": self.phase_seen or th.counted == 0,
             "gc_ms": values[6].tolist(),
             "gc_total_ms": th.gc_total / 1e6,
+            "wait_phase_ms": {key: values[7 + i].tolist() for i, key in enumerate(PHASE_KEYS)},
+            "wait_phase_total_ms": {key: th.wait_total[i] / 1e6
+                                    for i, key in enumerate(PHASE_KEYS)},
+            "waits_recorded": th.waits_seen,
             "slowest": th.slowest.items() if th.slowest is not None else [],
         }
         fields.update(extra)
@@ -607,5 +660,7 @@ def _kind_of(name: str, category: str) -> tuple[int, str]:
         return _K_SKIP, name
     if category == names.GC:
         return _K_GC, name
+    if category == names.GPU_WAIT:
+        return _K_WAIT, name
     return _K_OTHER, name
 

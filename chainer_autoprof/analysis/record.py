@@ -264,6 +264,12 @@ _RUN_STATS_OWN: dict[str, tuple[Kind, str, str, bool]] = {
     "gc_ms": (ListOf(NON_NEGATIVE), "collection time per counted iteration", "ms", False),
     "gc_total_ms": (NON_NEGATIVE, "collection time inside counted iterations", "ms", False),
     "slowest": (ListOf(SLOW), "the slowest counted iterations", "", False),
+    "wait_phase_ms": (SERIES, "the agent's GPU waits per phase (and the rest), per counted "
+                      "iteration (the same sample)", "ms", False),
+    "wait_phase_total_ms": (MapOf(NON_NEGATIVE, key="phase"), "exact per-phase totals of the "
+                            "agent's GPU waits", "ms", False),
+    "waits_recorded": (BOOL, "whether the agent's GPU waits were recorded as ranges (else "
+                       "they are estimated from sync_ms)", "", False),
 }
 #: Of the record's fields, those a saved copy must hold.
 _RUN_STATS_NEEDED = ("sync_level", "sync_calls", "overhead_ms")

@@ -102,6 +102,13 @@ class RunStats:
     gc_total_ms: float = 0.0
     #: The slowest counted iterations with what ran inside them (:mod:`.outliers`).
     slowest: list[dict[str, Any]] = field(default_factory=list)
+    #: The agent's own waits for the GPU inside the counted iterations, per phase key (the
+    #: phase they lay in, ``other`` between phases): per counted iteration (same sample as
+    #: ``iteration_ms``) and in all.  The phases and ``other`` include them.
+    wait_phase_ms: dict[str, list[float]] = field(default_factory=dict)
+    wait_phase_total_ms: dict[str, float] = field(default_factory=dict)
+    #: Whether the waits were recorded (a run before they were, or one without a GPU: no).
+    waits_recorded: bool = False
 
     # -- iterations --------------------------------------------------------
     def median(self) -> float:

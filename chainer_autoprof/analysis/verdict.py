@@ -1,29 +1,35 @@
 """The bottleneck verdict: which part of the run its time goes to, with the numbers.
 
-Every threshold lives here (docs/verdict.md explains each).  The verdict is a
-pure function of a :class:`~chainer_autoprof.stats.RunStats` (live or read
-back from a trace) and, optionally, the stats of a replay run of the same
-program (``CHAINER_PROF_REPLAY_BATCH=1``).
+Every threshold is documented in docs/verdict.md; they live here, but for the GPU
+evidence's, which live in :mod:`.gpu_evidence` and are re-exported here.  The verdict is a
+pure function of a :class:`~chainer_autoprof.stats.RunStats` (live or read back from a
+trace) and, optionally, the stats of a replay run of the same program
+(``CHAINER_PROF_REPLAY_BATCH=1``).
 
-Kinds:
+On a GPU the first question is who sets the pace (:mod:`.gpu_evidence`): the GPU (its
+work runs behind the host's) or the host (the GPU waits for it).  Then the kinds:
 
+* ``GPU-bound``: the GPU is busy (has work queued) :data:`GPU_BOUND_SHARE` of the iteration
+  or more, by CUDA event spans, the agent's waits or an exact activity record;
 * ``extension-bound``: what runs between iterations (extensions such as
   evaluation, snapshots and reports, inference, the loop's own code) takes
   :data:`EXTENSION_SHARE` of the training loop's wall time or more;
 * ``input-bound``: the data phase takes :data:`INPUT_SHARE` of the iteration
-  time or more;
+  time or more (on a GPU, only the part of it the GPU spent waiting for it);
 * ``gc-bound``: garbage collections inside the counted iterations take
   :data:`GC_SHARE` of the iteration time or more;
-* ``synchronization-bound``: at sync level 2 or 3 the agent's own GPU
-  synchronizations take :data:`SYNC_SHARE` of the iteration time or more;
-* ``host-bound``: forward/backward/update dominate but each function call is
-  short (under :data:`HOST_US_PER_FUNCTION`, or under the time of
-  :data:`HOST_CHECKS_PER_FUNCTION` type checks, over at least
-  :data:`HOST_MIN_FUNCTIONS` calls per iteration), or on a GPU at sync level
-  1 the host almost never waits for the GPU (under :data:`GPU_WAIT_SHARE`);
-* ``compute-bound``: forward + backward + update take :data:`COMPUTE_SHARE`
+* ``host-bound``: forward/backward/update dominate and either the GPU waits for the host,
+  or (CPU) each function call is short (under :data:`HOST_US_PER_FUNCTION`, or under the
+  time of :data:`HOST_CHECKS_PER_FUNCTION` type checks, over at least
+  :data:`HOST_MIN_FUNCTIONS` calls per iteration);
+* ``compute-bound`` (CPU): forward + backward + update take :data:`COMPUTE_SHARE`
   of the iteration time or more (their collections left out);
-* ``balanced``: none of the above; the shares are printed.
+* ``balanced``: none of the above; the shares are printed;
+* ``unknown``: not enough evidence (no or too few counted iterations, no phase ranges, or
+  on a GPU nothing that tells GPU-bound from host-bound): what is known, and what to run.
+
+The agent's own synchronization (sync level 1 and above) is never the verdict: its waits
+are left out of the host's figures and its cost, the overlap it takes away, is a note.
 
 Beside the kind, the verdict says when slow iterations (at least
 :data:`~.outliers.OUTLIER_FACTOR` times the median) hold
@@ -32,8 +38,7 @@ garbage collection explains; an input-bound verdict names the input queue
 when it was empty at :data:`QUEUE_DRY_SHARE` of the fetches or more.
 
 When several kinds pass their thresholds the one with the most time behind it
-is the verdict and the others are listed under "also"; synchronization-bound
-goes before host- and compute-bound, whose phase times include its waits.
+is the verdict and the others are listed under "also".
 """
 
 from __future__ import annotations
@@ -41,8 +46,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..common import figures as fmt
+
+# the GPU evidence's thresholds, re-exported so that every threshold reads ``verdict.NAME``
+from .gpu_evidence import BEHIND_MARGIN as BEHIND_MARGIN
+from .gpu_evidence import BEHIND_MIN_MS as BEHIND_MIN_MS
+from .gpu_evidence import GPU_BOUND_SHARE as GPU_BOUND_SHARE
+from .gpu_evidence import GPU_WAIT_SHARE as GPU_WAIT_SHARE
+from .gpu_evidence import MIN_GPU_SAMPLES as MIN_GPU_SAMPLES
+from .gpu_evidence import MIN_ITERATIONS as MIN_ITERATIONS
+from .gpu_evidence import WAIT_BEHIND_SHARE as WAIT_BEHIND_SHARE
+from .gpu_evidence import WAIT_PER_SYNC_MS as WAIT_PER_SYNC_MS
+from .gpu_evidence import GpuEvidence, gather, gpu_activity, on_gpu, waits
 from .outliers import OUTLIER_FACTOR, stutter
-from .stats import median
 
 #: Data phase share of the counted iteration time at or above which a run is input-bound.
 #: tensorpack's tuning guide treats a data pipeline that cannot keep up as the
@@ -54,12 +70,6 @@ INPUT_SHARE = 0.30
 #: (extensions, inference, the loop's own code) at or above which a run is
 #: extension-bound.
 EXTENSION_SHARE = 0.25
-#: Share of the counted iteration time spent waiting in the agent's own GPU
-#: synchronizations (sync level 2 or 3) at or above which a run is
-#: synchronization-bound.
-SYNC_SHARE = 0.20
-#: Sync level from which synchronizations are placed inside the iteration.
-SYNC_INSIDE_LEVEL = 2
 #: Forward + backward + update share of the iteration time at or above which
 #: the model's own work dominates (compute-bound, or host-bound when calls are short).
 COMPUTE_SHARE = 0.50
@@ -77,13 +87,10 @@ HOST_US_PER_FUNCTION = 100.0
 HOST_CHECKS_PER_FUNCTION = 50
 #: Function calls per iteration needed before "many small calls" is claimed.
 HOST_MIN_FUNCTIONS = 20
-#: On a GPU at sync level 1: share of the iteration time the host waits at the
-#: iteration boundary for the GPU, under which the GPU is the one waiting.
-GPU_WAIT_SHARE = 0.10
 #: The agent's own estimated overhead, as a share of the wall time, above
 #: which the verdict warns that the figures are inflated by profiling.
 OVERHEAD_NOTE_SHARE = 0.10
-#: Links listed for a compute-bound run.
+#: Links listed for a compute-bound (or GPU-bound, by GPU time) run.
 TOP_LINKS = 5
 #: Slow iterations' time above the median, as a share of the iteration time, from which
 #: the verdict says the run stutters (a tenth of the time lost to a few iterations).
@@ -116,6 +123,11 @@ WARMUP_MIN_MS = 100.0
 _NOT_LOOP = ("startup", "warm-up", "shutdown", "before window", "after window", "unfinished")
 
 
+#: Phase keys of the model's own work.
+_COMPUTE = ("forward", "backward", "update")
+_KEYS = ("data", "forward", "backward", "update", "other")
+
+
 @dataclass
 class Verdict:
     """The verdict, its evidence (numbers) and what to try."""
@@ -130,6 +142,8 @@ class Verdict:
     stutter: list[str] = field(default_factory=list)
     #: Figures for renderers: shares (0-1) and milliseconds.
     figures: dict[str, float] = field(default_factory=dict)
+    #: What the run says about its GPU (``None`` on a CPU run).
+    gpu: GpuEvidence | None = None
 
 
 # -- figures ---------------------------------------------------------------------
@@ -148,12 +162,6 @@ def settings_of(stats: Any) -> dict[str, Any]:
 def is_replay(stats: Any) -> bool:
     """Whether ``stats`` comes from a replay-batch run."""
     return bool(settings_of(stats).get("replay_batch")) or "replay" in facts_of(stats)
-
-
-def on_gpu(stats: Any) -> bool:
-    """Whether the model ran on a GPU (parameters seen there, or GPU devices in use)."""
-    params = facts_of(stats).get("params") or {}
-    return bool(params.get("gpu")) or bool((stats.meta or {}).get("devices"))
 
 
 def extension_ms(stats: Any) -> dict[str, float]:
@@ -195,12 +203,23 @@ def top_links(stats: Any, n: int = TOP_LINKS) -> list[Any]:
     return sorted(stats.links, key=lambda link: -(link.self_ms + link.bwd_ms))[:n]
 
 
-def _pct(x: float) -> str:
-    return f"{100.0 * x:.1f}%"
+def gpu_links(stats: Any, n: int = TOP_LINKS) -> tuple[list[tuple[str, float]], str]:
+    """The links with the most GPU time (ms per iteration), and how that time was obtained;
+    empty when the run cannot tell (link times are host times below sync level 3)."""
+    activity = gpu_activity(stats)
+    if activity and activity.get("link_ms"):
+        ranked = sorted(activity["link_ms"].items(), key=lambda kv: -kv[1])[:n]
+        return ranked, f"measured: {activity.get('source') or 'GPU activity records'}"
+    if stats.sync_level >= 3 and stats.links and stats.iterations:
+        ranked = [(link.name, (link.self_ms + link.bwd_ms) / stats.iterations)
+                  for link in top_links(stats, n)]
+        return ranked, ("sync level 3: each link range waits for its kernels, so its own "
+                        "forward + backward time holds its GPU time")
+    return [], ""
 
 
-def _ms(x: float) -> str:
-    return f"{x:.3g} ms" if x < 10 else f"{x:.1f} ms"
+def _share(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else 0.0
 
 
 # -- deciding ---------------------------------------------------------------------
@@ -211,83 +230,124 @@ def decide(stats: Any, replay: Any = None) -> Verdict:
         return Verdict("unknown", "no verdict: no training iteration was counted",
                        [f"{stats.warmup} iteration(s) seen, all in the warm-up"
                         if stats.warmup else "no training iteration was seen"])
-    figures = _figures(stats)
-    candidates = _candidates(stats, figures)
-    if not candidates and not stats.has_phases:
+    gpu = gather(stats) if on_gpu(stats) else None
+    fig = _figures(stats, gpu)
+    candidates = _candidates(stats, fig, gpu)
+    if stats.iterations < MIN_ITERATIONS:  # one or two samples: no pattern to read
+        verdict = Verdict("unknown", f"not enough evidence: only {stats.iterations} counted "
+                          "iteration(s)",
+                          [f"median iteration {fmt.ms(stats.median())}"],
+                          [f"run at least {MIN_ITERATIONS} iterations past the warm-up "
+                           "(CHAINER_PROF_WARMUP)"])
+    elif gpu is not None and gpu.limit is None and not candidates:
+        verdict = _not_enough(stats, fig, gpu)
+    elif not candidates and not stats.has_phases:
         verdict = Verdict("unknown", "no verdict inside the iterations: no phase ranges were "
                           "recorded (granularity iteration)",
                           [f"between iterations (extensions, evaluation): "
-                           f"{_pct(figures['extension_share'])} of the training loop"],
+                           f"{fmt.pct(fig['extension_share'])} of the training loop"],
                           ["run with CHAINER_PROF_GRANULARITY=phase (the default) or finer"])
     elif not candidates:
-        verdict = _balanced(stats, figures)
+        verdict = _balanced(stats, fig, gpu)
     else:
         candidates.sort(key=lambda c: -c[1])
-        kinds = [c[0] for c in candidates]
-        if "synchronization-bound" in kinds:  # the others' figures include its waits
-            first = min(i for i, k in enumerate(kinds) if k in _INSIDE_PHASES)
-            candidates.insert(first, candidates.pop(kinds.index("synchronization-bound")))
         kind = candidates[0][0]
-        verdict = _BUILDERS[kind](stats, figures, replay)
-        # compute-bound is where a run with no other problem lands: not worth an "also"
-        verdict.also = [f"{k} ({_pct(share)})" for k, _total, share in candidates[1:]
+        verdict = _BUILDERS[kind](stats, fig, gpu, replay)
+        # compute-bound is where a CPU run with no other problem lands: not worth an "also"
+        verdict.also = [f"{k} ({fmt.pct(share)})" for k, _total, share in candidates[1:]
                         if k != "compute-bound"]
-    verdict.figures = figures
-    verdict.stutter = _stutter(stats, figures)
-    verdict.notes += _notes(stats, figures)
+    verdict.figures = fig
+    verdict.gpu = gpu
+    if gpu is not None and verdict.kind not in ("GPU-bound", "unknown"):
+        verdict.evidence += _gpu_support(stats, gpu)
+    verdict.stutter = _stutter(stats, fig)
+    verdict.notes += _notes(stats, fig, gpu)
     if replay is not None and verdict.kind != "input-bound":
         verdict.evidence += compare_replay(stats, replay)
     return verdict
 
 
-def _figures(stats: Any) -> dict[str, float]:
+def _figures(stats: Any, gpu: GpuEvidence | None) -> dict[str, float]:
+    """Shares and milliseconds; the host's figures leave the agent's waits out."""
     total = stats.iteration_total_ms
     fig = {"iteration_median_ms": stats.median(),
            "iteration_mean_ms": stats.mean(),
            "loop_ms": loop_ms(stats),
            "extension_ms": sum(extension_ms(stats).values())}
-    for key in ("data", "forward", "backward", "update", "other"):
+    waited = waits(stats)
+    fig["wait_ms"] = waited.total_ms
+    fig["wait_share"] = _share(waited.total_ms, total)
+    host_total = max(0.0, total - waited.total_ms)
+    fig["host_ms"] = host_total  # the counted iterations without the agent's waits
+    for key in _KEYS:
+        raw = stats.phase_total(key)
+        own = max(0.0, raw - waited.by_key.get(key, 0.0))
         fig[f"{key}_share"] = stats.phase_share(key)
-        fig[f"{key}_ms_per_iteration"] = per_iteration(stats, stats.phase_total(key))
-    fig["compute_share"] = fig["forward_share"] + fig["backward_share"] + fig["update_share"]
+        fig[f"{key}_ms_per_iteration"] = per_iteration(stats, raw)
+        fig[f"{key}_own_ms_per_iteration"] = per_iteration(stats, own)
+        fig[f"{key}_own_share"] = _share(own, host_total)
+    if gpu is not None and gpu.sync_level == 0:
+        data = gpu.phase("data")
+        if data is not None and data.gpu_ms is not None and stats.phase_median("data") > 0:
+            # at sync 0 the host loads data while the GPU may still run earlier work: only
+            # the part the GPU spent on the data phase (its span) can have held it up
+            scale = min(1.0, data.gpu_ms / stats.phase_median("data"))
+            fig["data_own_ms_per_iteration"] *= scale
+            fig["data_own_share"] *= scale
+    fig["compute_share"] = sum(fig[f"{k}_share"] for k in _COMPUTE)
+    fig["compute_own_share"] = sum(fig[f"{k}_own_share"] for k in _COMPUTE)
     fig["gc_ms"] = float(getattr(stats, "gc_total_ms", 0.0) or 0.0)
-    fig["gc_share"] = fig["gc_ms"] / total if total > 0 else 0.0
+    fig["gc_share"] = _share(fig["gc_ms"], host_total)
     # the model's own work: the collections inside the phases are the collector's
-    fig["compute_net_share"] = max(0.0, fig["compute_share"] - fig["gc_share"])
-    fig["extension_share"] = fig["extension_ms"] / fig["loop_ms"] if fig["loop_ms"] > 0 else 0.0
-    waited = sync_ms(stats)
-    if waited is not None:
-        fig["sync_ms"] = waited
-        fig["sync_share"] = waited / total if total > 0 else 0.0
+    fig["compute_net_share"] = max(0.0, fig["compute_own_share"] - fig["gc_share"])
+    fig["extension_share"] = _share(fig["extension_ms"], fig["loop_ms"])
+    whole = sync_ms(stats)
+    if whole is not None:
+        fig["sync_ms"] = whole
     fig["overhead_share"] = stats.wall_share(stats.overhead_ms)
+    if gpu is not None:
+        if gpu.busy_share is not None:
+            fig["gpu_busy_share"] = gpu.busy_share
+        if gpu.gpu_iteration_ms is not None:
+            fig["gpu_iteration_ms"] = gpu.gpu_iteration_ms
+        for p in gpu.phases:
+            if p.gpu_ms is not None:
+                fig[f"gpu_{p.phase}_ms"] = p.gpu_ms
+        if gpu.sync_cost_ms is not None:
+            fig["sync_cost_ms"] = gpu.sync_cost_ms
     return fig
 
 
-def _candidates(stats: Any, fig: dict[str, float]) -> list[tuple[str, float, float]]:
+def _candidates(stats: Any, fig: dict[str, float],
+                gpu: GpuEvidence | None) -> list[tuple[str, float, float]]:
     """(kind, milliseconds behind it, share) of every kind over its threshold."""
     out: list[tuple[str, float, float]] = []
-    total = stats.iteration_total_ms
     if fig["extension_share"] >= EXTENSION_SHARE:
         out.append(("extension-bound", fig["extension_ms"], fig["extension_share"]))
+    if gpu is not None:
+        if gpu.limit == "gpu" and gpu.busy_share is not None:
+            # the host's phase times hold its waits for the GPU: no host-side kind applies
+            out.append(("GPU-bound", gpu.busy_share * stats.iteration_total_ms,
+                        gpu.busy_share))
+            return out
+        if gpu.limit is None:
+            return out
     if not stats.has_phases:
         return out
-    if fig["data_share"] >= INPUT_SHARE:
-        out.append(("input-bound", stats.phase_total("data"), fig["data_share"]))
+    host_total = fig["host_ms"]
+    if fig["data_own_share"] >= INPUT_SHARE:
+        out.append(("input-bound", fig["data_own_share"] * host_total, fig["data_own_share"]))
     if fig["gc_share"] >= GC_SHARE and fig["gc_ms"] >= GC_MIN_MS:
         out.append(("gc-bound", fig["gc_ms"], fig["gc_share"]))
-    if (stats.sync_level >= SYNC_INSIDE_LEVEL and fig.get("sync_share", 0.0) >= SYNC_SHARE):
-        out.append(("synchronization-bound", fig["sync_ms"], fig["sync_share"]))
     if fig["compute_net_share"] >= COMPUTE_SHARE:
-        kind = "host-bound" if _host_bound(stats, fig) else "compute-bound"
-        # the waits of sync levels 2-3 fall inside the phases: not the model's own time
-        waits = fig.get("sync_ms", 0.0) if stats.sync_level >= SYNC_INSIDE_LEVEL else 0.0
-        out.append((kind, fig["compute_net_share"] * total - waits, fig["compute_share"]))
+        # on a GPU that waits for the host, the model's phases are the host's work
+        kind = "host-bound" if gpu is not None or _host_bound(stats, fig) else "compute-bound"
+        out.append((kind, fig["compute_net_share"] * host_total, fig["compute_own_share"]))
     return out
 
 
 def _host_bound(stats: Any, fig: dict[str, float]) -> bool:
-    if on_gpu(stats) and stats.sync_level == 1 and "sync_share" in fig:
-        return fig["sync_share"] < GPU_WAIT_SHARE
+    """A CPU run's many short calls."""
     us = us_per_function(stats, fig)
     calls = functions_per_iteration(stats) or 0
     if us is None or calls < HOST_MIN_FUNCTIONS:
@@ -307,28 +367,31 @@ def checks_per_function(stats: Any) -> float | None:
 
 
 def us_per_function(stats: Any, fig: dict[str, float]) -> float | None:
+    """Host microseconds per function call: forward + backward + update per iteration,
+    without their collections and the agent's waits, over the calls of an iteration."""
     calls = functions_per_iteration(stats)
     if not calls:
         return None
-    compute_ms = (fig["forward_ms_per_iteration"] + fig["backward_ms_per_iteration"]
-                  + fig["update_ms_per_iteration"]) - per_iteration(stats, fig.get("gc_ms", 0.0))
+    compute_ms = sum(fig[f"{k}_own_ms_per_iteration"] for k in _COMPUTE) \
+        - per_iteration(stats, fig.get("gc_ms", 0.0))
     return max(0.0, compute_ms) * 1000.0 / calls
 
 
 # -- one builder per kind ------------------------------------------------------------
 
-def _extension(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
+def _extension(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None,
+               replay: Any) -> Verdict:
     ext = sorted(extension_ms(stats).items(), key=lambda kv: -kv[1])
     v = Verdict("extension-bound",
-                f"extension-bound: {_pct(fig['extension_share'])} of the training loop runs "
-                f"between iterations (threshold {_pct(EXTENSION_SHARE)})")
-    v.evidence.append(f"between iterations: {_ms(fig['extension_ms'])} of "
-                      f"{_ms(fig['loop_ms'])} loop time (counted iterations "
-                      f"{_ms(stats.iteration_total_ms)})")
+                f"extension-bound: {fmt.pct(fig['extension_share'])} of the training loop runs "
+                f"between iterations (threshold {fmt.pct(EXTENSION_SHARE)})")
+    v.evidence.append(f"between iterations: {fmt.ms(fig['extension_ms'])} of "
+                      f"{fmt.ms(fig['loop_ms'])} loop time (counted iterations "
+                      f"{fmt.ms(stats.iteration_total_ms)})")
     for name, ms in ext[:3]:
         label = ("idle (no range: the loop's own code or an uninstrumented extension)"
                  if name == "idle" else name)
-        v.evidence.append(f"{label}: {_ms(ms)} ({_pct(ms / fig['loop_ms'])} of the loop)")
+        v.evidence.append(f"{label}: {fmt.ms(ms)} ({fmt.pct(ms / fig['loop_ms'])} of the loop)")
     named = [name for name, _ms_ in ext if name != "idle"]
     top = named[0] if named else "the extensions"
     v.suggestions.append(f"run {top} less often (a larger trigger interval, e.g. "
@@ -343,9 +406,9 @@ def _stutter(stats: Any, fig: dict[str, float]) -> list[str]:
     fig["outlier_share"] = st.share
     if st.share < OUTLIER_SHARE or not st.count:
         return []
-    line = (f"{st.count} of {st.sampled} counted iterations take {OUTLIER_FACTOR:g}x the median "
-            f"({_ms(st.median_ms)}) or more, and their time above it is {_pct(st.share)} of "
-            "the iteration time")
+    line = (f"{st.count} of {st.sampled} counted iterations take {fmt.num(OUTLIER_FACTOR)}x "
+            f"the median ({fmt.ms(st.median_ms)}) or more, and their time above it is "
+            f"{fmt.pct(st.share)} of the iteration time")
     if st.gc_count:
         line += (f"; garbage collection explains {st.gc_count} of them (see the slowest "
                  "iterations and the advice)")
@@ -363,28 +426,32 @@ def dry_queues(stats: Any) -> list[tuple[str, float, int, int]]:
     return out
 
 
-def _input(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
+def _input(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None,
+           replay: Any) -> Verdict:
     facts = facts_of(stats)
     iterator = facts.get("iterator")
+    share = fig["data_own_share"]
     v = Verdict("input-bound",
-                f"input-bound: data loading takes {_pct(fig['data_share'])} of the iteration "
-                f"time (threshold {_pct(INPUT_SHARE)})")
-    v.evidence.append(f"data phase: median {_ms(stats.phase_median('data'))} of a "
-                      f"{_ms(stats.median())} median iteration")
+                f"input-bound: data loading takes {fmt.pct(share)} of the iteration "
+                f"time (threshold {fmt.pct(INPUT_SHARE)})")
+    v.evidence.append(f"data phase: median {fmt.ms(stats.phase_median('data'))} of a "
+                      f"{fmt.ms(stats.median())} median iteration")
     batch = stats.batch_size
     line = f"iterator: {iterator or 'unknown'}"
+    data_ms = fig["data_own_ms_per_iteration"]
     if batch:
-        line += (f", batch size {batch}: {_ms(fig['data_ms_per_iteration'] / batch)} per "
-                 "example")
+        line += f", batch size {batch}: {fmt.ms(data_ms / batch)} per example"
     v.evidence.append(line)
     dry = dry_queues(stats)
-    for name, share, fetches, capacity in dry:
-        v.evidence.append(f"input queue ran dry: {name} had no batch ready at {_pct(share)} "
-                          f"of {fetches} fetches ({capacity} prefetched at most)")
-    rest = fig["iteration_mean_ms"] - fig["data_ms_per_iteration"]
+    for name, dry_share, fetches, capacity in dry:
+        v.evidence.append(f"input queue ran dry: {name} had no batch ready at "
+                          f"{fmt.pct(dry_share)} of {fmt.count(fetches)} fetches "
+                          f"({capacity} prefetched at most)")
+    mean = per_iteration(stats, fig["host_ms"])
+    rest = mean - data_ms
     if rest > 0:
-        v.evidence.append(f"without the data phase an iteration would take about {_ms(rest)} "
-                          f"({fig['iteration_mean_ms'] / rest:.2f}x faster)")
+        v.evidence.append(f"without the data phase an iteration would take about "
+                          f"{fmt.ms(rest)} ({fmt.factor(mean / rest)} faster)")
     if iterator == "SerialIterator":
         v.suggestions.append("load in parallel: chainer.iterators.MultiprocessIterator"
                              "(dataset, batch_size, n_processes=N) for CPU-heavy loading, "
@@ -408,129 +475,297 @@ def _input(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
     return v
 
 
-def _gc(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
+def _gc(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None, replay: Any) -> Verdict:
     v = Verdict("gc-bound",
-                f"gc-bound: garbage collection takes {_pct(fig['gc_share'])} of the iteration "
-                f"time (threshold {_pct(GC_SHARE)})")
+                f"gc-bound: garbage collection takes {fmt.pct(fig['gc_share'])} of the "
+                f"iteration time (threshold {fmt.pct(GC_SHARE)})")
     counts = (facts_of(stats).get("gc") or {}).get("collections") or []
-    line = f"collections inside the counted iterations: {_ms(fig['gc_ms'])}, " \
-           f"{_ms(per_iteration(stats, fig['gc_ms']))} per iteration on average"
+    line = f"collections inside the counted iterations: {fmt.ms(fig['gc_ms'])}, " \
+           f"{fmt.ms(per_iteration(stats, fig['gc_ms']))} per iteration on average"
     if len(counts) == 3:
-        line += f" (in the run: gen 0 {counts[0]}, gen 1 {counts[1]}, gen 2 {counts[2]})"
+        line += (f" (in the run: gen 0 {fmt.count(counts[0])}, gen 1 {fmt.count(counts[1])}, "
+                 f"gen 2 {fmt.count(counts[2])})")
     v.evidence.append(line)
     v.evidence.append(f"the model's own work (forward, backward, update without the "
-                      f"collections): {_pct(fig['compute_net_share'])} of the iteration time")
+                      f"collections): {fmt.pct(fig['compute_net_share'])} of the iteration "
+                      "time")
     v.suggestions.append("keep what set-up built out of the collections: gc.freeze() just "
                          "before training, then fewer reference cycles per iteration (see "
                          "the gc advice)")
     return v
 
 
-def _sync(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
-    calls = per_iteration(stats, stats.sync_calls)
-    v = Verdict("synchronization-bound",
-                f"synchronization-bound: sync level {stats.sync_level} waits take "
-                f"{_pct(fig['sync_share'])} of the iteration time (threshold {_pct(SYNC_SHARE)})")
-    v.evidence.append(f"{calls:.0f} synchronizations per iteration, "
-                      f"{_ms(per_iteration(stats, fig['sync_ms']))} per iteration waiting in them")
-    v.suggestions.append("these waits are the profiler's: they stop the host from queueing "
-                         "work ahead of the GPU; measure throughput at sync level 1 "
-                         "(CHAINER_PROF_SYNC_LEVEL=1) or 0 and keep level 2-3 for attributing "
-                         "time to phases and links")
-    return v
-
-
-def _host(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
-    v = Verdict("host-bound",
-                f"host-bound: forward/backward/update take {_pct(fig['compute_share'])} of the "
-                "iteration time in many short calls (Python overhead)")
+def _calls_line(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None) -> str | None:
     calls = functions_per_iteration(stats)
     us = us_per_function(stats, fig)
-    if calls and us is not None:
-        line = f"{calls} function calls per iteration, {us:.0f} us each on average"
-        checks = checks_per_function(stats)
-        if checks is not None:
-            line += (f"; in iteration {facts_of(stats).get('functions_counted_in', '?')} a "
-                     f"call took the host CPU time of {checks:.0f} type checks on average")
-        v.evidence.append(line + f" (host-bound under {HOST_US_PER_FUNCTION:.0f} us or "
-                                 f"{HOST_CHECKS_PER_FUNCTION} type checks)")
+    if not calls or us is None:
+        return None
+    what = ("of host time each on average (Chainer's Python, type checks and CuPy's kernel "
+            "launches)" if gpu is not None else "each on average")
+    line = f"{fmt.count(calls)} function calls per iteration, {fmt.us(us)} {what}"
+    checks = checks_per_function(stats)
+    if checks is not None:
+        line += (f"; in iteration {facts_of(stats).get('functions_counted_in', '?')} a call "
+                 f"took the host CPU time of {fmt.num(checks, 2)} type checks on average")
+    if gpu is None:
+        line += (f" (host-bound under {fmt.num(HOST_US_PER_FUNCTION)} us or "
+                 f"{HOST_CHECKS_PER_FUNCTION} type checks)")
+    return line
+
+
+def _host(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None, replay: Any) -> Verdict:
+    share = fig["compute_own_share"]
+    if gpu is not None:
+        title = (f"host-bound: the GPU waits for the host, whose forward/backward/update "
+                 f"take {fmt.pct(share)} of the iteration (Python, Chainer and kernel "
+                 "launches)")
+    else:
+        title = (f"host-bound: forward/backward/update take {fmt.pct(share)} of the "
+                 "iteration time in many short calls (Python overhead)")
+    v = Verdict("host-bound", title)
+    line = _calls_line(stats, fig, gpu)
+    if line:
+        v.evidence.append(line)
     if stats.links:
-        v.evidence.append(f"{link_calls_per_iteration(stats):.0f} link calls per iteration")
-    if on_gpu(stats):
-        if "sync_share" in fig and stats.sync_level == 1:
-            v.evidence.append(f"sync level 1: the host waits {_pct(fig['sync_share'])} of the "
-                              f"iteration for the GPU (under {_pct(GPU_WAIT_SHARE)}: the GPU "
-                              "waits for the host)")
-        gpu = _gpu_medians(stats)
-        if gpu:
-            v.evidence.append("GPU event times (median per iteration): " + gpu)
-    v.suggestions.append("give each call more work: larger batches, fewer and wider layers, "
-                         "fused functions (e.g. one F.linear on concatenated inputs instead of "
-                         "many small ones)")
+        v.evidence.append(f"{fmt.num(link_calls_per_iteration(stats))} link calls per "
+                          "iteration")
+    if gpu is not None:
+        batch = f" (now {stats.batch_size})" if stats.batch_size else ""
+        v.suggestions.append(f"a larger batch{batch}: each kernel gets more work for the same "
+                             "host cost per call, while the GPU waits for the host anyway")
+        v.suggestions.append("fewer, larger kernels: fewer and wider layers, fused functions "
+                             "(e.g. one F.linear on concatenated inputs instead of many small "
+                             "ones)")
+    else:
+        v.suggestions.append("give each call more work: larger batches, fewer and wider "
+                             "layers, fused functions (e.g. one F.linear on concatenated "
+                             "inputs instead of many small ones)")
     type_check = (facts_of(stats).get("config") or {}).get("type_check")
     if type_check:
         v.suggestions.append("chainer.config.type_check = False once the model is debugged")
     return v
 
 
-def _compute(stats: Any, fig: dict[str, float], replay: Any) -> Verdict:
+def _compute(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None,
+             replay: Any) -> Verdict:
     v = Verdict("compute-bound",
-                f"compute-bound: forward/backward/update take {_pct(fig['compute_share'])} of "
-                "the iteration time")
+                f"compute-bound: forward/backward/update take {fmt.pct(fig['compute_share'])} "
+                "of the iteration time")
     v.evidence.append("mean per iteration: " + ", ".join(
-        f"{k} {_ms(fig[f'{k}_ms_per_iteration'])} ({_pct(fig[f'{k}_share'])})"
-        for k in ("forward", "backward", "update")))
+        f"{k} {fmt.ms(fig[f'{k}_ms_per_iteration'])} ({fmt.pct(fig[f'{k}_share'])})"
+        for k in _COMPUTE))
     us = us_per_function(stats, fig)
     if us is not None:
-        v.evidence.append(f"{functions_per_iteration(stats)} function calls per iteration, "
-                          f"{us:.0f} us each on average")
-    gpu = _gpu_medians(stats)
-    if gpu:
-        v.evidence.append("GPU event times (median per iteration): " + gpu)
+        v.evidence.append(f"{fmt.count(functions_per_iteration(stats) or 0)} function calls "
+                          f"per iteration, {fmt.us(us)} each on average")
     links = top_links(stats)
     if links:
         denom = sum(link.self_ms + link.bwd_ms for link in stats.links) or 1.0
         v.evidence.append("top links (own forward + backward time per iteration):")
         for link in links:
             own = link.self_ms + link.bwd_ms
-            v.evidence.append(f"  {link.name}: {_ms(per_iteration(stats, own))} "
-                              f"({_pct(own / denom)} of link time), "
-                              f"{link.calls / stats.iterations:.3g} calls")
+            v.evidence.append(f"  {link.name}: {fmt.ms(per_iteration(stats, own))} "
+                              f"({fmt.pct(own / denom)} of link time), "
+                              f"{fmt.num(link.calls / stats.iterations)} calls")
         v.suggestions.append(f"work on {links[0].name} first")
     else:
         v.suggestions.append("see which links: run with CHAINER_PROF_GRANULARITY=link")
     return v
 
 
-def _balanced(stats: Any, fig: dict[str, float]) -> Verdict:
-    v = Verdict("balanced", "no single bottleneck: no share passes its threshold")
-    v.evidence.append("iteration shares: " + ", ".join(
-        f"{k} {_pct(fig[f'{k}_share'])}" for k in ("data", "forward", "backward", "update",
-                                                    "other")))
-    v.evidence.append(f"between iterations (extensions, evaluation): "
-                      f"{_pct(fig['extension_share'])} of the training loop")
-    if fig["other_share"] >= INPUT_SHARE:
-        v.evidence.append(f"{_pct(fig['other_share'])} of each iteration is outside the four "
-                          "phases (the updater's own code, reporting, user code between "
-                          "phases)")
+def _gpu_bound(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None,
+               replay: Any) -> Verdict:
+    assert gpu is not None and gpu.busy_share is not None
+    busy = gpu.busy_share
+    if gpu.busy_exact:
+        title = (f"GPU-bound: the GPU is busy {fmt.pct(busy)} of each iteration "
+                 f"(threshold {fmt.pct(GPU_BOUND_SHARE)}); the host waits for it")
+    else:
+        title = (f"GPU-bound: the GPU is busy at least {fmt.pct(busy)} of each iteration "
+                 f"(threshold {fmt.pct(GPU_BOUND_SHARE)}); the host waits for it")
+    v = Verdict("GPU-bound", title)
+    v.evidence.append(f"GPU busy share {fmt.pct(busy)}, {gpu.busy_method}")
+    v.evidence += _gpu_times(stats, gpu)
+    top = gpu.top_phase()
+    focus = None
+    if top is not None:
+        top_ms = gpu.gpu_time(top) or 0.0
+        whole = gpu.gpu_iteration_ms or gpu.host_iteration_ms
+        v.evidence.append(f"most GPU time: {top.phase}, {fmt.ms(top_ms)} per iteration "
+                          f"({fmt.pct(_share(top_ms, whole))} of the GPU iteration)")
+        focus = top.phase
+    links, how = gpu_links(stats)
+    if links:
+        v.evidence.append(f"links with the most GPU time per iteration ({how}): " + ", ".join(
+            f"{name} {fmt.ms(ms)}" for name, ms in links[:3]))
+        focus = links[0][0]
+    elif stats.links:
+        v.evidence.append(f"link times are host times at sync level {stats.sync_level}: "
+                          "each link's GPU time needs sync level 3 (or Nsight Compute, "
+                          "see the README)")
+    v.evidence += _host_side_of_gpu_bound(stats, gpu)
+    v.suggestions += gpu_suggestions(stats, focus)
     return v
 
 
-#: Kinds measured inside the phases, where the sync waits of levels 2-3 fall.
-_INSIDE_PHASES = ("synchronization-bound", "host-bound", "compute-bound")
+def _gpu_times(stats: Any, gpu: GpuEvidence) -> list[str]:
+    """The GPU's time per phase beside the host's (CUDA events, medians)."""
+    timed = [p for p in gpu.phases if p.gpu_ms is not None]
+    if not timed:
+        return []
+    head = (f"GPU time per iteration (CUDA events, median over {gpu.event_samples}): "
+            + (f"iteration {fmt.ms(gpu.gpu_iteration_ms)}; " if gpu.gpu_iteration_ms else ""))
+    return [head + ", ".join(f"{p.phase} {fmt.ms(p.gpu_ms or 0.0)} (host "
+                             f"{fmt.ms(p.host_ms)})" for p in timed)]
+
+
+def _host_side_of_gpu_bound(stats: Any, gpu: GpuEvidence) -> list[str]:
+    """Where the host's time goes while the GPU sets the pace."""
+    out = []
+    if gpu.sync_level == 0:
+        whole = gpu.gpu_iteration_ms or gpu.host_iteration_ms
+        for p in gpu.phases:
+            if (p.gpu_ms is not None and p.host_ms > 2 * p.gpu_ms
+                    and p.host_ms - p.gpu_ms >= 0.05 * whole):
+                out.append(f"{p.phase}: {fmt.ms(p.host_ms)} on the host but "
+                           f"{fmt.ms(p.gpu_ms)} on the GPU, which was still running earlier "
+                           f"work meanwhile: this host time overlaps the GPU's and costs "
+                           f"nothing here")
+    elif gpu.wait_source != "none":
+        where = ("at each iteration's end" if gpu.sync_level == 1
+                 else "at the range boundaries")
+        out.append(f"the host waited {fmt.ms(gpu.wait_ms)} per iteration "
+                   f"({fmt.pct(gpu.wait_share)}) {where} in the agent's synchronization "
+                   f"(sync level {gpu.sync_level}): the GPU's work made visible"
+                   + ("" if gpu.wait_source == "recorded" else " (estimated, see the note)"))
+    return out
+
+
+def gpu_suggestions(stats: Any, focus: str | None) -> list[str]:
+    """What to try on a GPU-bound run, each only where the run shows it applies."""
+    facts = facts_of(stats)
+    out = []
+    cuda = facts.get("cuda") or {}
+    cfg = facts.get("config") or {}
+    conv = int((facts.get("conv_links") or {}).get("gpu") or 0)
+    cudnn_off = cuda.get("cudnn_enabled") is False or cfg.get("use_cudnn") == "never"
+    if conv and cudnn_off:
+        out.append(f"{conv} convolution link(s) run without cuDNN: " + cudnn_fix(stats))
+    elif conv and cfg.get("autotune") is False:
+        out.append("chainer.config.autotune = True: cuDNN picks the fastest convolution "
+                   "algorithm for each shape (see the autotune advice)")
+    params = facts.get("params") or {}
+    dtypes = params.get("dtypes") or {}
+    if params.get("float64_gpu_examples"):
+        out.append("float32 instead of float64 parameters (see the float64_gpu advice)")
+    elif dtypes and set(dtypes) <= {"float32"}:
+        out.append("mixed precision: chainer.global_config.dtype = chainer.mixed16 (float16 "
+                   "arithmetic, float32 master weights) halves memory traffic and uses the "
+                   "tensor cores of recent GPUs")
+    if focus:
+        out.append(f"look into {focus}'s kernels first: Nsight Compute profiles them with "
+                   "the agent's ranges as names (ncu --nvtx --print-nvtx-rename kernel, see "
+                   "the README)")
+    if stats.sync_level >= 2:
+        out.append("measure throughput at sync level 0 or 1: levels 2-3 attribute GPU time to "
+                   "phases and links at the cost of the overlap")
+    return out
+
+
+def cupy_major(stats: Any) -> int | None:
+    """The major version of the CuPy the run used, if recorded."""
+    version = str(((stats.meta or {}).get("versions") or {}).get("cupy") or "")
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def cudnn_fix(stats: Any) -> str:
+    """How to get cuDNN for this run's stack (CuPy 14 has none)."""
+    major = cupy_major(stats)
+    if major is not None and major >= 14:
+        return ("CuPy 14 and later have no cuDNN support (CuPy 14 removed it) and Chainer "
+                "reaches cuDNN only through CuPy: install CuPy 13 with cuDNN 8 (e.g. pip install "
+                "'cupy-cuda12x<14' and cuDNN from conda-forge or "
+                "'python -m cupyx.tools.install_library --library cudnn --cuda 12.x'), "
+                "then check chainer.print_runtime_info()")
+    return ("install cuDNN for this CuPy (CuPy 13 and older load cuDNN 8 when it is "
+            "installed: conda-forge's cudnn, or 'python -m cupyx.tools.install_library "
+            "--library cudnn --cuda 12.x'), check chainer.print_runtime_info() and leave "
+            "use_cudnn at 'auto'")
+
+
+def _not_enough(stats: Any, fig: dict[str, float], gpu: GpuEvidence) -> Verdict:
+    v = Verdict("unknown", "not enough evidence to tell GPU-bound from host-bound: "
+                + gpu.reason)
+    if gpu.busy_share is not None:
+        v.evidence.append(f"GPU busy share at least {fmt.pct(gpu.busy_share)}, "
+                          f"{gpu.busy_method}")
+    v.evidence += _gpu_times(stats, gpu)
+    v.evidence.append("iteration shares (host): " + ", ".join(
+        f"{k} {fmt.pct(fig[f'{k}_share'])}" for k in _KEYS))
+    if gpu.iterations < MIN_ITERATIONS:
+        v.suggestions.append(f"run at least {MIN_ITERATIONS} iterations past the warm-up "
+                             "(CHAINER_PROF_WARMUP)")
+    if gpu.sync_level != 1:
+        v.suggestions.append("run with CHAINER_PROF_SYNC_LEVEL=1: CUDA event spans per phase "
+                             "and the wait at each iteration's end tell GPU-bound from "
+                             "host-bound at the least cost")
+    return v
+
+
+def _gpu_support(stats: Any, gpu: GpuEvidence) -> list[str]:
+    """The GPU figures behind a host-side verdict on a GPU: why it is not GPU-bound."""
+    out = []
+    timed = [p for p in gpu.phases if p.gpu_ms is not None]
+    if gpu.sync_level <= 1 and timed:
+        behind = gpu.behind
+        if behind:
+            out.append("the GPU was behind the host only in " + ", ".join(
+                f"{p.phase} ({fmt.ms(p.gpu_ms or 0.0)} on the GPU, {fmt.ms(p.host_ms)} on "
+                "the host)" for p in behind)
+                + f": GPU busy at least {fmt.pct(gpu.busy_share or 0.0)} of the iteration, "
+                f"under {fmt.pct(GPU_BOUND_SHARE)}")
+        else:
+            out.append("GPU-limited time: 0.0% of the iteration: every phase's CUDA event "
+                       f"span is within {fmt.pct(BEHIND_MARGIN)} of its host time (GPU vs "
+                       "host: " + ", ".join(f"{p.phase} {fmt.ms(p.gpu_ms or 0.0)} vs "
+                                            f"{fmt.ms(p.host_ms)}" for p in timed) +
+                       "), so the GPU finishes each phase's work as soon as it is launched "
+                       "and waits for the host (how busy it is then needs kernel activity "
+                       "records)")
+    if gpu.sync_level >= 1 and gpu.wait_source != "none":
+        where = "at each iteration's end" if gpu.sync_level == 1 else "in the synchronizations"
+        out.append(f"the host waited {fmt.ms(gpu.wait_ms)} per iteration "
+                   f"({fmt.pct(gpu.wait_share)}) {where} for the GPU (the agent's sync level "
+                   f"{gpu.sync_level}, left out of the figures above)")
+    elif gpu.sync_level >= 1 and gpu.busy_share is not None and not timed:
+        out.append(f"GPU busy share at least {fmt.pct(gpu.busy_share)}, {gpu.busy_method}")
+    return out
+
+
+def _balanced(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None) -> Verdict:
+    title = "no single bottleneck: no share passes its threshold"
+    if gpu is not None:
+        title = "no single bottleneck: the GPU waits for the host, and no part of the host's " \
+                "time passes its threshold"
+    v = Verdict("balanced", title)
+    v.evidence.append("iteration shares: " + ", ".join(
+        f"{k} {fmt.pct(fig[f'{k}_own_share'])}" for k in _KEYS)
+        + (" (the agent's waits left out)" if fig["wait_ms"] > 0 else ""))
+    v.evidence.append(f"between iterations (extensions, evaluation): "
+                      f"{fmt.pct(fig['extension_share'])} of the training loop")
+    if fig["other_own_share"] >= INPUT_SHARE:
+        v.evidence.append(f"{fmt.pct(fig['other_own_share'])} of each iteration is outside "
+                          "the four phases (the updater's own code, reporting, user code "
+                          "between phases)")
+    return v
+
 
 _BUILDERS = {"extension-bound": _extension, "input-bound": _input, "gc-bound": _gc,
-             "synchronization-bound": _sync, "host-bound": _host, "compute-bound": _compute}
+             "host-bound": _host, "compute-bound": _compute, "GPU-bound": _gpu_bound}
 
 
-def _gpu_medians(stats: Any) -> str:
-    gpu = stats.gpu_phase_ms or {}
-    parts = [f"{k} {_ms(median(gpu[k]))}" for k in ("iteration", "data", "forward", "backward",
-                                                     "update") if gpu.get(k)]
-    return ", ".join(parts)
-
-
-def _notes(stats: Any, fig: dict[str, float]) -> list[str]:
+def _notes(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None) -> list[str]:
     notes = []
     if is_replay(stats):
         replay = facts_of(stats).get("replay") or {}
@@ -538,15 +773,37 @@ def _notes(stats: Any, fig: dict[str, float]) -> list[str]:
         notes.append("this is a replay run (CHAINER_PROF_REPLAY_BATCH=1): the first batch was "
                      f"fed again every iteration ({mode}); its speed is the point, its "
                      "training results are meaningless")
-    if on_gpu(stats) and stats.sync_level == 0:
-        notes.append("sync level 0 on a GPU: phase times are host times, and GPU work queued "
-                     "in one phase can be waited for in another (e.g. the data phase's copy to "
-                     "the GPU); run with CHAINER_PROF_SYNC=1 to tell host-bound from GPU-bound")
+    if gpu is not None and stats.sync_level == 0:
+        notes.append("sync level 0 on a GPU: the phase times are host times (kernel launches, "
+                     "and waits wherever the host blocks), the GPU's are the CUDA event times"
+                     + ("" if gpu.event_samples else
+                        "; without them run with CHAINER_PROF_SYNC_LEVEL=1 to tell host-bound "
+                        "from GPU-bound"))
+    notes += sync_overhead(stats, fig, gpu)
     if fig["overhead_share"] >= OVERHEAD_NOTE_SHARE:
-        notes.append(f"the agent's own overhead is about {_pct(fig['overhead_share'])} of the "
-                     "wall time: a coarser CHAINER_PROF_GRANULARITY gives figures closer to an "
-                     "unprofiled run")
+        notes.append(f"the agent's own overhead is about {fmt.pct(fig['overhead_share'])} of "
+                     "the wall time: a coarser CHAINER_PROF_GRANULARITY gives figures closer "
+                     "to an unprofiled run")
     return notes
+
+
+def sync_overhead(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None) -> list[str]:
+    """The agent's synchronization as its overhead (never the run's bottleneck)."""
+    if stats.sync_level < 1 or fig["wait_ms"] <= 0:
+        return []
+    per = per_iteration(stats, fig["wait_ms"])
+    waited = waits(stats)
+    line = (f"the agent's own synchronization (sync level {stats.sync_level}) waited "
+            f"{fmt.ms(per)} per iteration ({fmt.pct(fig['wait_share'])}"
+            + ("" if waited.source == "recorded" else f"; {waited.method}")
+            + "): the agent's overhead, not the run's bottleneck, left out of the host's "
+            "figures")
+    if gpu is not None and gpu.sync_cost_ms is not None:
+        cost = gpu.sync_cost_ms
+        line += (f"; its cost is the overlap it takes away, "
+                 f"{'up to' if gpu.sync_cost_bound else 'about'} {fmt.ms(cost)} per iteration "
+                 f"({fmt.pct(_share(cost, gpu.host_iteration_ms))}): {gpu.sync_cost_method}")
+    return [line]
 
 
 # -- the replay comparison --------------------------------------------------------------
@@ -556,13 +813,14 @@ def compare_replay(normal: Any, replay: Any) -> list[str]:
     if not normal.iterations or not replay.iterations:
         return ["replay comparison: a run without counted iterations"]
     n_med, r_med = normal.median(), replay.median()
-    lines = [f"if data were free (replay run): median iteration {_ms(n_med)} -> {_ms(r_med)}"
-             + (f" ({n_med / r_med:.2f}x faster)" if r_med > 0 else "")]
-    lines.append(f"  data phase per iteration: {_ms(normal.phase_median('data'))} -> "
-                 f"{_ms(replay.phase_median('data'))}")
+    lines = [f"if data were free (replay run): median iteration {fmt.ms(n_med)} -> "
+             f"{fmt.ms(r_med)}" + (f" ({fmt.factor(n_med / r_med)} faster)" if r_med > 0 else "")]
+    lines.append(f"  data phase per iteration: {fmt.ms(normal.phase_median('data'))} -> "
+                 f"{fmt.ms(replay.phase_median('data'))}")
     n_sps, r_sps = normal.samples_per_second(), replay.samples_per_second()
     if n_sps and r_sps:
-        lines.append(f"  throughput: {n_sps:.0f} -> {r_sps:.0f} examples/s")
+        lines.append(f"  throughput: {fmt.count(round(n_sps))} -> {fmt.count(round(r_sps))} "
+                     "examples/s")
     mode = (facts_of(replay).get("replay") or {}).get("iterator_mode")
     if mode:
         lines.append(f"  replay iterator: {mode}")
@@ -575,3 +833,4 @@ def pick_replay(first: Any, second: Any) -> tuple[Any, Any] | None:
     if a == b:
         return None
     return (second, first) if a else (first, second)
+

@@ -32,6 +32,9 @@ GC = "gc"
 LINK = "link"
 LINK_BACKWARD = "link_backward"
 FUNCTION = "function"
+#: The agent's own waits for the GPU (sync level 1 and above): recorded for the summary and
+#: the trace, never an NVTX range (the CUDA API row already shows the synchronize call).
+GPU_WAIT = "gpu_wait"
 
 #: category -> (level, ARGB colour)
 CATEGORIES: dict[str, tuple[int, int]] = {
@@ -48,6 +51,7 @@ CATEGORIES: dict[str, tuple[int, int]] = {
     LINK: (LINK_LEVEL, 0xFFB5E38C),
     LINK_BACKWARD: (LINK_LEVEL, 0xFFBDEBFF),
     FUNCTION: (FUNCTION_LEVEL, 0xFFC8C8C8),
+    GPU_WAIT: (ITERATION_LEVEL, 0xFFB0413E),
 }
 
 
@@ -73,6 +77,27 @@ def extension_text(name: str, cls_name: str) -> str:
 
 def comm_text(operation: str) -> str:
     return f"comm:{operation}"
+
+
+#: Where in the iteration the agent waited for the GPU: the phase, or ``iteration`` for a wait
+#: between phases (at an iteration's end or at a phase's start).
+WAIT_PLACES = (*PHASES, ITERATION)
+
+
+def gpu_wait_text(place: str | None) -> str:
+    """``wait for GPU (forward)``: the agent's wait inside ``place`` (``None``: outside any
+    iteration)."""
+    return f"wait for GPU ({place})" if place else "wait for GPU"
+
+
+def gpu_wait_place(name: str) -> str | None:
+    """The place in a :func:`gpu_wait_text` name (``None`` outside an iteration or for another
+    name)."""
+    prefix = "wait for GPU ("
+    if name.startswith(prefix) and name.endswith(")"):
+        place = name[len(prefix):-1]
+        return place if place in WAIT_PLACES else None
+    return None
 
 
 def gc_text(generation: int) -> str:

@@ -16,6 +16,7 @@ import os
 import sys
 from typing import Sequence
 
+from ..analysis.gpu_evidence import compare_sync
 from ..analysis.stats import PHASE_KEYS, RunStats
 from ..analysis.verdict import pick_replay
 from ..common.paths import output_target
@@ -93,6 +94,7 @@ def report(args: argparse.Namespace) -> str:
         pair = pick_replay(before, after) if advice else None
         if pair is not None:  # a normal run and its replay run: data made free
             text += "\n\n" + verdict_section(pair[0], replay=pair[1])
+        text += "".join(f"\n  {line}" for line in compare_sync(before, after))
     if args.html:
         try:
             write_report(args.html, runs)

@@ -3,9 +3,13 @@
 Everything is inline -- CSS, SVG drawn here, a few lines of JavaScript for
 tooltips and table sorting -- and a Content-Security-Policy forbids loading
 anything, so the page opens offline and never reaches the network.  Sections:
-the run's key figures, the verdict and the advice, where the wall time went,
-a stacked bar of phase times per iteration across the run (warm-up shaded),
-the median iteration drawn as a timeline, and the top links.
+the run's key figures, the verdict and the advice, on a GPU the GPU's phase
+times beside the host's (CUDA events, the agent's waits, the busy share),
+where the wall time went, a stacked bar of phase times per iteration across
+the run (warm-up shaded; the agent's waits for the GPU a segment of their
+own), the median iteration drawn as a timeline (with a GPU row and the
+agent's waits as labelled segments), and the top links.  Every figure goes
+through :mod:`..common.figures`.
 """
 
 from __future__ import annotations
@@ -17,10 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..analysis.advice import check
+from ..analysis.gpu_evidence import GpuEvidence, busy_text, on_gpu
 from ..analysis.outliers import slow_iterations
 from ..analysis.stats import percentile
 from ..analysis.verdict import Verdict, decide, pick_replay
-from ..common import names
+from ..common import figures, log, names
 from ..common.outputs import atomic_text
 from .stall import ended_abnormally
 from .summary import describe_slow
@@ -33,9 +38,15 @@ MAX_ROWS = 10
 TABLE_LINKS = 15
 CHART_WIDTH = 1100
 OTHER_COLOR = "#b8b8b8"
+GPU_ROW_COLOR = "#2e7d32"
+#: The per-iteration key of the agent's waits for the GPU (taken out of the phase they lay in).
+WAIT = "wait"
 OUTSIDE_COLORS = {"iterations": "#76b900", "warm-up": "#d8e8b0", "startup": "#9e9e9e",
                   "idle": "#e0e0e0", "shutdown": "#cfcfcf", "before window": "#9e9e9e",
                   "after window": "#cfcfcf", "inference": "#3d85c6"}
+
+#: What the per-iteration chart calls its keys.
+_KEY_LABELS = {WAIT: "waiting for the GPU (agent)", "other": "rest of iteration"}
 
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
        "img-src data:")
@@ -45,6 +56,8 @@ def css_color(category: str) -> str:
     """The NVTX colour of ``category`` as ``#rrggbb``."""
     if category == "other":
         return OTHER_COLOR
+    if category == WAIT:
+        category = names.GPU_WAIT
     argb = names.CATEGORIES.get(category, (0, 0xFF888888))[1]
     return f"#{argb & 0xFFFFFF:06x}"
 
@@ -54,11 +67,7 @@ def _e(text: Any) -> str:
 
 
 def _ms(x: float) -> str:
-    if x >= 1000:
-        return f"{x / 1000:.2f} s"
-    if x >= 10:
-        return f"{x:.1f} ms"
-    return f"{x:.3g} ms"
+    return figures.ms(x)
 
 
 # -- per-iteration rows from the trace --------------------------------------------------
@@ -73,6 +82,8 @@ class IterationRow:
     depth: int
     warm: bool
     phases: dict[str, float] = field(default_factory=dict)
+    #: The agent's wait was not recorded but estimated (sync level 1: the iteration's tail).
+    wait_estimated: bool = False
 
     @property
     def ms(self) -> float:
@@ -99,18 +110,46 @@ def iteration_rows(trace: Any) -> list[IterationRow]:
     warm_skip = 0 if trace.meta.get("dropped_ranges") else int(trace.meta.get("warmup_skip", 0))
     rows: list[IterationRow] = []
     current: IterationRow | None = None
+    waited: dict[int, dict[str, float]] = {}  # row -> the agent's waits per phase key
+    ends: dict[int, int] = {}  # row -> the end of its last phase
     for r in mine:
         if r.category == names.ITERATION:
             number = r.iteration if r.iteration is not None else len(rows)
             current = IterationRow(number, r.t0, r.t1, r.depth, len(rows) < warm_skip)
             rows.append(current)
-        elif (current is not None and r.category in names.PHASES
-              and r.t0 >= current.t0 and r.t1 <= current.t1):
+        elif current is None or r.t0 < current.t0 or r.t1 > current.t1:
+            continue
+        elif r.category in names.PHASES:
             current.phases[r.category] = current.phases.get(r.category, 0.0) + (r.t1 - r.t0) / 1e6
-    for row in rows:
+            ends[len(rows) - 1] = max(ends.get(len(rows) - 1, r.t1), r.t1)
+        elif r.category == names.GPU_WAIT:
+            place = names.gpu_wait_place(r.name)
+            key = place if place in names.PHASES else "other"
+            mine_w = waited.setdefault(len(rows) - 1, {})
+            mine_w[key] = mine_w.get(key, 0.0) + (r.t1 - r.t0) / 1e6
+    estimate = not waited and _waits_at_iteration_end(trace)
+    for i, row in enumerate(rows):
         row.phases["other"] = max(0.0, row.ms - sum(row.phases.get(k, 0.0)
                                                     for k in names.PHASES))
+        waits = waited.get(i, {})
+        if estimate and i in ends:  # sync level 1: the tail after the last phase is the wait
+            waits = {"other": min(row.phases["other"], (row.t1 - ends[i]) / 1e6)}
+            row.wait_estimated = True
+        for key, ms in waits.items():
+            row.phases[key] = max(0.0, row.phases.get(key, 0.0) - ms)
+        if waits:
+            row.phases[WAIT] = sum(waits.values())
     return rows
+
+
+def _waits_at_iteration_end(trace: Any) -> bool:
+    """A GPU run at sync level 1 whose trace did not record the agent's waits: each one is the
+    tail of its iteration, after the last phase (estimated so)."""
+    meta: dict[str, Any] = trace.meta or {}
+    facts = meta.get("facts")
+    params = facts.get("params") if isinstance(facts, dict) else None
+    gpu = bool(meta.get("devices")) or bool((params or {}).get("gpu"))
+    return gpu and meta.get("sync_level") == 1
 
 
 # -- SVG pieces ---------------------------------------------------------------------------
@@ -129,7 +168,8 @@ def phase_chart(rows: Sequence[IterationRow]) -> str:
     """Stacked bars: phase times of every iteration (binned past :data:`MAX_BARS`)."""
     if not rows:
         return '<p class="empty">No iteration ranges in this trace.</p>'
-    keys = (*names.PHASES, "other")
+    has_wait = any(WAIT in r.phases for r in rows)
+    keys = (*names.PHASES, WAIT, "other") if has_wait else (*names.PHASES, "other")
     bins: list[tuple[int, int, bool, dict[str, float], float]] = []
     per = max(1, -(-len(rows) // MAX_BARS))
     for start in range(0, len(rows), per):
@@ -158,7 +198,8 @@ def phase_chart(rows: Sequence[IterationRow]) -> str:
         x = left + i * bar_w
         label = f"iteration {first}" if first == last else f"iterations {first}-{last} (mean)"
         tip = (f"{label}{' (warm-up)' if warm else ''}: {_ms(total)}; "
-               + ", ".join(f"{k} {_ms(mean[k])}" for k in keys if mean[k] > 0))
+               + ", ".join(f"{_KEY_LABELS.get(k, k)} {_ms(mean[k])}" for k in keys
+                           if mean[k] > 0))
         if warm:
             body.append(f'<rect x="{x:.2f}" y="10" width="{bar_w:.2f}" height="{height}" '
                         'class="warm"/>')
@@ -181,51 +222,126 @@ def phase_chart(rows: Sequence[IterationRow]) -> str:
     body.append(f'<text x="{left + plot_w / 2:.0f}" y="{height + bottom + 2}" class="axis" '
                 f'text-anchor="middle">iterations {span}'
                 + (f" ({per} per bar)" if per > 1 else "") + "</text>")
-    legend = "".join(f'<span class="key"><i style="background:{css_color(k)}"></i>{_e(k)}</span>'
-                     for k in keys)
+    legend = "".join(f'<span class="key"><i style="background:{css_color(k)}"></i>'
+                     f'{_e(_KEY_LABELS.get(k, k))}</span>' for k in keys)
     legend += '<span class="key"><i class="warmkey"></i>warm-up</span>'
     legend += '<span class="key">&#9650; clipped (hover for the value)</span>'
     return (_svg(width, height + bottom + 12, body, "phase times per iteration")
             + f'<div class="legend">{legend}</div>')
 
 
-def timeline(trace: Any, rows: Sequence[IterationRow]) -> tuple[str, str]:
-    """(heading, SVG) of the counted iteration closest to the median."""
+@dataclass
+class _Span:
+    """A segment drawn in the timeline: a recorded range, or one the page adds."""
+
+    name: str
+    category: str
+    t0: int
+    t1: int
+    row: int
+    note: str = ""
+
+
+def timeline(trace: Any, rows: Sequence[IterationRow],
+             stats: Any = None) -> tuple[str, str]:
+    """(heading, SVG) of the counted iteration closest to the median.
+
+    On a GPU, a last row shows the GPU's phase spans (CUDA events) of that iteration; their
+    positions are estimated (a phase starts on the GPU when the host launched it or when the
+    GPU finished the phase before, whichever is later).  The agent's waits for the GPU are
+    their own labelled segments (recorded, or at sync level 1 estimated: the iteration's tail).
+    """
     counted = [r for r in rows if not r.warm] or list(rows)
     if not counted:
         return "Median iteration", '<p class="empty">No iteration ranges in this trace.</p>'
     med = percentile([r.ms for r in counted], 50.0)
     it = min(counted, key=lambda r: (abs(r.ms - med), r.number))
     tid = loop_tid(trace)
-    inside = [r for r in trace.ranges if r.tid == tid and r.t0 >= it.t0 and r.t1 <= it.t1
-              and r.depth - it.depth < MAX_ROWS]
-    inside.sort(key=lambda r: (r.depth, r.t0))
+    spans = [_Span(r.name, r.category, r.t0, r.t1, r.depth - it.depth)
+             for r in trace.ranges if r.tid == tid and r.t0 >= it.t0 and r.t1 <= it.t1
+             and r.depth - it.depth < MAX_ROWS]
+    phases = sorted((sp for sp in spans if sp.category in names.PHASES), key=lambda sp: sp.t0)
+    if it.wait_estimated and phases:
+        tail = max(sp.t1 for sp in phases)
+        if it.t1 > tail:
+            spans.append(_Span("wait for GPU (estimated)", names.GPU_WAIT, tail, it.t1, 1,
+                               "the agent's sync level 1 wait at the iteration's end, "
+                               "estimated: this trace did not record it"))
+    depth = max((sp.row for sp in spans), default=0) + 1
+    gpu_spans = _gpu_row(stats, counted, it, phases, depth) if stats is not None else []
+    spans += gpu_spans
+    rows_drawn = depth + (1 if gpu_spans else 0)
+    spans.sort(key=lambda sp: (sp.row, sp.t0))
     left, row_h = 10, 22
     width = CHART_WIDTH
     plot_w = width - 2 * left
-    span = max(it.t1 - it.t0, 1)
-    depth = max((r.depth - it.depth for r in inside), default=0) + 1
+    span = max(it.t1 - it.t0, max((sp.t1 for sp in spans), default=it.t1) - it.t0, 1)
     body = []
-    for r in inside:
-        x = left + plot_w * (r.t0 - it.t0) / span
-        w = max(plot_w * (r.t1 - r.t0) / span, 0.5)
-        y = 4 + (r.depth - it.depth) * row_h
-        dur = (r.t1 - r.t0) / 1e6
-        tip = f"{r.name}: {_ms(dur)} (at +{_ms((r.t0 - it.t0) / 1e6)})"
+    if gpu_spans:
+        y = 4 + depth * row_h
+        body.append(f'<line x1="{left}" x2="{width - left}" y1="{y - 1.5}" y2="{y - 1.5}" '
+                    'class="grid"/>')
+    for sp in spans:
+        x = left + plot_w * (sp.t0 - it.t0) / span
+        w = max(plot_w * (sp.t1 - sp.t0) / span, 0.5)
+        y = 4 + sp.row * row_h
+        dur = (sp.t1 - sp.t0) / 1e6
+        tip = f"{sp.name}: {_ms(dur)} (at +{_ms((sp.t0 - it.t0) / 1e6)})"
+        if sp.note:
+            tip += f"; {sp.note}"
+        cls = {"gpu": "span gpu", names.GPU_WAIT: "span wait"}.get(sp.category, "span")
+        fill = GPU_ROW_COLOR if sp.category == "gpu" else css_color(sp.category)
         body.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row_h - 3}" '
-                    f'fill="{css_color(r.category)}" class="span"{_tip(tip)}/>')
+                    f'fill="{fill}" class="{cls}"{_tip(tip)}/>')
         chars = int(w / 6.6)
         if chars >= 4:
-            text = r.name if len(r.name) <= chars else r.name[:chars - 1] + "\u2026"
+            text = sp.name if len(sp.name) <= chars else sp.name[:chars - 1] + "\u2026"
             body.append(f'<text x="{x + 3:.2f}" y="{y + 14}" class="label">{_e(text)}</text>')
-    axis_y = 4 + depth * row_h + 12
+    axis_y = 4 + rows_drawn * row_h + 12
+    total_ms = span / 1e6
     for i in range(6):
         x = left + plot_w * i / 5
         body.append(f'<text x="{x:.1f}" y="{axis_y}" class="axis" text-anchor="'
                     f'{"start" if i == 0 else "end" if i == 5 else "middle"}">'
-                    f'{_e(_ms(it.ms * i / 5))}</text>')
+                    f'{_e(_ms(total_ms * i / 5))}</text>')
     heading = f"Median iteration: iteration {it.number}, {_ms(it.ms)} (median {_ms(med)})"
-    return heading, _svg(width, axis_y + 6, body, "timeline of the median iteration")
+    svg = _svg(width, axis_y + 6, body, "timeline of the median iteration")
+    if gpu_spans:
+        svg += ('<p class="legend">Last row: the GPU\'s time per phase in this iteration (CUDA '
+                "events; where each starts is estimated: when the host launched the phase or "
+                "when the GPU finished the one before, whichever is later).</p>")
+    return heading, svg
+
+
+def _gpu_row(stats: Any, counted: Sequence[IterationRow], it: IterationRow,
+             phases: Sequence[_Span], row: int) -> list[_Span]:
+    """The GPU's phase spans of iteration ``it`` (its CUDA events, else their medians)."""
+    series = stats.gpu_phase_ms or {}
+    if not series or not phases:
+        return []
+    n = len(series.get("iteration") or ())
+    index = None
+    if n and stats.sample_stride == 1 and n <= len(counted) and it in counted:
+        index = counted.index(it) - (len(counted) - n)  # the events time the last n counted
+    out = []
+    ready = it.t0  # the GPU's queue is taken as empty at the iteration's start
+    first: dict[str, _Span] = {}  # a phase's events add up its ranges (data: fetch, convert)
+    for sp in phases:
+        first.setdefault(sp.category, sp)
+    for sp in first.values():
+        values = series.get(sp.category) or []
+        if not values:
+            continue
+        if index is not None and 0 <= index < len(values):
+            ms, how = values[index], "this iteration's CUDA events"
+        else:
+            ms, how = percentile(values, 50.0), "the median of the CUDA events"
+        start = max(sp.t0, ready)
+        end = start + int(ms * 1e6)
+        ready = end
+        out.append(_Span(f"GPU {sp.category}", "gpu", start, end, row,
+                         f"{how}; the start is estimated"))
+    return out
 
 
 def wall_bar(stats: Any) -> str:
@@ -244,7 +360,7 @@ def wall_bar(stats: Any) -> str:
         w = plot_w * ms / wall
         color = OUTSIDE_COLORS.get(key) or (ext_color if key.startswith("extension:")
                                             else css_color(names.USER))
-        tip = f"{key}: {_ms(ms)} ({100 * ms / wall:.1f}% of the wall time)"
+        tip = f"{key}: {_ms(ms)} ({figures.pct(ms / wall)} of the wall time)"
         body.append(f'<rect x="{x:.2f}" y="4" width="{max(w, 0.5):.2f}" height="28" '
                     f'fill="{color}" class="seg"{_tip(tip)}/>')
         x += w
@@ -267,9 +383,12 @@ def links_table(stats: Any) -> str:
     for link in ordered[:TABLE_LINKS]:
         own = link.self_ms + link.bwd_ms
         rows.append(
-            f"<tr><td class=\"name\">{_e(link.name)}</td><td>{link.calls / n:.3g}</td>"
-            f"<td>{link.incl_ms / n:.3f}</td><td>{link.self_ms / n:.3f}</td>"
-            f"<td>{link.bwd_ms / n:.3f}</td><td>{100 * own / own_total:.1f}</td></tr>")
+            f"<tr><td class=\"name\">{_e(link.name)}</td>"
+            f"<td>{figures.num(link.calls / n, grouping=False)}</td>"
+            f"<td>{figures.fixed(link.incl_ms / n, 3, grouping=False)}</td>"
+            f"<td>{figures.fixed(link.self_ms / n, 3, grouping=False)}</td>"
+            f"<td>{figures.fixed(link.bwd_ms / n, 3, grouping=False)}</td>"
+            f"<td>{figures.fixed(100 * own / own_total, 1, grouping=False)}</td></tr>")
     more = (f'<p class="more">{len(ordered) - TABLE_LINKS} more links not shown.</p>'
             if len(ordered) > TABLE_LINKS else "")
     return ('<table class="sortable"><thead><tr><th>link</th><th>calls / iter</th>'
@@ -304,34 +423,71 @@ def advice_html(findings: Sequence[Any]) -> str:
     return "".join(out)
 
 
-def key_figures(stats: Any) -> str:
+def key_figures(stats: Any, gpu: GpuEvidence | None = None) -> str:
     meta = stats.meta or {}
-    figures = [("iterations", f"{stats.iterations} counted + {stats.warmup} warm-up")]
+    shown = [("iterations", f"{stats.iterations} counted + {stats.warmup} warm-up")]
     if stats.iterations:
-        figures.append(("iteration time", f"median {_ms(stats.median())}, "
-                                          f"p95 {_ms(stats.p95())}"))
+        shown.append(("iteration time", f"median {_ms(stats.median())}, "
+                                        f"p95 {_ms(stats.p95())}"))
         sps = stats.samples_per_second()
-        rate = f"{stats.iterations_per_second():.1f} it/s"
+        rate = f"{figures.fixed(stats.iterations_per_second())} it/s"
         if sps:
-            rate += f", {sps:,.0f} samples/s (batch {stats.batch_size})"
-        figures.append(("throughput", rate))
-    figures.append(("wall time", _ms(stats.wall_ms)))
+            rate += f", {figures.count(round(sps))} samples/s (batch {stats.batch_size})"
+        shown.append(("throughput", rate))
+    shown.append(("wall time", _ms(stats.wall_ms)))
     settings = meta.get("settings") or {}
-    figures.append(("sync level", f"{stats.sync_level} ({stats.sync_calls:,} synchronize calls)"))
-    figures.append(("granularity",
-                    str(meta.get("granularity") or settings.get("granularity", "?"))))
+    shown.append(("sync level", f"{stats.sync_level} ({figures.count(stats.sync_calls)} "
+                                "synchronize calls)"))
+    shown.append(("granularity",
+                  str(meta.get("granularity") or settings.get("granularity", "?"))))
     devices = meta.get("devices") or []
-    figures.append(("devices", ", ".join(f"GPU {d.get('id')} {d.get('name', '')}".strip()
-                                         for d in devices) or "CPU"))
+    shown.append(("devices", ", ".join(f"GPU {d.get('id')} {d.get('name', '')}".strip()
+                                       for d in devices) or "CPU"))
+    if gpu is not None and gpu.busy_share is not None:
+        shown.append(("GPU busy", busy_text(gpu)))
     versions = meta.get("versions") or {}
     if versions:
-        figures.append(("versions", ", ".join(f"{k} {v}" for k, v in versions.items())))
+        shown.append(("versions", ", ".join(f"{k} {v}" for k, v in versions.items())))
     clock = meta.get("clock") or {}
     if clock.get("unix_time_ns_at_start"):
         start = time.strftime("%Y-%m-%d %H:%M:%S",
                               time.localtime(clock["unix_time_ns_at_start"] / 1e9))
-        figures.append(("started", f"{start} on {meta.get('host', '?')}"))
-    return "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>" for k, v in figures)
+        shown.append(("started", f"{start} on {meta.get('host', '?')}"))
+    return "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>" for k, v in shown)
+
+
+def gpu_section(stats: Any, gpu: GpuEvidence | None, verdict: Any) -> str:
+    """The GPU's phase times beside the host's, the agent's waits, the busy share."""
+    if gpu is None:
+        return '<p class="empty">The model ran on a GPU, but no iteration was counted.</p>'
+    rows = []
+    for p in gpu.phases:
+        gpu_ms = _ms(p.gpu_ms) if p.gpu_ms is not None else "&ndash;"
+        state = ("GPU-limited" if p.behind else "keeps up") if gpu.per_phase else "&ndash;"
+        rows.append(f'<tr><td class="name">{_e(p.phase)}</td><td>{_e(_ms(p.host_ms))}</td>'
+                    f"<td>{gpu_ms if p.gpu_ms is None else _e(gpu_ms)}</td>"
+                    f"<td>{_e(_ms(p.wait_ms)) if gpu.wait_source == 'recorded' else '&ndash;'}"
+                    f"</td><td>{state}</td></tr>")
+    if gpu.phases:
+        rows.append(f'<tr class="total"><td class="name">iteration</td>'
+                    f"<td>{_e(_ms(gpu.host_iteration_ms))}</td>"
+                    f"<td>{_e(_ms(gpu.gpu_iteration_ms)) if gpu.gpu_iteration_ms else '&ndash;'}"
+                    f"</td><td>{_e(_ms(gpu.wait_ms)) if gpu.wait_source != 'none' else '&ndash;'}"
+                    "</td><td></td></tr>")
+    table = ('<table class="gputable"><thead><tr><th>phase</th><th>host, median</th>'
+             '<th>GPU, median (CUDA events)</th><th>the agent\'s waits, per iteration</th>'
+             "<th>GPU</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+             if rows else "")
+    lines = []
+    if gpu.busy_share is not None:
+        lines.append(f"GPU busy: {busy_text(gpu)}; {gpu.busy_method}")
+    if gpu.limit is None and gpu.reason:
+        lines.append(f"Not enough evidence to tell GPU-bound from host-bound: {gpu.reason}")
+    if gpu.wait_source == "estimated":
+        lines.append(f"The agent's waits: {gpu.wait_method}")
+    lines += [line for line in verdict.notes if line.startswith("the agent's own sync")]
+    text = "".join(f'<p class="gpunote">{_e(line)}</p>' for line in lines)
+    return table + text
 
 
 # -- the page ---------------------------------------------------------------------------------
@@ -341,16 +497,21 @@ def render(trace: Any, stats: Any, replay: Any = None) -> str:
     try:
         verdict = decide(stats, replay)
         findings = check(stats, verdict)
-    except Exception as exc:  # the trace's facts are damaged: the rest of the page stands
-        verdict = Verdict("unknown", "no verdict", [f"left out: {type(exc).__name__}: {exc}"])
+    except Exception as exc:  # our bug or damaged facts: the rest of the page stands
+        verdict = Verdict("unknown", "no verdict", [log.contained("the verdict", exc)])
         findings = []
     rows = iteration_rows(trace)
-    heading, line = timeline(trace, rows)
+    heading, line = timeline(trace, rows, stats)
     meta = stats.meta or {}
     command = meta.get("command", "")
     data = {"verdict": verdict.kind, "iterations": stats.iterations,
             "median_ms": round(stats.median(), 4), "advice": [f.key for f in findings],
             "ended_normally": not meta.get("partial")}
+    gpu = verdict.gpu
+    if gpu is not None and gpu.busy_share is not None:
+        data["gpu_busy_share"] = round(gpu.busy_share, 4)
+    gpu_html = (f'<section id="gpu"><h2>GPU</h2>{gpu_section(stats, gpu, verdict)}</section>'
+                if gpu is not None or on_gpu(stats) else "")
     abnormal = "".join(f"<p>{_e(line.strip())}</p>" for line in ended_abnormally(meta))
     if abnormal:
         abnormal = f'<section id="abnormal" class="abnormal">{abnormal}</section>'
@@ -366,11 +527,12 @@ def render(trace: Any, stats: Any, replay: Any = None) -> str:
 <style>{_CSS}</style></head>
 <body>
 <header><h1>chainer_autoprof report</h1><p class="cmd">{_e(command)}</p>
-<dl class="figures">{key_figures(stats)}</dl></header>
+<dl class="figures">{key_figures(stats, gpu)}</dl></header>
 {abnormal}
 <section id="verdict" class="verdict kind-{_e(verdict.kind)}"><h2>Verdict</h2>
 {verdict_html(verdict)}</section>
 <section id="advice"><h2>Advice</h2>{advice_html(findings)}</section>
+{gpu_html}
 <section id="wall"><h2>Where the wall time went</h2>{wall_bar(stats)}</section>
 <section id="phases"><h2>Phase times per iteration</h2>{phase_chart(rows)}</section>
 {slow_html}
@@ -425,8 +587,7 @@ dl.figures dt{color:var(--muted);font-size:12px}dl.figures dd{margin:0;font-weig
 padding:1px 8px;font-weight:700;margin:0 0 6px}
 .kind-input-bound{border-left-color:#a05dd6}.kind-input-bound .kind{background:#a05dd6}
 .kind-extension-bound{border-left-color:#ff8c00}.kind-extension-bound .kind{background:#ff8c00}
-.kind-synchronization-bound{border-left-color:#e60012}
-.kind-synchronization-bound .kind{background:#e60012}
+.kind-GPU-bound{border-left-color:#2e7d32}.kind-GPU-bound .kind{background:#2e7d32}
 .kind-host-bound{border-left-color:#3d85c6}.kind-host-bound .kind{background:#3d85c6}
 .kind-gc-bound{border-left-color:#5a5a5a}.kind-gc-bound .kind{background:#5a5a5a}
 .kind-balanced .kind,.kind-unknown .kind{background:#888}
@@ -451,6 +612,8 @@ th,td{padding:4px 8px;border-bottom:1px solid var(--line);text-align:right}
 th{cursor:pointer;user-select:none;background:#f4f4f4}th:first-child,td.name{text-align:left}
 td.name{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:12px}
 .more{color:var(--muted);font-size:12px}
+.gputable td,.gputable th{text-align:right}.gputable tr.total td{font-weight:600}
+.gpunote{margin:6px 0 0}.span.gpu{opacity:.9}
 footer{color:var(--muted);font-size:12px}
 #tip{position:fixed;pointer-events:none;background:#222;color:#fff;font-size:12px;
 padding:4px 8px;border-radius:4px;max-width:460px;display:none;z-index:9}

@@ -10,8 +10,15 @@ outside iterations, links, overhead, notes) and then appends, in order:
 * one plain sentence saying what dominates (:func:`dominant_sentence`).
 
 A section that raises is left out (with a one-line note): the summary never
-fails the program.  The figures and findings come from :mod:`..analysis`;
-only their wording lives here.
+fails the program (under the tests it raises: :func:`..common.log.contained`).
+The figures and findings come from :mod:`..analysis`; only their wording
+lives here, every figure through :mod:`..common.figures`.
+
+On a GPU at sync level 1 and above, the agent's own waits for the GPU are a
+row of their own (between phases: at an iteration's end, at a phase's start)
+and an "of which" row under each phase that holds some, so the rest of the
+iteration is the host's own time; waits of a trace that did not record them
+are estimated from the run's total and marked ``~``.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..analysis.advice import Finding, check
+from ..analysis.gpu_evidence import Waits, busy_text, gather, on_gpu, waits
 from ..analysis.outliers import OUTLIER_FACTOR, SlowIteration, slow_iterations, stutter
 from ..analysis.stats import (
     AFTER_WINDOW,
@@ -33,6 +41,7 @@ from ..analysis.stats import (
     median,
 )
 from ..analysis.verdict import Verdict, decide, facts_of
+from ..common import figures, log
 from .stall import ended_abnormally
 
 #: Extra summary sections: ``stats -> text or None``, appended in order.
@@ -60,7 +69,15 @@ PHASE_WORDS = {
     "other": "time in the iteration outside data/forward/backward/update",
 }
 
+#: The agent's own waits for the GPU, between phases (their own row) and inside a phase;
+#: without a GPU in use, the synchronize calls' own time (next to nothing, but for a stand-in).
+WAIT_LABEL = "waiting for the GPU (agent's sync)"
+WAIT_INSIDE_LABEL = "of which waiting for the GPU"
+SYNC_LABEL = "the agent's synchronize calls"
+SYNC_INSIDE_LABEL = "of which the agent's synchronize"
+
 OUTSIDE_LABELS = {
+    "wait for GPU": "waiting for the GPU (agent's sync)",
     STARTUP: "start-up (before the first iteration)",
     BEFORE_WINDOW: "before the capture window",
     WARMUP: "warm-up iterations",
@@ -79,21 +96,11 @@ _OUTSIDE_ORDER = {STARTUP: 0, BEFORE_WINDOW: 0, WARMUP: 1, IDLE: 8, SHUTDOWN: 9,
 
 def fmt_ms(ms: float) -> str:
     """A duration for people: ``0.123 ms``, ``12.3 ms``, ``2.43 s``, ``1.2 min``."""
-    if ms >= 120_000:
-        return f"{ms / 60_000:.1f} min"
-    if ms >= 1000:
-        return f"{ms / 1000:.2f} s"
-    if ms >= 100:
-        return f"{ms:.0f} ms"
-    if ms >= 10:
-        return f"{ms:.1f} ms"
-    if ms >= 1:
-        return f"{ms:.2f} ms"
-    return f"{ms:.3f} ms"
+    return figures.ms(ms)
 
 
 def fmt_pct(share: float) -> str:
-    return f"{share * 100:.1f}%"
+    return figures.pct(share)
 
 
 def outside_label(key: str) -> str:
@@ -121,9 +128,8 @@ def format_summary(stats: RunStats, advice: bool = True, title: str | None = Non
     for section in sections:
         try:
             text = section(stats)
-        except Exception as exc:
-            name = getattr(section, "__qualname__", "section")
-            text = f"  ({name} left out: {type(exc).__name__}: {exc})"
+        except Exception as exc:  # our bug: the rest of the summary stands
+            text = "  (" + log.contained(getattr(section, "__qualname__", "section"), exc) + ")"
         if text:
             lines += text.rstrip("\n").split("\n")
     lines.append("  => " + dominant_sentence(stats))
@@ -151,10 +157,10 @@ def _iteration_lines(stats: RunStats) -> list[str]:
                      "on other threads are not in these figures)")
     if not stats.iterations:
         return lines
-    rate = f"{stats.iterations_per_second():.1f} it/s"
+    rate = f"{figures.fixed(stats.iterations_per_second())} it/s"
     sps = stats.samples_per_second()
     if sps is not None:
-        rate += f", {sps:,.0f} samples/s (batch {stats.batch_size})"
+        rate += f", {figures.count(round(sps))} samples/s (batch {stats.batch_size})"
     lines.append(f"  iteration time  median {fmt_ms(stats.median())}, p95 {fmt_ms(stats.p95())}; "
                  + rate)
     if stats.sample_stride > 1:
@@ -171,16 +177,15 @@ def _time_table(stats: RunStats) -> list[str]:
     lines = ["  " + f"{'time':<44} {'total':>10} {'% iter':>7} {'% wall':>7} {'median/iter':>11}"]
     if stats.iterations:
         lines.append("    in iterations:")
+        waited = waits(stats) if stats.sync_level >= 1 else Waits()
         if stats.has_phases:
             for key in PHASE_KEYS:
-                total = stats.phase_total(key)
-                lines.append(_row("  " + PHASE_LABELS[key], fmt_ms(total),
-                                  fmt_pct(stats.phase_share(key)), fmt_pct(stats.wall_share(total)),
-                                  fmt_ms(stats.phase_median(key))))
+                lines += _phase_rows(stats, key, waited)
                 if key == "data":
                     lines += [f"        {line}" for line in queue_lines(stats)]
         else:
             lines.append("      (no phase ranges: granularity iteration)")
+            lines += _wait_rows(stats, waited, "other")
         total = stats.iteration_total_ms
         lines.append(_row("  all counted iterations", fmt_ms(total), "100%",
                           fmt_pct(stats.wall_share(total)), fmt_ms(stats.median())))
@@ -191,16 +196,84 @@ def _time_table(stats: RunStats) -> list[str]:
             lines.append(_row("  " + outside_label(key)[:40], fmt_ms(ms), "",
                               fmt_pct(stats.wall_share(ms)), ""))
     lines.append(_row("wall (agent start to exit)", fmt_ms(stats.wall_ms), "", "100%", ""))
+    if any("~" in line for line in lines[1:]):
+        lines.append("    (~ estimated: the agent's waits were not recorded where they happened; "
+                     "they come from the run's total wait)")
     return lines
+
+
+def _phase_rows(stats: RunStats, key: str, waited: Waits) -> list[str]:
+    """A phase's row; with the agent's waits in it, an "of which" row (inside a phase) or,
+    for the rest of the iteration, a row of their own and the rest without them."""
+    total = stats.phase_total(key)
+    med = stats.phase_median(key)
+    if key != "other":
+        row = _row("  " + PHASE_LABELS[key], fmt_ms(total), fmt_pct(stats.phase_share(key)),
+                   fmt_pct(stats.wall_share(total)), fmt_ms(med))
+        if waited.source == "recorded":
+            return [row, *_wait_rows(stats, waited, key, inside=True)]
+        return [row]
+    lines = _wait_rows(stats, waited, "other")
+    if waited.source == "estimated" and stats.sync_level >= 2:
+        lines += _wait_rows(stats, waited, None, inside=True)
+    in_rest = waited.by_key.get("other", 0.0)
+    if in_rest > 0:
+        total = max(0.0, total - in_rest)
+        series = stats.wait_phase_ms.get("other", []) if waited.source == "recorded" else []
+        values = stats.phase_ms.get("other", [])
+        if len(series) == len(values) and series:
+            med = median([v - w for v, w in zip(values, series)])
+        else:
+            med = max(0.0, med - in_rest / stats.iterations)
+    mark = "~" if in_rest > 0 and waited.source == "estimated" else ""
+    lines.append(_row("  " + PHASE_LABELS["other"], mark + fmt_ms(total),
+                      mark + fmt_pct(total / stats.iteration_total_ms
+                                     if stats.iteration_total_ms > 0 else 0.0),
+                      mark + fmt_pct(stats.wall_share(total)), mark + fmt_ms(med)))
+    return lines
+
+
+def _wait_rows(stats: RunStats, waited: Waits, key: str | None,
+               inside: bool = False) -> list[str]:
+    """The agent's waits for the GPU in ``key`` (``None``: all of them, estimated inside the
+    phases), as a row of their own or an "of which" row."""
+    total = waited.total_ms if key is None else waited.by_key.get(key, 0.0)
+    if total <= 0:
+        return []
+    estimated = waited.source == "estimated"
+    mark = "~" if estimated else ""
+    series = [] if estimated or key is None else stats.wait_phase_ms.get(key, [])
+    med = fmt_ms(median(series)) if series else mark + fmt_ms(total / stats.iterations)
+    gpu = on_gpu(stats)
+    if inside and key is not None:
+        label = "    " + (WAIT_INSIDE_LABEL if gpu else SYNC_INSIDE_LABEL)
+    elif inside:
+        label = "  in the phases: " + ("waiting for the GPU" if gpu else "synchronize calls")
+    else:
+        label = "  " + (WAIT_LABEL if gpu else SYNC_LABEL)
+    share = total / stats.iteration_total_ms if stats.iteration_total_ms > 0 else 0.0
+    return [_row(label, mark + fmt_ms(total), mark + fmt_pct(share),
+                 mark + fmt_pct(stats.wall_share(total)), med)]
 
 
 def _gpu_lines(stats: RunStats) -> list[str]:
     gpu = stats.gpu_phase_ms
-    if not gpu:
-        return []
-    parts = [f"{key} {fmt_ms(median(values))}" for key, values in gpu.items() if values]
-    n = len(gpu.get("iteration", []))
-    return [f"  GPU time (CUDA events, median per iteration over {n}): " + ", ".join(parts)]
+    lines = []
+    if gpu:
+        parts = [f"{key} {fmt_ms(median(values))}" for key, values in gpu.items() if values]
+        n = len(gpu.get("iteration", []))
+        lines.append(f"  GPU time (CUDA events, median per iteration over {n}): "
+                     + ", ".join(parts))
+    if stats.iterations and on_gpu(stats):
+        try:
+            ev = gather(stats)
+        except Exception as exc:  # our bug: the rest of the summary stands
+            return [*lines, "  (" + log.contained("the GPU's busy share", exc) + ")"]
+        if ev.busy_share is not None:
+            behind = ", ".join(p.phase for p in ev.behind)
+            lines.append(f"  GPU busy        {busy_text(ev)}"
+                         + (f"; the GPU ran behind the host in {behind}" if behind else ""))
+    return lines
 
 
 def _link_lines(stats: RunStats) -> list[str]:
@@ -230,14 +303,15 @@ def queue_lines(stats: RunStats) -> list[str]:
             continue
         mean = sum(n * count for n, count in enumerate(ready)) / fetches
         lines.append(f"input queue ({name}, {q.get('capacity')} prefetched at most): empty at "
-                     f"{fmt_pct(ready[0] / fetches)} of {fetches:,} fetches, "
-                     f"{mean:.2g} batches ready on average")
+                     f"{fmt_pct(ready[0] / fetches)} of {figures.count(fetches)} fetches, "
+                     f"{figures.num(mean, 2)} batches ready on average")
     return lines
 
 
 def describe_slow(item: SlowIteration) -> str:
     """``iteration 812: 310 ms (8.2x the median): gc gen 2 took 270 ms in backward``."""
-    head = f"iteration {item.iteration}: {fmt_ms(item.ms)} ({item.factor:.1f}x the median)"
+    head = (f"iteration {item.iteration}: {fmt_ms(item.ms)} ({figures.factor(item.factor)} "
+            "the median)")
     if item.cause == "gc":
         gen = f"gc gen {item.generation}" if item.generation is not None else "gc"
         where = f" in {item.phase}" if item.phase and item.phase != "other" else \
@@ -260,9 +334,9 @@ def _slow_lines(stats: RunStats) -> list[str]:
     if not slow:
         return []
     share = stutter(stats)
-    lines = [f"  slowest iterations ({OUTLIER_FACTOR:g}x the median or more: {share.count} of "
-             f"{share.sampled} counted, {fmt_pct(share.share)} of the iteration time above "
-             "the median)"]
+    lines = [f"  slowest iterations ({figures.num(OUTLIER_FACTOR)}x the median or more: "
+             f"{share.count} of {share.sampled} counted, {fmt_pct(share.share)} of the "
+             "iteration time above the median)"]
     lines += [f"    {describe_slow(item)}" for item in slow[:TOP_SLOW]]
     return lines
 
@@ -274,8 +348,9 @@ def _gc_lines(stats: RunStats) -> list[str]:
     counts = list(gc.get("collections") or [])
     ms = sum(gc.get("ms") or ())
     per_gen = ", ".join(f"gen {g}: {n}" for g, n in enumerate(counts) if n)
-    line = (f"  garbage collection  {sum(counts):,} collections ({per_gen}), {fmt_ms(ms)} "
-            f"({fmt_pct(stats.wall_share(ms))} of wall), {sum(gc.get('collected') or ()):,} "
+    line = (f"  garbage collection  {figures.count(sum(counts))} collections ({per_gen}), "
+            f"{fmt_ms(ms)} ({fmt_pct(stats.wall_share(ms))} of wall), "
+            f"{figures.count(sum(gc.get('collected') or ()))} "
             "objects freed")
     if stats.iterations and stats.gc_total_ms > 0:
         line += (f"; {fmt_ms(stats.gc_total_ms)} inside counted iterations "
@@ -288,7 +363,25 @@ def _agent_lines(stats: RunStats) -> list[str]:
     over = stats.overhead_ms
     lines.append(f"  agent overhead  ~{fmt_ms(over)} ({fmt_pct(stats.wall_share(over))} of wall)"
                  + (f"; {stats.overhead_method}" if stats.overhead_method else ""))
-    lines.append(f"  sync level      {stats.sync_level} ({stats.sync_calls:,} synchronize calls)")
+    line = (f"  sync level      {stats.sync_level} ({figures.count(stats.sync_calls)} synchronize "
+            "calls)")
+    waited = waits(stats) if stats.sync_level >= 1 else Waits()
+    if waited.total_ms > 0 and stats.iterations:
+        mark = "~" if waited.source == "estimated" else ""
+        line += (f"; the agent waited {mark}{fmt_ms(waited.total_ms / stats.iterations)} per "
+                 f"counted iteration{' for the GPU' if on_gpu(stats) else ''} ({mark}"
+                 f"{fmt_pct(waited.total_ms / stats.iteration_total_ms)})")
+        if on_gpu(stats):
+            try:
+                ev = gather(stats)
+            except Exception as exc:  # our bug: the rest of the summary stands
+                line += " (" + log.contained("the synchronization's cost", exc) + ")"
+            else:
+                if ev.sync_cost_ms is not None:
+                    line += (f", costing {'up to' if ev.sync_cost_bound else 'about'} "
+                             f"{fmt_ms(ev.sync_cost_ms)} of overlap per iteration (the "
+                             "agent's overhead)")
+    lines.append(line)
     gpu_in_use = bool(stats.meta.get("devices")) or bool(stats.gpu_phase_ms)
     if gpu_in_use and stats.sync_level >= 3:
         lines.append("  warning: sync level 3 waits for the GPU at every link/function range: the "
@@ -307,9 +400,11 @@ def _agent_lines(stats: RunStats) -> list[str]:
                      "the run; a coarser CHAINER_PROF_GRANULARITY lowers it")
     path = stats.meta.get("trace_path")
     if path:
-        lines.append(f"  trace           {path} ({stats.ranges - stats.dropped_ranges:,} ranges)")
+        kept = figures.count(stats.ranges - stats.dropped_ranges)
+        lines.append(f"  trace           {path} ({kept} ranges)")
     if stats.dropped_ranges:
-        lines.append(f"  note: the trace keeps the newest ranges only: {stats.dropped_ranges:,} "
+        lines.append("  note: the trace keeps the newest ranges only: "
+                     f"{figures.count(stats.dropped_ranges)} "
                      "older ones dropped (CHAINER_PROF_RECORD_LIMIT); the summary covers the "
                      "whole run")
     return lines
@@ -339,8 +434,37 @@ def dominant_sentence(stats: RunStats) -> str:
     if not stats.has_phases:
         return (f"iterations take {fmt_pct(in_iterations)} of the training loop (no phase "
                 "ranges: use granularity phase or finer to see inside them).")
+    if on_gpu(stats):
+        sentence = _gpu_sentence(stats)
+        if sentence:
+            return sentence
+    waited = waits(stats) if stats.sync_level >= 1 else Waits()
+    if waited.total_ms > 0:  # the host's own time: the agent's waits left out
+        own = {k: max(0.0, stats.phase_total(k) - waited.by_key.get(k, 0.0)) for k in PHASE_KEYS}
+        phase = max(PHASE_KEYS, key=lambda k: own[k])
+        share = own[phase] / stats.iteration_total_ms if stats.iteration_total_ms > 0 else 0.0
+        what = "waits for the GPU" if on_gpu(stats) else "synchronize calls"
+        return (f"{PHASE_WORDS[phase]} takes {fmt_pct(share)} of each iteration (the agent's "
+                f"{what}, {fmt_pct(waited.total_ms / stats.iteration_total_ms)}, left out).")
     phase = stats.dominant_phase() or "other"
     return f"{PHASE_WORDS[phase]} takes {fmt_pct(stats.phase_share(phase))} of each iteration."
+
+
+def _gpu_sentence(stats: RunStats) -> str | None:
+    """On a GPU that sets the pace: the phase with the most GPU time."""
+    try:
+        ev = gather(stats)
+    except Exception as exc:  # our bug: the plain sentence stands
+        log.warning(log.contained("the GPU sentence", exc))
+        return None
+    top = ev.top_phase() if ev.limit == "gpu" else None
+    if top is None:
+        return None
+    top_ms = ev.gpu_time(top) or 0.0
+    whole = ev.gpu_iteration_ms or ev.host_iteration_ms
+    return (f"the GPU sets the pace; {PHASE_WORDS[top.phase]} takes the most GPU time, "
+            f"{fmt_ms(top_ms)} of a {fmt_ms(whole)} iteration "
+            f"({fmt_pct(top_ms / whole if whole > 0 else 0.0)}).")
 
 
 # -- the verdict and the advice ---------------------------------------------------------

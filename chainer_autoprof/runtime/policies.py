@@ -22,9 +22,14 @@ class SyncPolicy:
     phase boundaries, 3 also every finer range emitted.  ``devices`` is the set
     of GPU ids that hold the model's arrays; patches add to it as they see
     links on new devices.
+
+    ``on_wait`` (set by the recorder, :meth:`watch`) is told of each wait,
+    ``(t0, t1)`` in ``perf_counter_ns``, on the thread that waited and inside
+    the tracer's begin or end: a wait at a range's start lies in its parent,
+    one at a range's end inside the range.
     """
 
-    __slots__ = ("backend", "calls", "devices", "level", "seconds")
+    __slots__ = ("backend", "calls", "devices", "level", "on_wait", "seconds")
 
     def __init__(self, level: int, backend: DeviceBackend) -> None:
         self.level = level
@@ -32,15 +37,24 @@ class SyncPolicy:
         self.devices: set[int] = set()
         self.calls = 0
         self.seconds = 0.0
+        self.on_wait: Callable[[int, int], None] | None = None
 
     def add_devices(self, ids: Iterable[int]) -> None:
         self.devices.update(ids)
+
+    def watch(self, on_wait: Callable[[int, int], None] | None) -> None:
+        """Call ``on_wait(t0_ns, t1_ns)`` after every wait from now on (``None``: stop)."""
+        self.on_wait = on_wait
 
     def synchronize(self) -> None:
         self.calls += 1
         t0 = perf_counter_ns()
         self.backend.synchronize(self.devices)
-        self.seconds += (perf_counter_ns() - t0) * 1e-9  # time waited (the verdict's sync share)
+        t1 = perf_counter_ns()
+        self.seconds += (t1 - t0) * 1e-9  # time waited, the whole run (old traces' estimate)
+        on_wait = self.on_wait
+        if on_wait is not None:
+            on_wait(t0, t1)
 
 
 class CaptureWindow:

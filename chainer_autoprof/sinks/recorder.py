@@ -19,7 +19,12 @@ bounded too (see :mod:`..analysis.aggregate`).
 
 GPU: once the model's arrays are seen on a GPU, a
 :class:`~.gpu_phases.GpuPhaseTimer` sink also times the iteration and its
-phases with CUDA events on the loop thread.
+phases with CUDA events on the loop thread, and each wait of the agent's own
+synchronization (sync level 1 and above) becomes a row of its own, a
+``wait for GPU (<place>)`` range of category ``gpu_wait`` nested where the
+wait happened (:meth:`Recorder._make_waited`), so the summary can tell the waits
+from the work.  They are not NVTX ranges: Nsight shows the synchronize call
+on its CUDA API row already, and the NVTX stream stays the program's.
 
 The recorder never reports: at exit it flushes, and the agent pulls
 :meth:`Recorder.run_stats` and the retained ranges from it
@@ -32,7 +37,7 @@ import os
 import threading
 from collections import deque
 from itertools import chain
-from time import thread_time_ns
+from time import perf_counter_ns, thread_time_ns
 from typing import Any, Callable
 
 import numpy as np
@@ -70,9 +75,20 @@ class Recorder:
         impl = getattr(tracer, "hotpath", None)
         #: For the native core: it appends in C, calling back at iteration ends and full buffers.
         self.native: tuple[str, Any] | None = None
+        self._buffer_type: Callable[[int], Any] | None = None
         if impl is not None and impl.native:
             self.native = ("recorder", impl.module.RecorderHook(
                 self.chunk_ranges, self._iter_info, self._iteration_ended, self._flush_thread))
+            self._buffer_type = impl.module.RecordBuffer
+        #: name index of the wait rows, by the category of the range they lie in (made at the
+        #: first wait on a GPU, so that a CPU run registers no name it never uses)
+        self._wait_index: dict[str, int] | None = None
+        self._wait_outside = -1
+        sync = getattr(tracer, "sync", None)
+        # (the waits are timed with perf_counter_ns: the tracer's clock, unless a test's own)
+        if sync is not None and sync.level >= 1 and getattr(tracer, "clock", None) \
+                is perf_counter_ns:
+            sync.watch(self._make_waited())
 
     def _reset(self, start_ns: int) -> None:
         self.start_ns = start_ns
@@ -129,6 +145,60 @@ class Recorder:
             self._start_gpu_timer(ts)
         if len(buf) >= self.chunk_ranges:
             self._flush_thread(ts)
+
+    # -- the agent's own waits for the GPU -------------------------------------------
+    def _make_waited(self) -> Callable[[int, int], None]:
+        """The sync policy's watcher: each wait, ``t0..t1`` on this thread (inside the tracer's
+        begin or end), becomes a ``gpu_wait`` row under the innermost open range, named after
+        the phase it lies in.
+
+        Nothing on a CPU run (no GPU in use: the call waited for nothing).  Never raises: an
+        error of ours stops the recording of waits, the training goes on.
+        """
+        tracer = self.tracer
+        sync = tracer.sync
+        state = tracer.state
+        test_events = self._test_events
+        chunk = self.chunk_ranges
+        buffer_type = self._buffer_type
+
+        def waited(t0: int, t1: int) -> None:
+            if self.closed or not (sync.devices or test_events):
+                return
+            try:
+                index = self._wait_index
+                if index is None:
+                    index = self._wait_index = self._wait_names()
+                ts = state()
+                stack = ts.stack
+                row = self._wait_outside
+                for entry in reversed(stack):
+                    found = index.get(entry[0].category)
+                    if found is not None:
+                        row = found
+                        break
+                buf = ts.record
+                if buf is None:
+                    buf = ts.record = buffer_type(chunk) if buffer_type is not None else []
+                buf.append((row, t0, t1, len(stack)))
+            except Exception as exc:
+                sync.watch(None)
+                log.error(f"recorder: {type(exc).__name__}: {exc}; the agent's waits for the "
+                          "GPU are not recorded")
+
+        return waited
+
+    def _wait_names(self) -> dict[str, int]:
+        tracer = self.tracer
+        index = {}
+        for place in names.WAIT_PLACES:
+            info = tracer.info(names.gpu_wait_text(place), names.GPU_WAIT)
+            info.sync = False
+            index[place] = info.index
+        outside = tracer.info(names.gpu_wait_text(None), names.GPU_WAIT)
+        outside.sync = False
+        self._wait_outside = outside.index
+        return index
 
     # -- aggregation ----------------------------------------------------------
     def _flush_thread(self, ts: Any) -> None:
