@@ -206,6 +206,7 @@ class Agent:
         """A ChainerMN communicator told this process its rank."""
         if rank.note(number, size):
             processes.tag_rank(self.nvtx, number)
+        processes.rank_known(self.cfg, number, size)
         if not processes.profiles_rank(self.cfg, number):
             self.switch_off()
 
