@@ -190,9 +190,9 @@ def snapshot(value: Any, where: str) -> None:
     snap = mapping(value, where)
     for key in ("pid", "parent_pid", "rank", "world_size", "iteration", "unix_ns", "perf_ns"):
         _optional(snap, key, integer, where)
-    for key in ("since_iteration_s", "threshold_s"):
+    for key in ("since_iteration_s", "since_progress_s", "threshold_s"):
         _optional(snap, key, number, where, 0)
-    for key in ("reason", "host"):
+    for key in ("reason", "host", "threshold_rule"):
         _optional(snap, key, text, where)
     sequence(snap.get("notes") or [], f"{where}.notes")
     for i, thread in enumerate(sequence(snap.get("threads") or [], f"{where}.threads")):
