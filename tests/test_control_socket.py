@@ -1,19 +1,20 @@
 """The control socket between users: no one can take a process's socket first, and ``dump``
 asks only your own processes, saying precisely why when it cannot reach one.
 
-Real users: as root, the tests create two users for the duration of the module
-(``useradd``) and run their part as those users -- a Python child that imports
-what it needs and then drops its privileges (``setgid``/``setuid``): a squatter
-that takes the names first (the socket name of the old design in Linux's
-abstract namespace, the directory of the new one in a shared sticky directory
-such as /tmp, with a socket that answers falsely inside), and another user
-with an agent process of their own.  Without root, or without ``useradd``,
-they are skipped with the reason.
+A process's socket lies in its login session's private directory
+(``$XDG_RUNTIME_DIR``) where there is one, and ``dump`` finds it from a shell
+without that variable.  Real users: as root, the tests create two users for
+the duration of the module (``useradd``) and run their part as those users --
+a Python child that imports what it needs and then drops its privileges
+(``setgid``/``setuid``): a squatter that takes the names first (the socket
+name of the old design in Linux's abstract namespace, the directory of the
+new one in a shared sticky directory such as /tmp, with a socket that
+answers falsely inside), and another user with an agent process of their
+own.  Without root, or without ``useradd``, those are skipped with the reason.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import secrets
@@ -22,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -43,12 +43,11 @@ def _why_not() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
-
-
 @pytest.fixture(scope="module")
 def users():
     """Two users made for these tests (names unique to the run), removed afterwards."""
+    if _why_not() is not None:
+        pytest.skip(_why_not() or "")
     made = []
     try:
         for role in ("a", "b"):
@@ -172,7 +171,7 @@ def test_names_taken_first_by_another_user_do_not_keep_dump_from_your_process(us
         assert "FAKE" not in dump.stdout
         victim.stdin.write("end\n")
         victim.stdin.flush()
-        out, err = victim.communicate(timeout=60)
+        _out, err = victim.communicate(timeout=60)
     finally:
         squatter.kill()
         squatter.wait()
@@ -282,3 +281,57 @@ def test_dump_asks_only_your_own_processes_and_says_why_not_another_users(users,
                 proc.kill()
                 proc.wait()
     assert roots.returncode == 0 and theirs.returncode == 0
+
+
+def test_the_socket_lies_in_the_sessions_private_directory_and_dump_finds_it(tmp_path):
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    script = write_script(tmp_path, "idle.py", IDLE)
+    proc = subprocess.Popen([sys.executable, "-m", "chainer_autoprof", "--summary", "0",
+                             str(script)], env=clean_env(XDG_RUNTIME_DIR=str(runtime)),
+                            cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "running\n", proc.stderr.read()
+        directory = runtime / "chainer_autoprof"
+        assert [p.name for p in directory.iterdir()] == [f"{proc.pid}.sock"]
+        assert directory.stat().st_mode & 0o777 == 0o700
+        shell = clean_env()
+        shell.pop("XDG_RUNTIME_DIR", None)
+        dump = subprocess.run([sys.executable, "-m", "chainer_autoprof", "dump", "--no-print",
+                               str(proc.pid)], env=shell, capture_output=True, text=True,
+                              timeout=60)
+        assert dump.returncode == 0, dump.stderr
+        assert dump.stdout.startswith(f"chainer_autoprof: report on request: pid {proc.pid}")
+        proc.stdin.write("end\n")
+        proc.stdin.flush()
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and err == "", err
+    assert list(directory.iterdir()) == []  # the socket went with the process
+
+
+def test_dump_of_a_process_that_is_gone_or_never_had_the_agent_says_which(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    pid = int(gone.stdout)
+    result = subprocess.run([sys.executable, "-m", "chainer_autoprof", "dump", str(pid)],
+                            env=clean_env(), capture_output=True, text=True, timeout=60)
+    if result.returncode == 1 and "no such process" in result.stderr:
+        assert result.stderr.strip() == f"chainer-autoprof dump: pid {pid}: no such process"
+    # one that never ran the agent
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                               env=clean_env())
+    try:
+        result = subprocess.run([sys.executable, "-m", "chainer_autoprof", "dump",
+                                 str(sleeper.pid)], env=clean_env(), capture_output=True,
+                                text=True, timeout=60)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"chainer-autoprof dump: pid {sleeper.pid}: no agent "
+                                    "listens there (no control socket in ")

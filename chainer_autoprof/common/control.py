@@ -118,6 +118,13 @@ def _check_socket(path: str, uid: int) -> str | None:
 def _make_private(path: str) -> str | None:
     """Create directory ``path`` for this user's sockets, or say why it cannot hold them."""
     uid = os.geteuid()
+    if os.path.basename(path) == DIR_NAME:  # in $XDG_RUNTIME_DIR: only in one of our own
+        try:
+            parent = os.lstat(os.path.dirname(path))
+        except OSError as exc:
+            return f"cannot create {path}: {exc.strerror or exc}"
+        if parent.st_uid != uid or not stat.S_ISDIR(parent.st_mode):
+            return f"cannot create {path}: {os.path.dirname(path)} is not a directory of yours"
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
