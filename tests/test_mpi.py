@@ -19,6 +19,8 @@ from nvtx_tool import nvtx_env, ranges_by_thread, read_events
 from support import EXAMPLES, REPO, clean_env
 
 from chainer_autoprof.common.rank import from_environ as rank_from_environ
+from chainer_autoprof.common.settings import SettingsError
+from chainer_autoprof.common.settings import from_environ as settings_from_environ
 
 ITERATIONS = 10
 
@@ -450,3 +452,46 @@ def test_ranks_sharing_a_path_learned_late_each_keep_their_trace(tmp_path):
         assert meta["rank"] == number and meta["process"]["rank_source"] == "communicator"
         assert f"rank {number} writes run.rank{number}.json instead" in proc.stderr
     assert len(proc.stderr.splitlines()) == 2, proc.stderr
+
+
+_OMPI4 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4",
+          "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+
+
+@pytest.mark.parametrize("trace, environ, refused", [
+    ("run.json", _OMPI4, "the 4 ranks of this Open MPI job would all write run.json"),
+    ("rank%r.json", _OMPI4, None),
+    ("run.%p.json", _OMPI4, None),
+    ("run-%q{OMPI_COMM_WORLD_RANK}.json", _OMPI4, None),
+    ("run-%q{OMPI_COMM_WORLD_LOCAL_RANK}.json", _OMPI4,
+     "ranks with the same rank on their host, on different hosts (4 ranks, 2 here)"),
+    ("run-%h-%q{OMPI_COMM_WORLD_LOCAL_RANK}.json", _OMPI4, None),
+    ("run-%h.json", _OMPI4, "the ranks on one host (2 here)"),
+    ("run-%h.json", {**_OMPI4, "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, None),
+    ("run%%r.json", _OMPI4, "would all write run%r.json"),
+    ("run.json", {**_OMPI4, "CHAINER_PROF_RANKS": "2,7"}, None),  # one rank of 4 writes
+    ("run.json", {**_OMPI4, "CHAINER_PROF_RANKS": "0,1,2"}, "the 3 ranks of this Open MPI job "
+     "that profile (CHAINER_PROF_RANKS)"),
+    ("run.json", {"PMI_RANK": "0", "PMI_SIZE": "2"}, "the 2 ranks of this MPICH/PMI job"),
+    ("run.json", {"PMI_RANK": "0", "PMI_SIZE": "1"}, None),
+    # a Slurm batch script on its own has SLURM_PROCID and SLURM_NTASKS, but no job step
+    ("run.json", {"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}, None),
+    ("run.json", {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4"}, "the 4 ranks"),
+    ("run-%h.json", {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4",
+                     "SLURM_STEP_TASKS_PER_NODE": "1(x4)"}, None),
+    ("run-%h.json", {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4",
+                     "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}, "the ranks on one host (2 here)"),
+    # a child process writes beside its parent's file, with .PID added
+    ("run.json", {**_OMPI4, "_CHAINER_PROF_ROOT_PID": "1"}, None),
+])
+def test_which_paths_tell_the_ranks_of_a_job_apart(trace, environ, refused):
+    environ = {"CHAINER_PROF_TRACE": trace, **environ}
+    if refused is None:
+        assert settings_from_environ(environ).trace == trace
+        return
+    with pytest.raises(SettingsError) as caught:
+        settings_from_environ(environ)
+    message = str(caught.value)
+    assert message.startswith(f"CHAINER_PROF_TRACE={trace!r} is not valid: accepted: a path "
+                              "that differs per MPI rank: ")
+    assert refused in message and "put %r (the rank) in it" in message

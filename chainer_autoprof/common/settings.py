@@ -93,10 +93,6 @@ def parse_trace_path(text: str) -> str | None:
     """A trace file path that can be written (checked now, before the program runs)."""
     path = parse_optional_path(text)
     if path is not None:
-        unset = [name for name in variables(path) if name not in os.environ]
-        if unset:
-            raise ValueError("a path whose %q{VAR} variables are all set "
-                             f"({', '.join(unset)} {'is' if len(unset) == 1 else 'are'} not set)")
         try:
             check_writable(path)
         except ValueError as exc:
@@ -371,10 +367,16 @@ def from_environ(environ: Mapping[str, str] | None = None,
 
 def _check_trace_per_process(values: Mapping[str, Any], raws: Mapping[str, str],
                              env: Mapping[str, str]) -> None:
-    """The ranks of one MPI job must not be given one trace path (one would be lost)."""
+    """A trace path must name one file per process: its ``%q{VAR}`` variables set, and the
+    ranks of one MPI job told apart (else one trace would be lost)."""
     template = values.get("trace")
     if not template:
         return
+    unset = [name for name in variables(str(template)) if name not in env]
+    if unset:  # it would expand to nothing: the same name in every process
+        raise _bad_value(BY_NAME["trace"], raws.get("trace", str(template)),
+                         f"a path whose %q{{VAR}} variables are all set ({', '.join(unset)} "
+                         f"{'is' if len(unset) == 1 else 'are'} not set)")
     root = env.get(INTERNAL_PREFIX + "ROOT_PID", "").strip()
     if root and root != str(os.getpid()):
         return  # a child process: its trace goes beside its parent's, with .PID added

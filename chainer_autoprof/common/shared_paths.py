@@ -125,9 +125,14 @@ def shared_trace(template: str, environ: Mapping[str, str], ranks: frozenset[int
     if per_host_rank and info.on_host == info.size:
         return None  # every rank on this host, each with its own local rank
     path = expand_path(template, pid, environ, rank_number=info.rank)
-    who = (f"the ranks on one host ({info.on_host} here)" if per_host and info.on_host
-           else f"the {writers} ranks of this {info.launcher} job"
-           + (" that profile (CHAINER_PROF_RANKS)" if writers < info.size else ""))
+    if per_host:
+        who = f"the ranks on one host ({info.on_host or 'several'} here)"
+    elif per_host_rank:
+        who = (f"ranks with the same rank on their host, on different hosts ({info.size} "
+               f"ranks, {info.on_host or 'fewer'} here)")
+    else:
+        who = f"the {writers} ranks of this {info.launcher} job" + \
+            (" that profile (CHAINER_PROF_RANKS)" if writers < info.size else "")
     stem, ext = os.path.splitext(template)
     return (f"a path that differs per MPI rank: {who} would all write {path} and lose each "
             f"other's trace; put %r (the rank) in it, e.g. {stem}.%r{ext}")
