@@ -650,7 +650,7 @@ def test_the_watch_rests_once_the_trainer_has_returned():
 
 # -- the last resort: C code that holds the GIL -------------------------------------------------
 
-#: A manual loop whose 6th step blocks in C *holding the GIL* (ctypes.PyDLL does not release
+#: A manual loop whose 21st step blocks in C *holding the GIL* (ctypes.PyDLL does not release
 #: it): ``read`` on a pipe the test holds.  No Python thread can run meanwhile.
 GIL_HELD = """
 import ctypes, os, sys, time
@@ -665,8 +665,8 @@ optimizer = chainer.optimizers.SGD()
 optimizer.setup(model)
 x = np.ones((8, 4), np.float32)
 t = np.zeros(8, np.int32)
-for step in range(10):
-    if step == 6:
+for step in range(24):
+    if step == 20:
         print("holding", flush=True)
         libc.read(RELEASE, buf, 1)   # blocked in C, the GIL held
     optimizer.update(model, x, t)
