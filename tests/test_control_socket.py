@@ -60,15 +60,9 @@ def users():
         pytest.skip(f"could not create a second user: {exc.stderr!r}")
     finally:
         for name in made:
+            uid = pwd.getpwnam(name).pw_uid
             subprocess.run([USERDEL, name], capture_output=True)
-            shutil.rmtree(f"/tmp/chainer_autoprof-{_uid_or(name)}", ignore_errors=True)
-
-
-def _uid_or(name: str) -> str:
-    try:
-        return str(pwd.getpwnam(name).pw_uid)
-    except KeyError:
-        return "none"
+            shutil.rmtree(f"/tmp/chainer_autoprof-{uid}", ignore_errors=True)  # its agent's
 
 
 @pytest.fixture
