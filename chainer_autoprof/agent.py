@@ -117,7 +117,17 @@ class Agent:
                               self._partial_metadata, gc_details,
                               lambda: recorder.stats_now(self.tracer.clock()).to_dict())
         notes = self.queue_probe.describe if self.queue_probe is not None else None
-        return Monitor(self.tracer, cfg.stall, flusher, float(cfg.flush_interval), notes)
+        return Monitor(self.tracer, cfg.stall, flusher, float(cfg.flush_interval), notes,
+                       self.calls_made, self.trainer_runs)
+
+    def calls_made(self) -> int:
+        """Instrumented calls so far, as each patch counts its own: the watchdog's progress."""
+        return sum(patch.hits for inst in self.instrumentors for patch in list(inst.patches))
+
+    def trainer_runs(self) -> int:
+        """``Trainer.run`` calls so far (the watchdog: has a trainer started since it looked?)."""
+        return sum(patch.hits for patch in list(self.patches.patches)
+                   if patch.label == "Trainer.run")
 
     def _partial_metadata(self) -> dict[str, Any]:
         # the run's metadata lives with the end of the run: loaded at the first background write
@@ -209,6 +219,7 @@ class Agent:
         """A ChainerMN communicator told this process its rank."""
         if rank.note(number, size):
             processes.tag_rank(self.nvtx, number)
+        processes.rank_known(self.cfg, number, size)
         if not processes.profiles_rank(self.cfg, number):
             self.switch_off()
 

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,9 +16,11 @@ from pathlib import Path
 
 import pytest
 from nvtx_tool import nvtx_env, ranges_by_thread, read_events
-from support import EXAMPLES, clean_env
+from support import EXAMPLES, REPO, clean_env
 
 from chainer_autoprof.common.rank import from_environ as rank_from_environ
+from chainer_autoprof.common.settings import SettingsError
+from chainer_autoprof.common.settings import from_environ as settings_from_environ
 
 ITERATIONS = 10
 
@@ -325,3 +328,170 @@ def test_hung_rank_is_named_the_odd_one_out(tmp_path):
     pushed = sum(text == "iteration" for rows in ranges_by_thread(events, "chainer").values()
                  for _d, text, _c in rows)
     assert pushed == 2 * ITERATIONS
+
+
+# -- several ranks, one trace path ---------------------------------------------------------------
+
+def _mpi_env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                    OMPI_MCA_btl_base_warn_component_unused="0")
+    env.update(extra)
+    return env
+
+
+def _site_shim(tmp: Path) -> str:
+    """PYTHONPATH whose sitecustomize processes the project's ``.pth`` file, as installed."""
+    shim = tmp / "site_shim"
+    shim.mkdir(exist_ok=True)
+    (shim / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(REPO)!r})\n")
+    return f"{shim}:{REPO}"
+
+
+def _train_mn(tmp: Path, launcher: list[str], env: dict[str, str],
+              python_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    cmd = [*(_mpiexec() or ()), "-n", "2", sys.executable, *python_args, *launcher,
+           str(EXAMPLES / "train_mn.py"), "-i", "4", "-o", str(tmp / "result")]
+    return subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=180)
+
+
+@needs_mpi
+@pytest.mark.parametrize("template", ["run.json", "run-%h.json", "run-%q{CAPROF_SAME}.json"])
+def test_ranks_given_one_trace_path_are_refused_before_the_script_runs(tmp_path, template):
+    """Two ranks, one file: the launcher refuses before the script runs (no trace lost)."""
+    run = _train_mn(tmp_path, ["-m", "chainer_autoprof", "--summary", "0", "--trace", template],
+                    _mpi_env(tmp_path, CAPROF_SAME="same"))
+    assert run.returncode != 0
+    assert "ranks: 2" not in run.stdout  # the script never ran
+    refused = [line for line in run.stderr.splitlines() if "--trace=" in line]
+    assert len(refused) == 2, run.stderr  # each rank, one line
+    for line in refused:
+        assert line.startswith(f"python -m chainer_autoprof: error: --trace={template!r} is "
+                               "not valid: accepted: a path that differs per MPI rank: ")
+        assert "put %r (the rank) in it" in line
+    assert not list(tmp_path.glob("run*"))
+
+
+@needs_mpi
+def test_ranks_given_one_trace_path_by_the_environment_run_without_the_agent(tmp_path):
+    """Environment only, no launcher to refuse: each rank says so in one line, the agent stays
+    off, and the job runs as without it."""
+    run = _train_mn(tmp_path, [], _mpi_env(tmp_path, CHAINER_PROF_TRACE="run.json",
+                                           PYTHONPATH=_site_shim(tmp_path)))
+    assert run.returncode == 0, run.stderr
+    assert "ranks: 2  iterations: 4" in run.stdout
+    lines = run.stderr.splitlines()
+    said = [line for line in lines if line.startswith("chainer_autoprof: ")]
+    assert len(said) == 2 and said == lines, run.stderr
+    for line in said:
+        assert line.startswith("chainer_autoprof: CHAINER_PROF_TRACE='run.json' is not valid: "
+                               "accepted: a path that differs per MPI rank: the 2 ranks of "
+                               "this Open MPI job would all write run.json")
+        assert line.endswith("; the agent stays off")
+    assert not list(tmp_path.glob("run*"))
+
+
+@needs_mpi
+@pytest.mark.parametrize("launcher, files", [
+    (["--ranks", "1", "--trace", "run.json"], {"run.json": 1}),
+    (["--trace", "run-%q{OMPI_COMM_WORLD_RANK}.json"], {"run-0.json": 0, "run-1.json": 1}),
+    (["--trace", "run-%h-%q{OMPI_COMM_WORLD_LOCAL_RANK}.json"], None),
+])
+def test_paths_that_keep_the_ranks_apart_are_accepted(tmp_path, launcher, files):
+    run = _train_mn(tmp_path, ["-m", "chainer_autoprof", "--summary", "0", *launcher],
+                    _mpi_env(tmp_path))
+    assert run.returncode == 0, run.stderr
+    assert "ranks: 2  iterations: 4" in run.stdout
+    if files is None:
+        host = socket.gethostname()
+        files = {f"run-{host}-0.json": 0, f"run-{host}-1.json": 1}
+    assert sorted(p.name for p in tmp_path.glob("run*")) == sorted(files)
+    for name, number in files.items():
+        meta = json.loads((tmp_path / name).read_text())["otherData"]["chainer_autoprof"]
+        assert meta["rank"] == number
+
+
+#: The rank is learned from the communicator only, after the agent started: no launcher
+#: variable was there to refuse the shared path at the start.
+LATE_RANK = """
+import os, sys
+from mpi4py import MPI  # MPI is initialized: the launcher's variables are no longer needed
+from chainer_autoprof.common.rank import LAUNCHER_VARS
+
+for rank_var, size_var, _ in LAUNCHER_VARS:
+    os.environ.pop(rank_var, None)
+    if size_var:
+        os.environ.pop(size_var, None)
+import chainer_autoprof
+chainer_autoprof.install(trace="run.json", summary=False)
+import chainer, chainermn
+import chainer.links as L
+import numpy as np
+
+comm = chainermn.create_communicator("naive")
+model = L.Linear(3, 2)
+optimizer = chainermn.create_multi_node_optimizer(chainer.optimizers.SGD(), comm)
+optimizer.setup(model)
+x = np.ones((2, 3), np.float32)
+for _ in range(3):
+    optimizer.update(lambda: chainer.functions.sum(model(x)))
+"""
+
+
+@needs_mpi
+def test_ranks_sharing_a_path_learned_late_each_keep_their_trace(tmp_path):
+    script = tmp_path / "late.py"
+    script.write_text(LATE_RANK)
+    proc = subprocess.run([*(_mpiexec() or ()), "-n", "2", sys.executable, str(script)],
+                          env=_mpi_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert sorted(p.name for p in tmp_path.glob("run*")) == ["run.rank0.json", "run.rank1.json"]
+    for number in (0, 1):
+        meta = json.loads((tmp_path / f"run.rank{number}.json").read_text())["otherData"][
+            "chainer_autoprof"]
+        assert meta["rank"] == number and meta["process"]["rank_source"] == "communicator"
+        assert f"rank {number} writes run.rank{number}.json instead" in proc.stderr
+    assert len(proc.stderr.splitlines()) == 2, proc.stderr
+
+
+_OMPI4 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4",
+          "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+
+
+@pytest.mark.parametrize("trace, environ, refused", [
+    ("run.json", _OMPI4, "the 4 ranks of this Open MPI job would all write run.json"),
+    ("rank%r.json", _OMPI4, None),
+    ("run.%p.json", _OMPI4, None),
+    ("run-%q{OMPI_COMM_WORLD_RANK}.json", _OMPI4, None),
+    ("run-%q{OMPI_COMM_WORLD_LOCAL_RANK}.json", _OMPI4,
+     "ranks with the same rank on their host, on different hosts (4 ranks, 2 here)"),
+    ("run-%h-%q{OMPI_COMM_WORLD_LOCAL_RANK}.json", _OMPI4, None),
+    ("run-%h.json", _OMPI4, "the ranks on one host (2 here)"),
+    ("run-%h.json", {**_OMPI4, "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, None),
+    ("run%%r.json", _OMPI4, "would all write run%r.json"),
+    ("run.json", {**_OMPI4, "CHAINER_PROF_RANKS": "2,7"}, None),  # one rank of 4 writes
+    ("run.json", {**_OMPI4, "CHAINER_PROF_RANKS": "0,1,2"}, "the 3 ranks of this Open MPI job "
+     "that profile (CHAINER_PROF_RANKS)"),
+    ("run.json", {"PMI_RANK": "0", "PMI_SIZE": "2"}, "the 2 ranks of this MPICH/PMI job"),
+    ("run.json", {"PMI_RANK": "0", "PMI_SIZE": "1"}, None),
+    # a Slurm batch script on its own has SLURM_PROCID and SLURM_NTASKS, but no job step
+    ("run.json", {"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}, None),
+    ("run.json", {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4"}, "the 4 ranks"),
+    ("run-%h.json", {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4",
+                     "SLURM_STEP_TASKS_PER_NODE": "1(x4)"}, None),
+    ("run-%h.json", {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4",
+                     "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}, "the ranks on one host (2 here)"),
+    # a child process writes beside its parent's file, with .PID added
+    ("run.json", {**_OMPI4, "_CHAINER_PROF_ROOT_PID": "1"}, None),
+])
+def test_which_paths_tell_the_ranks_of_a_job_apart(trace, environ, refused):
+    environ = {"CHAINER_PROF_TRACE": trace, **environ}
+    if refused is None:
+        assert settings_from_environ(environ).trace == trace
+        return
+    with pytest.raises(SettingsError) as caught:
+        settings_from_environ(environ)
+    message = str(caught.value)
+    assert message.startswith(f"CHAINER_PROF_TRACE={trace!r} is not valid: accepted: a path "
+                              "that differs per MPI rank: ")
+    assert refused in message and "put %r (the rank) in it" in message

@@ -172,3 +172,27 @@ def test_a_relative_trace_path_is_taken_from_where_the_run_started(tmp_path: Pat
     assert run.returncode == 0 and run.stderr == "", run.stderr
     assert (tmp_path / "run.json").is_file()
     assert not (tmp_path / "elsewhere" / "run.json").exists()
+
+
+@pytest.mark.parametrize("template", ["run-%q{CAPROF_UNSET}.json", "%q{CAPROF_UNSET}/run.json",
+                                      "run-%q{CAPROF_SET}-%q{CAPROF_UNSET}.json"])
+def test_an_unset_variable_in_the_path_is_refused(tmp_path: Path, template: str):
+    """``%q{VAR}`` with VAR unset would expand to nothing (every process the same name)."""
+    script = write_script(tmp_path, "train.py", TRAIN)
+    run = _python(["-m", "chainer_autoprof", "--trace", template, str(script)], tmp_path,
+                  CAPROF_SET="x")
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.splitlines() == [
+        f"python -m chainer_autoprof: error: --trace={template!r} is not valid: accepted: a "
+        "path whose %q{VAR} variables are all set (CAPROF_UNSET is not set)"]
+    env_only = _python([str(script)], tmp_path, CHAINER_PROF_TRACE=template, CAPROF_SET="x")
+    assert env_only.returncode == 0 and env_only.stdout == "trained\n"
+    assert env_only.stderr.splitlines() == [
+        f"chainer_autoprof: CHAINER_PROF_TRACE={template!r} is not valid: accepted: a path "
+        "whose %q{VAR} variables are all set (CAPROF_UNSET is not set); the agent stays off"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
+    set_now = _python(["-m", "chainer_autoprof", "--summary", "0", "--trace", template,
+                       str(script)], tmp_path, CAPROF_SET="x", CAPROF_UNSET="y")
+    if "/" not in template:
+        assert set_now.returncode == 0 and set_now.stderr == "", set_now.stderr
+        assert len(list(tmp_path.glob("run-*.json"))) == 1

@@ -22,9 +22,13 @@ from pathlib import Path
 import pytest
 from headless_browser import Browser, find_browser
 from nvtx_tool import nvtx_env, ranges_by_thread, read_events
-from support import clean_env, write_script
+from support import clean_env, native_under_test, write_script
 
 from chainer_autoprof.common.settings import from_environ
+from chainer_autoprof.lifecycle.monitor import Monitor
+from chainer_autoprof.runtime.device import NullBackend
+from chainer_autoprof.runtime.events import Tracer
+from chainer_autoprof.runtime.policies import SyncPolicy
 
 #: A Trainer whose iterator blocks, at the fetches listed in BLOCK_AT, until the
 #: test writes a byte to the pipe RELEASE_FD (os.read: blocked inside C).
@@ -146,7 +150,7 @@ def test_stall_report_names_data_dump_while_blocked_and_a_second_stall(tmp_path)
         arrived = time.time()
         blocked = float((tmp_path / "blocked_at").read_text().split()[0])
         assert 1.5 <= arrived - blocked < 4.5, arrived - blocked
-        since = float(first.split("no new iteration for ")[1].split(" s")[0])
+        since = float(first.split("no progress for ")[1].split(" s")[0])
         assert 1.5 <= since < 4.5
         assert f"pid {proc.pid}" in first and "in iteration 5" in first
         err.wait_for("reported once per stall")
@@ -394,3 +398,414 @@ def test_stall_off(setting):
     assert from_environ({"CHAINER_PROF_STALL": setting}).stall is None
     assert from_environ({"CHAINER_PROF_STALL": "auto"}).stall == "auto"
     assert from_environ({"CHAINER_PROF_STALL": "2.5"}).stall == 2.5
+
+
+# -- stalls decided on progress (a new iteration, or any instrumented call) -----------------
+
+#: A manual loop fed by its own queue: the producer stops for 4 s after 6 batches, so the
+#: loop waits in ``q.get()`` between two iterations, outside every recorded range.
+OWN_QUEUE = """
+import queue, threading, time
+import numpy as np
+import chainer, chainer.links as L
+
+q = queue.Queue(maxsize=2)
+
+def produce():
+    rng = np.random.RandomState(0)
+    for i in range(14):
+        if i == 6:
+            with open("paused_at", "w") as f:
+                f.write(str(time.time()))
+            time.sleep(4)
+        q.put((rng.rand(8, 4).astype(np.float32), rng.randint(0, 2, 8).astype(np.int32)))
+        time.sleep(0.02)
+
+threading.Thread(target=produce, daemon=True).start()
+model = L.Classifier(L.Linear(4, 2))
+optimizer = chainer.optimizers.SGD()
+optimizer.setup(model)
+for _ in range(14):
+    x, t = q.get()
+    optimizer.update(model, x, t)
+print("finished", flush=True)
+"""
+
+
+def test_a_loop_waiting_for_its_own_queue_between_iterations_is_a_stall(tmp_path):
+    """No recorded range is open while the loop waits in its own ``q.get()``: no progress for
+    the threshold is a stall all the same, reported while the wait lasts, then over."""
+    proc, err = start(tmp_path, OWN_QUEUE, {"CHAINER_PROF_STALL": "1",
+                                            "CHAINER_PROF_SUMMARY": "0"})
+    try:
+        first = err.wait_for("chainer_autoprof: stall:", timeout=90)
+        arrived = time.time()
+        paused = float((tmp_path / "paused_at").read_text())
+        assert 1.0 <= arrived - paused < 4.0, arrived - paused  # while the producer sleeps
+        assert f"pid {proc.pid}" in first and "after iteration 5" in first, first
+        assert "no progress for" in first and "CHAINER_PROF_STALL: 1.00 s" in first
+        err.wait_for("reported once per stall")
+        block = "\n".join(report_block(err.lines, err.lines.index(first)))
+        assert "MainThread" in block and "no open range" in block
+        assert "x, t = q.get()" in block  # where the loop waits
+        over = err.wait_for("the stall is over")
+        assert "progress again after" in over
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = err.rest()
+    assert proc.returncode == 0, "\n".join(lines)
+    assert out == "finished\n"
+    assert sum("chainer_autoprof: stall:" in line for line in lines) == 1
+
+
+#: Training (a Trainer, or a manual loop), then healthy inference for 3 s: many quick
+#: forward passes outside training.  With a Trainer, the program then rests 2.5 s.
+INFERENCE_AFTER = """
+import sys, time
+import numpy as np
+import chainer, chainer.links as L
+from chainer import training
+
+rng = np.random.RandomState(0)
+x = rng.rand(64, 256).astype(np.float32)
+t = rng.randint(0, 2, 64).astype(np.int32)
+model = L.Classifier(L.Linear(256, 256))
+optimizer = chainer.optimizers.SGD()
+optimizer.setup(model)
+if sys.argv[1] == "trainer":
+    it = chainer.iterators.SerialIterator(chainer.datasets.TupleDataset(x, t), 16)
+    updater = training.updaters.StandardUpdater(it, optimizer)
+    training.Trainer(updater, (20, "iteration"), out="result").run()
+else:
+    for _ in range(20):
+        optimizer.update(model, x[:16], t[:16])
+end = time.time() + 3
+calls = 0
+with chainer.using_config("train", False), chainer.no_backprop_mode():
+    while time.time() < end:
+        model.predictor(x)
+        calls += 1
+if sys.argv[1] == "trainer":
+    time.sleep(2.5)   # the trainer has returned: training is over
+print("inference calls", calls, flush=True)
+"""
+
+
+@pytest.mark.parametrize("loop", ["trainer", "manual"])
+def test_healthy_inference_after_training_is_no_stall(tmp_path, loop):
+    script = write_script(tmp_path, "infer.py", INFERENCE_AFTER)
+    run = subprocess.run([sys.executable, "-m", "chainer_autoprof", "--summary", "0",
+                          "--stall", "1", str(script), loop], env=clean_env(), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("inference calls ")
+    assert int(run.stdout.split()[-1]) > 50  # it ran inference all along
+    assert "stall" not in run.stderr and "Timeout" not in run.stderr, run.stderr
+
+
+#: A Trainer whose extension evaluates for 63 s, calling the model all along.
+LONG_EVALUATION = """
+import time
+import numpy as np
+import chainer, chainer.links as L
+from chainer import training
+
+rng = np.random.RandomState(0)
+x = rng.rand(64, 8).astype(np.float32)
+t = rng.randint(0, 2, 64).astype(np.int32)
+model = L.Classifier(L.Linear(8, 2))
+optimizer = chainer.optimizers.SGD()
+optimizer.setup(model)
+it = chainer.iterators.SerialIterator(chainer.datasets.TupleDataset(x, t), 16)
+trainer = training.Trainer(training.updaters.StandardUpdater(it, optimizer), (24, "iteration"),
+                           out="result")
+
+@training.make_extension(trigger=(12, "iteration"))
+def evaluate(trainer):
+    end = time.time() + 63
+    with chainer.using_config("train", False), chainer.no_backprop_mode():
+        while time.time() < end:
+            model.predictor(x)
+            time.sleep(0.01)
+
+trainer.extend(evaluate)
+trainer.run()
+print("finished", flush=True)
+"""
+
+
+@pytest.mark.skipif(not native_under_test(), reason="a minute of evaluation, the same for "
+                    "both hot paths: it runs once, on the native one")
+def test_auto_does_not_report_a_long_evaluation_that_makes_progress(tmp_path):
+    """``--stall auto`` used to report every evaluation longer than 60 s."""
+    script = write_script(tmp_path, "evaluate.py", LONG_EVALUATION)
+    run = subprocess.run([sys.executable, "-m", "chainer_autoprof", "--summary", "0",
+                          "--stall", "auto", str(script)], env=clean_env(), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "finished\n"
+    assert run.stderr == "", run.stderr
+
+
+class _Counting:
+    """The watchdog's view of a training: a real tracer whose counts the test moves."""
+
+    def __init__(self) -> None:
+        self.tracer = Tracer(1, SyncPolicy(0, NullBackend()))
+        self.calls = 0
+
+
+def test_auto_learns_the_longest_pause_and_reports_a_longer_one(capsys):
+    """``auto``: 60 s until 10 iterations have begun, then 5x the longest pause without
+    progress seen so far, at least 60 s.  Times are the watchdog's own (``check(now)``)."""
+    run = _Counting()
+    monitor = Monitor(run.tracer, "auto", None, progress=lambda: run.calls)
+    now = 1000.0
+
+    def step(seconds: float, iteration: bool = True) -> bool:
+        nonlocal now
+        now += seconds
+        if iteration:
+            run.tracer.iterations += 1
+        run.calls += 1
+        return monitor.check(now)
+
+    def quiet_until(seconds: float) -> bool:
+        """No progress for ``seconds``, looked at every second: whether a stall was reported."""
+        nonlocal now
+        reported = False
+        for _ in range(int(seconds)):
+            now += 1.0
+            reported = monitor.check(now) or reported
+        return reported
+
+    step(0.0)
+    assert monitor.threshold() == 60.0  # before 10 iterations
+    assert not quiet_until(59)           # a slow first iteration: no stall yet
+    for _ in range(20):
+        step(0.5)
+    assert monitor.threshold() == 5 * 59.5  # the pause of 59.5 s seen above, five times over
+    assert not quiet_until(200)          # an evaluation of 200 s without progress: fine
+    step(1.0)
+    assert monitor.threshold() == 5 * 201.0
+    assert not quiet_until(1004)
+    assert quiet_until(2) and monitor.in_stall  # five times the longest pause: a stall
+    report = capsys.readouterr().err
+    assert "chainer_autoprof: stall: no progress for" in report
+    assert "CHAINER_PROF_STALL=auto: 16.8 min, 5x the longest pause seen so far (201.00 s), " \
+        "at least 60 s" in report, report
+    step(1.0)
+    assert "the stall is over" in capsys.readouterr().err
+
+    fast = _Counting()  # a run without long pauses: 60 s, the floor
+    monitor = Monitor(fast.tracer, "auto", None, progress=lambda: fast.calls)
+    for _ in range(30):
+        now += 0.2
+        fast.tracer.iterations += 1
+        fast.calls += 5
+        monitor.check(now)
+    assert monitor.threshold() == 60.0
+
+
+def test_the_watch_rests_once_the_trainer_has_returned():
+    """After ``Trainer.run`` returns nothing is training: no stall until a new iteration."""
+    run = _Counting()
+    runs = [0]  # Trainer.run calls
+    monitor = Monitor(run.tracer, 2.0, None, progress=lambda: run.calls,
+                      trainer_runs=lambda: runs[0])
+    state = run.tracer.state()
+    state.in_trainer = 1
+    run.tracer.iterations, run.calls = 5, 40
+    assert not monitor.check(100.0)
+    assert monitor.check(102.5)          # inside Trainer.run, no progress: a stall
+    state.in_trainer = 0                 # the trainer returned
+    run.calls += 1
+    assert not monitor.check(103.0)
+    assert not monitor.check(200.0) and not monitor.watching
+    run.tracer.iterations += 1           # a loop of its own: watched again
+    run.calls += 1
+    assert not monitor.check(201.0) and monitor.watching
+    assert monitor.check(203.5)
+    # a trainer that ran on, and returned, between two looks: its iterations, not a loop's
+    state.in_trainer = 1
+    run.calls += 1
+    assert not monitor.check(204.0) and monitor.watching
+    state.in_trainer = 0
+    run.tracer.iterations += 3
+    run.calls += 30
+    assert not monitor.check(204.1)
+    assert not monitor.check(300.0) and not monitor.watching
+    # one that ran entirely between two looks
+    run.tracer.iterations += 1
+    run.calls += 1
+    assert not monitor.check(301.0) and monitor.watching
+    runs[0] += 1
+    run.tracer.iterations += 4
+    run.calls += 40
+    assert not monitor.check(301.1)
+    assert not monitor.check(400.0) and not monitor.watching
+
+
+# -- the last resort: C code that holds the GIL -------------------------------------------------
+
+#: A manual loop whose 21st step blocks in C *holding the GIL* (ctypes.PyDLL does not release
+#: it): ``read`` on a pipe the test holds.  No Python thread can run meanwhile.
+GIL_HELD = """
+import ctypes, os, sys, time
+import numpy as np
+import chainer, chainer.links as L
+
+RELEASE = int(os.environ["RELEASE_FD"])
+libc = ctypes.PyDLL(None)            # calls keep the GIL, as some C extensions do
+buf = ctypes.create_string_buffer(1)
+model = L.Classifier(L.Linear(4, 2))
+optimizer = chainer.optimizers.SGD()
+optimizer.setup(model)
+x = np.ones((8, 4), np.float32)
+t = np.zeros(8, np.int32)
+for step in range(24):
+    if step == 20:
+        print("holding", flush=True)
+        libc.read(RELEASE, buf, 1)   # blocked in C, the GIL held
+    optimizer.update(model, x, t)
+    time.sleep(0.05)                 # the watchdog sees the training before the hang
+print("finished", flush=True)
+"""
+
+
+def test_a_hang_in_c_holding_the_gil_still_gets_every_stack(tmp_path):
+    read_fd, write_fd = os.pipe()
+    proc, err = start(tmp_path, GIL_HELD, {"CHAINER_PROF_STALL": "1",
+                                           "CHAINER_PROF_SUMMARY": "0",
+                                           "RELEASE_FD": str(read_fd)}, pass_fds=(read_fd,))
+    os.close(read_fd)
+    try:
+        assert proc.stdout.readline() == "holding\n", "\n".join(err.rest())
+        # faulthandler's own thread writes every thread's stack, without the GIL
+        err.wait_for("Timeout (0:00:02)!", timeout=30)
+        err.wait_for("(most recent call first):")
+        number = GIL_HELD.splitlines().index("        libc.read(RELEASE, buf, 1)   # "
+                                             "blocked in C, the GIL held") + 1
+        line = err.wait_for(f'train.py", line {number} in <module>', timeout=10)
+        assert line.strip().startswith("File ")
+        # dump cannot get an answer, and says why
+        dump = subprocess.run([sys.executable, "-m", "chainer_autoprof", "dump", "--no-print",
+                               "--timeout", "3", str(proc.pid)], env=clean_env(),
+                              capture_output=True, text=True, timeout=60)
+        assert dump.returncode == 1
+        assert f"pid {proc.pid}: no answer within 3 s: its agent's threads could not run: " \
+               "most likely a thread holds the GIL in C code" in dump.stderr, dump.stderr
+        os.write(write_fd, b"x")
+        said = err.wait_for("are this process's, by the agent's last resort (faulthandler)")
+        assert "after 'Timeout (0:00:02)!'" in said and "no Python thread could run for" in said
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        os.close(write_fd)
+        if proc.poll() is None:
+            proc.kill()
+    lines = err.rest()
+    assert proc.returncode == 0, "\n".join(lines)
+    assert out == "finished\n"
+    assert sum(line.startswith("Timeout (") for line in lines) == 1
+
+
+#: The watchdog on, a forked child that ends normally (its interpreter's finalization cancels
+#: faulthandler's timer), and the program's own use of that timer.
+FORK_AND_OWN_TIMER = """
+import faulthandler, os, sys, time
+import numpy as np
+import chainer, chainer.links as L
+
+model = L.Classifier(L.Linear(4, 2))
+optimizer = chainer.optimizers.SGD()
+optimizer.setup(model)
+x = np.ones((8, 4), np.float32)
+t = np.zeros(8, np.int32)
+for step in range(30):
+    optimizer.update(model, x, t)
+    time.sleep(0.05)   # the watchdog keeps the timer set meanwhile
+    if step == 10:
+        pid = os.fork()
+        if pid == 0:
+            optimizer.update(model, x, t)
+            sys.exit(0)          # a normal end: finalization runs
+        assert os.waitpid(pid, 0)[1] == 0
+        print("child ended", flush=True)
+    if step == 20 and sys.argv[1] == "own":
+        faulthandler.dump_traceback_later(3600)   # the program's own timer: it keeps it
+        time.sleep(3)                             # no progress: a stall, reported
+        faulthandler.cancel_dump_traceback_later()
+print("finished", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["fork", "own"])
+def test_the_last_resort_never_harms_forks_or_the_programs_own_timer(tmp_path, mode):
+    script = write_script(tmp_path, "train.py", FORK_AND_OWN_TIMER)
+    run = subprocess.run([sys.executable, "-m", "chainer_autoprof", "--summary", "0",
+                          "--stall", "1", str(script), mode], env=clean_env(), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "child ended\nfinished\n"
+    if mode == "own":
+        assert "chainer_autoprof: stall:" in run.stderr  # the watchdog itself still reports
+    assert "Timeout (" not in run.stderr and "last resort" not in run.stderr, run.stderr
+
+
+#: Training, then a wait in C; stderr is filled first, so that the stall report cannot be
+#: written (a full pipe: a reader that stalls, a terminal on hold, a loaded mpiexec).
+STDERR_HELD = """
+import os, sys, time
+import numpy as np
+import chainer, chainer.links as L
+
+sys.stderr.write("#" * 4000 + "\\n")
+sys.stderr.flush()
+model = L.Classifier(L.Linear(4, 2))
+optimizer = chainer.optimizers.SGD()
+optimizer.setup(model)
+x = np.ones((8, 4), np.float32)
+t = np.zeros(8, np.int32)
+for _ in range(8):
+    optimizer.update(model, x, t)
+    time.sleep(0.05)
+print("waiting", flush=True)
+os.read(int(os.environ["RELEASE_FD"]), 1)
+print("finished", flush=True)
+"""
+
+
+def test_dump_answers_the_moment_a_stall_is_reported_even_while_stderr_blocks(tmp_path):
+    """A stall report that cannot be written yet (stderr full) must not keep ``dump`` from
+    the process: the answer goes first, the printing after."""
+    import fcntl
+
+    read_fd, write_fd = os.pipe()
+    script = write_script(tmp_path, "train.py", STDERR_HELD)
+    proc = subprocess.Popen([sys.executable, "-m", "chainer_autoprof", "--summary", "0",
+                             "--stall", "1", str(script)],
+                            env=clean_env(RELEASE_FD=str(read_fd)), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            pass_fds=(read_fd,))
+    os.close(read_fd)
+    fcntl.fcntl(proc.stderr.fileno(), fcntl.F_SETPIPE_SZ, 4096)  # before it writes anything
+    try:
+        assert proc.stdout.readline() == "waiting\n"
+        time.sleep(3)  # the stall (1 s) is being reported now, into a full stderr
+        dump = subprocess.run([sys.executable, "-m", "chainer_autoprof", "dump",
+                               "--timeout", "10", str(proc.pid)], env=clean_env(),
+                              capture_output=True, text=True, timeout=60)
+        assert dump.returncode == 0, dump.stderr
+        assert dump.stdout.startswith(f"chainer_autoprof: report on request: pid {proc.pid}")
+        assert "os.read(int(os.environ" in dump.stdout
+        os.write(write_fd, b"x")
+        out, err = proc.communicate(timeout=120)  # reading stderr lets everything through
+    finally:
+        os.close(write_fd)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert out == "finished\n"
+    assert "chainer_autoprof: stall:" in err and "chainer_autoprof: report on request" in err

@@ -138,7 +138,10 @@ SNAPSHOT = Section([
     Field("iteration", INT, "the iteration begun last (from 0)"),
     Field("in_iteration", BOOL, "whether the loop thread is inside it"),
     Field("since_iteration_s", NON_NEGATIVE, "since the last iteration began", "s"),
+    Field("since_progress_s", NON_NEGATIVE, "since the last progress (a new iteration or any "
+          "instrumented call)", "s"),
     Field("threshold_s", NON_NEGATIVE, "the stall threshold", "s"),
+    Field("threshold_rule", TEXT, "how the threshold was set (a number, or what auto learned)"),
     Field("threads", ListOf(THREAD), "every thread with where it is"),
     Field("notes", ListOf(ANY), "one line each (the input queue's state, ...)"),
 ], doc="where the process was (lifecycle/where.py)", open=True)

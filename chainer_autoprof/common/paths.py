@@ -23,8 +23,12 @@ _SUBST = re.compile(r"%(?:q\{([^}]*)\}|(.))")
 
 
 def expand_path(template: str, pid: int | None = None,
-                environ: Mapping[str, str] | None = None) -> str:
-    """Apply ``%p %h %r %q{VAR} %%`` to ``template`` (unknown ``%x`` kept as is)."""
+                environ: Mapping[str, str] | None = None, *, rank_number: int | None = None,
+                host: str | None = None) -> str:
+    """Apply ``%p %h %r %q{VAR} %%`` to ``template`` (unknown ``%x`` kept as is).
+
+    ``pid``, ``rank_number`` and ``host`` stand for this process's where given.
+    """
     env = os.environ if environ is None else environ
 
     def sub(match: re.Match) -> str:
@@ -34,16 +38,24 @@ def expand_path(template: str, pid: int | None = None,
         if code == "p":
             return str(os.getpid() if pid is None else pid)
         if code == "h":
+            if host is not None:
+                return host
             import socket  # only for %h: not on the start-up path otherwise
 
             return socket.gethostname()
         if code == "r":
-            return str(rank.number(environ))
+            return str(rank.number(environ) if rank_number is None else rank_number)
         if code == "%":
             return "%"
         return match.group(0)
 
     return os.path.expanduser(_SUBST.sub(sub, template))
+
+
+def variables(template: str) -> list[str]:
+    """The environment variables ``template`` names with ``%q{VAR}``, in order."""
+    return list(dict.fromkeys(m.group(1) for m in _SUBST.finditer(template)
+                              if m.group(1) is not None))
 
 
 def trace_file(template: str, start_dir: str | None = None) -> str:

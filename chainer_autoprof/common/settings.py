@@ -16,7 +16,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .paths import check_writable
+from .paths import check_writable, variables
+from .shared_paths import shared_trace
 
 PREFIX = "CHAINER_PROF_"
 
@@ -227,7 +228,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Print the time summary on stderr when the program ends.", "0|1"),
     Setting("trace", parse_trace_path, None,
             "Write a Chrome/Perfetto trace-event JSON file here at exit (%p pid, %h host, "
-            "%r MPI rank, %q{VAR} environment variable).", "PATH"),
+            "%r MPI rank, %q{VAR} environment variable, which must be set); the ranks of an "
+            "MPI job need a path each (rank%r.json).", "PATH"),
     Setting("iterations", parse_window, None,
             "Capture window START:STOP or START:+COUNT: ranges and recording only for "
             "those iterations, CUDA profiler started/stopped at its edges.", "START:STOP"),
@@ -250,9 +252,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ranks", parse_ranks, None,
             "MPI ranks that profile: all, or a list such as 0,3.", "all|0,3"),
     Setting("stall", parse_stall, None,
-            "Stall report on stderr when no new iteration has begun for this many seconds "
-            "(auto: max(60 s, 20x the median iteration once 10 are counted)); 0 or unset: "
-            "off.", "SECONDS|auto"),
+            "Stall report on stderr when training makes no progress (no new iteration, no "
+            "instrumented call) for this many seconds (auto: 60 s, then 5x the longest pause "
+            "seen so far once 10 iterations have begun, at least 60 s); 0 or unset: off.",
+            "SECONDS|auto"),
     Setting("flush_interval", parse_seconds, 5.0,
             "With a trace: seconds between background writes of the trace so far to "
             "TRACE.partial, read by report after a crash or SIGKILL (0: only at exit).",
@@ -323,6 +326,7 @@ def from_environ(environ: Mapping[str, str] | None = None,
     """
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
+    raws: dict[str, str] = {}
     explicit: set[str] = set()
     for key in sorted(env):
         if not key.startswith(PREFIX):
@@ -335,6 +339,7 @@ def from_environ(environ: Mapping[str, str] | None = None,
             values[setting.name] = setting.parse(raw)
         except ValueError as exc:
             raise _bad_value(setting, raw, str(exc)) from None
+        raws[setting.name] = raw
         explicit.add(setting.name)
     for name, value in (overrides or {}).items():
         if name not in BY_NAME:
@@ -349,13 +354,35 @@ def from_environ(environ: Mapping[str, str] | None = None,
                 raise SettingsError(f"{name}={value!r} is not valid: accepted: "
                                     f"{setting.accepted}") from None
         if isinstance(value, str):
+            raws[name] = value
             try:
                 value = setting.parse(value)
             except ValueError as exc:
                 raise _bad_value(setting, value, str(exc)) from None
         values[name] = value
         explicit.add(name)
+    _check_trace_per_process(values, raws, env)
     return Config(values, frozenset(explicit))
+
+
+def _check_trace_per_process(values: Mapping[str, Any], raws: Mapping[str, str],
+                             env: Mapping[str, str]) -> None:
+    """A trace path must name one file per process: its ``%q{VAR}`` variables set, and the
+    ranks of one MPI job told apart (else one trace would be lost)."""
+    template = values.get("trace")
+    if not template:
+        return
+    unset = [name for name in variables(str(template)) if name not in env]
+    if unset:  # it would expand to nothing: the same name in every process
+        raise _bad_value(BY_NAME["trace"], raws.get("trace", str(template)),
+                         f"a path whose %q{{VAR}} variables are all set ({', '.join(unset)} "
+                         f"{'is' if len(unset) == 1 else 'are'} not set)")
+    root = env.get(INTERNAL_PREFIX + "ROOT_PID", "").strip()
+    if root and root != str(os.getpid()):
+        return  # a child process: its trace goes beside its parent's, with .PID added
+    problem = shared_trace(str(template), env, values.get("ranks"))
+    if problem is not None:
+        raise _bad_value(BY_NAME["trace"], raws.get("trace", str(template)), problem)
 
 
 def to_environ_value(setting: Setting, value: Any) -> str:

@@ -5,48 +5,49 @@ The thread waits in ``accept`` on this process's control socket
 while the main thread is blocked in C (an MPI collective, a queue ``get``, a
 CUDA synchronization): no signal is involved, so none of the program's own
 signals is taken.  Each request runs the handler the agent passed down
-(print the report on this process's stderr, write the trace so far) and
-sends its answer back.
+(write the trace so far, make the report), sends its answer back, and only
+then prints the report on this process's stderr: a stderr that blocks (a
+full pipe, a terminal on hold) never keeps the answer from the client.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import socket
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..common import control, log
 
 #: Seconds a client may take to send its request.
 REQUEST_TIMEOUT = 5.0
 
+#: What the handler gives: the answer, and what to do once it is sent (``None``: nothing).
+Answer = Tuple[Dict[str, Any], Optional[Callable[[], None]]]
+
 
 class DumpServer:
     """Serves dump requests on this process's control socket."""
 
-    def __init__(self, handle: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    def __init__(self, handle: Callable[[dict[str, Any]], Answer]) -> None:
         self.handle = handle
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._listening: control.Listening | None = None
         self.address = ""
 
     def start(self) -> bool:
-        """Listen (``False``, said at debug level, where the socket cannot be made)."""
+        """Listen (``False``, said in one line, where the socket cannot be made)."""
         try:
-            control.prepare_dir()
-            self.address = control.address()
-            if not control.ABSTRACT:
-                with contextlib.suppress(OSError):
-                    os.unlink(self.address)  # a file left by an earlier process with this pid
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.bind(self.address)
-            sock.listen(8)
-        except OSError as exc:
-            log.debug(f"no on-demand reports for this process ({exc})")
+            listening = control.listen()
+        except control.ControlError as exc:
+            log.warning(f"no on-demand reports (chainer-autoprof dump) for this process: {exc}")
             return False
+        for note in listening.notes:  # e.g. another user holds the usual directory
+            log.warning(f"control socket: {note}")
+        self._listening = listening
+        sock = listening.sock
+        self.address = listening.path
         self._sock = sock
         self._stopping = False
         self._thread = threading.Thread(target=self._serve, args=(sock,),
@@ -73,11 +74,16 @@ class DumpServer:
             return
         conn.settimeout(REQUEST_TIMEOUT)
         message = control.receive(conn, line=True)
+        then: Callable[[], None] | None = None
         try:
-            answer = self.handle(message)
+            answer, then = self.handle(message)
         except Exception as exc:
             answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        control.send(conn, answer, end=True)
+        try:
+            control.send(conn, answer, end=True)
+        finally:
+            if then is not None:  # after the answer: printing may block on a full stderr
+                then()
 
     def stop(self) -> None:
         """Stop serving and close the socket (at exit, on uninstall)."""
@@ -94,13 +100,14 @@ class DumpServer:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
         sock.close()
-        if not control.ABSTRACT:
-            with contextlib.suppress(OSError):
-                os.unlink(self.address)
+        listening, self._listening = self._listening, None
+        if listening is not None:
+            control.unlisten(listening)
 
     def forget(self) -> None:
         """In a forked child: the inherited socket is the parent's (close our copy only)."""
         sock, self._sock = self._sock, None
         self._thread = None
+        self._listening = None  # the parent's file stays the parent's
         if sock is not None:
             sock.close()

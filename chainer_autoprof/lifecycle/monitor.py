@@ -2,16 +2,25 @@
 
 One daemon thread per process (started with the agent when a stall setting
 or a trace asks for it) wakes up a few times a second at most, reads the
-tracer's iteration count and, every few seconds, writes the trace so far
-(:mod:`.flusher`).  Nothing here runs on the program's threads or touches
-the hot path: the training thread's only contribution is the iteration
-count it keeps anyway and the open-range stacks read by :mod:`.where`.
+tracer's iteration count and the patches' call counters and, every few
+seconds, writes the trace so far (:mod:`.flusher`).  Nothing here runs on
+the program's threads or touches the hot path: what it reads, the training
+thread keeps anyway (the iteration count, each patch's count of calls, each
+thread's open ranges and whether it is inside ``Trainer.run``).
 
-* **Stall.**  When no new iteration has begun for ``CHAINER_PROF_STALL``
-  seconds (``auto``: max(60 s, 20x the median iteration once 10 have run))
-  while the training thread is inside a recorded range, the report is
-  printed once on stderr, with the trace so far written; a new iteration
-  ends the stall (one line says so) and the watch goes on.
+* **Stall.**  Training makes progress when a new iteration begins or any
+  instrumented call is made (a Link call, a data fetch, an update, a
+  communication, ...: each patch counts its calls).  Once the first
+  iteration has begun, no progress for ``CHAINER_PROF_STALL`` seconds is a
+  stall, wherever the training thread is (inside a range, or in the loop's
+  own code between two); ``auto`` learns from the run (:meth:`threshold`).
+  After a ``Trainer.run`` has returned, until a new iteration begins, the
+  watch rests: training is over.  The report is printed once on stderr,
+  with the trace so far written; progress ends the stall (one line says so)
+  and the watch goes on.
+* **Last resort.**  While C code holds the GIL no Python thread runs, this
+  one neither: :mod:`.last_resort` keeps faulthandler's own thread ready to
+  write every thread's stack then.
 * **On request.**  :class:`~.dump_server.DumpServer` answers
   ``chainer-autoprof dump PID`` with the same report, printed here too.
 
@@ -21,21 +30,23 @@ report's wording is :mod:`..report.stall`.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections import deque
 from time import monotonic
 from typing import Any, Callable
 
-from ..analysis.stats import median
 from ..common import log, names
 from . import where
 from .dump_server import DumpServer
 from .flusher import Flusher
+from .last_resort import LastResort
 
-#: ``auto``: the stall threshold is max(AUTO_MIN_S, AUTO_FACTOR x the median iteration) ...
+#: ``auto``: a stall is AUTO_FACTOR x the longest pause without progress seen so far,
+#: and at least AUTO_MIN_S ...
 AUTO_MIN_S = 60.0
-AUTO_FACTOR = 20.0
+AUTO_FACTOR = 5.0
 #: ... once this many iterations have begun (AUTO_MIN_S before).
 AUTO_AFTER = 10
 #: Stall reports kept for the trace (the newest).
@@ -47,13 +58,20 @@ class Monitor:
 
     def __init__(self, tracer: Any, stall: float | str | None, flusher: Flusher | None,
                  flush_interval: float = 0.0,
-                 notes: Callable[[], list[str]] | None = None) -> None:
+                 notes: Callable[[], list[str]] | None = None,
+                 progress: Callable[[], int] | None = None,
+                 trainer_runs: Callable[[], int] | None = None) -> None:
         self.tracer = tracer
         self.stall = stall
         self.flusher = flusher
         self.flush_interval = flush_interval if flusher is not None else 0.0
         self.notes = notes
+        #: instrumented calls made so far (the patches' counters): progress between iterations
+        self.progress = progress if progress is not None else (lambda: 0)
+        #: ``Trainer.run`` calls so far: one started (and maybe returned) since the last look
+        self.trainer_runs = trainer_runs if trainer_runs is not None else (lambda: 0)
         self.server = DumpServer(self.on_request)
+        self.last_resort = LastResort()
         self.stalls: deque[dict[str, Any]] = deque(maxlen=KEEP_STALLS)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -61,9 +79,16 @@ class Monitor:
         self._reset_watch()
 
     def _reset_watch(self) -> None:
+        now = monotonic()
         self.count = self.tracer.iterations
-        self.changed = monotonic()
-        self.periods: deque[float] = deque(maxlen=256)
+        self.calls = self._calls()
+        self.runs = self._count(self.trainer_runs)
+        self.changed = now           # the last progress seen
+        self.iteration_seen = now    # the last new iteration seen
+        self.longest = 0.0           # the longest pause without progress seen while watching
+        self.trainer_at: int | None = None  # iterations begun when a Trainer.run last ran
+        self.was_in_trainer = False  # inside Trainer.run at the last look
+        self.watching = False
         self.in_stall = False
 
     # -- threads ----------------------------------------------------------------------
@@ -71,6 +96,8 @@ class Monitor:
         self.server.start()
         if self.stall is not None or self.flush_interval > 0:
             self._stop.clear()
+            if self.stall is not None:
+                self.last_resort.start()
             self._thread = threading.Thread(target=self._run, name="chainer_autoprof monitor",
                                             daemon=True)
             self._thread.start()
@@ -81,11 +108,13 @@ class Monitor:
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
+        self.last_resort.stop()
         self.server.stop()
 
     def after_fork(self) -> None:
         """In a forked child: forget the parent's thread, socket and file (then :meth:`start`)."""
         self.server.forget()
+        self.last_resort.after_fork()
         if self.flusher is not None:
             self.flusher.after_fork()
         self.stalls.clear()
@@ -105,55 +134,118 @@ class Monitor:
     def _run(self) -> None:
         next_flush = monotonic() + self.flush_interval
         while not self._stop.wait(self._poll()):
-            try:
-                now = monotonic()
-                if self.stall is not None:
+            now = monotonic()
+            if self.stall is not None:
+                try:
                     self.check(now)
+                except Exception as exc:  # the watch must never take the program down
+                    log.error(f"monitor: {type(exc).__name__}: {exc}")
+                try:
+                    self._keep_last_resort()
+                except Exception as exc:
+                    log.error(f"monitor: {type(exc).__name__}: {exc}")
+            try:
                 if self.flush_interval > 0 and now >= next_flush:
                     next_flush = now + self.flush_interval
                     self.flush()
             except Exception as exc:  # the watch must never take the program down
                 log.error(f"monitor: {type(exc).__name__}: {exc}")
 
+    def _keep_last_resort(self) -> None:
+        """Ask for faulthandler's timer a little beyond the threshold while watching; say
+        what it wrote if it went off."""
+        threshold = self.threshold()
+        self.last_resort.want(math.ceil(threshold + max(1.0, threshold / 4))
+                              if self.watching else None)
+        fired = self.last_resort.take_fired()
+        if fired is not None:
+            log.warning(f"the stacks written above after 'Timeout ({_clock(fired[0])})!' are "
+                        "this process's, by the agent's last resort (faulthandler): no Python "
+                        f"thread could run for {fired[1]:.1f} s (a thread held the GIL in C "
+                        "code, or the process was stopped); it runs again now", once=False)
+
     # -- the stall watchdog ----------------------------------------------------------------
+    def _calls(self) -> int:
+        return self._count(self.progress)
+
+    @staticmethod
+    def _count(counter: Callable[[], int]) -> int:
+        try:
+            return int(counter())
+        except Exception:
+            return 0
+
     def threshold(self) -> float:
-        """Seconds without a new iteration that make a stall now."""
+        """Seconds without progress that make a stall now.
+
+        ``auto``: :data:`AUTO_MIN_S` until :data:`AUTO_AFTER` iterations have
+        begun, then :data:`AUTO_FACTOR` times the longest pause without
+        progress seen so far (an evaluation, a snapshot, the first iteration's
+        start-up), at least :data:`AUTO_MIN_S`: a pause the run has already
+        shown is not a stall, one several times longer is.
+        """
         if isinstance(self.stall, (int, float)):
             return float(self.stall)
-        if self.tracer.iterations < AUTO_AFTER or not self.periods:
+        if self.tracer.iterations < AUTO_AFTER:
             return AUTO_MIN_S
-        return max(AUTO_MIN_S, AUTO_FACTOR * median(list(self.periods)))
+        return max(AUTO_MIN_S, AUTO_FACTOR * self.longest)
+
+    def rule(self) -> str | None:
+        """How ``auto`` chose the threshold now (``None`` for a number of seconds)."""
+        if isinstance(self.stall, (int, float)) or self.stall is None:
+            return None
+        if self.tracer.iterations < AUTO_AFTER:
+            return f"auto: {AUTO_MIN_S:g} s until {AUTO_AFTER} iterations have begun"
+        return (f"auto: {AUTO_FACTOR:g}x the longest pause seen so far ({self.longest:.2f} s), "
+                f"at least {AUTO_MIN_S:g} s")
 
     def check(self, now: float) -> bool:
         """One look: report a stall that has just begun (``True`` when one was reported)."""
         count = self.tracer.iterations
-        if count != self.count:
-            if count > self.count > 0:
-                self.periods.append((now - self.changed) / (count - self.count))
+        calls = self._calls()
+        in_trainer = self._in_trainer()
+        runs = self._count(self.trainer_runs)
+        if in_trainer or self.was_in_trainer or runs != self.runs:
+            # inside Trainer.run, or in it at the last look, or one ran since: its iterations
+            self.trainer_at = count
+        elif self.trainer_at is not None and self.trainer_at != count:
+            self.trainer_at = None   # iterations after the trainer returned: a loop of its own
+        self.runs, self.was_in_trainer = runs, in_trainer
+        was_watching = self.watching
+        # training is over once a Trainer.run has returned, until a new iteration begins
+        self.watching = count > 0 and (in_trainer or self.trainer_at != count)
+        if count != self.count or calls != self.calls:
+            pause = now - self.changed
+            if was_watching:
+                self.longest = max(self.longest, pause)
             if self.in_stall:
-                log.warning(f"the stall is over: iteration {count - 1} began after "
-                            f"{now - self.changed:.1f} s without a new one", once=False)
-            self.count, self.changed, self.in_stall = count, now, False
+                at = f" (iteration {count - 1})" if count else ""
+                log.warning(f"the stall is over: progress again after {pause:.1f} s{at}",
+                            once=False)
+            if count != self.count:
+                self.iteration_seen = now
+            self.count, self.calls, self.changed, self.in_stall = count, calls, now, False
             return False
-        if not count or self.in_stall:
+        if not self.watching or self.in_stall:
             return False
         since = now - self.changed
         threshold = self.threshold()
         if since < threshold:
             return False
-        glance = where.snapshot(self.tracer, "stall", stacks=False)
-        loop = next((t for t in glance["threads"] if t.get("loop")), None)
-        if loop is None or not loop["open"]:
-            return False  # the training thread is outside every range: training is over
-        snap = where.snapshot(self.tracer, "stall", since_s=since, threshold_s=threshold,
-                              notes=self._notes())
-        loop = next((t for t in snap["threads"] if t.get("loop")), None) or loop
+        snap = where.snapshot(self.tracer, "stall", since_s=now - self.iteration_seen,
+                              threshold_s=threshold, notes=self._notes())
+        snap["since_progress_s"] = round(since, 3)
+        snap["threshold_rule"] = self.rule()
+        loop = next((t for t in snap["threads"] if t.get("loop")), None) or {}
         age = _iteration_age(loop)
         if age is not None:  # exact, where the watch saw the iteration begin a poll late
-            snap["since_iteration_s"] = round(max(since, age), 3)
+            snap["since_iteration_s"] = round(max(now - self.iteration_seen, age), 3)
         self.in_stall = True
         self.report(snap)
         return True
+
+    def _in_trainer(self) -> bool:
+        return any(getattr(ts, "in_trainer", 0) > 0 for ts in list(self.tracer.states.values()))
 
     def _notes(self) -> list[str]:
         if self.notes is None:
@@ -173,13 +265,9 @@ class Monitor:
             if snap["reason"] == "stall":
                 self.stalls.append(where.compact(snap))
             path = self.flush(snap)
-            text = format_report(snap, path)
-            if show:
-                try:
-                    sys.stderr.write(text + "\n")
-                    sys.stderr.flush()
-                except Exception:
-                    pass
+        text = format_report(snap, path)
+        if show:  # not under the lock: a stderr that blocks must not hold back a dump
+            _print(text)
         return text, path
 
     def flush(self, snap: dict[str, Any] | None = None) -> str | None:
@@ -190,16 +278,22 @@ class Monitor:
             snap = where.snapshot(self.tracer, "flush", notes=self._notes())
         return self.flusher.flush(snap, list(self.stalls))
 
-    def on_request(self, message: dict[str, Any]) -> dict[str, Any]:
-        """A ``dump`` request from the control socket (on the server thread)."""
-        since = monotonic() - self.changed if self.stall is not None and self.count else None
+    def on_request(self, message: dict[str, Any]) -> tuple[dict[str, Any],
+                                                           Callable[[], None] | None]:
+        """A ``dump`` request from the control socket (on the server thread): the answer, and
+        the printing of the report on stderr, to run once the answer is sent."""
+        now = monotonic()
+        since = now - self.iteration_seen if self.stall is not None and self.count else None
         snap = where.snapshot(self.tracer, "dump", since_s=since, notes=self._notes())
+        if self.stall is not None and self.count:
+            snap["since_progress_s"] = round(now - self.changed, 3)
         loop = next((t for t in snap["threads"] if t.get("loop")), None) or {}
         age = _iteration_age(loop)
         if age is not None:
             snap["since_iteration_s"] = round(max(since or 0.0, age), 3)
-        text, path = self.report(snap, show=bool(message.get("print", True)))
-        return {"ok": True, "text": text, "snapshot": snap, "trace_so_far": path}
+        text, path = self.report(snap, show=False)
+        then = (lambda: _print(text)) if message.get("print", True) else None
+        return {"ok": True, "text": text, "snapshot": snap, "trace_so_far": path}, then
 
     def finish(self, final_written: bool) -> None:
         """After the final trace: the partial file goes when the final one was written."""
@@ -209,6 +303,20 @@ class Monitor:
     def stall_records(self) -> list[dict[str, Any]]:
         """The stall reports so far (without stacks), for the final trace."""
         return list(self.stalls)
+
+
+def _print(text: str) -> None:
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def _clock(seconds: float) -> str:
+    """``H:MM:SS``, as faulthandler writes its timeout."""
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 def _iteration_age(thread: dict[str, Any]) -> float | None:

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 from ..common import log, rank
 from ..common.paths import trace_file
 from ..common.settings import BY_NAME, INTERNAL_PREFIX, to_environ_value
+from ..common.shared_paths import differs_per_rank, per_rank_template
 
 #: The pid of the first process where the agent started (children see it).
 ROOT_PID_VAR = INTERNAL_PREFIX + "ROOT_PID"
@@ -38,6 +39,8 @@ RANK_RANGE_COLOR = 0xFF808080
 _rank_range: tuple[Any, int] | None = None  # (NVTX domain, range id)
 _lock = threading.Lock()
 _exported: dict[str, str | None] = {}  # variables admit() set: name -> previous value
+_per_rank = False  # the trace path is shared by the ranks: .rank%r added (rank_known)
+_launcher_said = False  # the launcher's variables gave the rank at the start (settings checked)
 
 
 # -- who profiles ------------------------------------------------------------------
@@ -60,8 +63,10 @@ def admit(cfg: Any) -> bool:
     ``ranks`` leaves out.  A process that profiles and has no root marks
     itself as the root, so that its children know they are children.
     """
+    global _launcher_said
     if is_child() and not cfg.children:
         return False
+    _launcher_said = rank.from_environ() is not None
     info = rank.current()
     if not profiles_rank(cfg, None if info is None else info.rank):
         return False
@@ -79,6 +84,8 @@ def _set_environ(name: str, value: str) -> None:
 
 def restore_environ() -> None:
     """Undo what :func:`admit` put into the environment (the agent is uninstalled)."""
+    global _per_rank
+    _per_rank = False
     for name, previous in _exported.items():
         if previous is None:
             os.environ.pop(name, None)
@@ -106,6 +113,27 @@ def export_settings(cfg: Any) -> None:
 
 
 # -- forked children -----------------------------------------------------------------
+def rank_known(cfg: Any, number: int, size: int | None) -> None:
+    """A communicator told the rank after the start, no launcher having said it.
+
+    Too late to refuse a trace path the ranks would share (the launcher's
+    variables make the settings refuse it before the program runs): each rank
+    writes its own file then, ``.rankN`` added, and says so in one line.
+    """
+    global _per_rank
+    template = cfg.trace
+    if not template or _per_rank or _launcher_said or size is None or size < 2 or is_child():
+        return
+    writers = size if cfg.ranks is None else sum(1 for r in cfg.ranks if 0 <= r < size)
+    if writers < 2 or differs_per_rank(template, number):
+        return
+    _per_rank = True
+    log.warning(f"CHAINER_PROF_TRACE={template!r} names one file for the {writers} ranks of "
+                "this job (the rank came from the ChainerMN communicator, after the start): "
+                f"rank {number} writes {per_rank_template(template).replace('%r', str(number))}"
+                " instead (put %r in the path to choose the names)")
+
+
 def after_fork() -> None:
     """In a forked child: the parent's ``rank N`` range is not ours to end."""
     global _rank_range
@@ -201,8 +229,11 @@ def child_trace_template(template: str) -> str:
     """The trace path template for this process: a child without ``%p`` gets ``.%p`` added.
 
     Parent and children would otherwise write the same file, the last one
-    to end overwriting the others.
+    to end overwriting the others.  Where the ranks of a job share the path
+    (:func:`rank_known`), ``.rank%r`` is added first.
     """
+    if _per_rank:
+        template = per_rank_template(template)
     if "%p" in template or not is_child():
         return template
     stem, ext = os.path.splitext(template)

@@ -9,7 +9,11 @@ works while the main thread is blocked in C (an MPI collective, a queue
 ``get``, a CUDA synchronization), and no signal is sent.
 
 Without PIDs, every process of this user on this host where the agent runs
-is asked.  With several ranks of an MPI job, their positions are printed
+is asked (never another user's: their sockets lie in their own private
+directories).  A process that cannot be reached gets one line saying why:
+no such process, another user's, no control socket, a socket left by an
+agent that is gone, or no answer in time (a thread holding the GIL in C, a
+stopped process).  With several ranks of an MPI job, their positions are printed
 side by side and the odd one out is named.  For a job on several hosts, run
 ``dump`` on each (``ssh``, ``pdsh``) or ``merge`` the ranks' trace-so-far
 files, which every dump writes.
@@ -22,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any, Sequence
 
@@ -48,31 +51,52 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def ask(pid: int, show: bool = True, timeout: float = 10.0) -> dict[str, Any]:
+def ask(pid: int, show: bool = True, timeout: float = 10.0,
+        path: str | None = None) -> dict[str, Any]:
     """The answer of process ``pid`` (``{"ok": False, "error": ...}`` when it gives none)."""
     try:
-        answer = control.request(pid, {"op": "dump", "print": show}, timeout=timeout)
+        answer = control.request(pid, {"op": "dump", "print": show}, timeout=timeout,
+                                 path=path)
     except TimeoutError:
-        return {"ok": False, "error": f"no answer within {timeout:g} s"}
+        return {"ok": False, "error": f"no answer within {timeout:g} s: {_silent(pid)}"}
+    except control.ControlError as exc:
+        return {"ok": False, "error": str(exc)}
     except (OSError, ValueError) as exc:
-        why = ("no agent listens there (not running with chainer_autoprof, another user's, "
-               "or gone)") if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)) \
-            else f"{type(exc).__name__}: {exc}"
-        return {"ok": False, "error": why}
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     if not answer.get("ok"):
         return {"ok": False, "error": str(answer.get("error", "the agent could not answer"))}
     return answer
 
 
+def _silent(pid: int) -> str:
+    """Why a process whose agent listens may not answer."""
+    state = ""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
+            state = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("State:")), "")
+    except OSError:
+        pass
+    if state.startswith("T"):
+        return f"the process is stopped ({state}: SIGSTOP, Ctrl-Z or a debugger)"
+    return ("its agent's threads could not run: most likely a thread holds the GIL in C code "
+            "(an extension that does not release it while it waits or computes). With "
+            "--stall, the process writes every thread's stack on its stderr by itself "
+            "(faulthandler) once no Python thread has run for the stall threshold")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``dump`` subcommand; returns the exit status."""
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    pids = args.pids or [pid for pid in control.listening_pids() if pid != os.getpid()]
-    if not pids:
-        sys.stderr.write("chainer-autoprof dump: no process with the agent found on this host "
-                         "(name PIDs to ask them)\n")
+    found: dict[int, str | None] = dict.fromkeys(args.pids)
+    if not args.pids:
+        found.update(control.own_processes())
+    if not found:
+        sys.stderr.write("chainer-autoprof dump: no process of yours with the agent found on "
+                         "this host (name PIDs to ask them)\n")
         return 1
-    answers = {pid: ask(pid, show=not args.no_print, timeout=args.timeout) for pid in pids}
+    answers = {pid: ask(pid, show=not args.no_print, timeout=args.timeout, path=path)
+               for pid, path in found.items()}
     if args.json:
         for pid, answer in answers.items():
             sys.stdout.write(json.dumps({"pid": pid, **answer}, default=str) + "\n")

@@ -56,9 +56,18 @@ def headline(snap: dict[str, Any]) -> str:
     where = f"{_where_process(snap)}, {_iteration(snap)}"
     since = snap.get("since_iteration_s")
     if snap.get("reason") == "stall":
+        quiet = snap.get("since_progress_s", since)
         threshold = snap.get("threshold_s")
-        setting = f" (CHAINER_PROF_STALL: {_seconds(threshold)})" if threshold else ""
-        return f"chainer_autoprof: stall: no new iteration for {_seconds(since)}{setting}: {where}"
+        rule = str(snap.get("threshold_rule") or "")
+        if rule.startswith("auto: "):
+            setting = f"; CHAINER_PROF_STALL=auto: {_seconds(threshold)}, {rule[6:]}"
+        else:
+            setting = f"; CHAINER_PROF_STALL: {_seconds(threshold)}" if threshold else ""
+        began = ""
+        if since is not None and quiet is not None and since > quiet + 1:
+            began = f"; the last iteration began {_seconds(since)} ago"
+        return (f"chainer_autoprof: stall: no progress for {_seconds(quiet)} (no new iteration "
+                f"and no instrumented call{setting}): {where}{began}")
     last = f"; the last iteration began {_seconds(since)} ago" if since is not None else ""
     return f"chainer_autoprof: report on request: {where}{last}"
 
@@ -131,8 +140,9 @@ def ended_abnormally(meta: dict[str, Any]) -> list[str]:
     stalls = state.get("stalls") or []
     if stalls:
         last = stalls[-1]
+        quiet = last.get("since_progress_s", last.get("since_iteration_s"))
         lines.append(f"  stall reports: {len(stalls)}; the last one: {where_line(last)}, "
-                     f"no new iteration for {_seconds(last.get('since_iteration_s'))}")
+                     f"no progress for {_seconds(quiet)}")
     pid = meta.get("pid")
     if isinstance(pid, int) and meta.get("host") == os.uname().nodename and _alive(pid):
         lines.append(f"  note: pid {pid} is still running on this host (or the pid was "
