@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from chainer_autoprof.analysis.gpu_analysis import Limits
 from chainer_autoprof.analysis.gpu_attribution import (
     ATTRIBUTED,
     NO_THREAD,
@@ -296,7 +297,8 @@ def test_buffers_in_any_blocks_and_order_give_the_same_figures(name):
     # ranges in small blocks, interleaved with the buffers, and the API calls of a buffer
     # arriving after its operations
     analysis = gpu_replay.GpuAnalysis(clock, rec.batch.names, trace.meta["warmup_skip"],
-                                      loop_tid=trace.meta["main_tid"], max_pool=300)
+                                      loop_tid=trace.meta["main_tid"],
+                                      limits=Limits(max_pool=300))
     names, rows = gpu_replay.trace_rows(trace)
     for i, (n, c) in enumerate(names):
         analysis.add_name(i, n, c)

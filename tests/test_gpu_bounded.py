@@ -9,7 +9,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from chainer_autoprof.analysis.gpu_analysis import GpuAnalysis
+from chainer_autoprof.analysis.gpu_analysis import GpuAnalysis, Limits
 from chainer_autoprof.analysis.gpu_clock import fit
 from chainer_autoprof.analysis.stats import DEPTH_BITS
 from chainer_autoprof.common.gpu_records import (
@@ -87,8 +87,7 @@ def activity(first: int, count: int, table: NameTable) -> tuple[GpuOps, ApiCalls
 
 
 #: Small limits, so that the short stream already fills every bounded store.
-LIMITS = {"max_api": 1 << 14, "max_pending": 1 << 14, "max_pool": 1 << 13,
-          "max_ranges": 1 << 14}
+LIMITS = Limits(max_api=1 << 14, max_pending=1 << 14, max_pool=1 << 13, max_ranges=1 << 14)
 
 
 def run(iterations: int, record_limit: int) -> tuple[GpuAnalysis, int, float]:
@@ -99,7 +98,7 @@ def run(iterations: int, record_limit: int) -> tuple[GpuAnalysis, int, float]:
     tracemalloc.start()
     t0 = time.perf_counter()
     analysis = GpuAnalysis(clock, table, WARMUP, record_limit=record_limit, loop_tid=TID,
-                           **LIMITS)
+                           limits=LIMITS)
     for i, (name, category) in enumerate(names()):
         analysis.add_name(i, name, category)
     analysis.map_thread(CUPTI_THREAD, TID)
@@ -124,7 +123,7 @@ def run(iterations: int, record_limit: int) -> tuple[GpuAnalysis, int, float]:
 
 
 def test_a_million_kernels_in_bounded_memory_with_exact_figures():
-    small, small_peak, _ = run(1_000, record_limit=20_000)       # 100,000 kernels
+    _small, small_peak, _ = run(1_000, record_limit=20_000)       # 100,000 kernels
     big, big_peak, seconds = run(10_000, record_limit=20_000)    # 1,000,000 kernels
     print(f"100k kernels: peak {small_peak / 1e6:.1f} MB; 1M kernels: peak "
           f"{big_peak / 1e6:.1f} MB in {seconds:.1f} s")

@@ -117,7 +117,7 @@ def test_the_agents_reader_sees_its_ranges_unchanged(name, tmp_path):
 def test_a_saved_trace_gives_back_the_same_figures(name, tmp_path):
     """report on a saved trace: its GPU events, read back, go through the same attribution
     and give the same figures as the live analysis."""
-    trace, analysis, data, path = combined(name, tmp_path, counted_only=False)
+    trace, analysis, _data, path = combined(name, tmp_path, counted_only=False)
     live = analysis.finish().to_dict()
     saved = load_trace_json(str(path))
     # the agent's reader takes the ranges (the GPU events routed apart), ...

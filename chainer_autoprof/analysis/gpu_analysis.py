@@ -12,17 +12,40 @@ Feeding: :meth:`add_name` for each range name (as the recorder's ``prepare``),
 in end order, :meth:`feed_activity` with each :class:`~..common.gpu_records.ActivityBatch`,
 :meth:`map_thread` where the agent knows CUPTI's id of a thread; then :meth:`finish`.
 Not thread-safe: one caller at a time (the live agent takes a lock).
+
+Memory, bounded by the limits (defaults in brackets): the newest ``max_api`` API calls
+[2**18] at 48 bytes; operations waiting for their call, their thread's map or their
+thread's ranges, at most ``max_pending`` [2**16] per waiting thread, at 320 bytes;
+per thread the newest ``max_ranges`` ranges [2**17] at 40 bytes; per device a reorder
+pool of ``max_pool`` operations [2**16] at 56 bytes; the ``record_limit`` operations
+kept for the trace [50,000] at 320 bytes; the figures' per-iteration lists as the
+aggregator's.  About 60 MB at most with the defaults for one training thread on one
+GPU, whatever the length of the run
+(``tests/test_gpu_bounded.py``: a million kernels in the memory of 100,000).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from ..common.gpu_records import ActivityBatch, NameTable
 from .gpu_attribution import AttributedOps, LaunchAttributor
 from .gpu_clock import ClockMap
 from .gpu_figures import GpuFigureBuilder, GpuFigures
+from .stats import MAX_KEPT_ITERATIONS
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The bounds of the analysis' state (see the module docstring)."""
+
+    max_pending: int = 1 << 16
+    max_api: int = 1 << 18
+    max_ranges: int = 1 << 17
+    max_pool: int = 1 << 16
+    max_kept: int = MAX_KEPT_ITERATIONS
 
 
 class AttributedKeeper:
@@ -63,16 +86,16 @@ class GpuAnalysis:
     """Attribution + figures + what the trace keeps, for one process."""
 
     def __init__(self, clock: ClockMap, names: NameTable, warmup_skip: int = 0, *,
-                 record_limit: int = 200_000, identity_threads: bool = False,
-                 loop_tid: int | None = None, **limits: Any) -> None:
+                 record_limit: int = 50_000, identity_threads: bool = False,
+                 loop_tid: int | None = None, limits: Limits | None = None) -> None:
+        lim = limits if limits is not None else Limits()
         self.names = names
         self.attributor = LaunchAttributor(
             clock, warmup_skip, identity_threads=identity_threads,
-            **{k: v for k, v in limits.items()
-               if k in ("max_pending", "max_api", "max_ranges")})
-        self.builder = GpuFigureBuilder(
-            self.attributor.link_keys, names, warmup_skip, loop_tid=loop_tid,
-            **{k: v for k, v in limits.items() if k in ("max_pool", "max_kept")})
+            max_pending=lim.max_pending, max_api=lim.max_api, max_ranges=lim.max_ranges)
+        self.builder = GpuFigureBuilder(self.attributor.link_keys, names, warmup_skip,
+                                        loop_tid=loop_tid, max_pool=lim.max_pool,
+                                        max_kept=lim.max_kept)
         self.keeper = AttributedKeeper(record_limit)
         self.finished = False
 

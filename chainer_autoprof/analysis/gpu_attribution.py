@@ -193,7 +193,7 @@ class LaunchAttributor:
     """
 
     def __init__(self, clock: ClockMap, warmup_skip: int = 0, *,
-                 identity_threads: bool = False, max_pending: int = 1 << 17,
+                 identity_threads: bool = False, max_pending: int = 1 << 16,
                  max_api: int = 1 << 18, max_ranges: int = 1 << 17) -> None:
         self.clock = clock
         self.warmup_skip = warmup_skip

@@ -10,16 +10,16 @@ CUPTI's threads to the trace's by containment.
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import numpy.typing as npt
 
-from ..analysis.gpu_analysis import GpuAnalysis
+from ..analysis.gpu_analysis import GpuAnalysis, Limits
 from ..analysis.gpu_attribution import AttributedOps
 from ..analysis.gpu_clock import ClockMap, fit
 from ..analysis.stats import DEPTH_BITS
-from ..common.gpu_records import NameTable, Recording
+from ..common.gpu_records import ActivityBatch, NameTable, Recording
 from . import gpu_events
 from .tracefile import Trace
 
@@ -45,9 +45,9 @@ def trace_rows(trace: Trace) -> tuple[list[tuple[str, str]], dict[int, Int64Arra
     return list(index), rows
 
 
-def analyse(trace: Trace, batches: Any, clock: ClockMap, names: NameTable, *,
-            identity_threads: bool = False, record_limit: int | None = None,
-            **limits: Any) -> GpuAnalysis:
+def analyse(trace: Trace, batches: Iterable[ActivityBatch], clock: ClockMap,
+            names: NameTable, *, identity_threads: bool = False,
+            record_limit: int | None = None, limits: Limits | None = None) -> GpuAnalysis:
     """Feed ``trace``'s ranges and the activity ``batches`` to a new analysis; finished."""
     meta = trace.meta
     settings = meta.get("settings") or {}
@@ -55,7 +55,7 @@ def analyse(trace: Trace, batches: Any, clock: ClockMap, names: NameTable, *,
         settings.get("record_limit") or 200_000)
     analysis = GpuAnalysis(clock, names, int(meta.get("warmup_skip") or 0),
                            record_limit=limit, identity_threads=identity_threads,
-                           loop_tid=meta.get("main_tid"), **limits)
+                           loop_tid=meta.get("main_tid"), limits=limits)
     range_names, rows = trace_rows(trace)
     for i, (name, category) in enumerate(range_names):
         analysis.add_name(i, name, category)
@@ -68,10 +68,11 @@ def analyse(trace: Trace, batches: Any, clock: ClockMap, names: NameTable, *,
     return analysis
 
 
-def replay(trace: Trace, recording: Recording, pieces: int = 8, **kw: Any) -> GpuAnalysis:
+def replay(trace: Trace, recording: Recording, pieces: int = 8, *,
+           record_limit: int | None = None, limits: Limits | None = None) -> GpuAnalysis:
     """The recording, cut into ``pieces`` batches as buffers would come, analysed."""
     return analyse(trace, recording.batch.split(pieces), fit(recording.clock),
-                   recording.batch.names, **kw)
+                   recording.batch.names, record_limit=record_limit, limits=limits)
 
 
 def counted_span(trace: Trace) -> tuple[int, int] | None:
