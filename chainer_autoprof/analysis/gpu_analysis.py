@@ -107,6 +107,10 @@ class GpuAnalysis:
     def add_name(self, index: int, name: str, category: str) -> None:
         self.attributor.add_name(index, name, category)
 
+    def set_clock(self, clock: ClockMap) -> None:
+        """The clock map for the activity fed from now on (live: refitted as pairs come)."""
+        self.attributor.clock = clock
+
     def map_thread(self, cupti_thread: int, tid: int) -> None:
         self._take(self.attributor.map_thread(cupti_thread, tid))
 
