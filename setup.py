@@ -132,6 +132,9 @@ setup(
             "hypothesis>=6.100,<7",  # property-based tests of the state machine and the readers
             # the layers contract (tests/test_layers.py; exhaustive layers need a recent one)
             "import-linter>=2.16,<3; python_version >= '3.11'",
+            # reads the GPU timeline of a trace as a PyTorch profiler trace
+            # (tests/test_gpu_trace.py); it pulls in jupyterlab, which its analyses never import
+            "holistictraceanalysis==0.5.0; python_version >= '3.11'",
         ],
     },
     entry_points={"console_scripts": ["chainer-autoprof = chainer_autoprof.cli:main"]},

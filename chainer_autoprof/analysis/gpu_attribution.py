@@ -1,0 +1,560 @@
+"""Attribution by launch: every kernel, copy and memset -> the agent range that launched it.
+
+Each GPU operation carries the correlation id of the CUDA API call that launched it (a
+runtime call, or a driver call for CuPy's own kernels); that call carries the launching
+thread and its host start time.  On the agent's clock (:mod:`.gpu_clock`), the launch
+falls inside ranges of that thread: the innermost one (iteration, phase, link, link
+backward, function; a garbage-collection range is passed over for its parent) is where
+the operation belongs, its innermost link or link-backward range gives the link and
+direction, its phase and iteration range the phase and iteration.
+
+Streaming and bounded (:class:`LaunchAttributor`): ranges arrive as the recorder and the
+trace hold them -- blocks of rows ``(name index, t0, t1, depth)`` per thread in end
+order -- and activity as CUPTI hands its buffers over, late and out of order across
+streams.  An operation is attributed once everything is known:
+
+* its API call has arrived (joined by correlation id; the newest :attr:`max_api` calls
+  are kept);
+* its CUPTI thread is tied to an agent thread: given per thread by the live agent
+  (:meth:`map_thread`, or ``identity_threads`` when CUPTI reports system thread ids);
+  for a recording without that map, by containment: the agent thread whose top-level
+  ranges contain at least 90% of at least 16 of its launches (each agent thread taken
+  by one CUPTI thread);
+* the launching thread's ranges are known past the launch: a top-level (depth 0) range
+  that ends after it has been fed, or the thread ended.  Ranges on one thread nest, so
+  at each depth they are disjoint and arrive sorted; the innermost containing range is
+  one binary search per depth.
+
+What waits is bounded (:attr:`max_pending` operations per kind of wait, the oldest
+forced out first with what is known, and counted by status), and each thread keeps its
+newest :attr:`max_ranges` ranges (a launch older than those is counted as such).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+import numpy.typing as npt
+
+from ..common import names
+from ..common.gpu_records import ActivityBatch, ApiCalls, Columns, GpuOps
+from .gpu_clock import ClockMap
+from .stats import DEPTH_BITS, DEPTH_MASK, PHASE_KEYS
+
+Int64Array = npt.NDArray[np.int64]
+
+# Kinds of a range name.
+K_OTHER, K_ITER, K_LINK, K_LINK_BWD, K_GC, K_QUIET, K_FUNCTION = 0, 1, 2, 3, 4, 5, 6
+K_PHASE0 = 10  # + index in PHASE_KEYS (data, forward, backward, update)
+
+#: Attribution.phase: an index in PHASE_KEYS (4, "other": in an iteration, outside its
+#: phases), or PHASE_OUTSIDE (not in an iteration).
+PHASE_OTHER = PHASE_KEYS.index("other")
+PHASE_OUTSIDE = -1
+
+#: Attribution.status
+ATTRIBUTED = 0     # tied to the ranges of its launching thread (range -1: none was open)
+NO_API = 1         # its launching API call never arrived (API activity off, or dropped)
+NO_THREAD = 2      # its CUPTI thread could not be tied to an agent thread
+RANGES_DROPPED = 3  # launched before the oldest range still kept for its thread
+OPEN = 4           # forced out while the ranges around its launch were still open
+STATUSES = ("attributed", "no launch record", "unknown thread", "ranges dropped",
+            "ranges still open")
+
+#: Containment fallback for CUPTI threads without a map: launches needed, share inside.
+MIN_VOTES = 16
+MIN_SHARE = 0.9
+
+
+@dataclass
+class Attribution(Columns):
+    """Per operation: its launch and where it belongs (one row per row of the ops)."""
+
+    status: Int64Array
+    api_start: Int64Array   # launching call, agent ns (-1: none)
+    api_end: Int64Array
+    api_domain: Int64Array  # RUNTIME / DRIVER
+    cbid: Int64Array
+    tid: Int64Array         # the agent's thread id (-1: unknown)
+    range: Int64Array       # innermost range's name index (-1: none)
+    range_t0: Int64Array    # its start, agent ns: (tid, range_t0) names the range
+    range_t1: Int64Array    # its end
+    range_depth: Int64Array
+    link: Int64Array        # link key id (LaunchAttributor.link_keys; -1: none)
+    backward: Int64Array    # 1 when that link range is a link-backward one
+    phase: Int64Array       # PHASE_KEYS index, or PHASE_OUTSIDE
+    iteration: Int64Array   # iteration ordinal on its thread, from 0 (-1: none)
+    number: Int64Array      # the iteration's recorded number (-1: none)
+    iter_end: Int64Array    # the iteration range's end, agent ns (-1: none)
+    counted: Int64Array     # 1 in a counted iteration (after the warm-up)
+
+
+@dataclass
+class AttributedOps:
+    """GPU operations on the agent's clock with their attribution (equal lengths)."""
+
+    ops: GpuOps
+    attr: Attribution
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    @classmethod
+    def empty(cls) -> AttributedOps:
+        return cls(GpuOps.empty(), Attribution.empty())
+
+    def take(self, index: Any) -> AttributedOps:
+        return AttributedOps(self.ops.take(index), self.attr.take(index))
+
+    @classmethod
+    def concat(cls, parts: Iterable[AttributedOps]) -> AttributedOps:
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return cls.empty()
+        if len(parts) == 1:
+            return parts[0]
+        return cls(GpuOps.concat([p.ops for p in parts]),
+                   Attribution.concat([p.attr for p in parts]))
+
+    @property
+    def nbytes(self) -> int:
+        return self.ops.nbytes + self.attr.nbytes
+
+
+def kind_of(name: str, category: str) -> tuple[int, str]:
+    """Attribution kind and link key of a range name (the aggregator's link keys)."""
+    if category == names.ITERATION:
+        return K_ITER, name
+    if category in names.PHASES:
+        return K_PHASE0 + PHASE_KEYS.index(category), name
+    if category == names.LINK:
+        return K_LINK, name
+    if category == names.LINK_BACKWARD:
+        suffix = " backward"
+        return K_LINK_BWD, name[:-len(suffix)] if name.endswith(suffix) else name
+    if category == names.GC:
+        return K_GC, name
+    if category in (names.EXTENSION, names.INFERENCE):
+        return K_QUIET, name
+    if category == names.FUNCTION:
+        return K_FUNCTION, name
+    return K_OTHER, name
+
+
+class _Depth:
+    """One depth's ranges of a thread: disjoint, sorted by start."""
+
+    __slots__ = ("index", "number", "ordinal", "t0", "t1")
+
+    def __init__(self) -> None:
+        self.t0 = np.zeros(0, dtype=np.int64)
+        self.t1 = np.zeros(0, dtype=np.int64)
+        self.index = np.zeros(0, dtype=np.int64)
+        self.ordinal = np.zeros(0, dtype=np.int64)
+        self.number = np.zeros(0, dtype=np.int64)
+
+    def extend(self, t0: Int64Array, t1: Int64Array, index: Int64Array, ordinal: Int64Array,
+               number: Int64Array) -> None:
+        self.t0 = np.concatenate([self.t0, t0])
+        self.t1 = np.concatenate([self.t1, t1])
+        self.index = np.concatenate([self.index, index])
+        self.ordinal = np.concatenate([self.ordinal, ordinal])
+        self.number = np.concatenate([self.number, number])
+        if len(self.t0) > 1 and len(t0) and np.any(np.diff(self.t0) < 0):
+            self.keep(np.argsort(self.t0, kind="stable"))
+
+    def keep(self, sel: Any) -> None:
+        self.t0, self.t1 = self.t0[sel], self.t1[sel]
+        self.index, self.ordinal, self.number = self.index[sel], self.ordinal[sel], self.number[sel]
+
+
+class _ThreadRanges:
+    """An agent thread's ranges kept for attribution."""
+
+    __slots__ = ("depths", "done_ns", "finished", "horizon_ns", "iterations", "rows")
+
+    def __init__(self) -> None:
+        self.depths: dict[int, _Depth] = {}
+        self.done_ns = -(1 << 62)     # every launch up to here can be attributed
+        self.horizon_ns = -(1 << 62)  # ranges ending before here were dropped
+        self.finished = False
+        self.iterations = 0
+        self.rows = 0
+
+
+class LaunchAttributor:
+    """Ranges and activity in, attributed operations out (see the module docstring).
+
+    ``feed_ranges``, ``feed_activity``, ``thread_finished`` and ``finish`` each return
+    the operations they could attribute (an :class:`AttributedOps`, possibly empty);
+    every operation fed comes out exactly once, by ``finish`` at the latest.
+    """
+
+    def __init__(self, clock: ClockMap, warmup_skip: int = 0, *,
+                 identity_threads: bool = False, max_pending: int = 1 << 16,
+                 max_api: int = 1 << 18, max_ranges: int = 1 << 17) -> None:
+        self.clock = clock
+        self.warmup_skip = warmup_skip
+        self.identity_threads = identity_threads
+        self.max_pending = max(1, max_pending)
+        self.max_api = max(1, max_api)
+        self.max_ranges = max(2, max_ranges)
+        self.kinds: list[int] = []
+        self.link_ids: list[int] = []
+        self.range_names: list[str] = []
+        self.link_keys: list[str] = []
+        self._link_key_index: dict[str, int] = {}
+        self._tables: tuple[Int64Array, Int64Array] | None = None
+        self.threads: dict[int, _ThreadRanges] = {}
+        self.thread_map: dict[int, int] = {}   # CUPTI thread id -> agent tid
+        self._claimed: set[int] = set()
+        self._api = ApiCalls.empty()           # sorted by correlation, agent clock
+        self._wait_api: list[GpuOps] = []      # ops whose API call has not arrived
+        self._wait_api_n = 0
+        self._wait_thread: dict[int, AttributedOps] = {}   # CUPTI thread -> ops
+        self._wait_ranges: dict[int, AttributedOps] = {}   # agent tid -> ops
+        self.status_ops = [0] * len(STATUSES)
+        self.status_ns = [0] * len(STATUSES)
+        self.ops_in = 0
+
+    # -- names and threads ------------------------------------------------------------
+    def add_name(self, index: int, name: str, category: str) -> None:
+        """Register range name ``index`` (as the recorder's and the aggregator's)."""
+        while len(self.kinds) <= index:
+            self.kinds.append(K_OTHER)
+            self.link_ids.append(-1)
+            self.range_names.append("")
+        kind, key = kind_of(name, category)
+        self.kinds[index], self.range_names[index] = kind, name
+        if kind in (K_LINK, K_LINK_BWD):
+            lid = self._link_key_index.get(key)
+            if lid is None:
+                lid = self._link_key_index[key] = len(self.link_keys)
+                self.link_keys.append(key)
+            self.link_ids[index] = lid
+        self._tables = None
+
+    def map_thread(self, cupti_thread: int, tid: int) -> AttributedOps:
+        """CUPTI's id of a thread (``threading.get_ident() & 0xFFFFFFFF`` by default) is
+        the agent's ``tid``; returns what that releases."""
+        self.thread_map[cupti_thread] = tid
+        self._claimed.add(tid)
+        waiting = self._wait_thread.pop(cupti_thread, None)
+        if waiting is None:
+            return AttributedOps.empty()
+        return self._to_threads(waiting, force=False)
+
+    def _kind_tables(self) -> tuple[Int64Array, Int64Array]:
+        if self._tables is None or len(self._tables[0]) != len(self.kinds):
+            self._tables = (np.array(self.kinds, dtype=np.int64),
+                            np.array(self.link_ids, dtype=np.int64))
+        return self._tables
+
+    # -- ranges -------------------------------------------------------------------------
+    def feed_ranges(self, tid: int, rows: Any) -> AttributedOps:
+        """A block of thread ``tid``'s ranges, in end order (the recorder's int64 rows)."""
+        a = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+        th = self.threads.get(tid)
+        if th is None:
+            th = self.threads[tid] = _ThreadRanges()
+        if len(a):
+            kinds, _ = self._kind_tables()
+            index = a[:, 0]
+            depth = a[:, 3] & DEPTH_MASK
+            known = index < len(kinds)
+            kind = np.where(known, kinds[np.where(known, index, 0)], K_OTHER)
+            is_iter = kind == K_ITER
+            ordinal = np.full(len(a), -1, dtype=np.int64)
+            ordinal[is_iter] = th.iterations + np.arange(int(is_iter.sum()))
+            th.iterations += int(is_iter.sum())
+            packed = a[:, 3] >> DEPTH_BITS
+            number = np.where(is_iter & (packed > 0), packed - 1, -1)
+            for d in np.unique(depth).tolist():
+                sel = depth == d
+                slot = th.depths.get(d)
+                if slot is None:
+                    slot = th.depths[d] = _Depth()
+                slot.extend(a[sel, 1], a[sel, 2], index[sel], ordinal[sel], number[sel])
+            top = depth == 0
+            if top.any():
+                th.done_ns = max(th.done_ns, int(a[top, 2].max()))
+            th.rows += len(a)
+            if th.rows > self.max_ranges:
+                self._drop_old_ranges(th)
+        out = [self._release(tid, force=False)]
+        if self._wait_thread:
+            out.append(self._map_by_containment(final=False))
+        return AttributedOps.concat(out)
+
+    def thread_finished(self, tid: int) -> AttributedOps:
+        """Thread ``tid`` records no more ranges: what waits on it is attributed now."""
+        th = self.threads.get(tid)
+        if th is None:
+            th = self.threads[tid] = _ThreadRanges()
+        th.finished = True
+        return self._release(tid, force=False)
+
+    def _drop_old_ranges(self, th: _ThreadRanges) -> None:
+        ends = np.concatenate([slot.t1 for slot in th.depths.values()])
+        cut = int(np.partition(ends, len(ends) // 2)[len(ends) // 2])
+        th.horizon_ns = max(th.horizon_ns, cut)
+        rows = 0
+        for slot in th.depths.values():
+            slot.keep(slot.t1 >= cut)
+            rows += len(slot.t0)
+        th.rows = rows
+
+    # -- activity -------------------------------------------------------------------------
+    def feed_activity(self, batch: ActivityBatch) -> AttributedOps:
+        """A block of activity records (one CUPTI buffer, or a piece of a recording)."""
+        out: list[AttributedOps] = []
+        if len(batch.api):
+            self._add_api(batch.api)
+        if len(batch.ops):
+            ops = batch.ops
+            mapped = GpuOps(**{c: getattr(ops, c) for c in GpuOps.columns()})
+            mapped.start = self.clock.to_agent(ops.start)
+            mapped.end = self.clock.to_agent(ops.end)
+            self.ops_in += len(ops)
+            self._wait_api.append(mapped)
+            self._wait_api_n += len(mapped)
+        if self._wait_api_n and (len(batch.api) or len(batch.ops)):
+            out.append(self._join_api(force=False))
+        if self._wait_thread:
+            out.append(self._map_by_containment(final=False))
+        return AttributedOps.concat(out)
+
+    def _add_api(self, api: ApiCalls) -> None:
+        mapped = ApiCalls(**{c: getattr(api, c) for c in ApiCalls.columns()})
+        mapped.start = self.clock.to_agent(api.start)
+        mapped.end = self.clock.to_agent(api.end)
+        merged = ApiCalls.concat([self._api, mapped])
+        order = np.argsort(merged.correlation, kind="stable")
+        merged = merged.take(order)
+        if len(merged) > self.max_api:
+            merged = merged.take(slice(len(merged) - self.max_api, None))
+        self._api = merged
+
+    def _join_api(self, force: bool) -> AttributedOps:
+        ops = GpuOps.concat(self._wait_api)
+        self._wait_api, self._wait_api_n = [], 0
+        api = self._api
+        pos = np.searchsorted(api.correlation, ops.correlation)
+        ok = pos < len(api)
+        pos = np.where(ok, pos, 0)
+        found = ok & (api.correlation[pos] == ops.correlation) if len(api) else ok & False
+        out: list[AttributedOps] = []
+        missing = ops.take(~found)
+        if len(missing):
+            if force:
+                out.append(self._conclude(missing, NO_API))
+            else:
+                if len(missing) > self.max_pending:  # the oldest launches give up
+                    order = np.argsort(missing.correlation, kind="stable")
+                    cut = len(missing) - self.max_pending
+                    out.append(self._conclude(missing.take(order[:cut]), NO_API))
+                    missing = missing.take(order[cut:])
+                self._wait_api = [missing]
+                self._wait_api_n = len(missing)
+        if found.any():
+            got = ops.take(found)
+            p = pos[found]
+            attr = Attribution.from_columns(len(got), {
+                "status": np.full(len(got), ATTRIBUTED, dtype=np.int64),
+                "api_start": api.start[p], "api_end": api.end[p],
+                "api_domain": api.domain[p], "cbid": api.cbid[p],
+                "tid": api.thread[p],  # CUPTI's thread id until tied to the agent's
+                "backward": np.zeros(len(got), dtype=np.int64),
+                "phase": np.full(len(got), PHASE_OUTSIDE, dtype=np.int64),
+                "counted": np.zeros(len(got), dtype=np.int64)})
+            out.append(self._to_threads(AttributedOps(got, attr), force))
+        return AttributedOps.concat(out)
+
+    def _to_threads(self, items: AttributedOps, force: bool) -> AttributedOps:
+        """Give each operation its agent thread and queue it there (or wait for the map)."""
+        cupti = items.attr.tid
+        out: list[AttributedOps] = []
+        touched: set[int] = set()
+        for c in np.unique(cupti).tolist():
+            sel = cupti == c
+            part = items.take(sel)
+            tid = c if self.identity_threads else self.thread_map.get(c)
+            if tid is None:
+                prev = self._wait_thread.get(c)
+                part = part if prev is None else AttributedOps.concat([prev, part])
+                if len(part) > self.max_pending:
+                    out.append(self._conclude_attributed(
+                        part.take(slice(0, len(part) - self.max_pending)), NO_THREAD))
+                    part = part.take(slice(len(part) - self.max_pending, None))
+                self._wait_thread[c] = part
+                continue
+            part.attr.tid[:] = tid
+            prev = self._wait_ranges.get(tid)
+            self._wait_ranges[tid] = part if prev is None else AttributedOps.concat([prev, part])
+            touched.add(tid)
+        for tid in touched:
+            out.append(self._release(tid, force))
+        return AttributedOps.concat(out)
+
+    # -- resolving ---------------------------------------------------------------------
+    def _release(self, tid: int, force: bool) -> AttributedOps:
+        """Attribute what waits on thread ``tid`` and can be (everything when forced)."""
+        waiting = self._wait_ranges.get(tid)
+        if waiting is None or not len(waiting):
+            return AttributedOps.empty()
+        th = self.threads.get(tid)
+        launch = waiting.attr.api_start
+        if force or (th is not None and th.finished):
+            ready = np.ones(len(waiting), dtype=bool)
+        elif th is None:
+            ready = np.zeros(len(waiting), dtype=bool)
+        else:
+            ready = launch <= th.done_ns
+        rest = waiting.take(~ready)
+        forced = AttributedOps.empty()
+        if len(rest) > self.max_pending:  # the oldest launches are attributed as they stand
+            order = np.argsort(rest.attr.api_start, kind="stable")
+            cut = len(rest) - self.max_pending
+            forced = rest.take(order[:cut])
+            rest = rest.take(order[cut:])
+        if len(rest):
+            self._wait_ranges[tid] = rest
+        else:
+            del self._wait_ranges[tid]
+        done = AttributedOps.concat([waiting.take(ready), forced])
+        if not len(done):
+            return done
+        return self._locate(tid, th, done, open_known=not (force or len(forced) == 0))
+
+    def _locate(self, tid: int, th: _ThreadRanges | None, items: AttributedOps,
+                open_known: bool) -> AttributedOps:
+        """Fill in the ranges around each launch of thread ``tid``."""
+        attr = items.attr
+        t = attr.api_start
+        if th is None:
+            self._count(items.ops, np.full(len(items), ATTRIBUTED, dtype=np.int64))
+            return items
+        kinds, link_ids = self._kind_tables()
+        n = len(items)
+        depth_hit = np.full(n, -1, dtype=np.int64)
+        for d in sorted(th.depths):
+            slot = th.depths[d]
+            if not len(slot.t0):
+                continue
+            k = np.searchsorted(slot.t0, t, side="right") - 1
+            valid = k >= 0
+            k = np.where(valid, k, 0)
+            hit = valid & (t <= slot.t1[k])
+            if not hit.any():
+                continue
+            idx = slot.index[k]
+            known = idx < len(kinds)
+            kind = np.where(known, kinds[np.where(known, idx, 0)], K_OTHER)
+            inner = hit & (kind != K_GC)
+            attr.range[inner] = idx[inner]
+            attr.range_t0[inner] = slot.t0[k][inner]
+            attr.range_t1[inner] = slot.t1[k][inner]
+            attr.range_depth[inner] = d
+            depth_hit[hit] = d
+            is_link = hit & ((kind == K_LINK) | (kind == K_LINK_BWD))
+            lid = np.where(known, link_ids[np.where(known, idx, 0)], -1)
+            attr.link[is_link] = lid[is_link]
+            attr.backward[is_link] = (kind[is_link] == K_LINK_BWD).astype(np.int64)
+            is_phase = hit & (kind >= K_PHASE0)
+            attr.phase[is_phase] = kind[is_phase] - K_PHASE0
+            is_iter = hit & (kind == K_ITER)
+            attr.iteration[is_iter] = slot.ordinal[k][is_iter]
+            attr.number[is_iter] = slot.number[k][is_iter]
+            attr.iter_end[is_iter] = slot.t1[k][is_iter]
+        in_iter = attr.iteration >= 0
+        attr.phase[in_iter & (attr.phase == PHASE_OUTSIDE)] = PHASE_OTHER
+        attr.counted[:] = (in_iter & (attr.iteration >= self.warmup_skip)).astype(np.int64)
+        status = np.full(n, ATTRIBUTED, dtype=np.int64)
+        status[t < th.horizon_ns] = RANGES_DROPPED
+        if open_known:  # forced before the thread's ranges got past the launch
+            status[(depth_hit < 0) & (t > th.done_ns) & ~th.finished] = OPEN
+        attr.status[:] = status
+        self._count(items.ops, status)
+        return items
+
+    def _conclude(self, ops: GpuOps, status: int) -> AttributedOps:
+        """Operations that get no attribution at all (their API call is missing)."""
+        n = len(ops)
+        attr = Attribution.from_columns(n, {
+            "status": np.full(n, status, dtype=np.int64),
+            "backward": np.zeros(n, dtype=np.int64),
+            "phase": np.full(n, PHASE_OUTSIDE, dtype=np.int64),
+            "counted": np.zeros(n, dtype=np.int64)})
+        self._count(ops, attr.status)
+        return AttributedOps(ops, attr)
+
+    def _conclude_attributed(self, items: AttributedOps, status: int) -> AttributedOps:
+        items.attr.status[:] = status
+        items.attr.tid[:] = -1
+        self._count(items.ops, items.attr.status)
+        return items
+
+    def _count(self, ops: GpuOps, status: Int64Array) -> None:
+        dur = ops.end - ops.start
+        for s in range(len(STATUSES)):
+            sel = status == s
+            if sel.any():
+                self.status_ops[s] += int(sel.sum())
+                self.status_ns[s] += int(dur[sel].sum())
+
+    # -- threads without a map ----------------------------------------------------------
+    def _map_by_containment(self, final: bool) -> AttributedOps:
+        """Tie waiting CUPTI threads to agent threads whose top-level ranges contain
+        their launches (recordings without the agent's thread map)."""
+        out: list[AttributedOps] = []
+        for c in sorted(self._wait_thread, key=lambda c: -len(self._wait_thread[c])):
+            waiting = self._wait_thread.get(c)
+            if waiting is None:
+                continue
+            launch = np.sort(waiting.attr.api_start)
+            best, best_share, best_votes = None, 0.0, 0
+            for tid, th in self.threads.items():
+                if tid in self._claimed or 0 not in th.depths:
+                    continue
+                top = th.depths[0]
+                decidable = launch[(launch <= th.done_ns) | th.finished]
+                decidable = decidable[decidable >= th.horizon_ns]
+                if not len(decidable):
+                    continue
+                k = np.searchsorted(top.t0, decidable, side="right") - 1
+                valid = k >= 0
+                inside = valid & (decidable <= top.t1[np.where(valid, k, 0)])
+                share = float(inside.mean())
+                if share > best_share:
+                    best, best_share, best_votes = tid, share, len(decidable)
+            if best is not None and best_share >= MIN_SHARE and (
+                    best_votes >= MIN_VOTES or final):
+                out.append(self.map_thread(c, best))
+        return AttributedOps.concat(out)
+
+    # -- the end -------------------------------------------------------------------------
+    def finish(self) -> AttributedOps:
+        """Everything still waiting, attributed with what is known (each op comes out)."""
+        out: list[AttributedOps] = []
+        if self._wait_api_n:
+            out.append(self._join_api(force=True))
+        if self._wait_thread:
+            out.append(self._map_by_containment(final=True))
+            for c in list(self._wait_thread):
+                out.append(self._conclude_attributed(self._wait_thread.pop(c), NO_THREAD))
+        for tid in list(self._wait_ranges):
+            out.append(self._release(tid, force=True))
+        return AttributedOps.concat(out)
+
+    @property
+    def pending(self) -> int:
+        """Operations fed and not yet attributed."""
+        return (self._wait_api_n + sum(len(v) for v in self._wait_thread.values())
+                + sum(len(v) for v in self._wait_ranges.values()))
+
+    def statuses(self) -> dict[str, dict[str, float]]:
+        """Operations and their GPU time (ms) per attribution status."""
+        return {name: {"ops": self.status_ops[i], "ms": self.status_ns[i] / 1e6}
+                for i, name in enumerate(STATUSES) if self.status_ops[i]}

@@ -1,0 +1,468 @@
+"""GPU figures from attributed activity: per link, per phase, per iteration, top kernels.
+
+:class:`GpuFigureBuilder` takes blocks of :class:`~.gpu_attribution.AttributedOps` in
+any order and keeps bounded state; :meth:`GpuFigureBuilder.result` gives a
+:class:`GpuFigures` (``to_dict``/``from_dict``: a field of the run record).
+
+By launch (order-free sums, over the counted iterations: warm-up excluded as the
+aggregator counts):
+
+* per link: kernel time and kernel count forward (launched in the link's range, its
+  innermost link) and backward (in its link-backward range), and copy/memset time;
+* per phase: kernel time and copy time launched in data / forward / backward / update,
+  and "other" (in the iteration, outside its phases);
+* the top kernels by time, each with the link (and direction) that launched it;
+* outside the counted iterations: the warm-up's and the rest's kernel time.
+
+On the GPU's timeline (per device, in start order): the GPU time is cut into iteration
+windows, each from the first operation launched in an iteration of the loop thread to
+the first one of the next (or of what the loop thread launched after the iteration, or
+the last operation's end).  In a window:
+
+* ``busy``: a kernel runs (the union of kernel intervals, all streams);
+* ``copies``: only copies or memsets run;
+* idle, split by the gap's cause: ``host`` (nothing ran because the operation that ended
+  the gap was launched only after the GPU fell idle: the host was late), ``between
+  iterations`` (the gap before the window's end, the next iteration's first operation),
+  ``other`` (the operation had been launched already: launch latency, dependencies).
+
+``busy_share`` = busy / span over the counted windows (``active_share`` adds the copies:
+HolisticTraceAnalysis's non-idle share).  A window's operations may arrive late and out
+of order: they are placed once nothing earlier can come (:meth:`advance`, or a bounded
+reorder pool of :attr:`max_pool` operations per device, the oldest half placed when it
+fills); one arriving behind what was placed is counted as late and left off the timeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, TypedDict
+
+import numpy as np
+import numpy.typing as npt
+
+from ..common.gpu_records import KERNEL, MEMCPY, MEMSET, NameTable
+from .aggregate import Series
+from .gpu_attribution import PHASE_OUTSIDE, AttributedOps
+from .stats import MAX_KEPT_ITERATIONS, PHASE_KEYS
+
+Int64Array = npt.NDArray[np.int64]
+
+#: Kernels listed in :attr:`GpuFigures.top_kernels`.
+TOP_KERNELS = 20
+#: Distinct (kernel, link, direction) keys counted for the top kernels; beyond, "other".
+MAX_KERNEL_KEYS = 4096
+#: Idle categories, in the order of the per-iteration columns.
+IDLE_KEYS = ("host", "copies", "between iterations", "other")
+#: Per-iteration columns (ms): the window, the kernels, then each idle category.
+WINDOW_COLUMNS = ("span", "busy", *IDLE_KEYS)
+_NEG = -(1 << 62)
+
+
+class LinkGpuDict(TypedDict):
+    name: str
+    fwd_ms: float
+    fwd_kernels: int
+    bwd_ms: float
+    bwd_kernels: int
+    copy_ms: float
+
+
+class PhaseGpuDict(TypedDict):
+    kernel_ms: float
+    kernels: int
+    copy_ms: float
+
+
+class KernelGpuDict(TypedDict):
+    name: str
+    link: str | None
+    backward: bool
+    ms: float
+    calls: int
+
+
+class TimelineDict(TypedDict):
+    device: int
+    windows: int
+    span_ms: float
+    busy_ms: float
+    idle_ms: dict[str, float]
+
+
+class GpuFiguresDict(TypedDict):
+    """The run record's ``gpu`` field (all times in ms, totals over the counted iterations
+    unless said; ``iteration_ms`` columns hold one value per counted iteration, thinned to
+    a uniform sample beyond :data:`~.stats.MAX_KEPT_ITERATIONS`)."""
+
+    iterations: int                 # counted iteration windows
+    warmup_skip: int
+    span_ms: float                  # their time on the GPU's timeline
+    busy_ms: float                  # a kernel running
+    busy_share: float | None
+    active_share: float | None      # kernels or copies running
+    idle_ms: dict[str, float]       # IDLE_KEYS -> ms
+    iteration_ms: dict[str, list[float]]   # WINDOW_COLUMNS -> per counted iteration
+    sample_stride: int
+    devices: list[TimelineDict]
+    phases: dict[str, PhaseGpuDict]  # PHASE_KEYS -> by launch
+    links: list[LinkGpuDict]        # by fwd_ms + bwd_ms, largest first
+    top_kernels: list[KernelGpuDict]
+    warmup_kernel_ms: float         # launched in warm-up iterations
+    outside_kernel_ms: float        # launched outside any iteration
+    ops: dict[str, int]             # kernel / memcpy / memset -> count (all)
+    statuses: dict[str, dict[str, float]]   # attribution status -> ops, ms
+    late_ops: int                   # arrived behind the placed timeline
+    clock: dict[str, float | int]   # the clock map (gpu_clock.ClockMap.to_dict)
+
+
+@dataclass
+class GpuFigures:
+    """The GPU figures of a run (see :class:`GpuFiguresDict` for each field)."""
+
+    iterations: int = 0
+    warmup_skip: int = 0
+    span_ms: float = 0.0
+    busy_ms: float = 0.0
+    busy_share: float | None = None
+    active_share: float | None = None
+    idle_ms: dict[str, float] = field(default_factory=dict)
+    iteration_ms: dict[str, list[float]] = field(default_factory=dict)
+    sample_stride: int = 1
+    devices: list[TimelineDict] = field(default_factory=list)
+    phases: dict[str, PhaseGpuDict] = field(default_factory=dict)
+    links: list[LinkGpuDict] = field(default_factory=list)
+    top_kernels: list[KernelGpuDict] = field(default_factory=list)
+    warmup_kernel_ms: float = 0.0
+    outside_kernel_ms: float = 0.0
+    ops: dict[str, int] = field(default_factory=dict)
+    statuses: dict[str, dict[str, float]] = field(default_factory=dict)
+    late_ops: int = 0
+    clock: dict[str, float | int] = field(default_factory=dict)
+
+    def per_iteration(self, ms: float) -> float:
+        """A total over the counted iterations, per counted iteration."""
+        return ms / self.iterations if self.iterations else 0.0
+
+    def link(self, name: str) -> LinkGpuDict | None:
+        for entry in self.links:
+            if entry["name"] == name:
+                return entry
+        return None
+
+    def to_dict(self) -> GpuFiguresDict:
+        return GpuFiguresDict(
+            iterations=self.iterations, warmup_skip=self.warmup_skip, span_ms=self.span_ms,
+            busy_ms=self.busy_ms, busy_share=self.busy_share, active_share=self.active_share,
+            idle_ms=dict(self.idle_ms),
+            iteration_ms={k: list(v) for k, v in self.iteration_ms.items()},
+            sample_stride=self.sample_stride,
+            devices=[TimelineDict(**d) for d in self.devices],
+            phases={k: PhaseGpuDict(**v) for k, v in self.phases.items()},
+            links=[LinkGpuDict(**x) for x in self.links],
+            top_kernels=[KernelGpuDict(**x) for x in self.top_kernels],
+            warmup_kernel_ms=self.warmup_kernel_ms, outside_kernel_ms=self.outside_kernel_ms,
+            ops=dict(self.ops), statuses={k: dict(v) for k, v in self.statuses.items()},
+            late_ops=self.late_ops, clock=dict(self.clock))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GpuFigures:
+        """The figures a run record holds (unknown keys ignored, missing ones default)."""
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class _Timeline:
+    """One device's GPU timeline cut into iteration windows (see the module docstring)."""
+
+    def __init__(self, device: int, max_kept: int) -> None:
+        self.device = device
+        self.pool: list[Int64Array] = []      # (n, 7) rows waiting to be placed
+        self.pool_n = 0
+        self.placed_ns = _NEG                 # everything starting before was placed
+        self.late = 0
+        # carried across chunks
+        self.key = -1                         # current window key (2*ordinal, +1 outside)
+        self.max_ord = -1
+        self.iter_end: dict[int, int] = {}    # ordinal -> host end of that iteration
+        self.fa = _NEG                        # union frontier, all operations
+        self.fk = _NEG                        # union frontier, kernels
+        self.win_start = _NEG
+        # the open window's sums: busy, active (kernels or copies), host, other, between
+        self.acc = np.zeros(6, dtype=np.int64)
+        self.series = Series(max_kept, len(WINDOW_COLUMNS))
+        self.totals = np.zeros(len(WINDOW_COLUMNS), dtype=np.int64)  # counted windows
+        self.counted = 0
+        self.warmup_skip = 0
+
+    def add(self, rows: Int64Array) -> None:
+        late = rows[:, 0] < self.placed_ns
+        if late.any():
+            self.late += int(late.sum())
+            rows = rows[~late]
+        if len(rows):
+            self.pool.append(rows)
+            self.pool_n += len(rows)
+
+    def place(self, upto: int | None) -> None:
+        """Place the pooled operations that start before ``upto`` (all: ``None``)."""
+        if not self.pool_n:
+            return
+        rows = np.concatenate(self.pool) if len(self.pool) > 1 else self.pool[0]
+        rows = rows[np.argsort(rows[:, 0], kind="stable")]
+        cut = len(rows) if upto is None else int(np.searchsorted(rows[:, 0], upto, "left"))
+        if cut:
+            self._process(rows[:cut])
+            self.placed_ns = max(self.placed_ns, int(rows[cut - 1, 0]) + 1
+                                 if upto is None else upto)
+        rest = rows[cut:]
+        self.pool = [rest] if len(rest) else []
+        self.pool_n = len(rest)
+
+    def _process(self, r: Int64Array) -> None:
+        start, end, is_kernel = r[:, 0], r[:, 1], r[:, 2] == 1
+        launch, ordinal, iter_end, loop = r[:, 3], r[:, 4], r[:, 5], r[:, 6] == 1
+        n = len(r)
+        has = (ordinal >= 0) & (iter_end >= 0)
+        if has.any():
+            seen, first = np.unique(ordinal[has], return_index=True)
+            for o, e in zip(seen.tolist(), iter_end[has][first].tolist()):
+                self.iter_end[o] = max(e, self.iter_end.get(o, -1))
+        running = np.maximum.accumulate(np.maximum(np.where(loop, ordinal, -1), self.max_ord))
+        uniq, inverse = np.unique(running, return_inverse=True)
+        ends_of = np.array([self.iter_end.get(o, -1) for o in uniq.tolist()],
+                           dtype=np.int64)[np.asarray(inverse).reshape(-1)]
+        flip = loop & (ordinal < 0) & (running >= 0) & (ends_of >= 0) & (launch > ends_of)
+        key = np.where(running < 0, -1, 2 * running + flip.astype(np.int64))
+        window = np.maximum.accumulate(np.maximum(key, self.key))
+        prev_window = np.concatenate(([self.key], window[:-1]))
+        boundary = window > prev_window
+        # union frontiers before each operation
+        fa_prev = np.maximum(np.concatenate(([self.fa], np.maximum.accumulate(end)[:-1])),
+                             self.fa)
+        kend = np.where(is_kernel, end, _NEG)
+        fk_prev = np.maximum(np.concatenate(([self.fk], np.maximum.accumulate(kend)[:-1])),
+                             self.fk)
+        gap = np.maximum(0, start - np.maximum(fa_prev, _NEG + 1))
+        gap = np.where(fa_prev == _NEG, 0, gap)
+        all_c = np.maximum(0, end - np.maximum(start, fa_prev))
+        busy_c = np.where(is_kernel, np.maximum(0, end - np.maximum(start, fk_prev)), 0)
+        host = np.where(launch >= 0,
+                        np.clip(np.minimum(launch, start) - fa_prev, 0, gap), 0)
+        host = np.where(boundary, 0, host)
+        other = np.where(boundary, 0, gap - host)
+        between = np.where(boundary, gap, 0)
+        # window index inside this chunk: 0 the carried one, then each boundary
+        wi = np.cumsum(boundary)
+        n_w = int(wi[-1]) + 1 if n else 1
+        sums = np.zeros((n_w, 6), dtype=np.int64)
+        # gap before a boundary belongs to the window it ends
+        gap_w = np.where(boundary, wi - 1, wi)
+        for col, values, owner in ((0, busy_c, wi), (1, all_c, wi), (2, host, gap_w),
+                                   (3, other, gap_w), (4, between, gap_w)):
+            sums[:, col] += np.bincount(owner, weights=values, minlength=n_w).astype(np.int64)
+        # union time that ran on past a boundary moves to the window it ran in
+        b_idx = np.flatnonzero(boundary)
+        if len(b_idx):
+            b = start[b_idx]
+            over_all = np.maximum(0, fa_prev[b_idx] - b)
+            over_k = np.maximum(0, fk_prev[b_idx] - b)
+            w_new = wi[b_idx]
+            np.subtract.at(sums[:, 1], w_new - 1, over_all)
+            np.add.at(sums[:, 1], w_new, over_all)
+            np.subtract.at(sums[:, 0], w_new - 1, over_k)
+            np.add.at(sums[:, 0], w_new, over_k)
+        sums[0] += self.acc
+        starts = [self.win_start, *start[b_idx].tolist()]
+        keys = [self.key, *window[b_idx].tolist()]
+        for j in range(n_w - 1):
+            self._close(keys[j], starts[j], starts[j + 1], sums[j])
+        self.key, self.win_start = keys[-1], starts[-1]
+        self.acc = sums[-1]
+        self.max_ord = int(running[-1]) if n else self.max_ord
+        if len(self.iter_end) > 4096:  # only the newest iterations' ends are looked up
+            self.iter_end = {o: e for o, e in self.iter_end.items() if o >= self.max_ord - 1024}
+        self.fa = max(self.fa, int(end.max())) if n else self.fa
+        if is_kernel.any():
+            self.fk = max(self.fk, int(end[is_kernel].max()))
+
+    def _close(self, key: int, t0: int, t1: int, s: Int64Array) -> None:
+        if key < 0 or key % 2 or t0 == _NEG:
+            return  # before the first iteration, or what the loop ran outside one
+        busy, active, host, other, between = (int(x) for x in s[:5])
+        span = t1 - t0
+        copies = max(0, active - busy)
+        row = (span, busy, host, copies, between, other)
+        if key // 2 >= self.warmup_skip:
+            self.counted += 1
+            self.totals += np.array(row, dtype=np.int64)
+            self.series.extend(np.array([row], dtype=np.float64) / 1e6)
+
+    def finish(self) -> None:
+        self.place(None)
+        if self.win_start != _NEG and self.fa != _NEG:
+            end = max(self.fa, self.win_start)
+            self._close(self.key, self.win_start, end, self.acc)
+        self.key, self.win_start, self.acc = -1, _NEG, np.zeros(6, dtype=np.int64)
+
+
+class GpuFigureBuilder:
+    """Attributed operations in (any order, any blocks), :class:`GpuFigures` out."""
+
+    def __init__(self, link_keys: list[str], names: NameTable, warmup_skip: int = 0, *,
+                 loop_tid: int | None = None, max_pool: int = 1 << 16,
+                 max_kept: int = MAX_KEPT_ITERATIONS) -> None:
+        self.link_keys = link_keys        # the attributor's list, growing
+        self.names = names
+        self.warmup_skip = warmup_skip
+        self.loop_tid = loop_tid
+        self.max_pool = max(2, max_pool)
+        self.max_kept = max_kept
+        self.link_sums = np.zeros((0, 5), dtype=np.int64)  # fwd ns, fwd n, bwd ns, bwd n, copy ns
+        self.phase_sums = np.zeros((len(PHASE_KEYS), 3), dtype=np.int64)  # kernel ns, n, copy ns
+        self.kernel_keys: dict[tuple[int, int, int], int] = {}
+        self.kernel_sums = np.zeros((0, 2), dtype=np.int64)  # ns, calls
+        self.other_kernels = np.zeros(2, dtype=np.int64)
+        self.warmup_ns = 0
+        self.outside_ns = 0
+        self.op_counts = [0, 0, 0]
+        self.timelines: dict[int, _Timeline] = {}
+
+    def add(self, items: AttributedOps) -> None:
+        if not len(items):
+            return
+        ops, attr = items.ops, items.attr
+        dur = ops.end - ops.start
+        kernel = ops.kind == KERNEL
+        copy = (ops.kind == MEMCPY) | (ops.kind == MEMSET)
+        for k in (KERNEL, MEMCPY, MEMSET):
+            self.op_counts[k] += int((ops.kind == k).sum())
+        counted = attr.counted == 1
+        in_iter = attr.iteration >= 0
+        self.warmup_ns += int(dur[kernel & in_iter & ~counted].sum())
+        self.outside_ns += int(dur[kernel & ~in_iter].sum())
+        # per link
+        n_links = len(self.link_keys)
+        if len(self.link_sums) < n_links:
+            self.link_sums = np.vstack([self.link_sums,
+                                        np.zeros((n_links - len(self.link_sums), 5),
+                                                 dtype=np.int64)])
+        linked = counted & (attr.link >= 0)
+        bwd = attr.backward == 1
+        for col, sel, values in ((0, linked & kernel & ~bwd, dur), (1, linked & kernel & ~bwd, 1),
+                                 (2, linked & kernel & bwd, dur), (3, linked & kernel & bwd, 1),
+                                 (4, linked & copy, dur)):
+            if sel.any():
+                vals = np.broadcast_to(np.asarray(values, dtype=np.int64), dur.shape)[sel]
+                np.add.at(self.link_sums[:, col], attr.link[sel], vals)
+        # per phase
+        phased = counted & (attr.phase != PHASE_OUTSIDE)
+        for col, sel, values in ((0, phased & kernel, dur), (1, phased & kernel, 1),
+                                 (2, phased & copy, dur)):
+            if sel.any():
+                vals = np.broadcast_to(np.asarray(values, dtype=np.int64), dur.shape)[sel]
+                np.add.at(self.phase_sums[:, col], attr.phase[sel], vals)
+        # top kernels
+        sel = counted & kernel
+        if sel.any():
+            keys = np.column_stack([ops.name[sel], attr.link[sel], attr.backward[sel]])
+            uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+            inverse = np.asarray(inverse).reshape(-1)
+            ns = np.bincount(inverse, weights=dur[sel]).astype(np.int64)
+            calls = np.bincount(inverse).astype(np.int64)
+            for (name, link, back), t, c in zip(uniq.tolist(), ns.tolist(), calls.tolist()):
+                key = (name, link, back)
+                pos = self.kernel_keys.get(key)
+                if pos is None:
+                    if len(self.kernel_keys) >= MAX_KERNEL_KEYS:
+                        self.other_kernels += (t, c)
+                        continue
+                    pos = self.kernel_keys[key] = len(self.kernel_keys)
+                    self.kernel_sums = np.vstack([self.kernel_sums, np.zeros((1, 2), np.int64)])
+                self.kernel_sums[pos] += (t, c)
+        # the timeline
+        if self.loop_tid is None:
+            with_iter = attr.tid[in_iter]
+            if len(with_iter):
+                self.loop_tid = int(with_iter[0])
+        loop = (attr.tid == self.loop_tid).astype(np.int64)
+        rows = np.column_stack([ops.start, ops.end, kernel.astype(np.int64), attr.api_start,
+                                np.where(loop == 1, attr.iteration, -1), attr.iter_end, loop])
+        for device in np.unique(ops.device).tolist():
+            tl = self.timelines.get(device)
+            if tl is None:
+                tl = self.timelines[device] = _Timeline(device, self.max_kept)
+                tl.warmup_skip = self.warmup_skip
+            tl.add(rows[ops.device == device])
+            if tl.pool_n > self.max_pool:  # place the oldest half
+                starts = np.sort(np.concatenate([p[:, 0] for p in tl.pool]))
+                tl.place(int(starts[len(starts) // 2]))
+
+    def advance(self, watermark_ns: int) -> None:
+        """No operation starting before ``watermark_ns`` (agent ns) will arrive any more."""
+        for tl in self.timelines.values():
+            tl.place(watermark_ns)
+
+    @property
+    def pooled(self) -> int:
+        return sum(tl.pool_n for tl in self.timelines.values())
+
+    def result(self, statuses: dict[str, dict[str, float]] | None = None,
+               clock: dict[str, float | int] | None = None) -> GpuFigures:
+        """The figures (places everything still pooled: call once all activity is in)."""
+        for tl in self.timelines.values():
+            tl.finish()
+        totals = np.zeros(len(WINDOW_COLUMNS), dtype=np.int64)
+        counted = 0
+        devices: list[TimelineDict] = []
+        columns: dict[str, list[float]] = {c: [] for c in WINDOW_COLUMNS}
+        stride = 1
+        for device in sorted(self.timelines):
+            tl = self.timelines[device]
+            totals += tl.totals
+            counted = max(counted, tl.counted)
+            devices.append(TimelineDict(
+                device=device, windows=tl.counted, span_ms=int(tl.totals[0]) / 1e6,
+                busy_ms=int(tl.totals[1]) / 1e6,
+                idle_ms={k: int(tl.totals[2 + i]) / 1e6 for i, k in enumerate(IDLE_KEYS)}))
+            if not columns["span"] and tl.counted:  # the first device's iterations
+                columns = {c: tl.series.values[i].tolist()
+                           for i, c in enumerate(WINDOW_COLUMNS)}
+                stride = tl.series.stride
+        span, busy = int(totals[0]), int(totals[1])
+        copies = int(totals[2 + IDLE_KEYS.index("copies")])
+        links: list[LinkGpuDict] = []
+        for i, key in enumerate(self.link_keys[:len(self.link_sums)]):
+            s = self.link_sums[i].tolist()
+            if any(s):
+                links.append(LinkGpuDict(name=key, fwd_ms=s[0] / 1e6, fwd_kernels=s[1],
+                                         bwd_ms=s[2] / 1e6, bwd_kernels=s[3],
+                                         copy_ms=s[4] / 1e6))
+        links.sort(key=lambda x: (-(x["fwd_ms"] + x["bwd_ms"]), x["name"]))
+        tops: list[KernelGpuDict] = []
+        if len(self.kernel_sums):
+            order = np.argsort(-self.kernel_sums[:, 0], kind="stable")[:TOP_KERNELS]
+            keys = list(self.kernel_keys)
+            for pos in order.tolist():
+                name, link, back = keys[pos]
+                ns, calls = self.kernel_sums[pos].tolist()
+                tops.append(KernelGpuDict(
+                    name=self.names.name(name),
+                    link=self.link_keys[link] if 0 <= link < len(self.link_keys) else None,
+                    backward=bool(back), ms=ns / 1e6, calls=calls))
+        return GpuFigures(
+            iterations=counted, warmup_skip=self.warmup_skip, span_ms=span / 1e6,
+            busy_ms=busy / 1e6, busy_share=busy / span if span else None,
+            active_share=(busy + copies) / span if span else None,
+            idle_ms={k: int(totals[2 + i]) / 1e6 for i, k in enumerate(IDLE_KEYS)},
+            iteration_ms=columns, sample_stride=stride, devices=devices,
+            phases={key: PhaseGpuDict(kernel_ms=int(self.phase_sums[i, 0]) / 1e6,
+                                      kernels=int(self.phase_sums[i, 1]),
+                                      copy_ms=int(self.phase_sums[i, 2]) / 1e6)
+                    for i, key in enumerate(PHASE_KEYS)},
+            links=links, top_kernels=tops,
+            warmup_kernel_ms=self.warmup_ns / 1e6, outside_kernel_ms=self.outside_ns / 1e6,
+            ops={"kernel": self.op_counts[KERNEL], "memcpy": self.op_counts[MEMCPY],
+                 "memset": self.op_counts[MEMSET]},
+            statuses=dict(statuses or {}), late_ops=sum(tl.late for tl in self.timelines.values()),
+            clock=dict(clock or {}))

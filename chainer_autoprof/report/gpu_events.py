@@ -1,0 +1,367 @@
+"""GPU activity as trace events, after the PyTorch profiler's (Kineto's) conventions.
+
+Records in, event dicts out (and back): the trace codec places these events beside the
+agent's ranges; HolisticTraceAnalysis reads such a trace as it reads a PyTorch profiler
+trace (temporal and idle-time breakdowns, kernel breakdowns), Perfetto and
+chrome://tracing show it.
+
+Events (``ts``/``dur`` in microseconds since the agent started, 3 decimals, like the
+ranges):
+
+* per device a process ``GPU d`` (pid :func:`gpu_pid`: above any real pid, so it never
+  collides with a process of a merged trace) and per stream a thread ``stream s``
+  (tid = CUPTI's stream id);
+* kernels ``{"ph": "X", "cat": "kernel", "name": <kernel>, "pid": <GPU>, "tid": <stream>,
+  "args": {"device", "context", "stream", "correlation", "External id", "grid", "block",
+  "registers per thread", "shared memory", "launched by", "link"}}``; copies
+  ``cat "gpu_memcpy"``, named ``Memcpy HtoD (Pageable -> Device)``, with ``bytes`` and
+  ``memory bandwidth (GB/s)``; memsets ``cat "gpu_memset"``, ``Memset (Device)``;
+* the launching CUDA call on the launching thread's track (pid, tid of the agent's
+  ranges): ``cat "cuda_runtime"`` or ``"cuda_driver"``, named after the function
+  (``cudaLaunchKernel``, ``cuLaunchKernel``, ...), ``args {"cbid", "correlation",
+  "External id"}``, inside the range that launched it (its end held inside that range,
+  which the clock map's error could push out);
+* a flow ``"ac2g"`` from each call (``ph "s"``) to its first GPU operation (``ph "f"``,
+  ``bp "e"``), id = the correlation id;
+* ``ProfilerStep#N`` (``cat "user_annotation"``) over each iteration range of the loop
+  thread: how HolisticTraceAnalysis finds iterations;
+* ``External id``: one number per launching range, also given to that range's event
+  (:attr:`GpuEvents.range_args`, for the writer's ``event_args``), as Kineto ties an
+  operator to its kernels.
+
+Top-level fields (:func:`trace_fields`): ``schemaVersion``, ``deviceProperties``,
+``distributedInfo`` (the rank HolisticTraceAnalysis keys traces by),
+``baseTimeNanoseconds`` (the Unix time of ``ts`` 0).
+
+Bounded: the events come from the operations the analysis kept (the newest
+``record_limit``): at most four events per operation, plus one per iteration and the
+metadata.  :func:`activity_from_events` reads them back as an
+:class:`~..common.gpu_records.ActivityBatch` on the agent's clock, which the same
+attribution turns into the same figures (``report`` on a saved trace).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..analysis.gpu_analysis import GpuAnalysis
+from ..analysis.gpu_attribution import K_ITER, AttributedOps
+from ..analysis.stats import DEPTH_BITS
+from ..common.gpu_records import (
+    COPY_KIND_NAMES,
+    DRIVER,
+    KERNEL,
+    MEMCPY,
+    MEMORY_KIND_NAMES,
+    MEMSET,
+    RUNTIME,
+    ActivityBatch,
+    ApiCalls,
+    ExternalIds,
+    GpuOps,
+    NameTable,
+)
+
+CAT_KERNEL = "kernel"
+CAT_MEMCPY = "gpu_memcpy"
+CAT_MEMSET = "gpu_memset"
+CAT_RUNTIME = "cuda_runtime"
+CAT_DRIVER = "cuda_driver"
+CAT_FLOW = "ac2g"
+CAT_STEP = "user_annotation"
+#: Every category these events use (what a reader routes here).
+GPU_CATEGORIES = frozenset({CAT_KERNEL, CAT_MEMCPY, CAT_MEMSET, CAT_RUNTIME, CAT_DRIVER,
+                            CAT_FLOW, CAT_STEP})
+STEP_PREFIX = "ProfilerStep#"
+_OP_CATS = {KERNEL: CAT_KERNEL, MEMCPY: CAT_MEMCPY, MEMSET: CAT_MEMSET}
+#: A GPU's process id: above Linux's largest pid (2**22), one per process and device.
+GPU_PID_BASE = 1 << 22
+MAX_DEVICES = 64
+
+#: CUPTI callback ids of the calls that launch work -> the function's name.
+RUNTIME_NAMES = {
+    13: "cudaLaunch", 31: "cudaMemcpy", 32: "cudaMemcpy2D", 41: "cudaMemcpyAsync",
+    44: "cudaMemcpy2DAsync", 49: "cudaMemset", 51: "cudaMemsetAsync", 145: "cudaMemcpy3DAsync",
+    161: "cudaMemcpyPeerAsync", 211: "cudaLaunchKernel", 214: "cudaLaunchKernel_ptsz",
+    215: "cudaMemcpy_ptds", 225: "cudaMemcpyAsync_ptsz", 233: "cudaMemset_ptds",
+    235: "cudaMemsetAsync_ptsz", 269: "cudaLaunchCooperativeKernel",
+    311: "cudaGraphLaunch", 312: "cudaGraphLaunch_ptsz", 430: "cudaLaunchKernelExC",
+    431: "cudaLaunchKernelExC_ptsz",
+}
+DRIVER_NAMES = {
+    307: "cuLaunchKernel", 442: "cuLaunchKernel_ptsz", 477: "cuLaunchCooperativeKernel",
+    514: "cuGraphLaunch", 515: "cuGraphLaunch_ptsz", 652: "cuLaunchKernelEx",
+    653: "cuLaunchKernelEx_ptsz",
+}
+
+
+def gpu_pid(pid: int, device: int) -> int:
+    """The trace pid of ``device``'s tracks in process ``pid``."""
+    return GPU_PID_BASE + pid * MAX_DEVICES + device % MAX_DEVICES
+
+
+def api_name(domain: int, cbid: int) -> str:
+    if domain == DRIVER:
+        return DRIVER_NAMES.get(cbid, f"cuDriver#{cbid}")
+    return RUNTIME_NAMES.get(cbid, f"cudaRuntime#{cbid}")
+
+
+def _api_cbid(domain: int, name: str) -> int:
+    table = DRIVER_NAMES if domain == DRIVER else RUNTIME_NAMES
+    for cbid, known in table.items():
+        if known == name:
+            return cbid
+    tail = name.rsplit("#", 1)
+    return int(tail[1]) if len(tail) == 2 and tail[1].isdigit() else -1
+
+
+def _us(ns: int) -> float:
+    """Nanoseconds as microseconds, rounded to the nanosecond (JSON writes it exactly)."""
+    return round(ns / 1000.0, 3)
+
+
+def is_gpu_event(event: Mapping[str, Any]) -> bool:
+    """Whether a trace event is one of these (a reader of the agent's ranges skips it)."""
+    cat = event.get("cat")
+    if cat in GPU_CATEGORIES:
+        return True
+    pid = event.get("pid")
+    return isinstance(pid, int) and pid >= GPU_PID_BASE
+
+
+@dataclass
+class GpuEvents:
+    """The encoded events, and the arguments they add to the agent's own range events."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    #: (tid, range start ns) -> {"External id": n}: the writer's ``event_args``.
+    range_args: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+
+
+def op_name(ops: GpuOps, i: int, names: NameTable) -> str:
+    kind = int(ops.kind[i])
+    if kind == KERNEL:
+        return names.name(int(ops.name[i]))
+    if kind == MEMCPY:
+        copy = COPY_KIND_NAMES.get(int(ops.copy_kind[i]), "Unknown")
+        src = MEMORY_KIND_NAMES.get(int(ops.src_kind[i]), "Unknown")
+        dst = MEMORY_KIND_NAMES.get(int(ops.dst_kind[i]), "Unknown")
+        return f"Memcpy {copy} ({src} -> {dst})"
+    return "Memset (Device)"
+
+
+def encode(records: AttributedOps, *, pid: int, start_ns: int, names: NameTable,
+           range_names: Sequence[str] = (), link_keys: Sequence[str] = ()) -> GpuEvents:
+    """Attributed operations -> trace events (see the module docstring).
+
+    ``start_ns``: the agent's ``perf_counter_ns`` at ``ts`` 0; ``range_names`` and
+    ``link_keys`` name the attribution's range indexes and link ids.
+    """
+    out = GpuEvents()
+    if not len(records):
+        return out
+    ops, attr = records.ops, records.attr
+    order = np.lexsort((ops.start, ops.stream, ops.device))
+    ext_ids: dict[tuple[int, int], int] = {}
+    tracks: dict[int, set[int]] = {}
+    flows_started: set[int] = set()
+    events = out.events
+    api_events: list[dict[str, Any]] = []
+    for i in order.tolist():
+        kind = int(ops.kind[i])
+        device, stream, corr = int(ops.device[i]), int(ops.stream[i]), int(ops.correlation[i])
+        tracks.setdefault(device, set()).add(stream)
+        t0, t1 = int(ops.start[i]), int(ops.end[i])
+        tid = int(attr.tid[i])
+        ext = -1
+        if attr.range[i] >= 0 and tid >= 0:
+            key = (tid, int(attr.range_t0[i]))
+            ext = ext_ids.get(key, -1)
+            if ext < 0:
+                ext = ext_ids[key] = len(ext_ids) + 1
+                out.range_args[key] = {"External id": ext}
+        args: dict[str, Any] = {"device": device, "context": int(ops.context[i]),
+                                "stream": stream, "correlation": corr, "External id": ext}
+        if kind == KERNEL:
+            args["grid"] = [int(ops.grid_x[i]), int(ops.grid_y[i]), int(ops.grid_z[i])]
+            args["block"] = [int(ops.block_x[i]), int(ops.block_y[i]), int(ops.block_z[i])]
+            args["registers per thread"] = int(ops.registers[i])
+            smem = [int(ops.static_smem[i]), int(ops.dynamic_smem[i])]
+            args["shared memory"] = sum(s for s in smem if s > 0) if max(smem) >= 0 else -1
+        else:
+            nbytes = int(ops.bytes[i])
+            args["bytes"] = nbytes
+            if kind == MEMCPY:
+                seconds = (t1 - t0) / 1e9
+                args["memory bandwidth (GB/s)"] = (
+                    round(nbytes / seconds / 1e9, 3) if seconds > 0 and nbytes > 0 else 0.0)
+        r = int(attr.range[i])
+        if 0 <= r < len(range_names):
+            args["launched by"] = range_names[r]
+        link = int(attr.link[i])
+        if 0 <= link < len(link_keys):
+            args["link"] = link_keys[link] + (" backward" if attr.backward[i] else "")
+        gpid = gpu_pid(pid, device)
+        events.append({"ph": "X", "cat": _OP_CATS.get(kind, CAT_KERNEL),
+                       "name": op_name(ops, i, names), "pid": gpid, "tid": stream,
+                       "ts": _us(t0 - start_ns), "dur": _us(max(0, t1 - t0)), "args": args})
+        launch = int(attr.api_start[i])
+        if launch < 0 or tid < 0 or corr in flows_started:
+            continue
+        flows_started.add(corr)
+        end = int(attr.api_end[i])
+        if attr.range[i] >= 0 and attr.range_t1[i] >= 0:
+            end = min(end, int(attr.range_t1[i]))  # inside its range on the thread's track
+        end = max(end, launch)
+        domain = int(attr.api_domain[i])
+        api_events.append({
+            "ph": "X", "cat": CAT_DRIVER if domain == DRIVER else CAT_RUNTIME,
+            "name": api_name(domain, int(attr.cbid[i])), "pid": pid, "tid": tid,
+            "ts": _us(launch - start_ns), "dur": _us(end - launch),
+            "args": {"cbid": int(attr.cbid[i]), "correlation": corr, "External id": ext}})
+        api_events.append({"ph": "s", "id": corr, "pid": pid, "tid": tid,
+                           "ts": _us(launch - start_ns), "cat": CAT_FLOW, "name": CAT_FLOW})
+        events.append({"ph": "f", "id": corr, "pid": gpid, "tid": stream,
+                       "ts": _us(t0 - start_ns), "cat": CAT_FLOW, "name": CAT_FLOW, "bp": "e"})
+    meta: list[dict[str, Any]] = []
+    for device in sorted(tracks):
+        gpid = gpu_pid(pid, device)
+        meta.append({"ph": "M", "name": "process_name", "pid": gpid, "tid": 0,
+                     "args": {"name": f"GPU {device}"}})
+        meta.append({"ph": "M", "name": "process_labels", "pid": gpid, "tid": 0,
+                     "args": {"labels": f"CUDA device {device} (process {pid})"}})
+        meta.append({"ph": "M", "name": "process_sort_index", "pid": gpid, "tid": 0,
+                     "args": {"sort_index": gpid}})
+        for stream in sorted(tracks[device]):
+            meta.append({"ph": "M", "name": "thread_name", "pid": gpid, "tid": stream,
+                         "args": {"name": f"stream {stream}"}})
+            meta.append({"ph": "M", "name": "thread_sort_index", "pid": gpid, "tid": stream,
+                         "args": {"sort_index": stream}})
+    out.events = meta + api_events + events
+    return out
+
+
+def profiler_steps(iterations: Iterable[tuple[int, int, int, int]], *, pid: int,
+                   start_ns: int) -> list[dict[str, Any]]:
+    """``ProfilerStep#N`` events over iterations ``(tid, t0 ns, t1 ns, number)``."""
+    return [{"ph": "X", "cat": CAT_STEP, "name": f"{STEP_PREFIX}{number}", "pid": pid,
+             "tid": tid, "ts": _us(t0 - start_ns), "dur": _us(max(0, t1 - t0)),
+             "args": {}} for tid, t0, t1, number in iterations]
+
+
+def trace_fields(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Kineto's top-level fields from the agent's trace metadata (``otherData`` part)."""
+    devices = meta.get("devices") or []
+    clock = meta.get("clock") or {}
+    process = meta.get("process") or {}
+    rank = meta.get("rank")
+    world = process.get("world_size")
+    out: dict[str, Any] = {
+        "schemaVersion": 1,
+        "deviceProperties": [{"id": int(d.get("id", i)), "name": str(d.get("name", ""))}
+                             for i, d in enumerate(devices) if isinstance(d, Mapping)],
+        "distributedInfo": {"backend": "nccl" if world else "none",
+                            "rank": int(rank) if isinstance(rank, int) else 0,
+                            "world_size": int(world) if isinstance(world, int) else 1},
+    }
+    unix = clock.get("unix_time_ns_at_start")
+    if isinstance(unix, int):
+        out["baseTimeNanoseconds"] = unix
+    return out
+
+
+def iteration_rows(analysis: GpuAnalysis, rows_by_thread: Mapping[int, Any],
+                   loop_tid: int | None) -> list[tuple[int, int, int, int]]:
+    """The loop thread's iterations ``(tid, t0, t1, number)`` from recorded rows."""
+    out: list[tuple[int, int, int, int]] = []
+    kinds = analysis.attributor.kinds
+    for tid, rows in rows_by_thread.items():
+        if loop_tid is not None and tid != loop_tid:
+            continue
+        a = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+        for index, t0, t1, packed in a.tolist():
+            if index < len(kinds) and kinds[index] == K_ITER:
+                number = (packed >> DEPTH_BITS) - 1
+                out.append((tid, t0, t1, number if number >= 0 else len(out)))
+    out.sort(key=lambda r: r[1])
+    return out
+
+
+# --------------------------------------------------------------------------
+# Reading back
+# --------------------------------------------------------------------------
+
+def activity_from_events(events: Iterable[Mapping[str, Any]], start_ns: int = 0,
+                         names: NameTable | None = None) -> ActivityBatch:
+    """The GPU operations and launching calls of a saved trace, as an
+    :class:`ActivityBatch` on the agent's clock (``perf_counter_ns`` = ``start_ns`` +
+    ``ts``); its API calls carry the agent's thread ids (attribute with
+    ``identity_threads`` and an identity clock map)."""
+    names = names if names is not None else NameTable()
+    ops: dict[str, list[int]] = {c: [] for c in GpuOps.columns()}
+    api: dict[str, list[int]] = {c: [] for c in ApiCalls.columns()}
+
+    def ns(value: Any) -> int:
+        return start_ns + round(float(value) * 1000)
+
+    kinds = {CAT_KERNEL: KERNEL, CAT_MEMCPY: MEMCPY, CAT_MEMSET: MEMSET}
+    for ev in events:
+        if ev.get("ph") != "X":
+            continue
+        cat = ev.get("cat")
+        args = ev.get("args") or {}
+        if cat in kinds:
+            row = dict.fromkeys(GpuOps.columns(), -1)
+            row["kind"] = kinds[cat]
+            row["start"] = ns(ev["ts"])
+            row["end"] = row["start"] + round(float(ev["dur"]) * 1000)
+            for col in ("device", "context", "stream", "correlation"):
+                row[col] = int(args.get(col, -1))
+            if cat == CAT_KERNEL:
+                row["name"] = names.intern(str(ev.get("name", "")))
+                grid, block = args.get("grid") or [-1] * 3, args.get("block") or [-1] * 3
+                row["grid_x"], row["grid_y"], row["grid_z"] = (int(x) for x in grid[:3])
+                row["block_x"], row["block_y"], row["block_z"] = (int(x) for x in block[:3])
+                row["registers"] = int(args.get("registers per thread", -1))
+                row["dynamic_smem"] = int(args.get("shared memory", -1))
+            else:
+                row["bytes"] = int(args.get("bytes", -1))
+                if cat == CAT_MEMCPY:
+                    row["copy_kind"], row["src_kind"], row["dst_kind"] = _copy_kinds(
+                        str(ev.get("name", "")))
+            for col, value in row.items():
+                ops[col].append(value)
+        elif cat in (CAT_RUNTIME, CAT_DRIVER):
+            domain = DRIVER if cat == CAT_DRIVER else RUNTIME
+            t0 = ns(ev["ts"])
+            api["domain"].append(domain)
+            api["start"].append(t0)
+            api["end"].append(t0 + round(float(ev["dur"]) * 1000))
+            api["correlation"].append(int(args.get("correlation", -1)))
+            cbid = args.get("cbid")
+            api["cbid"].append(int(cbid) if cbid is not None
+                               else _api_cbid(domain, str(ev.get("name", ""))))
+            api["thread"].append(int(ev.get("tid", -1)))
+    return ActivityBatch(GpuOps.from_columns(len(ops["kind"]), ops),
+                         ApiCalls.from_columns(len(api["domain"]), api),
+                         ExternalIds.empty(), names)
+
+
+def _copy_kinds(name: str) -> tuple[int, int, int]:
+    """``Memcpy HtoD (Pageable -> Device)`` -> the CUPTI kinds (-1 where unknown)."""
+    def code(table: Mapping[int, str], text: str) -> int:
+        for k, v in table.items():
+            if v == text:
+                return k
+        return -1
+
+    parts = name.split(" ", 2)
+    copy = code(COPY_KIND_NAMES, parts[1]) if len(parts) > 1 else -1
+    src = dst = -1
+    if len(parts) > 2 and parts[2].startswith("(") and " -> " in parts[2]:
+        a, b = parts[2][1:].rstrip(")").split(" -> ", 1)
+        src, dst = code(MEMORY_KIND_NAMES, a), code(MEMORY_KIND_NAMES, b)
+    return copy, src, dst

@@ -1,0 +1,157 @@
+"""GPU activity at scale: a synthetic stream of a million kernels keeps memory and the trace
+bounded, and its figures exact."""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from chainer_autoprof.analysis.gpu_analysis import GpuAnalysis, Limits
+from chainer_autoprof.analysis.gpu_clock import fit
+from chainer_autoprof.analysis.stats import DEPTH_BITS
+from chainer_autoprof.common.gpu_records import (
+    DRIVER,
+    KERNEL,
+    ActivityBatch,
+    ApiCalls,
+    ClockPairs,
+    ExternalIds,
+    GpuOps,
+    NameTable,
+)
+from chainer_autoprof.report import gpu_events
+
+TID = 4242
+CUPTI_THREAD = 0xABCDE6C0
+LINKS = 10
+KERNELS_PER_RANGE = 5          # per link, forward and backward: 100 kernels an iteration
+PERIOD = 1_000_000             # ns per iteration
+KERNEL_NS = 3_000
+LAG = 20_000                   # the GPU runs each kernel this long after its launch
+WARMUP = 3
+BLOCK = 100                    # iterations per block of ranges and of activity
+
+
+def names() -> list[tuple[str, str]]:
+    out = [("iteration", "iteration"), ("forward", "forward"), ("backward", "backward")]
+    out += [(f"model/l{j} (Linear)", "link") for j in range(LINKS)]
+    out += [(f"model/l{j} (Linear) backward", "link_backward") for j in range(LINKS)]
+    return out
+
+
+def ranges(first: int, count: int) -> np.ndarray:
+    """Rows (index, t0, t1, depth) of iterations first..first+count, in end order."""
+    rows = []
+    for i in range(first, first + count):
+        t = i * PERIOD
+        for j in range(LINKS):
+            s = t + 20_000 + j * 35_000
+            rows.append((3 + j, s, s + 30_000, 2))
+        rows.append((1, t + 10_000, t + 400_000, 1))
+        for j in range(LINKS):
+            s = t + 460_000 + j * 40_000
+            rows.append((3 + LINKS + (LINKS - 1 - j), s, s + 35_000, 2))
+        rows.append((2, t + 450_000, t + 900_000, 1))
+        rows.append((0, t, t + 950_000, 0 | ((i + 1) << DEPTH_BITS)))
+    return np.asarray(rows, dtype=np.int64)
+
+
+def launches(first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Launch times and link (0..9 forward, 10..19 backward) of every kernel."""
+    t = (np.arange(first, first + count) * PERIOD)[:, None, None]
+    j = np.arange(LINKS)[None, :, None]
+    k = np.arange(KERNELS_PER_RANGE)[None, None, :]
+    fwd = t + 20_000 + j * 35_000 + 1_000 + k * 5_000
+    bwd = t + 460_000 + (LINKS - 1 - j) * 40_000 + 1_000 + k * 5_000
+    times = np.concatenate([fwd.reshape(count, -1), bwd.reshape(count, -1)], axis=1)
+    link = np.concatenate([np.repeat(np.arange(LINKS), KERNELS_PER_RANGE),
+                           LINKS + np.repeat(np.arange(LINKS), KERNELS_PER_RANGE)])
+    return times.reshape(-1), np.tile(link, count)
+
+
+def activity(first: int, count: int, table: NameTable) -> tuple[GpuOps, ApiCalls]:
+    launch, _link = launches(first, count)
+    n = len(launch)
+    corr = first * 100 + np.arange(n, dtype=np.int64) + 1
+    ops = GpuOps.from_columns(n, {
+        "kind": np.full(n, KERNEL), "start": launch + LAG, "end": launch + LAG + KERNEL_NS,
+        "correlation": corr, "device": np.zeros(n), "context": np.ones(n),
+        "stream": 7 + (np.arange(n) % 2), "name": np.arange(n) % 7})
+    api = ApiCalls.from_columns(n, {
+        "domain": np.full(n, DRIVER), "start": launch, "end": launch + 2_000,
+        "correlation": corr, "cbid": np.full(n, 307), "thread": np.full(n, CUPTI_THREAD)})
+    return ops, api
+
+
+#: Small limits, so that the short stream already fills every bounded store.
+LIMITS = Limits(max_api=1 << 14, max_pending=1 << 14, max_pool=1 << 13, max_ranges=1 << 14)
+
+
+def run(iterations: int, record_limit: int) -> tuple[GpuAnalysis, int, float]:
+    """Feed the stream block by block: ranges, then activity, stream 8's buffers one block
+    late and each block's API calls after its kernels; returns (analysis, peak bytes, s)."""
+    table = NameTable(f"kernel_{i}" for i in range(7))
+    clock = fit(ClockPairs.from_rows([(0, 0), (10**15, 10**15)]))
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    analysis = GpuAnalysis(clock, table, WARMUP, record_limit=record_limit, loop_tid=TID,
+                           limits=LIMITS)
+    for i, (name, category) in enumerate(names()):
+        analysis.add_name(i, name, category)
+    analysis.map_thread(CUPTI_THREAD, TID)
+    late_ops: GpuOps | None = None
+    for first in range(0, iterations, BLOCK):
+        analysis.feed_ranges(TID, ranges(first, BLOCK))
+        ops, api = activity(first, BLOCK, table)
+        seven = ops.stream == 7
+        parts = [ops.take(seven)] + ([late_ops] if late_ops is not None else [])
+        analysis.feed_activity(ActivityBatch(GpuOps.concat(parts), ApiCalls.empty(),
+                                             ExternalIds.empty(), table))
+        analysis.feed_activity(ActivityBatch(GpuOps.empty(), api, ExternalIds.empty(), table))
+        late_ops = ops.take(~seven)
+    analysis.feed_activity(ActivityBatch(late_ops, ApiCalls.empty(), ExternalIds.empty(),
+                                         table))
+    analysis.thread_finished(TID)
+    analysis.finish()
+    seconds = time.perf_counter() - t0
+    _now, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return analysis, peak, seconds
+
+
+def test_a_million_kernels_in_bounded_memory_with_exact_figures():
+    _small, small_peak, _ = run(1_000, record_limit=20_000)       # 100,000 kernels
+    big, big_peak, seconds = run(10_000, record_limit=20_000)    # 1,000,000 kernels
+    print(f"100k kernels: peak {small_peak / 1e6:.1f} MB; 1M kernels: peak "
+          f"{big_peak / 1e6:.1f} MB in {seconds:.1f} s")
+    # memory does not grow with the stream: ten times the kernels, about the same peak
+    assert big_peak < 1.2 * small_peak + 2e6
+    assert big_peak < 48e6
+    assert seconds < 180  # about 10-20 s alone; the machine is shared
+    fig = big.finish()
+    counted = 10_000 - WARMUP
+    assert fig.iterations == counted and fig.late_ops == 0
+    assert fig.ops == {"kernel": 1_000_000, "memcpy": 0, "memset": 0}
+    assert fig.statuses == {"attributed": {"ops": 1_000_000, "ms": pytest.approx(3_000.0)}}
+    # every kernel on its link, forward and backward
+    for link in fig.links:
+        assert link["fwd_kernels"] == link["bwd_kernels"] == KERNELS_PER_RANGE * counted
+        assert link["fwd_ms"] == link["bwd_ms"] == pytest.approx(
+            KERNELS_PER_RANGE * counted * KERNEL_NS / 1e6)
+    assert len(fig.links) == LINKS
+    # 100 kernels of 3 us in each 1 ms iteration window (the last one ends with its kernels)
+    assert fig.busy_share == pytest.approx(100 * KERNEL_NS / PERIOD, rel=1e-4)
+    assert fig.iteration_ms["span"][0] == pytest.approx(PERIOD / 1e6)
+    assert fig.busy_ms + sum(fig.idle_ms.values()) == pytest.approx(fig.span_ms)
+    assert fig.phases["forward"]["kernels"] == fig.phases["backward"]["kernels"] == 50 * counted
+    # per-iteration lists stay within their cap; the trace keeps the newest record_limit ops
+    assert len(fig.iteration_ms["busy"]) == counted
+    kept = big.records()
+    assert len(kept) == 20_000 and big.keeper.dropped == 1_000_000 - 20_000
+    assert kept.ops.start.min() > (10_000 - 201) * PERIOD  # the newest ones
+    events = gpu_events.encode(kept, pid=1, start_ns=0, names=big.names,
+                               range_names=big.range_names, link_keys=big.link_keys).events
+    assert len(events) <= 4 * 20_000 + 16
