@@ -7,6 +7,12 @@ CUDA synchronization): no signal is involved, so none of the program's own
 signals is taken.  Each request runs the handler the agent passed down
 (print the report on this process's stderr, write the trace so far) and
 sends its answer back.
+
+The listening socket is held across the program's code: a program that
+closes every descriptor (``os.closerange``, as daemonizing libraries do) may
+then open its own files under its number.  The server checks before each
+``accept`` that the number is still its socket (device and inode), listens
+anew where it is not, and never closes a number that is no longer its own.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import threading
 from typing import Any, Callable
 
 from ..common import control, log
+from ..common.outputs import FileId, close_if_ours, identity, still_ours
 
 #: Seconds a client may take to send its request.
 REQUEST_TIMEOUT = 5.0
@@ -31,6 +38,7 @@ class DumpServer:
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._ident: FileId | None = None  # the socket's identity while it is ours
         self.address = ""
 
     def start(self) -> bool:
@@ -48,6 +56,7 @@ class DumpServer:
             log.debug(f"no on-demand reports for this process ({exc})")
             return False
         self._sock = sock
+        self._ident = identity(sock.fileno())
         self._stopping = False
         self._thread = threading.Thread(target=self._serve, args=(sock,),
                                         name="chainer_autoprof dump server", daemon=True)
@@ -56,9 +65,14 @@ class DumpServer:
 
     def _serve(self, sock: socket.socket) -> None:
         while not self._stopping:
+            if not still_ours(sock.fileno(), self._ident):  # the program closed it
+                self._lost(sock)
+                return
             try:
                 conn, _ = sock.accept()
             except OSError:
+                if not self._stopping and not still_ours(sock.fileno(), self._ident):
+                    self._lost(sock)
                 return  # closed
             with conn:
                 if self._stopping:
@@ -79,6 +93,18 @@ class DumpServer:
             answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         control.send(conn, answer, end=True)
 
+    def _lost(self, sock: socket.socket) -> None:
+        """The program closed the socket (its number may be a file of its own now): forget
+        it without closing, and listen on a new one."""
+        sock.detach()
+        if self._sock is sock and not self._stopping:
+            self._sock = None
+            self.start()
+
+    def _close(self, sock: socket.socket) -> None:
+        """Close ``sock`` if its number is still ours, else only forget it."""
+        close_if_ours(sock.detach(), self._ident)
+
     def stop(self) -> None:
         """Stop serving and close the socket (at exit, on uninstall)."""
         sock, self._sock = self._sock, None
@@ -93,7 +119,7 @@ class DumpServer:
             pass
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
-        sock.close()
+        self._close(sock)
         if not control.ABSTRACT:
             with contextlib.suppress(OSError):
                 os.unlink(self.address)
@@ -103,4 +129,4 @@ class DumpServer:
         sock, self._sock = self._sock, None
         self._thread = None
         if sock is not None:
-            sock.close()
+            self._close(sock)
