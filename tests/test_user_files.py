@@ -537,3 +537,21 @@ def test_a_frame_between_lines_does_not_stop_the_background_writes():
     code = SimpleNamespace(co_filename="/srv/train.py", co_name="step")
     frames = where._frames(SimpleNamespace(f_code=code, f_lineno=None, f_back=None))
     assert frames == [{"file": "/srv/train.py", "line": None, "func": "step", "code": ""}]
+
+
+def test_another_users_file_at_the_trace_path_is_refused_before_the_script_runs(shared, other,
+                                                                              runner):
+    """In a sticky directory the kernel would refuse to replace it at the end of the run (the
+    trace lost after all the work): said before the script runs; the file stays theirs."""
+    victim = _needs(runner)
+    planted = shared / "run.json"
+    planted.write_text("their data")
+    _own(planted, other).chmod(0o666)
+    proc = _agent_as(victim, shared, ["--trace", "run.json", str(_script(shared))])
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and out == "", err
+    assert err.splitlines() == [
+        "python -m chainer_autoprof: error: --trace='run.json' is not valid: accepted: a file "
+        f"path in a writable directory (run.json belongs to another user (uid {other.pw_uid}) "
+        "in a sticky directory: it cannot be replaced)"]
+    assert planted.read_text() == "their data" and planted.stat().st_uid == other.pw_uid

@@ -169,7 +169,23 @@ def check_output(path: str) -> str:
             raise ValueError(f"{path} (-> {target}) is not writable")
     elif os.path.exists(path) and not os.access(path, os.W_OK):
         raise ValueError(f"{path} is not writable")
+    else:
+        _check_replaceable(path)
     return target
+
+
+def _check_replaceable(path: str) -> None:
+    """``ValueError`` where ``path`` is another user's file in a sticky directory (``/tmp``):
+    the kernel would refuse the rename that replaces it, at the end of the run."""
+    try:
+        st = os.lstat(path)
+        parent = os.stat(os.path.dirname(path) or os.curdir)
+    except OSError:
+        return
+    euid = os.geteuid() if hasattr(os, "geteuid") else st.st_uid
+    if parent.st_mode & stat.S_ISVTX and euid not in (0, st.st_uid, parent.st_uid):
+        raise ValueError(f"{path} belongs to another user (uid {st.st_uid}) in a sticky "
+                         "directory: it cannot be replaced")
 
 
 def check_writable(template: str) -> None:
