@@ -327,8 +327,9 @@ def check_room(fd: int, size: int, name: str) -> None:
     total = st.f_blocks * st.f_frsize
     keep = headroom(total)
     if free - size < keep:
-        raise NoRoomError(f"{_size(free)} free of {_size(total)} on the file system of {name}, "
-                          f"and the trace so far leaves {_size(keep)} to the program "
+        raise NoRoomError(f"{_size(free)} free of {_size(total)} on the file system of {name}; "
+                          f"writing {_size(size)} more would leave less than the "
+                          f"{_size(keep)} kept for the program "
                           f"({HEADROOM_SHARE:.0%} of it, at most {_size(HEADROOM_MAX)})")
 
 
