@@ -4,10 +4,14 @@
 Systems), plus ``%r`` MPI rank (:mod:`.rank`) and ``%%`` a percent sign.
 
 What the agent writes (a trace, a merged trace, an HTML report) only ever
-replaces a regular file: a symlink is written through to its target, and a
-directory, a device, a FIFO, a socket or a path on a kernel interface (``/proc``,
-``/sys``) is refused with one line (:func:`output_target`), both when the
-settings are checked and again when the file is written.
+replaces a regular file: a symlink is written through to its target where the
+kernel lets this process follow it, and a directory, a device, a FIFO, a
+socket or a path on a kernel interface (``/proc``, ``/sys``) is refused with
+one line (:func:`output_target`), both when the settings are checked and again
+when the file is written.  So is a path that names a directory (``dir/``), one
+with white space at either end or a control character, and one whose
+directory the kernel cannot reach as written (``missing/../x.json``): paths
+are never normalized here, the kernel reads them as given.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import stat
 from typing import Mapping
 
 from . import rank
+from .one_line import has_control
+from .outputs import kind_of
 
 _SUBST = re.compile(r"%(?:q\{([^}]*)\}|(.))")
 
@@ -74,39 +80,124 @@ KERNEL_TREES = ("/proc", "/sys")
 def output_target(path: str) -> str:
     """The regular file that writing ``path`` replaces: ``path``, or a symlink's final target.
 
-    Raises ``ValueError`` (one line) for what must never be replaced: an empty
-    path, a directory, a device, a FIFO, a socket, anything under ``/proc`` or
-    ``/sys``.  A path that does not exist yet is fine here (its directory is
-    checked by :func:`check_writable`).
+    Raises ``ValueError`` (one line) for what must never be replaced or is
+    almost surely a typing mistake: an empty path, a path with a space at
+    either end or a control character (a newline, a tab), one that names a
+    directory (``dir/``, ``dir/.``), a directory, a device, a FIFO, a socket,
+    anything under ``/proc`` or ``/sys``, a link the kernel does not let this
+    process follow.  The kernel reads the path as given (``ü/../x.json`` needs
+    ``ü``); a path that does not exist yet is fine here (its directory is
+    checked by :func:`check_writable`).  The name returned serves to compare
+    outputs with inputs: writing goes through :mod:`.outputs`, which leaves
+    following links to the kernel.
     """
     if not path.strip():
         raise ValueError("the path is empty")
+    if path != path.strip():
+        raise ValueError(f"{path!r} begins or ends with white space, which would be part of "
+                         "the file name")
+    if has_control(path):
+        raise ValueError(f"{path!r} holds a control character")
+    name = os.path.basename(path)
+    if name in ("", ".", ".."):
+        raise ValueError(f"{path} names a directory, not a file (a file name such as "
+                         f"{os.path.join(path, 'run.json')} is)")
     target = os.path.realpath(path)
     shown = path if target == os.path.abspath(path) else f"{path} (-> {target})"
     for tree in KERNEL_TREES:
-        if target == tree or target.startswith(tree + os.sep):
-            raise ValueError(f"{shown} is under {tree}, a kernel interface, not a file system")
+        for where in (target, os.path.abspath(path)):
+            if where == tree or where.startswith(tree + os.sep):
+                raise ValueError(f"{shown} is under {tree}, a kernel interface, not a file "
+                                 "system")
+    planted = _planted_link(path)
+    if planted:
+        raise ValueError(planted)
     try:
-        mode = os.stat(target).st_mode
+        mode = os.stat(path).st_mode  # the kernel follows the links, with its protections
     except FileNotFoundError:
         return target
     except OSError as exc:
         raise ValueError(f"{shown}: {exc.strerror or exc}") from None
     if stat.S_ISREG(mode):
         return target
-    raise ValueError(f"{shown} is {_kind(mode)}, not a regular file")
+    raise ValueError(f"{shown} is {kind_of(mode)}, not a regular file")
 
 
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "something else"
+def _planted_link(path: str) -> str | None:
+    """Why ``path`` must not be followed, where it is another user's symlink in a sticky
+    world-writable directory (``/tmp``): the rule of the kernel's ``fs.protected_symlinks``,
+    kept where the kernel's is off (a link of one's own, or of the directory's owner, is
+    followed)."""
+    try:
+        link = os.lstat(path)
+        if not stat.S_ISLNK(link.st_mode):
+            return None
+        parent = os.stat(os.path.dirname(path) or os.curdir)
+    except OSError:
+        return None
+    shared = parent.st_mode & stat.S_ISVTX and parent.st_mode & stat.S_IWOTH
+    euid = os.geteuid() if hasattr(os, "geteuid") else link.st_uid
+    if not shared or link.st_uid in (euid, parent.st_uid):
+        return None
+    return (f"{path} is a symlink of another user's (uid {link.st_uid}) in a sticky "
+            "world-writable directory: not followed (the rule of fs.protected_symlinks)")
+
+
+def check_directory(directory: str) -> None:
+    """``ValueError`` (one line) unless ``directory`` is, as the kernel reads it, a directory
+    this process may create files in."""
+    directory = directory or os.curdir
+    try:
+        mode = os.stat(directory).st_mode
+    except FileNotFoundError:
+        raise ValueError(f"directory {directory} does not exist"
+                         + _first_missing(directory)) from None
+    except OSError as exc:
+        raise ValueError(f"directory {directory}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(mode):
+        raise ValueError(f"{directory} is {kind_of(mode)}, not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError(f"directory {directory} is not writable")
+
+
+def _first_missing(directory: str) -> str:
+    """`` (NAME does not exist)`` for the first part of ``directory`` that is not there."""
+    parts = directory.split(os.sep)
+    for end in range(1, len(parts) + 1):
+        prefix = os.sep.join(parts[:end]) or os.sep
+        if prefix != directory and not os.path.exists(prefix):
+            return f" ({prefix} does not exist)"
+    return ""
+
+
+def check_output(path: str) -> str:
+    """Raise ``ValueError`` (one line) if an output (a trace, a merged trace, an HTML report)
+    could not be written at ``path``; else return :func:`output_target`'s name for it."""
+    target = output_target(path)
+    check_directory(os.path.dirname(path))
+    if os.path.islink(path):  # written through: replaced where the link leads
+        check_directory(os.path.dirname(target))
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            raise ValueError(f"{path} (-> {target}) is not writable")
+    elif os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ValueError(f"{path} is not writable")
+    else:
+        _check_replaceable(path)
+    return target
+
+
+def _check_replaceable(path: str) -> None:
+    """``ValueError`` where ``path`` is another user's file in a sticky directory (``/tmp``):
+    the kernel would refuse the rename that replaces it, at the end of the run."""
+    try:
+        st = os.lstat(path)
+        parent = os.stat(os.path.dirname(path) or os.curdir)
+    except OSError:
+        return
+    euid = os.geteuid() if hasattr(os, "geteuid") else st.st_uid
+    if parent.st_mode & stat.S_ISVTX and euid not in (0, st.st_uid, parent.st_uid):
+        raise ValueError(f"{path} belongs to another user (uid {st.st_uid}) in a sticky "
+                         "directory: it cannot be replaced")
 
 
 def check_writable(template: str) -> None:
@@ -114,11 +205,4 @@ def check_writable(template: str) -> None:
     path = expand_path(template)
     if not path.strip():
         raise ValueError(f"{template} expands to an empty path")
-    path = output_target(path)
-    directory = os.path.dirname(path)
-    if not os.path.isdir(directory):
-        raise ValueError(f"directory {directory} does not exist")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise ValueError(f"directory {directory} is not writable")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        raise ValueError(f"{path} is not writable")
+    check_output(path)

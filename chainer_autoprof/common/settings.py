@@ -90,8 +90,9 @@ def parse_optional_path(text: str) -> str | None:
 
 
 def parse_trace_path(text: str) -> str | None:
-    """A trace file path that can be written (checked now, before the program runs)."""
-    path = parse_optional_path(text)
+    """A trace file path that can be written (checked now, before the program runs), taken
+    as given: white space at either end is refused, not dropped (empty means none)."""
+    path = text if text.strip() else None
     if path is not None:
         try:
             check_writable(path)

@@ -8,6 +8,12 @@ signals is taken.  Each request runs the handler the agent passed down
 (write the trace so far, make the report), sends its answer back, and only
 then prints the report on this process's stderr: a stderr that blocks (a
 full pipe, a terminal on hold) never keeps the answer from the client.
+
+The listening socket is held across the program's code: a program that
+closes every descriptor (``os.closerange``, as daemonizing libraries do) may
+then open its own files under its number.  The server checks before each
+``accept`` that the number is still its socket (device and inode), listens
+anew where it is not, and never closes a number that is no longer its own.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..common import control, log
+from ..common.outputs import FileId, close_if_ours, identity, still_ours
 
 #: Seconds a client may take to send its request.
 REQUEST_TIMEOUT = 5.0
@@ -34,6 +41,7 @@ class DumpServer:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._listening: control.Listening | None = None
+        self._ident: FileId | None = None  # the socket's identity while it is ours
         self.address = ""
 
     def start(self) -> bool:
@@ -49,6 +57,7 @@ class DumpServer:
         sock = listening.sock
         self.address = listening.path
         self._sock = sock
+        self._ident = identity(sock.fileno())
         self._stopping = False
         self._thread = threading.Thread(target=self._serve, args=(sock,),
                                         name="chainer_autoprof dump server", daemon=True)
@@ -57,9 +66,14 @@ class DumpServer:
 
     def _serve(self, sock: socket.socket) -> None:
         while not self._stopping:
+            if not still_ours(sock.fileno(), self._ident):  # the program closed it
+                self._lost(sock)
+                return
             try:
                 conn, _ = sock.accept()
             except OSError:
+                if not self._stopping and not still_ours(sock.fileno(), self._ident):
+                    self._lost(sock)
                 return  # closed
             with conn:
                 if self._stopping:
@@ -85,6 +99,18 @@ class DumpServer:
             if then is not None:  # after the answer: printing may block on a full stderr
                 then()
 
+    def _lost(self, sock: socket.socket) -> None:
+        """The program closed the socket (its number may be a file of its own now): forget
+        it without closing, and listen on a new one."""
+        sock.detach()
+        if self._sock is sock and not self._stopping:
+            self._sock = None
+            self.start()
+
+    def _close(self, sock: socket.socket) -> None:
+        """Close ``sock`` if its number is still ours, else only forget it."""
+        close_if_ours(sock.detach(), self._ident)
+
     def stop(self) -> None:
         """Stop serving and close the socket (at exit, on uninstall)."""
         sock, self._sock = self._sock, None
@@ -99,7 +125,7 @@ class DumpServer:
             pass
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
-        sock.close()
+        self._close(sock)
         listening, self._listening = self._listening, None
         if listening is not None:
             control.unlisten(listening)
@@ -110,4 +136,4 @@ class DumpServer:
         self._thread = None
         self._listening = None  # the parent's file stays the parent's
         if sock is not None:
-            sock.close()
+            self._close(sock)

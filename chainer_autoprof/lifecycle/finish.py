@@ -19,6 +19,7 @@ from ..analysis import record
 from ..analysis.record import By
 from ..analysis.stats import RunStats
 from ..common import log, rank
+from ..common.one_line import command_line
 from ..common.settings import SETTINGS, Config, to_environ_value
 from ..common.version import __version__
 from ..report.summary import format_summary
@@ -135,7 +136,7 @@ def _run_values(cfg: Config, tracer: Any, recorder: Recorder,
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "rank": rank.number(),
-        "command": " ".join(argv),
+        "command": command_line(argv),  # one line, as a shell reads it back
         "settings": settings,
         "env": {s.env: to_environ_value(s, getattr(cfg, s.name))
                 for s in SETTINGS if s.name in cfg.explicit},

@@ -16,6 +16,13 @@ Each write appends what is new since the last one (:mod:`..report.partial`):
 When the file holds twice the record limit, it is rewritten with the newest
 ranges only.  After a normal exit the final trace is written and the
 partial file deleted; after a SIGKILL it is what ``report`` reads.
+
+The file is the agent's own (:class:`~..common.outputs.PrivateFile`): when
+something else is at its name (a symlink, another user's file, a FIFO), when
+the file system is nearly full (less than its headroom would be left) or a
+write fails, the trace so far stops for the rest of the run, with one line,
+and what was written is deleted: it never competes with the program for
+the disk.  The final trace is still written at exit.
 """
 
 from __future__ import annotations
@@ -28,8 +35,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..common import log
-from ..common.paths import output_target
+from ..common import log, outputs
+from ..common.one_line import one_line
 
 #: Bytes of metadata and states a file may gather before it is rewritten.
 STATE_BYTES = 8 << 20
@@ -50,6 +57,8 @@ class Flusher:
         self.gc_details = gc_details
         self.run_stats = run_stats
         self._lock = threading.Lock()
+        #: Why the trace so far stopped (``None``: it goes on).
+        self.stopped: str | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -70,11 +79,31 @@ class Flusher:
     def flush(self, where: dict[str, Any] | None, stalls: list[dict[str, Any]]) -> str | None:
         """Write what is new; returns the file's path (``None``: nothing recorded yet, failed)."""
         with self._lock:
+            if self.stopped is not None:
+                return None
             try:
                 return self._flush(where, stalls)
             except Exception as exc:
-                log.error(f"could not write the trace so far ({type(exc).__name__}: {exc})")
+                self._stop(exc)
                 return None
+
+    def _stop(self, exc: Exception) -> None:
+        """No more trace so far in this run: one line, and what was written goes."""
+        path = self.path or "the trace so far"
+        removed = self.writer is not None and self.writer.discard()
+        self.writer = None
+        if isinstance(exc, outputs.NoRoomError):
+            why = f"the disk is nearly full: {exc}"
+        elif isinstance(exc, (outputs.NotOursError, ValueError)):
+            why = str(exc)
+        elif isinstance(exc, OSError):
+            why = f"could not write {path}: {exc.strerror or exc}"
+        else:
+            why = f"{type(exc).__name__}: {exc}"
+        self.stopped = one_line(why)
+        head = "the trace so far stops" if removed else "the trace so far is not written"
+        gone = f"; {one_line(path)} deleted" if removed else ""
+        log.warning(f"{head}: {self.stopped}{gone} (the final trace is still written at exit)")
 
     def _flush(self, where: dict[str, Any] | None, stalls: list[dict[str, Any]]) -> str | None:
         # the writer builds on the reporting modules: loaded when the first write happens
@@ -88,8 +117,8 @@ class Flusher:
         count = sum(len(r) for r in rows.values())
         if self.writer is None and not count:
             return None
-        # beside the final trace; never replacing what is not a regular file
-        path = output_target(os.path.abspath(partial.partial_path(self.trace_path())))
+        # beside the final trace, as the kernel reads the path (never resolved here)
+        path = partial.partial_path(self.trace_path())
         if self.writer is None:
             self.writer = partial.PartialWriter(path)
         else:
@@ -192,9 +221,22 @@ class Flusher:
                 self.writer.discard()
             self._reset()
 
+    def keep_if_room(self) -> None:
+        """The final trace could not be written: the partial file stays as the run's trace,
+        unless its file system is left without its headroom (then it goes, said in one line)."""
+        with self._lock:
+            writer = self.writer
+            if writer is None or outputs.has_room(os.path.dirname(writer.path) or os.curdir):
+                return
+            if writer.discard():
+                log.warning(f"the disk is nearly full: {one_line(writer.path)} deleted (the "
+                            "trace so far leaves the rest to other programs)")
+            self._reset()
+
     def after_fork(self) -> None:
         """In a forked child: start afresh (the parent's file stays the parent's)."""
         if self.writer is not None:
             self.writer.forget()
         self._lock = threading.Lock()
+        self.stopped = None
         self._reset()

@@ -296,9 +296,12 @@ class Monitor:
         return {"ok": True, "text": text, "snapshot": snap, "trace_so_far": path}, then
 
     def finish(self, final_written: bool) -> None:
-        """After the final trace: the partial file goes when the final one was written."""
+        """After the final trace: the partial file goes when the final one was written (and
+        when it was not, but the disk is nearly full)."""
         if self.flusher is not None and final_written:
             self.flusher.discard()
+        elif self.flusher is not None:
+            self.flusher.keep_if_room()
 
     def stall_records(self) -> list[dict[str, Any]]:
         """The stall reports so far (without stacks), for the final trace."""

@@ -102,8 +102,9 @@ def _frames(frame: Any) -> list[dict[str, Any]]:
         code = frame.f_code
         filename = code.co_filename
         if not filename.startswith(_OURS):
-            out.append({"file": filename, "line": frame.f_lineno, "func": code.co_name,
-                        "code": linecache.getline(filename, frame.f_lineno).strip()})
+            line = frame.f_lineno  # None while another thread's frame is between lines
+            out.append({"file": filename, "line": line, "func": code.co_name,
+                        "code": linecache.getline(filename, line).strip() if line else ""})
         frame = frame.f_back
     out.reverse()
     return out

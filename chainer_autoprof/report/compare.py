@@ -19,7 +19,8 @@ from typing import Sequence
 from ..analysis.gpu_evidence import compare_sync
 from ..analysis.stats import PHASE_KEYS, RunStats
 from ..analysis.verdict import pick_replay
-from ..common.paths import output_target
+from ..common.one_line import one_line
+from ..common.paths import check_output
 from .html import write_report
 from .partial import partial_path
 from .summary import PHASE_LABELS, fmt_ms, format_summary, outside_label, verdict_section
@@ -87,7 +88,8 @@ def report(args: argparse.Namespace) -> str:
     after = runs[1][1] if len(runs) > 1 else None
     advice = not args.no_advice
     if after is None:
-        title = f"chainer_autoprof report of {paths[0]}: {before.meta.get('command', '')}"
+        title = (f"chainer_autoprof report of {one_line(paths[0])}: "
+                 f"{one_line(str(before.meta.get('command', '')))}")
         text = format_summary(before, advice=advice, title=title.rstrip(": "))
     else:
         text = compare(before, after, args.trace, args.after)
@@ -106,9 +108,9 @@ def report(args: argparse.Namespace) -> str:
 def _html_problem(path: str, inputs: list[str]) -> str | None:
     """Why the HTML report cannot go to ``path`` (checked before any work), else ``None``."""
     try:
-        target = output_target(path)
+        target = check_output(path)
     except ValueError as exc:
-        return f"cannot write {exc}"
+        return f"cannot write {path}: {exc}"
     if target in {os.path.realpath(p) for p in inputs}:
         return f"the HTML output {path} is one of the input traces"
     return None

@@ -54,7 +54,7 @@ from ..analysis.stall import odd_one_out, position
 from ..analysis.stats import median
 from ..common import names
 from ..common.outputs import atomic_text
-from ..common.paths import output_target
+from ..common.paths import check_output
 from . import trace_events
 from .stall import describe_odd, side_by_side
 from .trace_events import PROCESS_LABELS, PROCESS_NAME, PROCESS_SORT_INDEX, RANGES
@@ -367,15 +367,14 @@ def merge(paths: Sequence[str], output: str, method: str = "auto",
     })
     events = merged_events(inputs, zero_ns)
     try:
-        output = output_target(output)  # a regular file only; a symlink's target
+        check_output(output)  # a regular file only (a symlink: where the kernel follows it)
     except ValueError as exc:
-        raise MergeError(f"cannot write {exc}") from None
-    directory = os.path.dirname(output)
-    if not os.path.isdir(directory):
-        raise MergeError(f"directory {directory} does not exist")
+        raise MergeError(f"cannot write {output}: {exc}") from None
     try:
         with atomic_text(output) as out:
             trace_events.write_container(out, other, _texts(events, inputs))
+    except ValueError as exc:
+        raise MergeError(f"cannot write {exc}") from None
     except OSError as exc:
         raise MergeError(f"cannot write {output}: {exc.strerror or exc}") from None
     return summary

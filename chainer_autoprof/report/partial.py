@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import struct
 from typing import Any, Iterator
 
@@ -102,57 +101,55 @@ def records(data: bytes) -> Iterator[tuple[bytes, bytes]]:
 # -- writing -----------------------------------------------------------------------------
 
 class PartialWriter:
-    """Appends records to one partial trace file; rewrites it whole when asked."""
+    """Appends records to one partial trace file; rewrites it whole when asked.
+
+    The file is the agent's own (:class:`~..common.outputs.PrivateFile`):
+    created exclusively and private, no descriptor held between writes, each
+    write leaving the file system's headroom; it raises what that raises
+    (``NotOursError``, ``NoRoomError``, ``OSError``).
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fd: int | None = None
+        self._file: outputs.PrivateFile | None = None
         self.size = 0
 
     def append(self, chunks: list[bytes]) -> None:
         """Append ``chunks`` (whole records) in one write, creating the file if needed."""
-        if self._fd is None:
-            self._fd = outputs.create_appendable(self.path)
-            self.size = 0
-            chunks = [MAGIC, *chunks]
-        outputs.append(self._fd, b"".join(chunks))
-        self.size += sum(len(c) for c in chunks)
+        if self._file is None:
+            data = b"".join([MAGIC, *chunks])
+            self._file = outputs.PrivateFile.create(self.path, data)
+        else:
+            data = b"".join(chunks)
+            self._file.append(data)
+        self.size += len(data)
 
     def rewrite(self, chunks: list[bytes]) -> None:
         """Replace the file with ``chunks`` (whole records), atomically."""
         data = b"".join([MAGIC, *chunks])
-        with outputs.atomic_bytes(self.path) as out:
-            out.write(data)
-        self.close()
-        self._fd = outputs.reopen_appendable(self.path)
+        if self._file is None:
+            self._file = outputs.PrivateFile.create(self.path, data)
+        else:
+            self._file.replace(data)
         self.size = len(data)
 
     def move(self, path: str) -> None:
         """The file is now called ``path`` (e.g. the MPI rank became known)."""
         if path == self.path:
             return
-        if self._fd is not None:
-            outputs.rename(self.path, path)
+        if self._file is not None:
+            self._file.rename(path)
         self.path = path
 
-    def close(self) -> None:
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
-
-    def discard(self) -> None:
-        """Close and delete the file (the final trace was written)."""
-        had = self._fd is not None
-        self.close()
-        if had:
-            outputs.remove(self.path)
+    def discard(self) -> bool:
+        """Delete the file (the final trace was written, or writing it failed); whether there
+        was one of ours to delete."""
+        made, self._file = self._file, None
+        return made is not None and made.remove()
 
     def forget(self) -> None:
-        """In a forked child: the parent's file is not ours (close our copy of the descriptor)."""
-        self.close()
+        """In a forked child: the parent's file is not ours."""
+        self._file = None
 
 
 # -- reading -----------------------------------------------------------------------------

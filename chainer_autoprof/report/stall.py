@@ -17,6 +17,7 @@ import time
 from typing import Any, Sequence
 
 from ..analysis.stall import OddOneOut, Position, odd_one_out, position
+from ..common.one_line import one_line
 
 #: Frames shown for a thread that is not the training loop.
 OTHER_FRAMES = 3
@@ -77,12 +78,12 @@ def format_report(snap: dict[str, Any], trace_path: str | None = None) -> str:
     lines = [headline(snap)]
     for thread in snap.get("threads") or ():
         role = ", the training loop" if thread.get("loop") else ""
-        title = f"  {thread.get('name')} (tid {thread.get('tid')}{role})"
+        title = f"  {one_line(str(thread.get('name')))} (tid {thread.get('tid')}{role})"
         opened = thread.get("open") or []
         if opened:
             lines.append(title + ": open ranges, outermost first")
             for depth, r in enumerate(opened):
-                label = ("  " * depth + str(r.get("name")))[:60]
+                label = ("  " * depth + one_line(str(r.get("name"))))[:60]
                 lines.append(f"    {label:<60} {_seconds(r.get('open_s')):>9}")
         else:
             lines.append(title + ": no open range")
@@ -92,10 +93,10 @@ def format_report(snap: dict[str, Any], trace_path: str | None = None) -> str:
         if frames:
             lines.append("    innermost frames, most recent call last:")
             for frame in frames:
-                lines.append(f"      {frame.get('file')}:{frame.get('line')} "
-                             f"in {frame.get('func')}")
+                lines.append(f"      {one_line(str(frame.get('file')))}:{frame.get('line')} "
+                             f"in {one_line(str(frame.get('func')))}")
                 if frame.get("code"):
-                    lines.append(f"          {frame['code']}")
+                    lines.append(f"          {one_line(str(frame['code']))}")
     for note in snap.get("notes") or ():
         lines.append(f"  {note}")
     if trace_path:

@@ -42,6 +42,7 @@ from ..analysis.stats import (
 )
 from ..analysis.verdict import Verdict, decide, facts_of
 from ..common import figures, log
+from ..common.one_line import one_line
 from .stall import ended_abnormally
 
 #: Extra summary sections: ``stats -> text or None``, appended in order.
@@ -142,7 +143,7 @@ def _title(stats: RunStats) -> str:
     mpi_rank = (meta.get("process") or {}).get("mpi_rank")
     if mpi_rank is not None:  # rank 0 included; nothing outside an MPI job
         where += f", rank {mpi_rank}"
-    command = meta.get("command", "")
+    command = one_line(str(meta.get("command", "")))  # a trace from elsewhere may hold a newline
     return f"chainer_autoprof summary ({where}): {command}".rstrip(": ")
 
 
