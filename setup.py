@@ -124,6 +124,9 @@ setup(
     extras_require={
         # CuPy for CUDA 12 (Chainer 7 asks for CuPy 7; newer ones warn about the mismatch).
         "gpu": ["cupy-cuda12x"],
+        # CUPTI for Python: GPU activity (CHAINER_PROF_GPU_ACTIVITY=1).  13.x fits CUDA 13;
+        # for CUDA 12 install cupti-python 12.6 or 12.8 (README, "GPU time per link").
+        "cupti": ["cupti-python>=12.6"],
         "test": [
             "pytest>=7",
             "ruff>=0.17,<0.18",

@@ -88,6 +88,7 @@ class Agent:
         # what each collection freed is kept for a trace only
         self.gc_ranges = GcRanges(self.tracer, keep=KEEP_DETAILS if cfg.trace else 0) \
             if cfg.gc else None
+        self.gpu = self._gpu_session()
         self.monitor = self._monitor()
         self.chainer: Any = None
         self.active = True
@@ -106,6 +107,21 @@ class Agent:
             self.tracer.add_sink(self.recorder)
         elif self.cfg.stall is not None:  # stall reports say how long each range has been open
             self.tracer.add_sink(ClockSink())
+
+    def _gpu_session(self) -> Any:
+        """GPU activity (``CHAINER_PROF_GPU_ACTIVITY=1``), where a summary or a trace shows it:
+        told of each new thread from now on, started when CuPy is imported."""
+        if not self.cfg.gpu_activity or self.recorder is None:
+            return None
+        from .lifecycle.gpu_session import GpuSession  # only when GPU activity is wanted
+
+        recorder = self.recorder
+        session = GpuSession(recorder, self.tracer, record_limit=int(self.cfg.record_limit),
+                             warmup_skip=recorder.warm_skip,
+                             window=self.cfg.iterations is not None,
+                             main_tid=threading.main_thread().native_id)
+        session.install()
+        return session
 
     def _monitor(self) -> Monitor:
         """The watchdog, the background writes of the trace so far and the dump server."""
@@ -150,6 +166,8 @@ class Agent:
         for library in dict.fromkeys(inst.library for inst in self.instrumentors):
             wrapt.register_post_import_hook(
                 lambda module, library=library: self._on_import(library, module), library)
+        if self.gpu is not None:  # CUPTI from CuPy's import on: before any kernel it launches
+            wrapt.register_post_import_hook(lambda module: self._start_gpu(), "cupy")
         if self.recorder is not None:
             # SIGTERM: summary and trace, then the default death
             exit_hooks.install(self.at_exit, lambda: self.closed, self.recorder)
@@ -169,6 +187,11 @@ class Agent:
         info = rank.current()
         if info is not None:
             processes.tag_rank(self.nvtx, info.rank)
+
+    def _start_gpu(self) -> None:
+        """CuPy was imported: GPU activity starts (a fault is one line inside)."""
+        if self.active and self.gpu is not None:
+            self.gpu.start()
 
     def _on_import(self, library: str, module: Any) -> None:
         """Post-import hook: apply the library's patch sets; never fail its import."""
@@ -228,6 +251,8 @@ class Agent:
             self.tracer.reset_after_fork()
             processes.after_fork()
             self.monitor.after_fork()
+            if self.gpu is not None:
+                self.gpu.after_fork()
             if _agent is not self:
                 return  # an agent uninstalled before the fork
             if not self.cfg.children:
@@ -268,6 +293,7 @@ class Agent:
             self.tracer.close()
         except Exception as exc:
             log.error(f"could not finish cleanly: {type(exc).__name__}: {exc}")
+        gpu = self._finish_gpu()
         if self.recorder is not None:
             final_written = False
             try:
@@ -280,7 +306,8 @@ class Agent:
                                    trace_path=self.trace_path,
                                    extra_meta={"stalls": stalls} if stalls else None,
                                    event_args=self.gc_ranges.args_by_range()
-                                   if self.gc_ranges is not None and self.cfg.trace else None)
+                                   if self.gc_ranges is not None and self.cfg.trace else None,
+                                   gpu=gpu)
                 final_written = stats is None or not self.cfg.trace or \
                     bool(stats.meta.get("trace_path"))
             except Exception as exc:
@@ -306,6 +333,11 @@ class Agent:
         except Exception as exc:
             log.error(f"could not wait for other threads: {type(exc).__name__}: {exc}")
 
+    def _finish_gpu(self) -> Any:
+        """GPU activity stops (each wait bounded) and its analysis finishes: the outcome for
+        the report, or ``None`` (why was said in one line)."""
+        return self.gpu.finish() if self.gpu is not None else None
+
     def _stop_watching(self) -> None:
         """The watchdog, the background writes, the dump server and the gc ranges stop."""
         if self.gc_ranges is not None:
@@ -318,6 +350,11 @@ class Agent:
     def uninstall(self) -> None:
         self.active = False
         self._stop_watching()
+        if self.gpu is not None:
+            try:  # collection stops; no figures are reported
+                self.gpu.stop()
+            except Exception as exc:
+                log.error(f"GPU activity: {type(exc).__name__}: {exc}")
         for inst in reversed(self.instrumentors):
             if inst.module is not None:
                 inst.remove()

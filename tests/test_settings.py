@@ -61,6 +61,7 @@ BAD_VALUES = {
     "CHAINER_PROF_STALL": ("soon", "seconds (a number > 0), auto, or 0/off"),
     "CHAINER_PROF_FLUSH_INTERVAL": ("-1", "a number of seconds >= 0"),
     "CHAINER_PROF_GC": ("sometimes", "1/0, true/false, yes/no or on/off"),
+    "CHAINER_PROF_GPU_ACTIVITY": ("cupti", "1/0, true/false, yes/no or on/off"),
 }
 
 

@@ -87,8 +87,12 @@ class GpuAnalysis:
 
     def __init__(self, clock: ClockMap, names: NameTable, warmup_skip: int = 0, *,
                  record_limit: int = 50_000, identity_threads: bool = False,
-                 loop_tid: int | None = None, limits: Limits | None = None) -> None:
+                 loop_tid: int | None = None, limits: Limits | None = None,
+                 keep_outside: bool = True) -> None:
         lim = limits if limits is not None else Limits()
+        #: Whether the trace keeps operations launched outside any iteration (a capture
+        #: window keeps only its iterations': what runs after it would push them out).
+        self.keep_outside = keep_outside
         self.names = names
         self.attributor = LaunchAttributor(
             clock, warmup_skip, identity_threads=identity_threads,
@@ -102,7 +106,7 @@ class GpuAnalysis:
     def _take(self, items: AttributedOps) -> None:
         if len(items):
             self.builder.add(items)
-            self.keeper.add(items)
+            self.keeper.add(items if self.keep_outside else items.take(items.attr.iteration >= 0))
 
     def add_name(self, index: int, name: str, category: str) -> None:
         self.attributor.add_name(index, name, category)

@@ -169,7 +169,13 @@ def busy_text(ev: GpuEvidence) -> str:
 
 def gpu_activity(stats: RunStats) -> GpuActivity | None:
     """The run's exact GPU activity record, if it has one (a ``gpu_activity`` entry of the
-    statistics or of the run's metadata); ``None`` otherwise or when it is not well formed."""
+    statistics or of the run's metadata); ``None`` otherwise or when it is not well formed.
+
+    The agent's own record (:class:`~.gpu_figures.GpuActivityRecord`, CUPTI kernel activity
+    over the counted iterations) gives the busy share, the kernel time per iteration and each
+    link's GPU time per iteration (forward and backward); a record in the short form of
+    :class:`GpuActivity` is read as it is.
+    """
     value = getattr(stats, "gpu_activity", None)
     if value is None:
         value = (getattr(stats, "meta", None) or {}).get("gpu_activity")
@@ -180,16 +186,41 @@ def gpu_activity(stats: RunStats) -> GpuActivity | None:
     if share is not None and 0.0 <= share <= 1.0:
         out["busy_share"] = share
     kernel = _number(value.get("kernel_ms_per_iteration"))
+    iterations = _number(value.get("iterations"))
+    phases = value.get("phases")
+    if kernel is None and iterations and isinstance(phases, Mapping):
+        total = [_number(p.get("kernel_ms")) for p in phases.values() if isinstance(p, Mapping)]
+        kernel = sum(t for t in total if t is not None) / iterations
     if kernel is not None and kernel >= 0:
         out["kernel_ms_per_iteration"] = kernel
     links = value.get("link_ms")
+    if not isinstance(links, Mapping) and iterations and isinstance(value.get("links"), list):
+        links = {str(x.get("name")): ((_number(x.get("fwd_ms")) or 0.0)
+                                      + (_number(x.get("bwd_ms")) or 0.0)) / iterations
+                 for x in value["links"] if isinstance(x, Mapping)}
     if isinstance(links, Mapping):
         times = {str(k): _number(v) for k, v in links.items()}
         out["link_ms"] = {k: v for k, v in times.items() if v is not None and v >= 0}
     source = value.get("source")
     if isinstance(source, str):
         out["source"] = source
+    if "busy_share" in out and not iterations and "iterations" in value:
+        del out["busy_share"]  # no counted window: nothing measured
     return out or None
+
+
+def idle_split(stats: RunStats) -> dict[str, float]:
+    """With GPU activity: the GPU's idle time over the counted iterations by cause, each as a
+    share of the GPU's time there (largest first); empty without."""
+    value = getattr(stats, "gpu_activity", None)
+    if not isinstance(value, Mapping):
+        return {}
+    span = _number(value.get("span_ms"))
+    idle = value.get("idle_ms")
+    if not span or not isinstance(idle, Mapping):
+        return {}
+    shares = {str(k): (_number(v) or 0.0) / span for k, v in idle.items()}
+    return dict(sorted(((k, v) for k, v in shares.items() if v > 0), key=lambda kv: -kv[1]))
 
 
 def _number(x: object) -> float | None:

@@ -116,6 +116,23 @@ class GpuFiguresDict(TypedDict):
     clock: dict[str, float | int]   # the clock map (gpu_clock.ClockMap.to_dict)
 
 
+class GpuActivityRecord(GpuFiguresDict):
+    """The run record's ``gpu_activity`` (and ``RunStats.gpu_activity``): the figures, how
+    they were obtained, what the collection saw and what is missing."""
+
+    source: str                     # e.g. "CUPTI kernel activity (...)": the verdict says it
+    collector: dict[str, int]       # buffers, records, dropped records, ... (counts)
+    notes: list[str]                # what is missing from the figures, one line each
+
+
+def activity_record(figures: GpuFigures, source: str, collector: Mapping[str, int],
+                    notes: list[str]) -> GpuActivityRecord:
+    """``figures`` as the run record holds them."""
+    return GpuActivityRecord(**figures.to_dict(), source=source,
+                             collector={k: int(v) for k, v in collector.items()},
+                             notes=list(notes))
+
+
 @dataclass
 class GpuFigures:
     """The GPU figures of a run (see :class:`GpuFiguresDict` for each field)."""

@@ -49,6 +49,7 @@ from .shapes import (
     ListOf,
     MalformedError,
     MapOf,
+    Number,
     RecordError,
     Section,
     Triple,
@@ -69,8 +70,13 @@ RUN = By.EXIT | By.SO_FAR
 RUN_READ = By.EXIT | By.SO_FAR | By.READ
 
 # -- sections ------------------------------------------------------------------------------------
+#: Settings newer than the oldest traces read with this declaration (tests/data/gpu): written
+#: always, but not required of a trace.
+_NEWER_SETTINGS = frozenset({"gpu_activity"})
+
 SETTINGS_SECTION = Section(
-    [Field(s.name, Window() if s.name == "iterations" else ANY, s.doc) for s in SETTINGS]
+    [Field(s.name, Window() if s.name == "iterations" else ANY, s.doc,
+           required=s.name not in _NEWER_SETTINGS) for s in SETTINGS]
     + [Field("effective_sync_level", ANY, "the sync level in effect (SYNC and SYNC_LEVEL)")],
     doc="every setting as the run used it (common/settings.py)")
 
@@ -212,6 +218,72 @@ MERGE_SUMMARY = Section([
     Field("alignment", ListOf(ALIGNMENT), "how each input's clock was aligned"),
 ], doc="the summary across ranks (report/merge.py)")
 
+# -- GPU activity (analysis/gpu_figures.py: GpuActivityRecord, key for key) ----------------------
+GPU_LINK = Section([
+    Field("name", TEXT, "the link (its key in the summary's link table)"),
+    Field("fwd_ms", NON_NEGATIVE, "kernel time launched in its forward range", "ms"),
+    Field("fwd_kernels", INT, "kernels launched there"),
+    Field("bwd_ms", NON_NEGATIVE, "kernel time launched in its backward range", "ms"),
+    Field("bwd_kernels", INT, "kernels launched there"),
+    Field("copy_ms", NON_NEGATIVE, "copy and memset time launched in either", "ms"),
+], doc="one link's GPU time over the counted iterations")
+
+GPU_PHASE = Section([
+    Field("kernel_ms", NON_NEGATIVE, "kernel time launched in the phase", "ms"),
+    Field("kernels", INT, "kernels launched there"),
+    Field("copy_ms", NON_NEGATIVE, "copy and memset time launched there", "ms"),
+], doc="one phase's GPU time over the counted iterations (by launch)")
+
+GPU_KERNEL = Section([
+    Field("name", TEXT, "the kernel"),
+    Field("link", TEXT, "the link that launched it (null: none)", nullable=True),
+    Field("backward", BOOL, "launched in that link's backward range"),
+    Field("ms", NON_NEGATIVE, "its time over the counted iterations", "ms"),
+    Field("calls", INT, "its launches there"),
+], doc="one of the kernels with the most time, with the link that launched it")
+
+GPU_TIMELINE = Section([
+    Field("device", INT, "CUDA device number"),
+    Field("windows", INT, "counted iteration windows on its timeline"),
+    Field("span_ms", NON_NEGATIVE, "their time", "ms"),
+    Field("busy_ms", NON_NEGATIVE, "a kernel running", "ms"),
+    Field("idle_ms", MapOf(NON_NEGATIVE, key="cause"), "idle time by cause", "ms"),
+], doc="one GPU's timeline over the counted iterations")
+
+GPU_ACTIVITY = Section([
+    Field("iterations", INT, "counted iteration windows on the GPU's timeline"),
+    Field("warmup_skip", INT, "warm-up iterations left out"),
+    Field("span_ms", NON_NEGATIVE, "the counted windows' time", "ms"),
+    Field("busy_ms", NON_NEGATIVE, "a kernel running (the union over streams)", "ms"),
+    Field("busy_share", Number(0, 1), "busy over span (null: no window)", nullable=True),
+    Field("active_share", Number(0, 1), "kernels or copies running over span",
+          nullable=True),
+    Field("idle_ms", MapOf(NON_NEGATIVE, key="cause"), "idle time by cause: host (launched "
+          "late), copies (only copies ran), between iterations, other", "ms"),
+    Field("iteration_ms", SERIES, "per counted iteration: span, busy and each idle cause "
+          "(a sample beyond 65,536)", "ms"),
+    Field("sample_stride", Int(1), "the lists hold every N-th counted iteration"),
+    Field("devices", ListOf(GPU_TIMELINE), "per GPU"),
+    Field("phases", MapOf(GPU_PHASE, key="phase"), "per phase (and other)"),
+    Field("links", ListOf(GPU_LINK), "per link, the most GPU time first"),
+    Field("top_kernels", ListOf(GPU_KERNEL), "the kernels with the most time"),
+    Field("warmup_kernel_ms", NON_NEGATIVE, "kernel time launched in warm-up iterations", "ms"),
+    Field("outside_kernel_ms", NON_NEGATIVE, "kernel time launched outside iterations", "ms"),
+    Field("ops", MapOf(INT, key="kind"), "operations recorded: kernel, memcpy, memset"),
+    Field("statuses", MapOf(MapOf(NUMBER, key="figure"), key="status"), "operations and their "
+          "time (ms) by attribution status: attributed, no launch record, unknown thread, "
+          "ranges dropped, ranges still open"),
+    Field("late_ops", INT, "operations that arrived behind the placed timeline (left off it)"),
+    Field("clock", MapOf(NUMBER, key="figure"), "CUPTI's clock on the agent's: pairs, "
+          "drift_ppm, residual_ns, read_ns, bound_ns"),
+    Field("source", TEXT, "how the figures were obtained (the verdict names it)"),
+    Field("collector", MapOf(INT, key="count"), "what the collection saw: buffers, records, "
+          "dropped records, incomplete operations, callback errors, operations and ranges "
+          "its queues dropped"),
+    Field("notes", ListOf(TEXT), "what is missing from the figures, one line each"),
+], doc="GPU activity from CUPTI, each operation tied to the range that launched it "
+       "(analysis/gpu_figures.py)")
+
 # -- the saved statistics (RunStats, field for field) --------------------------------------------
 #: The record fields that feed RunStats: one declaration for the record and for ``run_stats``.
 _STATS_FIELDS = [
@@ -229,6 +301,9 @@ _STATS_FIELDS = [
           default="", stats="overhead_method"),
     Field("gpu_phase_ms", SERIES, "per counted iteration, the iteration and its phases timed "
           "with CUDA events", "ms", by=By.EXIT, stats="gpu_phase_ms", nullable=True),
+    Field("gpu_activity", GPU_ACTIVITY, "GPU time per link, phase and iteration from CUPTI "
+          "activity (CHAINER_PROF_GPU_ACTIVITY=1; null: not recorded)", by=By.EXIT,
+          stats="gpu_activity", nullable=True, required=False),
 ]
 _BY_STATS = {f.stats: f for f in _STATS_FIELDS}
 
@@ -331,7 +406,7 @@ RECORD = Section([
     Field("process_name", TEXT, "the process track's name (the final trace holds it as its "
           "process_name event)", by=By.SO_FAR),
     *(_BY_STATS[name] for name in ("batch_size", "sync_level", "sync_calls", "overhead_ms",
-                                   "overhead_method", "gpu_phase_ms")),
+                                   "overhead_method", "gpu_phase_ms", "gpu_activity")),
     Field("ranges", INT, "ranges recorded in the run (kept or dropped)", by=By.EXIT,
           default=0),
     Field("run_stats", RUN_STATS, "the whole run's statistics, saved when the record limit "
@@ -415,6 +490,7 @@ class StatsFields(TypedDict):
     overhead_ms: float
     overhead_method: str
     gpu_phase_ms: dict[str, list[float]] | None
+    gpu_activity: dict[str, Any] | None
 
 
 def stats_fields(values: Mapping[str, Any]) -> StatsFields:

@@ -109,6 +109,9 @@ class RunStats:
     wait_phase_total_ms: dict[str, float] = field(default_factory=dict)
     #: Whether the waits were recorded (a run before they were, or one without a GPU: no).
     waits_recorded: bool = False
+    #: GPU activity from CUPTI (:class:`~.gpu_figures.GpuActivityRecord`: GPU time per link,
+    #: phase and iteration, busy share, top kernels), when recorded.
+    gpu_activity: dict[str, Any] | None = None
 
     # -- iterations --------------------------------------------------------
     def median(self) -> float:

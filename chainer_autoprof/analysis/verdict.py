@@ -57,7 +57,7 @@ from .gpu_evidence import MIN_GPU_SAMPLES as MIN_GPU_SAMPLES
 from .gpu_evidence import MIN_ITERATIONS as MIN_ITERATIONS
 from .gpu_evidence import WAIT_BEHIND_SHARE as WAIT_BEHIND_SHARE
 from .gpu_evidence import WAIT_PER_SYNC_MS as WAIT_PER_SYNC_MS
-from .gpu_evidence import GpuEvidence, gather, gpu_activity, on_gpu, waits
+from .gpu_evidence import GpuEvidence, gather, gpu_activity, idle_split, on_gpu, waits
 from .outliers import OUTLIER_FACTOR, stutter
 
 #: Data phase share of the counted iteration time at or above which a run is input-bound.
@@ -118,6 +118,11 @@ WARMUP_SLOW_FACTOR = 3.0
 WARMUP_MIN_SHARE = 0.10
 #: ... and at least this many milliseconds (a few ms lost once is not worth a line).
 WARMUP_MIN_MS = 100.0
+
+#: What each cause of the GPU's idle time is (GPU activity), in the verdict's words.
+IDLE_WORDS = {"host": "waiting for the host to launch", "copies": "waiting for copies",
+              "between iterations": "between iterations", "other": "launch latency and "
+              "dependencies"}
 
 #: Outside-iteration keys that are not part of the training loop.
 _NOT_LOOP = ("startup", "warm-up", "shutdown", "before window", "after window", "unfinished")
@@ -716,6 +721,14 @@ def _not_enough(stats: Any, fig: dict[str, float], gpu: GpuEvidence) -> Verdict:
 def _gpu_support(stats: Any, gpu: GpuEvidence) -> list[str]:
     """The GPU figures behind a host-side verdict on a GPU: why it is not GPU-bound."""
     out = []
+    if gpu.busy_exact and gpu.busy_share is not None:
+        line = (f"GPU busy share {fmt.pct(gpu.busy_share)}, under {fmt.pct(GPU_BOUND_SHARE)}, "
+                f"{gpu.busy_method}")
+        idle = idle_split(stats)
+        if idle:
+            line += "; the GPU's idle time: " + ", ".join(
+                f"{IDLE_WORDS.get(k, k)} {fmt.pct(share)}" for k, share in idle.items())
+        out.append(line)
     timed = [p for p in gpu.phases if p.gpu_ms is not None]
     if gpu.sync_level <= 1 and timed:
         behind = gpu.behind
@@ -773,12 +786,16 @@ def _notes(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None) -> list[s
         notes.append("this is a replay run (CHAINER_PROF_REPLAY_BATCH=1): the first batch was "
                      f"fed again every iteration ({mode}); its speed is the point, its "
                      "training results are meaningless")
-    if gpu is not None and stats.sync_level == 0:
+    if gpu is not None and stats.sync_level == 0 and gpu.busy_exact:
+        notes.append("sync level 0 on a GPU: the phase times are host times (kernel launches, "
+                     "and waits wherever the host blocks); the GPU's own times come from its "
+                     "kernel activity")
+    elif gpu is not None and stats.sync_level == 0:
         notes.append("sync level 0 on a GPU: the phase times are host times (kernel launches, "
                      "and waits wherever the host blocks), the GPU's are the CUDA event times"
                      + ("" if gpu.event_samples else
-                        "; without them run with CHAINER_PROF_SYNC_LEVEL=1 to tell host-bound "
-                        "from GPU-bound"))
+                        "; without them run with CHAINER_PROF_SYNC_LEVEL=1 (or "
+                        "CHAINER_PROF_GPU_ACTIVITY=1) to tell host-bound from GPU-bound"))
     notes += sync_overhead(stats, fig, gpu)
     if fig["overhead_share"] >= OVERHEAD_NOTE_SHARE:
         notes.append(f"the agent's own overhead is about {fmt.pct(fig['overhead_share'])} of "

@@ -264,6 +264,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gc", parse_bool, True,
             "Garbage collections inside recorded ranges become gc ranges (NVTX and "
             "recorder); slow iterations name them.", "0|1"),
+    Setting("gpu_activity", parse_bool, False,
+            "GPU time per link without synchronizing: CUPTI kernel, copy and memset activity "
+            "(cupti-python: pip install chainer-autoprof[cupti]), recorded from CuPy's import, "
+            "each kernel tied to the range that launched it; GPU figures in the summary, "
+            "GPU tracks in the trace.", "0|1"),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

@@ -15,6 +15,8 @@ import threading
 from time import perf_counter_ns, time_ns
 from typing import Any, Callable
 
+import numpy as np
+
 from ..analysis import record
 from ..analysis.record import By
 from ..analysis.stats import RunStats
@@ -22,18 +24,21 @@ from ..common import log, rank
 from ..common.one_line import command_line
 from ..common.settings import SETTINGS, Config, to_environ_value
 from ..common.version import __version__
+from ..report import gpu_events
 from ..report.summary import format_summary
+from ..report.trace_events import Track
 from ..report.tracefile import ThreadRanges, write_trace
 from ..runtime.device import device_names
 from ..sinks.recorder import Recorder
 from . import overhead, processes
+from .gpu_session import GpuOutcome
 
 
 def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int,
                trace_path: Callable[[], str] | None = None,
                extra_meta: dict[str, Any] | None = None,
-               event_args: dict[tuple[int, int], dict[str, Any]] | None = None
-               ) -> RunStats | None:
+               event_args: dict[tuple[int, int], dict[str, Any]] | None = None,
+               gpu: GpuOutcome | None = None) -> RunStats | None:
     """Statistics, trace file and summary of the run, once the tracer is closed.
 
     ``hits`` counts the instrumented calls (for the overhead estimate);
@@ -45,7 +50,9 @@ def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int,
     nor recorded a range (``python -c 'import json'`` with a ``CHAINER_PROF_*``
     variable exported: no summary, and no trace to replace the training's), a
     forked worker that did no training, or a helper interpreter (a resource
-    tracker, ...) that recorded nothing.
+    tracker, ...) that recorded nothing.  ``gpu``: the run's GPU activity
+    (:mod:`.gpu_session`): its figures go into the statistics and the run record, its
+    events into the trace.
     """
     if hits == 0 and recorder.agg.ranges == 0:
         return None
@@ -60,9 +67,12 @@ def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int,
         cost = (wall_ms, cost[1] + "; capped at the wall time")
     meta = metadata(cfg, tracer, recorder, end_ns, extra_meta)
     stats = recorder.run_stats(end_ns, cost, meta)
+    if gpu is not None:
+        stats.gpu_activity = dict(gpu.record)
     if cfg.trace and trace_path is not None:
         record.add(stats.meta, By.LIVE,
-                   trace_path=_write_trace(recorder, tracer, trace_path(), stats, event_args))
+                   trace_path=_write_trace(recorder, tracer, trace_path(), stats, event_args,
+                                           gpu))
     if cfg.summary:
         try:
             sys.stderr.write(format_summary(stats, advice=bool(cfg.advice)) + "\n")
@@ -154,7 +164,8 @@ def _run_values(cfg: Config, tracer: Any, recorder: Recorder,
 
 
 def _write_trace(recorder: Recorder, tracer: Any, path: str, stats: RunStats,
-                 event_args: dict[tuple[int, int], dict[str, Any]] | None) -> str | None:
+                 event_args: dict[tuple[int, int], dict[str, Any]] | None,
+                 gpu: GpuOutcome | None = None) -> str | None:
     """Write the trace file at ``path``; returns it (``None`` on failure, said once)."""
     try:
         other = final_record(stats, recorder.dropped)
@@ -165,10 +176,28 @@ def _write_trace(recorder: Recorder, tracer: Any, path: str, stats: RunStats,
         thread_names.update({ts.tid: ts.thread_name for ts in list(tracer.states.values())})
         threads = [ThreadRanges(tid, thread_names.get(tid, f"thread {tid}"), blocks)
                    for tid, blocks in per_thread.items()]
+        tracks: list[Track] = []
+        top: dict[str, Any] | None = None
+        if gpu is not None:
+            built = gpu_events.for_trace(
+                gpu.analysis, other, pid=os.getpid(), start_ns=recorder.start_ns,
+                rows_by_thread={tid: np.concatenate(blocks) for tid, blocks in per_thread.items()},
+                loop_tid=other["main_tid"])
+            tracks, top = built.tracks, built.top
+            event_args = _joined(event_args, built.range_args)
         write_trace(path, pid=os.getpid(), start_ns=recorder.start_ns, infos=recorder.infos,
                     threads=threads, other=other, process_name=process_name(),
-                    main_tid=other["main_tid"], event_args=event_args)
+                    main_tid=other["main_tid"], event_args=event_args, tracks=tracks, top=top)
     except Exception as exc:
         log.error(f"could not write the trace {path}: {type(exc).__name__}: {exc}")
         return None
     return path
+
+
+def _joined(a: dict[tuple[int, int], dict[str, Any]] | None,
+            b: dict[tuple[int, int], dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
+    """Two sets of extra range arguments in one (a range named in both gets both's)."""
+    out = {key: dict(args) for key, args in (a or {}).items()}
+    for key, args in b.items():
+        out.setdefault(key, {}).update(args)
+    return out

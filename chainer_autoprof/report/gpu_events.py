@@ -5,12 +5,16 @@ agent's ranges; HolisticTraceAnalysis reads such a trace as it reads a PyTorch p
 trace (temporal and idle-time breakdowns, kernel breakdowns), Perfetto and
 chrome://tracing show it.
 
+Each kind of event is one of the codec's (:data:`.trace_events.GPU_KINDS`, and its
+metadata kinds for the tracks' names): :func:`tracks` hands them to the trace writer, and
+readers take them apart from the ranges.
+
 Events (``ts``/``dur`` in microseconds since the agent started, 3 decimals, like the
 ranges):
 
-* per device a process ``GPU d`` (pid :func:`gpu_pid`: above any real pid, so it never
-  collides with a process of a merged trace) and per stream a thread ``stream s``
-  (tid = CUPTI's stream id);
+* per device a process ``GPU d`` (pid :func:`~.trace_events.gpu_pid`: above any real pid,
+  so it never collides with a process of a merged trace) and per stream a thread
+  ``stream s`` (tid = CUPTI's stream id);
 * kernels ``{"ph": "X", "cat": "kernel", "name": <kernel>, "pid": <GPU>, "tid": <stream>,
   "args": {"device", "context", "stream", "correlation", "External id", "grid", "block",
   "registers per thread", "shared memory", "launched by", "link"}}``; copies
@@ -49,6 +53,8 @@ import numpy as np
 
 from ..analysis.gpu_analysis import GpuAnalysis
 from ..analysis.gpu_attribution import K_ITER, AttributedOps
+from ..analysis.gpu_clock import fit
+from ..analysis.gpu_figures import GpuFigures
 from ..analysis.stats import DEPTH_BITS
 from ..common.gpu_records import (
     COPY_KIND_NAMES,
@@ -60,26 +66,50 @@ from ..common.gpu_records import (
     RUNTIME,
     ActivityBatch,
     ApiCalls,
+    ClockPairs,
     ExternalIds,
     GpuOps,
     NameTable,
 )
+from .trace_events import (
+    CUDA_DRIVER,
+    CUDA_RUNTIME,
+    FLOW_START,
+    GPU_KINDS,
+    GPU_MEMCPY,
+    GPU_MEMSET,
+    GPU_PID_BASE,
+    KERNELS,
+    MAX_DEVICES,
+    PROFILER_STEPS,
+    GpuEventKind,
+    MetadataKind,
+    Track,
+    gpu_pid,
+    is_gpu_pid,
+    kind_of,
+)
 
-CAT_KERNEL = "kernel"
-CAT_MEMCPY = "gpu_memcpy"
-CAT_MEMSET = "gpu_memset"
-CAT_RUNTIME = "cuda_runtime"
-CAT_DRIVER = "cuda_driver"
-CAT_FLOW = "ac2g"
-CAT_STEP = "user_annotation"
-#: Every category these events use (what a reader routes here).
-GPU_CATEGORIES = frozenset({CAT_KERNEL, CAT_MEMCPY, CAT_MEMSET, CAT_RUNTIME, CAT_DRIVER,
-                            CAT_FLOW, CAT_STEP})
+__all__ = ["GPU_PID_BASE", "MAX_DEVICES", "GpuEvents", "activity_from_events", "encode",
+           "for_trace", "gpu_pid", "is_gpu_event", "profiler_steps", "trace_fields", "tracks"]
+
+
+
+def _category(kind: GpuEventKind) -> str:
+    """The category (``cat``) the codec's ``kind`` claims."""
+    assert kind.key is not None
+    return kind.key
+
+
+CAT_KERNEL = _category(KERNELS)
+CAT_MEMCPY = _category(GPU_MEMCPY)
+CAT_MEMSET = _category(GPU_MEMSET)
+CAT_RUNTIME = _category(CUDA_RUNTIME)
+CAT_DRIVER = _category(CUDA_DRIVER)
+CAT_FLOW = _category(FLOW_START)
+CAT_STEP = _category(PROFILER_STEPS)
 STEP_PREFIX = "ProfilerStep#"
 _OP_CATS = {KERNEL: CAT_KERNEL, MEMCPY: CAT_MEMCPY, MEMSET: CAT_MEMSET}
-#: A GPU's process id: above Linux's largest pid (2**22), one per process and device.
-GPU_PID_BASE = 1 << 22
-MAX_DEVICES = 64
 
 #: CUPTI callback ids of the calls that launch work -> the function's name.
 RUNTIME_NAMES = {
@@ -96,11 +126,6 @@ DRIVER_NAMES = {
     514: "cuGraphLaunch", 515: "cuGraphLaunch_ptsz", 652: "cuLaunchKernelEx",
     653: "cuLaunchKernelEx_ptsz",
 }
-
-
-def gpu_pid(pid: int, device: int) -> int:
-    """The trace pid of ``device``'s tracks in process ``pid``."""
-    return GPU_PID_BASE + pid * MAX_DEVICES + device % MAX_DEVICES
 
 
 def api_name(domain: int, cbid: int) -> str:
@@ -125,11 +150,24 @@ def _us(ns: int) -> float:
 
 def is_gpu_event(event: Mapping[str, Any]) -> bool:
     """Whether a trace event is one of these (a reader of the agent's ranges skips it)."""
-    cat = event.get("cat")
-    if cat in GPU_CATEGORIES:
-        return True
-    pid = event.get("pid")
-    return isinstance(pid, int) and pid >= GPU_PID_BASE
+    return kind_of(event) in GPU_KINDS or is_gpu_pid(event.get("pid"))
+
+
+def tracks(events: Iterable[Mapping[str, Any]]) -> list[Track]:
+    """The encoded events as the trace writer's tracks: each through its kind of the codec
+    (the GPU tracks' names as triples ``(pid, tid, value)`` of the metadata kinds)."""
+    meta: dict[MetadataKind, list[tuple[int, int, Any]]] = {}
+    rest: dict[Any, list[Mapping[str, Any]]] = {}
+    for ev in events:
+        kind = kind_of(ev)
+        if isinstance(kind, MetadataKind):
+            meta.setdefault(kind, []).append((int(ev["pid"]), int(ev["tid"]),
+                                              (ev.get("args") or {})[kind.arg]))
+        elif kind in GPU_KINDS:
+            rest.setdefault(kind, []).append(ev)
+        else:
+            raise ValueError(f"not an event of the GPU activity: {dict(ev)!r:.80}")
+    return [*meta.items(), *rest.items()]
 
 
 @dataclass
@@ -271,6 +309,65 @@ def trace_fields(meta: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(unix, int):
         out["baseTimeNanoseconds"] = unix
     return out
+
+
+@dataclass
+class GpuTrace:
+    """What a trace holds of the GPU activity: the writer's tracks, the External ids added
+    to the launching ranges (``event_args``), and Kineto's top-level fields."""
+
+    tracks: list[Track]
+    range_args: dict[tuple[int, int], dict[str, Any]]
+    top: dict[str, Any]
+    events: int
+
+
+def for_trace(analysis: GpuAnalysis, meta: Mapping[str, Any], *, pid: int, start_ns: int,
+              rows_by_thread: Mapping[int, Any], loop_tid: int | None,
+              span: tuple[int, int] | None = None) -> GpuTrace:
+    """The GPU events of ``analysis`` for a trace of process ``pid`` (the live agent's at
+    exit, a replay's): the operations it kept (those launched inside ``span``, agent ns,
+    when given), ``ProfilerStep#N`` over the loop thread's iterations among
+    ``rows_by_thread`` (the recorder's rows), and the top-level fields from ``meta`` (the
+    run record)."""
+    records = analysis.records()
+    if span is not None and len(records):
+        launch = records.attr.api_start
+        records = records.take((launch >= span[0]) & (launch <= span[1]))
+    encoded = encode(records, pid=pid, start_ns=start_ns, names=analysis.names,
+                     range_names=analysis.range_names, link_keys=analysis.link_keys)
+    iterations = iteration_rows(analysis, rows_by_thread, loop_tid)
+    if span is not None:
+        iterations = [it for it in iterations if it[1] >= span[0] and it[2] <= span[1]]
+    events = encoded.events + profiler_steps(iterations, pid=pid, start_ns=start_ns)
+    return GpuTrace(tracks(events), encoded.range_args, trace_fields(meta), len(events))
+
+
+def figures_from_events(events: Mapping[str, Sequence[Mapping[str, Any]]],
+                        rows: tuple[Sequence[tuple[str, str]], Mapping[int, Any]],
+                        meta: Mapping[str, Any]) -> GpuFigures | None:
+    """The GPU figures of a saved trace whose record holds none: its GPU events read back
+    (``events``: :attr:`~.tracefile.Trace.events`) and attributed again to its ranges
+    (``rows``: names and per-thread rows, as :func:`~.gpu_replay.trace_rows` gives them);
+    ``None`` when it has no GPU operation."""
+    start = int((meta.get("clock") or {}).get("perf_counter_ns_at_start") or 0)
+    batch = activity_from_events(
+        [ev for name in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver")
+         for ev in events.get(name, ())], start)
+    if not len(batch.ops):
+        return None
+    analysis = GpuAnalysis(fit(ClockPairs.from_rows([(0, 0)])), batch.names,
+                           int(meta.get("warmup_skip") or 0),
+                           record_limit=0, identity_threads=True,
+                           loop_tid=meta.get("main_tid"))
+    names, per_thread = rows
+    for i, (name, category) in enumerate(names):
+        analysis.add_name(i, name, category)
+    for tid, block in per_thread.items():
+        analysis.feed_ranges(tid, block)
+        analysis.thread_finished(tid)
+    analysis.feed_activity(batch)
+    return analysis.finish()
 
 
 def iteration_rows(analysis: GpuAnalysis, rows_by_thread: Mapping[int, Any],

@@ -10,17 +10,18 @@ CUPTI's threads to the trace's by containment.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 import numpy.typing as npt
 
 from ..analysis.gpu_analysis import GpuAnalysis, Limits
-from ..analysis.gpu_attribution import AttributedOps
 from ..analysis.gpu_clock import ClockMap, fit
 from ..analysis.stats import DEPTH_BITS
 from ..common.gpu_records import ActivityBatch, NameTable, Recording
 from . import gpu_events
+from .trace_events import Timeline
 from .tracefile import Trace
 
 Int64Array = npt.NDArray[np.int64]
@@ -90,37 +91,29 @@ def counted_span(trace: Trace) -> tuple[int, int] | None:
 
 
 def with_gpu_events(data: Mapping[str, Any], trace: Trace, analysis: GpuAnalysis, *,
-                    span: tuple[int, int] | None = None, steps: bool = True) -> dict[str, Any]:
+                    span: tuple[int, int] | None = None) -> dict[str, Any]:
     """A copy of the trace JSON ``data`` with the GPU events of ``analysis`` (only the
     operations launched inside ``span``, agent ns, when given), ``ProfilerStep#N`` over
     the loop thread's iterations (those inside ``span``), the External ids on the
-    launching ranges, and Kineto's top-level fields."""
+    launching ranges, and Kineto's top-level fields: what the live agent's trace holds
+    (:func:`.gpu_events.for_trace`, the same events)."""
     out = copy.deepcopy(dict(data))
     meta = trace.meta
     pid = int(meta.get("pid") or trace.pid or 0)
     start = int((meta.get("clock") or {}).get("perf_counter_ns_at_start") or 0)
-    records: AttributedOps = analysis.records()
-    if span is not None and len(records):
-        launch = records.attr.api_start
-        records = records.take((launch >= span[0]) & (launch <= span[1]))
-    encoded = gpu_events.encode(records, pid=pid, start_ns=start, names=analysis.names,
-                                range_names=analysis.range_names,
-                                link_keys=analysis.link_keys)
+    _names, rows = trace_rows(trace)
+    built = gpu_events.for_trace(analysis, meta, pid=pid, start_ns=start, rows_by_thread=rows,
+                                 loop_tid=meta.get("main_tid"), span=span)
     events = out.setdefault("traceEvents", [])
-    if encoded.range_args:
+    if built.range_args:
         for ev in events:
             if ev.get("ph") != "X" or ev.get("pid") != pid:
                 continue
             key = (int(ev.get("tid", 0)), start + round(float(ev["ts"]) * 1000))
-            more = encoded.range_args.get(key)
+            more = built.range_args.get(key)
             if more:
                 ev["args"] = {**(ev.get("args") or {}), **more}
-    events.extend(encoded.events)
-    if steps:
-        _names, rows = trace_rows(trace)
-        iterations = gpu_events.iteration_rows(analysis, rows, meta.get("main_tid"))
-        if span is not None:
-            iterations = [it for it in iterations if it[1] >= span[0] and it[2] <= span[1]]
-        events.extend(gpu_events.profiler_steps(iterations, pid=pid, start_ns=start))
-    out.update(gpu_events.trace_fields(meta))
+    for kind, items in built.tracks:
+        events.extend(json.loads(text) for text in kind.encode(items, Timeline(pid, start)))
+    out.update(built.top)
     return out

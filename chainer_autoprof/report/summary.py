@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from ..analysis.advice import Finding, check
 from ..analysis.gpu_evidence import Waits, busy_text, gather, on_gpu, waits
+from ..analysis.gpu_figures import GpuFigures
 from ..analysis.outliers import OUTLIER_FACTOR, SlowIteration, slow_iterations, stutter
 from ..analysis.stats import (
     AFTER_WINDOW,
@@ -52,6 +53,8 @@ SECTIONS: list[Callable[[RunStats], str | None]] = []
 TOP_LINKS = 10
 #: How many slow iterations the summary lists.
 TOP_SLOW = 5
+#: How many kernels the summary lists (GPU activity).
+TOP_KERNELS = 5
 
 PHASE_LABELS = {
     "data": "data",
@@ -257,6 +260,68 @@ def _wait_rows(stats: RunStats, waited: Waits, key: str | None,
                  mark + fmt_pct(stats.wall_share(total)), med)]
 
 
+def activity(stats: RunStats) -> GpuFigures | None:
+    """The run's GPU activity figures (CUPTI), when it has counted iterations of them."""
+    record = stats.gpu_activity
+    if not record:
+        return None
+    fig = GpuFigures.from_dict(record)
+    return fig if fig.iterations else None
+
+
+#: What each idle cause of the GPU is, in the summary's words.
+IDLE_LABELS = {"host": "waiting for the host to launch", "copies": "waiting for copies",
+               "between iterations": "between iterations", "other": "other (launch latency, "
+               "dependencies)"}
+
+
+def _activity_lines(stats: RunStats, fig: GpuFigures) -> list[str]:
+    """The GPU's own time (CUPTI kernel activity): busy and idle per iteration, and how the
+    idle time splits; the GPU time launched in each phase."""
+    n = fig.iterations
+    busy = fig.iteration_ms.get("busy") or []
+    span = fig.iteration_ms.get("span") or []
+    idle = [s - b for s, b in zip(span, busy)]
+    lines = [f"  GPU activity    CUPTI kernel activity over {n} counted iterations: busy "
+             f"{figures.pct(fig.busy_share or 0.0)} of the GPU's time; per iteration busy "
+             f"{fmt_ms(median(busy))}, idle {fmt_ms(median(idle))} (medians)"]
+    whole_idle = sum(fig.idle_ms.values())
+    if whole_idle > 0:
+        lines.append("                  idle, by cause (per iteration): " + ", ".join(
+            f"{IDLE_LABELS.get(k, k)} {fmt_ms(v / n)} ({figures.pct(v / fig.span_ms)})"
+            for k, v in fig.idle_ms.items() if v > 0))
+    per_phase = [(k, fig.phases.get(k)) for k in PHASE_KEYS]
+    shown = [(k, p) for k, p in per_phase if p and (p["kernels"] or p["copy_ms"])]
+    if shown:
+        lines.append("                  GPU time by phase launched in (per iteration): "
+                     + ", ".join(f"{PHASE_LABELS[k]} {fmt_ms((p['kernel_ms'] + p['copy_ms']) / n)}"
+                                 for k, p in shown))
+    outside = fig.warmup_kernel_ms + fig.outside_kernel_ms
+    if outside > 0:
+        lines.append(f"                  (kernels outside the counted iterations: warm-up "
+                     f"{fmt_ms(fig.warmup_kernel_ms)}, outside iterations "
+                     f"{fmt_ms(fig.outside_kernel_ms)})")
+    for note in (stats.gpu_activity or {}).get("notes") or []:
+        lines.append(f"                  note: {note}")
+    return lines
+
+
+def _kernel_lines(fig: GpuFigures) -> list[str]:
+    """The kernels with the most GPU time, each with the link that launched it."""
+    if not fig.top_kernels:
+        return []
+    n = fig.iterations
+    lines = ["  top kernels by GPU time (per counted iteration; the link whose range launched "
+             "each)",
+             f"    {'kernel':<50} {'GPU time':>10} {'calls':>7}  link"]
+    for k in fig.top_kernels[:TOP_KERNELS]:
+        name = k["name"] if len(k["name"]) <= 50 else k["name"][:47] + "..."
+        link = (k["link"] + (" backward" if k["backward"] else "")) if k["link"] else "-"
+        lines.append(f"    {name:<50} {fmt_ms(k['ms'] / n):>10} "
+                     f"{figures.num(k['calls'] / n, grouping=False):>7}  {link}")
+    return lines
+
+
 def _gpu_lines(stats: RunStats) -> list[str]:
     gpu = stats.gpu_phase_ms
     lines = []
@@ -270,14 +335,20 @@ def _gpu_lines(stats: RunStats) -> list[str]:
             ev = gather(stats)
         except Exception as exc:  # our bug: the rest of the summary stands
             return [*lines, "  (" + log.contained("the GPU's busy share", exc) + ")"]
-        if ev.busy_share is not None:
+        if ev.busy_share is not None and not ev.busy_exact:  # measured: the activity's line
             behind = ", ".join(p.phase for p in ev.behind)
             lines.append(f"  GPU busy        {busy_text(ev)}"
                          + (f"; the GPU ran behind the host in {behind}" if behind else ""))
+    fig = activity(stats)
+    if fig is not None:
+        lines += _activity_lines(stats, fig)
     return lines
 
 
 def _link_lines(stats: RunStats) -> list[str]:
+    fig = activity(stats)
+    if fig is not None and fig.links:
+        return _gpu_link_lines(stats, fig) + _kernel_lines(fig)
     if not stats.links:
         return []
     lines = ["  top links by time (forward inclusive / self; backward attributed to the link "
@@ -291,6 +362,29 @@ def _link_lines(stats: RunStats) -> list[str]:
                      f"{fmt_ms(link.self_ms):>10} {link.bwd_calls:>9} {fmt_ms(link.bwd_ms):>10}")
     if len(ordered) > TOP_LINKS:
         lines.append(f"    ... {len(ordered) - TOP_LINKS} more links")
+    return lines
+
+
+def _gpu_link_lines(stats: RunStats, fig: GpuFigures) -> list[str]:
+    """The top links by GPU time (CUPTI kernel activity), the host's times beside."""
+    n = fig.iterations
+    host = {link.name: link for link in stats.links}
+    lines = ["  top links by GPU time (CUPTI kernel activity, per counted iteration: the kernels "
+             "launched in each link's own forward range and in its backward range; host "
+             "times beside)",
+             f"    {'link':<40} {'GPU fwd':>9} {'kernels':>7} {'GPU bwd':>9} {'kernels':>7} "
+             f"{'host fwd':>9} {'host bwd':>9}"]
+    for x in fig.links[:TOP_LINKS]:
+        name = x["name"] if len(x["name"]) <= 40 else "..." + x["name"][-37:]
+        h = host.get(x["name"])
+        hf = fmt_ms(h.self_ms / stats.iterations) if h and stats.iterations else "-"
+        hb = fmt_ms(h.bwd_ms / stats.iterations) if h and stats.iterations else "-"
+        lines.append(f"    {name:<40} {fmt_ms(x['fwd_ms'] / n):>9} "
+                     f"{figures.num(x['fwd_kernels'] / n, grouping=False):>7} "
+                     f"{fmt_ms(x['bwd_ms'] / n):>9} "
+                     f"{figures.num(x['bwd_kernels'] / n, grouping=False):>7} {hf:>9} {hb:>9}")
+    if len(fig.links) > TOP_LINKS:
+        lines.append(f"    ... {len(fig.links) - TOP_LINKS} more links")
     return lines
 
 
@@ -452,12 +546,27 @@ def dominant_sentence(stats: RunStats) -> str:
 
 
 def _gpu_sentence(stats: RunStats) -> str | None:
-    """On a GPU that sets the pace: the phase with the most GPU time."""
+    """On a GPU that sets the pace: the phase (with GPU activity: and the link) with the most
+    GPU time."""
     try:
         ev = gather(stats)
     except Exception as exc:  # our bug: the plain sentence stands
         log.warning(log.contained("the GPU sentence", exc))
         return None
+    fig = activity(stats)
+    if ev.limit == "gpu" and fig is not None:
+        n = fig.iterations
+        phase = max(PHASE_KEYS, key=lambda k: (fig.phases.get(k) or {}).get("kernel_ms", 0.0))
+        phase_ms = (fig.phases.get(phase) or {}).get("kernel_ms", 0.0) / n
+        span = fig.span_ms / n
+        text = (f"the GPU sets the pace (busy {figures.pct(fig.busy_share or 0.0)}); "
+                f"{PHASE_WORDS[phase]} launches the most GPU time, {fmt_ms(phase_ms)} of a "
+                f"{fmt_ms(span)} GPU iteration")
+        if fig.links:
+            top_link = fig.links[0]
+            text += (f", the most of it {top_link['name']} "
+                     f"({fmt_ms((top_link['fwd_ms'] + top_link['bwd_ms']) / n)})")
+        return text + "."
     top = ev.top_phase() if ev.limit == "gpu" else None
     if top is None:
         return None

@@ -28,6 +28,17 @@ events linking a launch to its kernel) is one more subclass, registered::
 
 then written as one more track (``write_trace(..., tracks=[(KERNELS, kernels)])``)
 and read back in ``Trace.events["kernel"]``.
+
+The GPU activity's events (:mod:`.gpu_events` builds them, after the PyTorch profiler's
+conventions so that HolisticTraceAnalysis reads them) are such kinds: kernels, copies and
+memsets on a track per device and stream (:func:`gpu_pid`: a process of its own per GPU,
+derived from the process's pid), the launching CUDA runtime and driver calls on the
+launching thread's track, ``ac2g`` flows from each call to its GPU operation, and
+``ProfilerStep#N`` over each iteration.  Readers take them apart from the ranges (they
+never count as ranges); ``merge`` moves a GPU's tracks with its process and keeps flow
+ids apart across processes.  Top-level members beside ``traceEvents`` (Kineto's
+``deviceProperties``, ``distributedInfo``, ...) are written by :func:`write_container`
+(``top``).
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Generic, Iterable, Iterator, Mapping, Sequence, TextIO, Tuple, TypeVar
+from typing import Any, Dict, Generic, Iterable, Iterator, Mapping, Sequence, TextIO, Tuple, TypeVar
 
 import numpy as np
 
@@ -128,12 +139,17 @@ class EventKind(Generic[T]):
         raise NotImplementedError
 
     def move(self, ev: dict[str, Any], where: str, pid: int, shift_us: float) -> dict[str, Any]:
-        """``ev`` on process track ``pid``, its times ``shift_us`` later (``merge``)."""
+        """``ev`` on process track ``pid`` (a GPU's track: that GPU's of ``pid``), its times
+        ``shift_us`` later (``merge``)."""
         ev = dict(ev)
-        ev["pid"] = pid
+        ev["pid"] = moved_pid(ev.get("pid"), pid)
         if "ts" in ev and ev.get("ph") != "M":
             ev["ts"] = round(_TS.check(ev["ts"], f"{where}: ts") + shift_us, 3)
         return ev
+
+    def owned(self, ev_pid: Any, pid: int) -> bool:
+        """Whether an event on track ``ev_pid`` belongs to process ``pid`` (its own track)."""
+        return bool(ev_pid == pid)
 
 
 #: Every kind, by ``(ph, key)``.
@@ -173,10 +189,13 @@ class MetadataKind(EventKind[Any]):
     def event(self, pid: int, tid: int, value: Any) -> dict[str, Any]:
         return {"ph": "M", "name": self.name, "pid": pid, "tid": tid, "args": {self.arg: value}}
 
-    def encode(self, items: Iterable[tuple[int, Any]], timeline: Timeline) -> Iterator[str]:
-        """``items``: ``(tid, value)`` pairs."""
-        for tid, value in items:
-            yield json.dumps(self.event(timeline.pid, tid, value))
+    def encode(self, items: Iterable[tuple[int, Any] | tuple[int, int, Any]],
+               timeline: Timeline) -> Iterator[str]:
+        """``items``: ``(tid, value)`` pairs on the timeline's process track, or ``(pid, tid,
+        value)`` triples on a track of its own (a GPU's)."""
+        for item in items:
+            pid = timeline.pid if len(item) == 2 else item[0]
+            yield json.dumps(self.event(pid, item[-2], item[-1]))
 
 
 class ThreadName(MetadataKind):
@@ -311,6 +330,112 @@ def _rows_in_begin_order(blocks: list[Any]) -> Any:
     return rows[np.lexsort((rows[:, 3] & DEPTH_MASK, rows[:, 1]))]
 
 
+# -- GPU activity -----------------------------------------------------------------------------
+#: A GPU's track: a process of its own, numbered above Linux's largest pid (2**22) so that it
+#: never meets a real process, one per process and device (:func:`gpu_pid`).
+GPU_PID_BASE = 1 << 22
+MAX_DEVICES = 64
+#: Flow ids moved by ``merge``: the merged process's number above a flow's own 32-bit id.
+FLOW_ID_BITS = 32
+
+
+def gpu_pid(pid: int, device: int) -> int:
+    """The track (trace pid) of ``device``'s kernels and copies in process ``pid``."""
+    return GPU_PID_BASE + pid * MAX_DEVICES + device % MAX_DEVICES
+
+
+def is_gpu_pid(track: Any) -> bool:
+    return isinstance(track, int) and not isinstance(track, bool) and track >= GPU_PID_BASE
+
+
+def moved_pid(track: Any, pid: int) -> int:
+    """Track ``track`` of a process, when that process becomes ``pid`` (``merge``)."""
+    if is_gpu_pid(track):
+        return gpu_pid(pid, (track - GPU_PID_BASE) % MAX_DEVICES)
+    return pid
+
+
+class GpuEventKind(EventKind[Dict[str, Any]]):
+    """An event of the GPU activity (built by :mod:`.gpu_events`, written as it is): on a
+    GPU's track (``on_gpu``) or on the launching thread's; read back as the checked event
+    itself (``Trace.events[name]``)."""
+
+    def __init__(self, name: str, ph: str, key: str, doc: str, args_doc: str,
+                 on_gpu: bool, read: bool = True) -> None:
+        self.name, self.ph, self.key = name, ph, key
+        self.doc, self.args_doc = doc, args_doc
+        self.on_gpu = on_gpu
+        self.read = read
+
+    def encode(self, items: Iterable[Mapping[str, Any]], timeline: Timeline) -> Iterator[str]:
+        """``items``: the events (``pid``, ``ts`` already on ``timeline``)."""
+        for ev in items:
+            yield dumps(ev)
+
+    def decode(self, ev: dict[str, Any], where: str) -> dict[str, Any]:
+        TEXT.check(ev.get("name", ""), f"{where}: name")
+        INT.check(ev.get("tid", 0), f"{where}: tid")
+        if "ts" not in ev:
+            raise MalformedError(f"{where} ({self.name}) has no ts")
+        _TS.check(ev["ts"], f"{where}: ts")
+        if self.ph == "X":
+            if "dur" not in ev:
+                raise MalformedError(f"{where} ({self.name}) has no dur")
+            _DUR.check(ev["dur"], f"{where}: dur")
+        _ARGS.check(ev.get("args") or {}, f"{where}: args")
+        return ev
+
+    def owned(self, ev_pid: Any, pid: int) -> bool:
+        if not self.on_gpu:
+            return bool(ev_pid == pid)
+        return is_gpu_pid(ev_pid) and (ev_pid - GPU_PID_BASE) // MAX_DEVICES == pid
+
+
+class FlowKind(GpuEventKind):
+    """One end of a flow from a launching call to its GPU operation (``id``: the launch's
+    correlation id; ``merge`` puts the process's number above it)."""
+
+    def move(self, ev: dict[str, Any], where: str, pid: int, shift_us: float) -> dict[str, Any]:
+        ev = super().move(ev, where, pid, shift_us)
+        own = INT.check(ev.get("id", 0), f"{where}: id") & ((1 << FLOW_ID_BITS) - 1)
+        ev["id"] = (pid << FLOW_ID_BITS) | own
+        return ev
+
+
+_GPU_OP_ARGS = ("`device`, `context`, `stream`, `correlation` (the launching call's), "
+                "`External id` (the launching range's), `launched by` (that range), `link`")
+KERNELS = register(GpuEventKind(
+    "kernel", "X", "kernel", "a GPU kernel, on its device's and stream's track",
+    _GPU_OP_ARGS + ", `grid`, `block`, `registers per thread`, `shared memory`", on_gpu=True))
+GPU_MEMCPY = register(GpuEventKind(
+    "gpu_memcpy", "X", "gpu_memcpy", "a memory copy (`Memcpy HtoD (Pageable -> Device)`), on "
+    "its stream's track", _GPU_OP_ARGS + ", `bytes`, `memory bandwidth (GB/s)`", on_gpu=True))
+GPU_MEMSET = register(GpuEventKind(
+    "gpu_memset", "X", "gpu_memset", "a memset, on its stream's track",
+    _GPU_OP_ARGS + ", `bytes`", on_gpu=True))
+CUDA_RUNTIME = register(GpuEventKind(
+    "cuda_runtime", "X", "cuda_runtime", "the CUDA runtime call that launched GPU work "
+    "(`cudaLaunchKernel`, `cudaMemcpyAsync`, ...), on the launching thread's track",
+    "`cbid`, `correlation`, `External id`", on_gpu=False))
+CUDA_DRIVER = register(GpuEventKind(
+    "cuda_driver", "X", "cuda_driver", "the CUDA driver call that launched GPU work "
+    "(`cuLaunchKernel`, ...), on the launching thread's track",
+    "`cbid`, `correlation`, `External id`", on_gpu=False))
+FLOW_START = register(FlowKind(
+    "launch flow start", "s", "ac2g", "a flow from a launching call (`id`: its correlation id)",
+    "", on_gpu=False, read=False))
+FLOW_END = register(FlowKind(
+    "launch flow end", "f", "ac2g", "... to its GPU operation (`bp`: `e`)", "", on_gpu=True,
+    read=False))
+PROFILER_STEPS = register(GpuEventKind(
+    "profiler step", "X", "user_annotation", "`ProfilerStep#N` over iteration N (how "
+    "HolisticTraceAnalysis finds iterations), on the loop thread's track", "", on_gpu=False,
+    read=False))
+#: The kinds of the GPU activity's events.
+GPU_KINDS: tuple[GpuEventKind, ...] = (KERNELS, GPU_MEMCPY, GPU_MEMSET, CUDA_RUNTIME,
+                                       CUDA_DRIVER, FLOW_START, FLOW_END, PROFILER_STEPS)
+
+
 # -- one process's events, and the file around them ------------------------------------------------
 #: Another kind's events for one trace: the kind, and what its encoder takes.
 Track = Tuple[EventKind[Any], Any]
@@ -334,10 +459,17 @@ def in_track_order(threads: Iterable[ThreadRanges], main_tid: int | None) -> lis
     return sorted(threads, key=lambda t: (t.tid != main_tid, t.tid))
 
 
-def write_container(out: TextIO, record: Mapping[str, Any], events: Iterable[str]) -> None:
-    """The trace object: ``record`` as ``otherData.chainer_autoprof`` (strict JSON: a number
-    that is not finite becomes null), then ``events`` (JSON texts), one per line."""
-    out.write('{"displayTimeUnit":"ms","otherData":')
+def write_container(out: TextIO, record: Mapping[str, Any], events: Iterable[str],
+                    top: Mapping[str, Any] | None = None) -> None:
+    """The trace object: ``top``'s members (other readers' top-level fields, e.g. Kineto's
+    ``deviceProperties``), ``record`` as ``otherData.chainer_autoprof`` (strict JSON: a
+    number that is not finite becomes null), then ``events`` (JSON texts), one per line."""
+    out.write('{"displayTimeUnit":"ms",')
+    for key, value in (top or {}).items():
+        if key in ("displayTimeUnit", "otherData", "traceEvents"):
+            raise ValueError(f"{key} is the container's own member")
+        out.write(f"{json.dumps(key)}:{json.dumps(finite(value), allow_nan=False)},")
+    out.write('"otherData":')
     out.write(json.dumps({"chainer_autoprof": finite(record)}, default=str, allow_nan=False))
     out.write(',"traceEvents":[\n')
     events = iter(events)
@@ -386,10 +518,12 @@ def decode(events: Sequence[Any], pid: int | None = None) -> Decoded:
     (:class:`MalformedError` naming the event); other events and non-objects are skipped."""
     out = Decoded()
     for n, ev in enumerate(events):
-        if not isinstance(ev, dict) or (pid is not None and ev.get("pid") != pid):
+        if not isinstance(ev, dict):
             continue
         kind = kind_of(ev)
         if kind is None or not kind.read:
+            continue
+        if pid is not None and not kind.owned(ev.get("pid"), pid):
             continue
         item = kind.decode(ev, f"event {n}")
         if kind is RANGES:

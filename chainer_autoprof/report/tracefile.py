@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..analysis import record
 from ..analysis.aggregate import Aggregator
+from ..analysis.gpu_figures import activity_record
 from ..analysis.shapes import MalformedError
 from ..analysis.stats import DEPTH_BITS, SHUTDOWN, UNFINISHED, RunStats
 from ..common.outputs import atomic_text
@@ -50,18 +51,19 @@ def write_trace(path: str, *, pid: int, start_ns: int, infos: Sequence[tuple[str
                 threads: Iterable[ThreadRanges], other: Mapping[str, Any],
                 process_name: str, main_tid: int | None = None,
                 event_args: Mapping[tuple[int, int], Mapping[str, Any]] | None = None,
-                tracks: Sequence[Track] = ()) -> int:
+                tracks: Sequence[Track] = (), top: Mapping[str, Any] | None = None) -> int:
     """Write the trace file atomically; returns the number of ranges written.
 
     ``infos[i]`` is ``(name, category, ARGB colour)`` of name index ``i``;
     ``other`` the run record; ``event_args`` adds arguments to the ranges it
     names by (thread id, start ns), e.g. the objects a garbage collection
-    freed; ``tracks`` are more events (each ``(kind, what its encoder takes)``).
+    freed; ``tracks`` are more events (each ``(kind, what its encoder takes)``), ``top``
+    more top-level members (Kineto's, for the GPU activity).
     """
     ranges = RangeTrack(infos, in_track_order(threads, main_tid), event_args)
     with atomic_text(path) as out:
         write_container(out, other, process_events(Timeline(pid, start_ns), process_name,
-                                                   ranges, tracks))
+                                                   ranges, tracks), top)
     return ranges.written
 
 
@@ -124,8 +126,25 @@ class Trace:
                            for r in rows])
         end_ns = int(record.value(meta, "clock.duration_ns")
                      or max((r.t1 for r in self.ranges), default=0))
-        return _unfinished(agg.result(end_ns, meta.get("main_tid"), meta=dict(meta),
-                                      **record.stats_fields(meta)))
+        stats = agg.result(end_ns, meta.get("main_tid"), meta=dict(meta),
+                           **record.stats_fields(meta))
+        if stats.gpu_activity is None and self.events.get("kernel"):
+            stats.gpu_activity = self.gpu_activity()
+        return _unfinished(stats)
+
+    def gpu_activity(self) -> dict[str, Any] | None:
+        """The GPU figures of a trace whose record holds none (written by another tool, or
+        edited): its GPU events attributed again to its ranges."""
+        from . import gpu_events, gpu_replay  # they read Trace: loaded when needed
+
+        fig = gpu_events.figures_from_events(self.events, gpu_replay.trace_rows(self),
+                                             self.meta)
+        if fig is None:
+            return None
+        kernels = sum(int(p["kernels"]) for p in fig.phases.values())
+        return dict(activity_record(
+            fig, f"the trace's GPU kernel events, {kernels} kernels over {fig.iterations} "
+            "counted iterations, each tied again to the range that launched it", {}, []))
 
 
 def _unfinished(stats: RunStats) -> RunStats:

@@ -189,6 +189,8 @@ class Tracer:
         self._unwound = threading.Event()
         self.iterations = 0           # iterations begun in this process
         self.facts: dict[str, Any] = {}  # e.g. batch_size, seen by patches
+        #: Told of each thread's new state, on that thread, once (the GPU activity's thread map).
+        self.on_new_thread: Callable[[ThreadState], None] | None = None
         self.pid = os.getpid()
         self.start_ns = clock()
         #: The hot path's implementation, and what its wrappers call (``tracer.core``).
@@ -302,6 +304,12 @@ class Tracer:
         else:
             self._local.end = _ThreadEnd(self, ts)  # goes with the thread's locals: says it ended
         self.states[ts.tid] = ts
+        told = self.on_new_thread
+        if told is not None:
+            try:
+                told(ts)
+            except Exception:
+                pass  # an observer's error never reaches the program's call
         return ts
 
     def forget_thread(self) -> None:

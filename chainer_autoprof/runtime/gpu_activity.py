@@ -3,15 +3,20 @@ that launched them, handed over as :class:`~..common.gpu_records.ActivityBatch` 
 
 Like :mod:`.device`, this talks to CUDA, and only when asked: nothing here imports
 ``cupti`` before :meth:`CuptiCollector.start`.  What CUPTI gives back goes through
-:func:`~..common.gpu_records.batch_from_records` (tested on the real recordings); only
-the calls into CUPTI below (enable, register, flush, disable) are untested without a GPU.
+:func:`~..common.gpu_records.batch_from_records` (tested on the real recordings); the
+calls into CUPTI are those of cupti-python 12.6 to 13.4 (``cupti.pyi``): ``set_thread_id_type``,
+``activity_register_callbacks``, ``activity_enable``/``activity_disable``,
+``activity_enable_runtime_api``/``activity_enable_driver_api``, ``activity_flush_period``,
+``activity_flush_all``, ``activity_get_num_dropped_records(context, stream, &dropped)``
+and ``get_timestamp``; failures raise ``cuptiError`` (``.status``: a ``CUptiResult``) or,
+without a CUDA driver, ``NotSupportedError``.  They run only on a GPU machine.
 
 CUPTI hands filled buffers back on a thread of its own; the collector converts each one
 there and passes the batch to ``on_batch`` (which must be quick and thread-safe: the
 agent queues it).  Nothing runs on the training thread.  With runtime and driver API
 records on, each kernel is tied to its launching call (what the attribution needs); the
-noisiest runtime calls that launch nothing (``cudaGetDevice``, ``cudaGetLastError``,
-...) are turned off where CUPTI allows it.
+noisiest calls that launch nothing (``cudaGetDevice``, ``cuGetProcAddress``, ...) are
+turned off by name where CUPTI knows them (:data:`QUIET_RUNTIME`, :data:`QUIET_DRIVER`).
 
 Threads: :meth:`start` asks CUPTI for system thread ids (``gettid``, the agent's
 ``tid``); where it cannot, CUPTI reports ``pthread_self()`` cut to 32 bits, and the agent
@@ -23,30 +28,47 @@ buffer and at the end (:attr:`CuptiCollector.clock_pairs`), each between two
 ``perf_counter_ns`` reads whose distance bounds its error.
 
 Faults never reach the training: :func:`start` returns a collector or one line saying
-why there is none (cupti-python missing, no GPU, CUPTI held by another tool such as
-Nsight Systems or Compute: ``CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED``); an error
-in a buffer callback is counted and the buffer dropped; records CUPTI itself dropped are
-counted (:attr:`CuptiCollector.dropped_records`).
+why there is none (cupti-python missing, no CUDA driver or device, CUPTI held by another
+tool such as Nsight Systems or Compute: ``CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED``);
+an error in a buffer callback is counted and that buffer dropped; records CUPTI itself
+dropped are counted (:attr:`CuptiCollector.dropped_records`), and so are operations still
+running when the last buffers were forced out (:attr:`CuptiCollector.incomplete`).
+:meth:`CuptiCollector.stop` never waits longer than it is told: CUPTI's last flush runs on
+a helper thread, and a flush that does not return in time is given up with one line.
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from typing import Any, Callable, Iterable
 
+import numpy as np
+
 from ..common.gpu_records import ActivityBatch, ClockPairs, NameTable, batch_from_records
 
-#: Bytes of one activity buffer CUPTI asks for (8 MiB: about 40,000 kernel records).
+#: Bytes of one activity buffer CUPTI asks for (8 MiB: tens of thousands of records).
 BUFFER_BYTES = 8 << 20
+#: How often CUPTI's own thread hands over what it holds (ms): the attribution's delay.
+FLUSH_PERIOD_MS = 1000
 #: CUPTI's result code when another subscriber (Nsight) holds CUPTI.
 CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED = 39
+#: ... and when the user may not profile (``NVreg_RestrictProfilingToAdminUsers``).
+CUPTI_ERROR_INSUFFICIENT_PRIVILEGES = 35
+#: ``CUPTI_ACTIVITY_FLAG_FLUSH_FORCED`` (``cupti.ActivityFlag.FLUSH_FORCED``).
+FLUSH_FORCED = 1
 #: Activity kinds enabled, by their names in ``cupti.ActivityKind``.
 ACTIVITY_KINDS = ("CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "RUNTIME", "DRIVER")
-#: Runtime calls that launch nothing and come by thousands per iteration (CUPTI's cbids):
-#: cudaGetLastError, cudaPeekAtLastError, cudaSetDevice, cudaGetDevice,
-#: cudaStreamIsCapturing.
-QUIET_RUNTIME_CBIDS = (10, 11, 16, 17, 317)
+#: Runtime and driver calls that launch nothing and come by hundreds per iteration (names in
+#: ``cupti.runtime_api_trace_cbid`` / ``driver_api_trace_cbid``): not recorded.
+QUIET_RUNTIME = ("cudaGetDevice_v3020", "cudaSetDevice_v3020", "cudaGetLastError_v3020",
+                 "cudaPeekAtLastError_v3020", "cudaStreamIsCapturing_v10000",
+                 "cudaDeviceGetAttribute_v5000")
+QUIET_DRIVER = ("cuGetProcAddress_v2", "cuStreamGetCaptureInfo_v2", "cuDeviceGetAttribute",
+                "cuCtxGetCurrent")
+#: Clock pairs kept (the first and a thinned rest beyond).
+MAX_PAIRS = 4096
 
 
 def read_clock_pair(timestamp: Callable[[], int]) -> tuple[int, int, int]:
@@ -57,6 +79,17 @@ def read_clock_pair(timestamp: Callable[[], int]) -> tuple[int, int, int]:
     other = int(timestamp())
     p1 = time.perf_counter_ns()
     return other, (p0 + p1) // 2, p1 - p0
+
+
+def complete(batch: ActivityBatch) -> tuple[ActivityBatch, int]:
+    """``batch`` without the operations CUPTI handed over unfinished (a forced flush gives
+    those with no end), and how many there were."""
+    ops = batch.ops
+    ok = (ops.start > 0) & (ops.end >= ops.start)
+    bad = len(ops) - int(np.count_nonzero(ok))
+    if not bad:
+        return batch, 0
+    return ActivityBatch(ops.take(ok), batch.api, batch.external, batch.names), bad
 
 
 class CuptiCollector:
@@ -74,21 +107,30 @@ class CuptiCollector:
         self.system_thread_ids = False
         self.buffers = 0
         self.records = 0
+        self.ops = 0
         self.dropped_records = 0
+        self.incomplete = 0
         self.callback_errors = 0
         self.last_error = ""
         self.running = False
+        #: Set once collection stopped: a buffer CUPTI still hands over is not converted.
+        self.closed = False
 
     # -- what CUPTI calls, on its own thread ----------------------------------------------
     def _buffer_requested(self) -> tuple[int, int]:
         return self.buffer_bytes, 0  # (size, max records: 0 = as many as fit)
 
     def _buffer_completed(self, activities: Iterable[Any]) -> None:
+        """A buffer of records, on CUPTI's thread: converted, then handed to ``on_batch``."""
+        if self.closed:
+            return
         try:
-            batch = batch_from_records(activities, self.names)
+            batch, unfinished = complete(batch_from_records(activities, self.names))
             self._pair()
             self.buffers += 1
             self.records += len(batch)
+            self.ops += len(batch.ops)
+            self.incomplete += unfinished
             self._count_dropped()
             self.on_batch(batch)
         except Exception as exc:  # CUPTI's thread must never see our error
@@ -101,17 +143,20 @@ class CuptiCollector:
             pair = read_clock_pair(cupti.get_timestamp)
             with self._lock:
                 self._pairs.append(pair)
-                if len(self._pairs) > 4096:  # keep the first and a thinned rest
+                if len(self._pairs) > MAX_PAIRS:  # keep the first and a thinned rest
                     self._pairs = self._pairs[:1] + self._pairs[1::2]
 
     def _count_dropped(self) -> None:
-        count = getattr(self._cupti, "activity_get_num_dropped_records", None)
-        if count is None:
+        """Records CUPTI dropped since the last call (its buffers were full)."""
+        cupti = self._cupti
+        if cupti is None:
             return
-        try:
-            self.dropped_records += int(count(0, 0))
+        dropped = ctypes.c_size_t(0)
+        try:  # context NULL, stream 0: the global queue; the count goes to *dropped
+            cupti.activity_get_num_dropped_records(0, 0, ctypes.addressof(dropped))
         except Exception:
-            pass
+            return
+        self.dropped_records += int(dropped.value)
 
     # -- control ------------------------------------------------------------------------
     def start(self) -> str | None:
@@ -119,56 +164,85 @@ class CuptiCollector:
         try:
             from cupti import cupti  # cupti-python; only when GPU activity is wanted
         except ImportError as exc:
-            return f"cupti-python is not installed ({exc}): pip install chainer-autoprof[cupti]"
+            return (f"cupti-python is not installed ({exc}): pip install "
+                    "chainer-autoprof[cupti]")
+        except Exception as exc:  # e.g. its CUDA bindings cannot load
+            return f"cupti-python cannot be imported ({type(exc).__name__}: {exc})"
         self._cupti = cupti
         try:
-            id_types = getattr(cupti, "ActivityThreadIdType", None)
-            setter = getattr(cupti, "set_thread_id_type", None)
-            if id_types is not None and setter is not None:
-                try:
-                    setter(id_types.SYSTEM)
-                    self.system_thread_ids = True
-                except Exception:
-                    self.system_thread_ids = False
+            try:
+                cupti.set_thread_id_type(cupti.ActivityThreadIdType.SYSTEM)
+                self.system_thread_ids = True
+            except Exception as exc:
+                if _no_driver(exc):
+                    raise
+                self.system_thread_ids = False
             cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
             for name in ACTIVITY_KINDS:
                 kind = getattr(cupti.ActivityKind, name)
                 cupti.activity_enable(kind)
                 self._enabled.append(kind)
-            quiet = getattr(cupti, "activity_enable_runtime_api", None)
-            if quiet is not None:
-                for cbid in QUIET_RUNTIME_CBIDS:
-                    try:
-                        quiet(cbid, 0)
-                    except Exception:
-                        pass
+            _quiet(cupti, "runtime_api_trace_cbid", "activity_enable_runtime_api",
+                   QUIET_RUNTIME)
+            _quiet(cupti, "driver_api_trace_cbid", "activity_enable_driver_api", QUIET_DRIVER)
+            try:
+                cupti.activity_flush_period(FLUSH_PERIOD_MS)
+            except Exception:
+                pass  # CUPTI hands buffers over when they fill, and at the end
             self._pair()
         except Exception as exc:
             reason = describe_error(exc)
             self._disable()
             self._cupti = None
+            self.closed = True
             return reason
         self.running = True
         return None
 
     def flush(self) -> None:
-        """Hand over every completed record now (CUPTI calls back before this returns)."""
-        if self._cupti is None:
+        """Hand over every record now (CUPTI calls back before this returns)."""
+        cupti = self._cupti
+        if cupti is None:
             return
+        flag = int(getattr(getattr(cupti, "ActivityFlag", None), "FLUSH_FORCED", FLUSH_FORCED))
         try:
-            self._cupti.activity_flush_all(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
+            cupti.activity_flush_all(flag)
             self._pair()
         except Exception as exc:
             self.callback_errors += 1
             self.last_error = describe_error(exc)
 
-    def stop(self) -> None:
-        """Flush, then turn collection off (idempotent)."""
+    def stop(self, timeout_s: float) -> str | None:
+        """Flush, then turn collection off (idempotent), waiting ``timeout_s`` at most;
+        ``None``, or the one line saying what did not finish."""
         if not self.running:
-            return
+            return None
         self.running = False
-        self.flush()
-        self._disable()
+        done = threading.Event()
+
+        def last_flush() -> None:
+            try:
+                self.flush()
+                self._disable()
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=last_flush, name="chainer_autoprof-cupti-stop",
+                                  daemon=True)
+        worker.start()
+        if done.wait(timeout_s):
+            self.closed = True
+            return None
+        self.closed = True  # a buffer CUPTI hands over later is not read
+        return (f"CUPTI did not hand back its last buffers within {timeout_s:g} s: the GPU "
+                "figures miss the last records")
+
+    def after_fork(self) -> None:
+        """A forked child: CUPTI's state is its parent's; nothing is called, nothing kept."""
+        self._cupti = None
+        self._enabled = []
+        self.running = False
+        self.closed = True
 
     def _disable(self) -> None:
         cupti = self._cupti
@@ -184,17 +258,48 @@ class CuptiCollector:
         with self._lock:
             return ClockPairs.from_rows(list(self._pairs))
 
+    @property
+    def pair_count(self) -> int:
+        return len(self._pairs)
+
+
+def _quiet(cupti: Any, table: str, switch: str, names: Iterable[str]) -> None:
+    """Turn off the records of the calls ``names`` (those this CUPTI knows)."""
+    ids = getattr(cupti, table, None)
+    off = getattr(cupti, switch, None)
+    if ids is None or off is None:
+        return
+    for name in names:
+        cbid = getattr(ids, name, None)
+        if cbid is None:
+            continue
+        try:
+            off(int(cbid), 0)
+        except Exception:
+            pass
+
+
+def _no_driver(exc: BaseException) -> bool:
+    text = str(exc).upper()
+    return "DRIVER IS NOT FOUND" in text or "LIBCUDA" in text
+
 
 def describe_error(exc: BaseException) -> str:
     """One line for a CUPTI failure, naming the usual cause."""
     text = f"{type(exc).__name__}: {exc}"
+    upper = text.upper()
     code = getattr(exc, "status", None)
     if code == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED or \
-            "MULTIPLE_SUBSCRIBERS" in text.upper():
+            "MULTIPLE_SUBSCRIBERS" in upper:
         return ("CUPTI is already in use by another tool (Nsight Systems or Nsight Compute "
                 f"attached?): no GPU activity ({text})")
-    if "NO_DEVICE" in text.upper() or "NOT_INITIALIZED" in text.upper():
-        return f"no CUDA device or driver for CUPTI: no GPU activity ({text})"
+    if code == CUPTI_ERROR_INSUFFICIENT_PRIVILEGES or "INSUFFICIENT_PRIVILEGES" in upper:
+        return ("CUPTI needs permission to profile the GPU (NVreg_RestrictProfilingToAdminUsers"
+                f"): no GPU activity ({text})")
+    if _no_driver(exc):
+        return f"no CUDA driver for CUPTI: no GPU activity ({text})"
+    if "NO_DEVICE" in upper or "NOT_INITIALIZED" in upper or "INVALID_DEVICE" in upper:
+        return f"no CUDA device for CUPTI: no GPU activity ({text})"
     return f"CUPTI could not start: no GPU activity ({text})"
 
 

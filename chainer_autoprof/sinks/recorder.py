@@ -80,6 +80,9 @@ class Recorder:
             self.native = ("recorder", impl.module.RecorderHook(
                 self.chunk_ranges, self._iter_info, self._iteration_ended, self._flush_thread))
             self._buffer_type = impl.module.RecordBuffer
+        #: Told of each block ``(tid, rows)`` once aggregated, and ``(tid, None)`` when a thread
+        #: ended (the GPU activity's queue: one append, the analysis runs on its own thread).
+        self.gpu_handover: Callable[[tuple[int, Any]], None] | None = None
         #: name index of the wait rows, by the category of the range they lie in (made at the
         #: first wait on a GPU, so that a CPU run registers no name it never uses)
         self._wait_index: dict[str, int] | None = None
@@ -222,6 +225,9 @@ class Recorder:
                 self.agg.feed(tid, block)
                 if self.keep:
                     self._retain(tid, block)
+                handover = self.gpu_handover
+                if handover is not None:
+                    handover((tid, block))
             except Exception as exc:  # our bug must not reach the training's call stack
                 log.error(f"recorder: {type(exc).__name__}: {exc}; some ranges are missing "
                           "from the summary and the trace")
@@ -266,6 +272,9 @@ class Recorder:
         self._flush_thread(ts)
         with self._lock:
             self.agg.thread_ended(ts.tid)
+            handover = self.gpu_handover
+            if handover is not None:
+                handover((ts.tid, None))
 
     def flush_all(self) -> None:
         """Aggregate every thread's buffered ranges (at exit)."""

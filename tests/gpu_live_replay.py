@@ -1,0 +1,165 @@
+"""The real CUPTI recordings (tests/data/gpu/cupti) replayed through the live agent's path.
+
+Without a GPU, the two stand-ins are the recordings themselves: the recorded process's
+ranges go through a real :class:`~chainer_autoprof.sinks.recorder.Recorder` (its blocks,
+its handover to the GPU queue), and its CUPTI records, as cupti-python hands them over,
+through a real :class:`~chainer_autoprof.runtime.gpu_activity.CuptiCollector`'s buffer
+callback on a thread of their own (as CUPTI's); the session's drain thread attributes them;
+the exit runs as the agent's (:meth:`GpuSession.finish`, then ``report_run`` writing the
+trace through the codec).  Only CUPTI's own calls (enable, flush, timestamps) are not run:
+the collector has no ``cupti`` module, and its clock pairs are the recording's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import numpy as np
+
+from chainer_autoprof.common import gpu_records
+from chainer_autoprof.common import names as range_names
+from chainer_autoprof.common.gpu_records import KERNEL, MEMCPY, Recording, read_recording
+from chainer_autoprof.common.settings import from_environ
+from chainer_autoprof.lifecycle import gpu_session
+from chainer_autoprof.lifecycle.finish import report_run
+from chainer_autoprof.report import gpu_replay
+from chainer_autoprof.report.tracefile import Trace, read_trace
+from chainer_autoprof.runtime.device import CountingBackend
+from chainer_autoprof.runtime.events import Tracer
+from chainer_autoprof.runtime.gpu_activity import CuptiCollector
+from chainer_autoprof.runtime.policies import SyncPolicy
+from chainer_autoprof.sinks.recorder import Recorder
+
+DATA = Path(__file__).resolve().parent / "data" / "gpu" / "cupti"
+
+
+def as_cupti_records(rec: Recording) -> list[SimpleNamespace]:
+    """The recording's rows as cupti-python hands records over (attributes in snake case),
+    in the order CUPTI fills its buffers: by time."""
+    out: list[tuple[int, SimpleNamespace]] = []
+    b = rec.batch
+    kinds = {KERNEL: gpu_records.CUPTI_KIND_CONCURRENT_KERNEL,
+             MEMCPY: gpu_records.CUPTI_KIND_MEMCPY,
+             gpu_records.MEMSET: gpu_records.CUPTI_KIND_MEMSET}
+    o = b.ops
+    for i in range(len(o)):
+        r = SimpleNamespace(kind=kinds[int(o.kind[i])], start=int(o.start[i]),
+                            end=int(o.end[i]), correlation_id=int(o.correlation[i]),
+                            device_id=int(o.device[i]), context_id=int(o.context[i]),
+                            stream_id=int(o.stream[i]))
+        if o.kind[i] == KERNEL:
+            r.name = b.names.name(int(o.name[i]))
+            for col, attr in (("grid_x", "grid_x"), ("grid_y", "grid_y"), ("grid_z", "grid_z"),
+                              ("block_x", "block_x"), ("block_y", "block_y"),
+                              ("block_z", "block_z"), ("registers", "registers_per_thread"),
+                              ("static_smem", "static_shared_memory"),
+                              ("dynamic_smem", "dynamic_shared_memory")):
+                setattr(r, attr, int(getattr(o, col)[i]))
+        else:
+            r.bytes, r.copy_kind = int(o.bytes[i]), int(o.copy_kind[i])
+            r.src_kind, r.dst_kind, r.value = int(o.src_kind[i]), int(o.dst_kind[i]), 0
+        out.append((int(o.end[i]), r))
+    a = b.api
+    for i in range(len(a)):
+        out.append((int(a.end[i]), SimpleNamespace(
+            kind=gpu_records.CUPTI_KIND_RUNTIME if a.domain[i] == gpu_records.RUNTIME
+            else gpu_records.CUPTI_KIND_DRIVER, start=int(a.start[i]), end=int(a.end[i]),
+            correlation_id=int(a.correlation[i]), cbid=int(a.cbid[i]),
+            thread_id=int(a.thread[i]), process_id=0)))
+    out.sort(key=lambda item: item[0])
+    return [r for _t, r in out]
+
+
+def replay_clock(start_ns: int, end_ns: int) -> Callable[[], int]:
+    """The recorded process's clock for the tracer: its start first, then its end."""
+    calls = [0]
+
+    def clock() -> int:
+        calls[0] += 1
+        return start_ns if calls[0] == 1 else end_ns
+
+    return clock
+
+
+@dataclass
+class LiveReplay:
+    name: str
+    trace: Trace               # the recorded process's own trace
+    recording: Recording
+    session: gpu_session.GpuSession
+    outcome: gpu_session.GpuOutcome | None
+    stats: Any                 # RunStats at exit
+    path: Path                 # the trace written by the live writer
+    main_thread: int           # CUPTI's id of the recorded loop thread
+
+
+def replay_live(name: str, out_dir: Path, *, buffers: int = 12, block_rows: int = 64,
+                record_limit: int = 200_000, summary: bool = False,
+                collector_records: Callable[[Recording], list[Any]] = as_cupti_records,
+                pace_s: float = 0.02) -> LiveReplay:
+    """Replay recording ``name`` through the live path and write its trace in ``out_dir``."""
+    trace = read_trace(str(DATA / name / "agent_trace.json"))
+    rec = read_recording(str(DATA / name / "cupti_activity.json.gz"))
+    meta = trace.meta
+    start = int(meta["clock"]["perf_counter_ns_at_start"])
+    end = start + int(meta["clock"]["duration_ns"])
+    path = out_dir / f"{name}.json"
+    cfg = from_environ({}, overrides={"trace": str(path), "granularity": "link",
+                                      "warmup": int(meta["warmup_skip"]), "summary": summary,
+                                      "record_limit": record_limit, "gpu_activity": True,
+                                      "gc": False, "flush_interval": 0})
+    tracer = Tracer(range_names.GRANULARITY_LEVEL["link"], SyncPolicy(0, CountingBackend()),
+                    clock=replay_clock(start, end))
+    tracer.sync.add_devices([0])
+    recorder = Recorder(cfg, tracer)
+    tracer.add_sink(recorder)
+    # the recorded names, as the tracer made them in that process
+    recorded_names, rows = gpu_replay.trace_rows(trace)
+    index = np.array([tracer.info(n, c).index for n, c in recorded_names], dtype=np.int64)
+    (tid, block), = rows.items()
+    block = block.copy()
+    block[:, 0] = index[block[:, 0]]
+    main_thread = int(np.bincount(np.unique(rec.batch.api.thread, return_inverse=True)[1])
+                      .argmax())
+    main_thread = int(np.unique(rec.batch.api.thread)[main_thread])
+    collector_box: list[CuptiCollector] = []
+
+    def start_collector(on_batch: Callable[..., None], names: Any) -> CuptiCollector:
+        collector = CuptiCollector(on_batch, names=names)
+        collector._pairs = [tuple(int(x) for x in row) for row in zip(
+            rec.clock.cupti_ns, rec.clock.perf_ns, rec.clock.read_ns)]
+        collector.running = True
+        collector_box.append(collector)
+        return collector
+
+    session = gpu_session.GpuSession(recorder, tracer, record_limit=record_limit,
+                                     warmup_skip=recorder.warm_skip, window=False,
+                                     main_tid=tid, start_collector=start_collector)
+    session.install()
+    session.start()  # as at CuPy's import
+    # the recorded loop thread's state was made in that process: its id as told then
+    session._threads.append((main_thread, tid))
+    records = collector_records(rec)
+    cut = np.linspace(0, len(records), buffers + 1).astype(int)
+
+    def cupti_thread() -> None:  # hands over buffers as CUPTI's own thread does
+        for i in range(buffers):
+            collector_box[0]._buffer_completed(records[cut[i]:cut[i + 1]])
+            time.sleep(pace_s)
+
+    feeder = threading.Thread(target=cupti_thread, name="cupti-replay")
+    feeder.start()
+    for i in range(0, len(block), block_rows):  # the loop thread's blocks, as it fills them
+        recorder._absorb(tid, [tuple(row) for row in block[i:i + block_rows].tolist()])
+        time.sleep(pace_s * buffers * block_rows / max(1, len(block)))
+    feeder.join()
+    tracer.close()
+    outcome = session.finish()
+    stats = report_run(recorder, tracer, cfg, hits=1, trace_path=lambda: str(path),
+                       gpu=outcome)
+    return LiveReplay(name, trace, rec, session, outcome, stats, path, main_thread)
