@@ -8,6 +8,17 @@ out, and prints the instructions added per step by each configuration.
 
     python benchmarks/instructions.py            # MLP step and one Link call, ~30 minutes
     python benchmarks/instructions.py --quick    # phase and link only, ~18 minutes
+    python benchmarks/instructions.py --recorder # link granularity with the recorder attached,
+                                                 # and with the GPU activity's handover of its
+                                                 # blocks (a deque append), Link calls only
+    python benchmarks/instructions.py --recorder --repo DIR   # another checkout, the same way
+
+A configuration ``GRANULARITY[/recorder[/handover]]``: ``recorder`` keeps the summary on
+(the recorder sink attached), ``handover`` gives the recorder a ``gpu_handover`` (what
+``CHAINER_PROF_GPU_ACTIVITY=1`` attaches once CUPTI runs: one deque append per block of
+4,096 ranges); the ``link`` workload then runs 80 extra steps, so that blocks fill, with the
+garbage collector off while they run (a collection of the whole heap falls where allocations
+push it, and would add hundreds of instructions per call to one run and not the other).
 
 Instructions are not time (a cache miss costs more than an add), but an added
 instruction count well under 1% of a step is an overhead well under 1%.
@@ -32,11 +43,21 @@ import sys
 sys.path[:0] = [{here!r}]
 import workloads
 config, workload, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+quiet_gc = sys.argv[4:] == ["nogc"]
 if config != "none":
     import chainer_autoprof
-    chainer_autoprof.install(granularity=config, summary=False, log="error")
+    granularity, *parts = config.split("/")
+    agent = chainer_autoprof.install(granularity=granularity, summary="recorder" in parts,
+                                     advice=False, log="error")
+    if "handover" in parts:
+        import collections
+        agent.recorder.gpu_handover = collections.deque().append
 step = workloads.build(workload, None)
 step()
+if quiet_gc:  # collections fall where allocations push them: off, so that runs compare
+    import gc
+    gc.collect()
+    gc.disable()
 for _ in range(steps):
     step()
 """
@@ -48,12 +69,15 @@ WORKLOADS = {
 }
 
 
-def count(config: str, workload: str, steps: int, env: dict[str, str]) -> int:
-    """Instructions of one child run under callgrind."""
+def count(config: str, workload: str, steps: int, env: dict[str, str],
+          quiet_gc: bool = False) -> int:
+    """Instructions of one child run under callgrind (``quiet_gc``: no collections while the
+    steps run)."""
     code = CHILD.format(here=str(HERE))
     proc = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-         sys.executable, "-c", code, config, workload, str(steps)],
+         sys.executable, "-c", code, config, workload, str(steps),
+         *(["nogc"] if quiet_gc else [])],
         env=env, capture_output=True, text=True, check=True)
     found = re.search(r"Collected\s*:\s*(\d+)", proc.stderr)
     if found is None:
@@ -64,6 +88,11 @@ def count(config: str, workload: str, steps: int, env: dict[str, str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="phase and link only")
+    parser.add_argument("--recorder", action="store_true",
+                        help="link granularity with the recorder, with and without the GPU "
+                             "activity's handover (Link calls only)")
+    parser.add_argument("--repo", type=Path, default=REPO,
+                        help="the checkout whose package is measured (default: this one)")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
@@ -73,19 +102,26 @@ def main(argv: list[str] | None = None) -> int:
 
     env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                NVTX_INJECTION64_PATH=str(build_injection_library()),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+               PYTHONPATH=os.pathsep.join(filter(None, [str(args.repo),
+                                                        os.environ.get("PYTHONPATH")])))
     env.pop("NVTX_RECORD_FILE", None)  # NVTX calls reach a tool that records nothing
-    configs = ["none", "phase", "link"] if args.quick else \
-        ["none", "iteration", "phase", "link", "function"]
+    workloads = dict(WORKLOADS)
+    if args.recorder:
+        configs = ["none", "link", "link/recorder", "link/recorder/handover"]
+        workloads = {"link": (1, 80, 100, "Link call")}  # 8,080 ranges: blocks fill
+    elif args.quick:
+        configs = ["none", "phase", "link"]
+    else:
+        configs = ["none", "iteration", "phase", "link", "function"]
     print("| Configuration | " + " | ".join(w[3] + " (instructions added)" for w in
-                                            WORKLOADS.values()) + " |")
-    print("|---|" + "--:|" * len(WORKLOADS))
+                                            workloads.values()) + " |")
+    print("|---|" + "--:|" * len(workloads))
     base: dict[str, float] = {}
     for config in configs:
         cells = []
-        for name, (steps, extra, units, _label) in WORKLOADS.items():
-            per_unit = (count(config, name, steps + extra, env)
-                        - count(config, name, steps, env)) / extra / units
+        for name, (steps, extra, units, _label) in workloads.items():
+            per_unit = (count(config, name, steps + extra, env, args.recorder)
+                        - count(config, name, steps, env, args.recorder)) / extra / units
             if config == "none":
                 base[name] = per_unit
                 cells.append(f"{per_unit:,.0f} (baseline)")

@@ -119,7 +119,7 @@ class Agent:
         session = GpuSession(recorder, self.tracer, record_limit=int(self.cfg.record_limit),
                              warmup_skip=recorder.warm_skip,
                              window=self.cfg.iterations is not None,
-                             main_tid=threading.main_thread().native_id)
+                             main_tid=None)  # the loop thread: the first to iterate
         session.install()
         return session
 

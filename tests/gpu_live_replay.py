@@ -101,7 +101,7 @@ class LiveReplay:
 def replay_live(name: str, out_dir: Path, *, buffers: int = 12, block_rows: int = 64,
                 record_limit: int = 200_000, summary: bool = False,
                 collector_records: Callable[[Recording], list[Any]] = as_cupti_records,
-                pace_s: float = 0.02) -> LiveReplay:
+                pace_s: float = 0.1) -> LiveReplay:
     """Replay recording ``name`` through the live path and write its trace in ``out_dir``."""
     trace = read_trace(str(DATA / name / "agent_trace.json"))
     rec = read_recording(str(DATA / name / "cupti_activity.json.gz"))

@@ -3,6 +3,7 @@ bounded, and its figures exact."""
 
 from __future__ import annotations
 
+import json
 import time
 import tracemalloc
 
@@ -155,3 +156,84 @@ def test_a_million_kernels_in_bounded_memory_with_exact_figures():
     events = gpu_events.encode(kept, pid=1, start_ns=0, names=big.names,
                                range_names=big.range_names, link_keys=big.link_keys).events
     assert len(events) <= 4 * 20_000 + 16
+
+
+def test_a_million_kernels_through_the_live_path_keep_memory_and_the_trace_bounded(tmp_path):
+    """The same stream through the agent's own path: the recorder's blocks and CUPTI's
+    batches queued, drained by the session's thread, the exit, the trace writer."""
+    from chainer_autoprof.common import names as range_names
+    from chainer_autoprof.common.settings import from_environ
+    from chainer_autoprof.lifecycle import gpu_session
+    from chainer_autoprof.lifecycle.finish import report_run
+    from chainer_autoprof.runtime.device import CountingBackend
+    from chainer_autoprof.runtime.events import Tracer
+    from chainer_autoprof.runtime.gpu_activity import CuptiCollector
+    from chainer_autoprof.runtime.policies import SyncPolicy
+    from chainer_autoprof.sinks.recorder import Recorder
+
+    iterations, limit = 10_000, 20_000
+    path = tmp_path / "trace.json"
+    cfg = from_environ({}, overrides={"trace": str(path), "summary": False, "warmup": WARMUP,
+                                      "record_limit": limit, "gc": False, "granularity": "link",
+                                      "flush_interval": 0})
+    tracer = Tracer(range_names.GRANULARITY_LEVEL["link"], SyncPolicy(0, CountingBackend()),
+                    clock=iter([0, iterations * PERIOD + PERIOD]).__next__)
+    recorder = Recorder(cfg, tracer)
+    tracer.add_sink(recorder)
+    index = np.array([tracer.info(n, c).index for n, c in names()], dtype=np.int64)
+
+    def start(on_batch, table):
+        collector = CuptiCollector(on_batch, names=table)
+        collector._pairs = [(0, 0, 0), (10**15, 10**15, 0)]
+        collector.running = True
+        return collector
+
+    session = gpu_session.GpuSession(recorder, tracer, record_limit=limit, warmup_skip=WARMUP,
+                                     window=False, main_tid=TID, start_collector=start,
+                                     limits=LIMITS)  # every bound reached in the first tenth
+    session.install()
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    session.start()
+    session._threads.append((CUPTI_THREAD, TID))  # told at the loop thread's state's creation
+    peaks: list[int] = []
+    table = session.names
+    for name in (f"kernel_{i}" for i in range(7)):
+        table.intern(name)
+    for first in range(0, iterations, BLOCK):
+        rows = ranges(first, BLOCK)
+        rows[:, 0] = index[rows[:, 0]]
+        for i in range(0, len(rows), 4096):  # as the recorder's buffer fills
+            recorder._absorb(TID, [tuple(r) for r in rows[i:i + 4096].tolist()])
+        ops, api = activity(first, BLOCK, table)
+        session._on_batch(ActivityBatch(ops, api, ExternalIds.empty(), table))
+        if first // BLOCK % 10 == 9:  # CUPTI hands buffers over about once a second
+            while session.queued:
+                time.sleep(0.01)
+            _now, window_peak = tracemalloc.get_traced_memory()  # each 100,000 kernels' peak
+            peaks.append(window_peak)
+            tracemalloc.reset_peak()
+    tracer.close()
+    outcome = session.finish()
+    report_run(recorder, tracer, cfg, hits=1, trace_path=lambda: str(path), gpu=outcome)
+    seconds = time.perf_counter() - t0
+    _now, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    size = path.stat().st_size
+    print("1M kernels through the live path: peak per 100,000 kernels "
+          + ", ".join(f"{p / 1e6:.1f}" for p in peaks) + f" MB, {peak / 1e6:.1f} MB with the "
+          f"exit; {seconds:.1f} s, trace {size / 1e6:.1f} MB")
+    # the bounded stores fill over the first few hundred thousand kernels, then memory stays
+    assert max(peaks[5:]) < 1.1 * max(peaks[2:5]) + 5e6
+    assert outcome is not None and session.dropped_ops == session.dropped_ranges == 0
+    fig = outcome.figures
+    assert fig.ops["kernel"] == 1_000_000 and fig.iterations == iterations - WARMUP
+    assert fig.statuses == {"attributed": {"ops": 1_000_000, "ms": pytest.approx(3_000.0)}}
+    assert fig.busy_share == pytest.approx(100 * KERNEL_NS / PERIOD, rel=1e-4)
+    assert peak < 120e6  # the recorder's kept ranges, the analysis' bounded state, the writer
+    events = json.loads(path.read_text())["traceEvents"]
+    gpu = [e for e in events if gpu_events.is_gpu_event(e) and e["ph"] != "M"]
+    steps = [e for e in gpu if e.get("cat") == "user_annotation"]
+    assert len(gpu) - len(steps) <= limit  # four events at most per kept operation
+    assert len([e for e in gpu if e.get("cat") == "kernel"]) == limit // 4
+    assert size < 30e6

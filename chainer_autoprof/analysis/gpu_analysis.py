@@ -30,6 +30,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..common.gpu_records import ActivityBatch, NameTable
 from .gpu_attribution import AttributedOps, LaunchAttributor
 from .gpu_clock import ClockMap
@@ -63,6 +65,9 @@ class AttributedKeeper:
         if not self.limit:
             self.dropped += len(items)
             return
+        if len(items) > self.limit:  # only its newest can stay: copied, not a view of all
+            self.dropped += len(items) - self.limit
+            items = _copy_from(items, len(items) - self.limit)
         self.blocks.append(items)
         self.kept += len(items)
         excess = self.kept - self.limit
@@ -72,7 +77,7 @@ class AttributedKeeper:
                 self.blocks.popleft()
                 drop = len(oldest)
             else:
-                self.blocks[0] = oldest.take(slice(excess, None))
+                self.blocks[0] = _copy_from(oldest, excess)  # a view would keep all alive
                 drop = excess
             self.kept -= drop
             self.dropped += drop
@@ -80,6 +85,11 @@ class AttributedKeeper:
 
     def records(self) -> AttributedOps:
         return AttributedOps.concat(list(self.blocks))
+
+
+def _copy_from(items: AttributedOps, start: int) -> AttributedOps:
+    """Rows ``start:`` of ``items``, copied (a slice's view would keep every row's memory)."""
+    return items.take(np.arange(start, len(items)))
 
 
 class GpuAnalysis:

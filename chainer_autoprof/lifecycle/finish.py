@@ -182,7 +182,7 @@ def _write_trace(recorder: Recorder, tracer: Any, path: str, stats: RunStats,
             built = gpu_events.for_trace(
                 gpu.analysis, other, pid=os.getpid(), start_ns=recorder.start_ns,
                 rows_by_thread={tid: np.concatenate(blocks) for tid, blocks in per_thread.items()},
-                loop_tid=other["main_tid"])
+                loop_tid=None)  # the thread with the most iterations
             tracks, top = built.tracks, built.top
             event_args = _joined(event_args, built.range_args)
         write_trace(path, pid=os.getpid(), start_ns=recorder.start_ns, infos=recorder.infos,

@@ -127,15 +127,19 @@ class GpuSession:
         #: waiting (CuPy not imported yet), running, finished, or off (with ``why_off``)
         self.state = "waiting"
         self.why_off = ""
-        self._blocks: Deque[tuple[int, Any]] = deque()
+        #: The recorder's blocks and CUPTI's batches, in the order they arrived (a buffer comes
+        #: after the ranges its launches lie in: fed in this order, each finds them kept).
+        self._queue: Deque[tuple[int, Any] | ActivityBatch] = deque()
+        self._queued_batches = 0
         self._threads: Deque[tuple[int, int]] = deque()
-        self._batches: Deque[ActivityBatch] = deque()
         self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.analysis: GpuAnalysis | None = None
         self._names_known = 0
         self._pairs_seen = 0
+        self.drains = 0  # drains that fed the analysis (the drain thread's and the exit's)
         self.ranges_received = 0
         self.dropped_ranges = 0
         self.dropped_ops = 0
@@ -153,10 +157,12 @@ class GpuSession:
 
     def _on_batch(self, batch: ActivityBatch) -> None:
         """CUPTI's thread: queue a buffer's records (the newest are dropped when full)."""
-        if len(self._batches) >= MAX_QUEUED_BATCHES:
-            self.dropped_ops += len(batch.ops)
-            return
-        self._batches.append(batch)
+        with self._count_lock:
+            if self._queued_batches >= MAX_QUEUED_BATCHES:
+                self.dropped_ops += len(batch.ops)
+                return
+            self._queued_batches += 1
+        self._queue.append(batch)
 
     # -- start -------------------------------------------------------------------------
     def start(self) -> None:
@@ -173,7 +179,7 @@ class GpuSession:
             return
         self.collector = got
         self.state = "running"
-        self.recorder.gpu_handover = self._blocks.append
+        self.recorder.gpu_handover = self._queue.append
         self._thread = threading.Thread(target=self._run, name="chainer_autoprof-gpu",
                                         daemon=True)
         self._thread.start()
@@ -183,27 +189,32 @@ class GpuSession:
         self.why_off = why
         self.tracer.on_new_thread = None
         self.recorder.gpu_handover = None
-        self._blocks.clear()
+        self._discard()
         self._threads.clear()
-        self._batches.clear()
 
     # -- the drain thread --------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.wait(DRAIN_INTERVAL_S):
             self._drain_safely()
 
-    def _drain_safely(self) -> None:
-        with self._lock:
+    def _drain_safely(self, timeout_s: float = -1) -> bool:
+        """One drain under the lock (waiting ``timeout_s`` for it at most; -1: as long as it
+        takes); ``False`` when the lock could not be had in time."""
+        if not self._lock.acquire(timeout=timeout_s):
+            return False
+        try:
             if self.broken:
-                self._blocks.clear()
-                self._batches.clear()
-                return
+                self._discard()
+                return True
             try:
                 self._drain()
             except Exception as exc:  # our bug: no GPU figures, nothing else changes
                 self.broken = f"the GPU analysis failed ({type(exc).__name__}: {exc})"
                 self.analysis = None
                 log.error(f"GPU activity: {self.broken}; no GPU figures")
+            return True
+        finally:
+            self._lock.release()
 
     def _drain(self) -> None:
         """Hand what the queues hold to the analysis (under the lock, one thread at a time)."""
@@ -219,27 +230,45 @@ class GpuSession:
                 record_limit=self.ops_limit, identity_threads=collector.system_thread_ids,
                 loop_tid=self.main_tid, limits=self.limits, keep_outside=not self.window)
             self._pairs_seen = collector.pair_count
-        blocks = _take(self._blocks)
+        self.drains += 1
+        items = _take(self._queue)
+        blocks = [item for item in items if isinstance(item, tuple)]
         if len(blocks) > MAX_QUEUED_BLOCKS:  # the drain fell behind: the oldest go
+            late = {id(item) for item in blocks[:len(blocks) - MAX_QUEUED_BLOCKS]}
             for _tid, rows in blocks[:len(blocks) - MAX_QUEUED_BLOCKS]:
                 self.dropped_ranges += len(rows) if rows is not None else 0
-            blocks = blocks[len(blocks) - MAX_QUEUED_BLOCKS:]
+            items = [item for item in items if id(item) not in late]
         self._add_names(analysis)  # after the blocks were taken: their names are known
         for cupti_thread, tid in _take(self._threads):
             if not collector.system_thread_ids:
                 analysis.map_thread(cupti_thread, tid)
-        for tid, rows in blocks:
-            if rows is None:
-                analysis.thread_finished(tid)
-            else:
-                self.ranges_received += len(rows)
-                analysis.feed_ranges(tid, rows)
-        batches = _take(self._batches)
-        if batches and collector.pair_count != self._pairs_seen:
-            self._pairs_seen = collector.pair_count
-            analysis.set_clock(fit(collector.clock_pairs))  # refitted with the new pairs
-        for batch in batches:
-            analysis.feed_activity(batch)
+        refit = collector.pair_count != self._pairs_seen
+        for item in items:
+            if isinstance(item, tuple):
+                tid, rows = item
+                if rows is None:
+                    analysis.thread_finished(tid)
+                else:
+                    self.ranges_received += len(rows)
+                    analysis.feed_ranges(tid, rows)
+                continue
+            with self._count_lock:
+                self._queued_batches -= 1
+            if refit:  # the clock refitted with the pairs read since (one with each buffer)
+                refit = False
+                self._pairs_seen = collector.pair_count
+                analysis.set_clock(fit(collector.clock_pairs))
+            analysis.feed_activity(item)
+
+    @property
+    def queued(self) -> int:
+        """Blocks and buffers waiting for the drain."""
+        return len(self._queue)
+
+    def _discard(self) -> None:
+        self._queue.clear()
+        with self._count_lock:
+            self._queued_batches = 0
 
     def _add_names(self, analysis: GpuAnalysis) -> None:
         infos = self.recorder.infos
@@ -270,12 +299,13 @@ class GpuSession:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-            if self._thread.is_alive():  # still in a drain: its analysis is not ours to touch
-                self.broken = (f"the GPU analysis did not finish within {timeout_s:g} s "
-                               "at exit")
-                log.warning(f"GPU activity: {self.broken}; no GPU figures")
-                return
-        self._drain_safely()  # what came since the last drain, on this thread
+        # what came since the last drain, on this thread (a drain still running: given up)
+        if (self._thread is not None and self._thread.is_alive()) or \
+                not self._drain_safely(timeout_s):
+            self.broken = f"the GPU analysis did not finish within {timeout_s:g} s at exit"
+            log.warning(f"GPU activity: {self.broken}; no GPU figures")
+            return
+        self._discard()  # what no analysis could take (no clock pair ever came)
         if self.broken or self.analysis is None:
             if not self.broken:
                 self.notes.append("CUPTI handed over nothing (no GPU work was recorded)")

@@ -358,8 +358,7 @@ def figures_from_events(events: Mapping[str, Sequence[Mapping[str, Any]]],
         return None
     analysis = GpuAnalysis(fit(ClockPairs.from_rows([(0, 0)])), batch.names,
                            int(meta.get("warmup_skip") or 0),
-                           record_limit=0, identity_threads=True,
-                           loop_tid=meta.get("main_tid"))
+                           record_limit=0, identity_threads=True)  # loop: the first to iterate
     names, per_thread = rows
     for i, (name, category) in enumerate(names):
         analysis.add_name(i, name, category)
@@ -372,9 +371,18 @@ def figures_from_events(events: Mapping[str, Sequence[Mapping[str, Any]]],
 
 def iteration_rows(analysis: GpuAnalysis, rows_by_thread: Mapping[int, Any],
                    loop_tid: int | None) -> list[tuple[int, int, int, int]]:
-    """The loop thread's iterations ``(tid, t0, t1, number)`` from recorded rows."""
+    """The loop thread's iterations ``(tid, t0, t1, number)`` from recorded rows (``None``:
+    the thread with the most iterations)."""
     out: list[tuple[int, int, int, int]] = []
     kinds = analysis.attributor.kinds
+    iter_index = np.array([k == K_ITER for k in kinds], dtype=bool)
+    if loop_tid is None and rows_by_thread and len(iter_index):
+        def iterations(rows: Any) -> int:
+            index = np.asarray(rows, dtype=np.int64).reshape(-1, 4)[:, 0]
+            index = index[(index >= 0) & (index < len(iter_index))]
+            return int(iter_index[index].sum())
+
+        loop_tid = max(rows_by_thread, key=lambda tid: iterations(rows_by_thread[tid]))
     for tid, rows in rows_by_thread.items():
         if loop_tid is not None and tid != loop_tid:
             continue

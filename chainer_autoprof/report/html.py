@@ -23,12 +23,12 @@ from typing import Any, Sequence
 from ..analysis.advice import check
 from ..analysis.gpu_evidence import GpuEvidence, busy_text, on_gpu
 from ..analysis.outliers import slow_iterations
-from ..analysis.stats import percentile
+from ..analysis.stats import PHASE_KEYS, percentile
 from ..analysis.verdict import Verdict, decide, pick_replay
 from ..common import figures, log, names
 from ..common.outputs import atomic_text
 from .stall import ended_abnormally
-from .summary import describe_slow
+from .summary import IDLE_LABELS, activity, describe_slow
 
 #: Bars drawn at most in the per-iteration chart (more iterations are averaged in bins).
 MAX_BARS = 600
@@ -39,6 +39,9 @@ TABLE_LINKS = 15
 CHART_WIDTH = 1100
 OTHER_COLOR = "#b8b8b8"
 GPU_ROW_COLOR = "#2e7d32"
+#: The GPU's idle time by cause (GPU activity).
+IDLE_COLORS = {"host": "#3d85c6", "copies": "#a05dd6", "between iterations": "#cfcfcf",
+               "other": "#e0c060"}
 #: The per-iteration key of the agent's waits for the GPU (taken out of the phase they lay in).
 WAIT = "wait"
 OUTSIDE_COLORS = {"iterations": "#76b900", "warm-up": "#d8e8b0", "startup": "#9e9e9e",
@@ -490,6 +493,71 @@ def gpu_section(stats: Any, gpu: GpuEvidence | None, verdict: Any) -> str:
     return table + text
 
 
+def activity_html(stats: Any) -> str:
+    """The GPU's own time from its kernel activity (CUPTI): busy and idle by cause, GPU time
+    by phase, the top links and kernels by GPU time; empty without GPU activity."""
+    fig = activity(stats)
+    if fig is None:
+        return ""
+    n = fig.iterations
+    record = stats.gpu_activity or {}
+    parts = [("busy", fig.busy_ms, GPU_ROW_COLOR)]
+    parts += [(IDLE_LABELS.get(k, k), v, IDLE_COLORS.get(k, OTHER_COLOR))
+              for k, v in fig.idle_ms.items()]
+    span = max(fig.span_ms, 1e-9)
+    width, left = CHART_WIDTH, 10
+    plot_w = width - 2 * left
+    x = float(left)
+    body, legend = [], []
+    for label, ms, color in parts:
+        if ms <= 0:
+            continue
+        w = plot_w * ms / span
+        tip = (f"{label}: {_ms(ms / n)} per iteration ({figures.pct(ms / span)} of the GPU's "
+               "time)")
+        body.append(f'<rect x="{x:.2f}" y="4" width="{max(w, 0.5):.2f}" height="24" '
+                    f'fill="{color}" class="seg"{_tip(tip)}/>')
+        x += w
+        legend.append(f'<span class="key"><i style="background:{color}"></i>{_e(label)} '
+                      f'{_e(_ms(ms / n))}</span>')
+    bar = _svg(width, 32, body, "the GPU's time per iteration") + \
+        f'<div class="legend">{"".join(legend)}</div>'
+    phase_rows = "".join(
+        f'<tr><td class="name">{_e(k)}</td><td>{_e(_ms(stats.phase_median(k)))}</td>'
+        f"<td>{_e(_ms(p['kernel_ms'] / n))}</td>"
+        f"<td>{figures.num(p['kernels'] / n, grouping=False)}</td>"
+        f"<td>{_e(_ms(p['copy_ms'] / n))}</td></tr>"
+        for k, p in ((k, fig.phases.get(k)) for k in PHASE_KEYS) if p)
+    link_rows = "".join(
+        f'<tr><td class="name">{_e(x["name"])}</td>'
+        f"<td>{figures.fixed(x['fwd_ms'] / n, 3, grouping=False)}</td>"
+        f"<td>{figures.num(x['fwd_kernels'] / n, grouping=False)}</td>"
+        f"<td>{figures.fixed(x['bwd_ms'] / n, 3, grouping=False)}</td>"
+        f"<td>{figures.num(x['bwd_kernels'] / n, grouping=False)}</td>"
+        f"<td>{figures.fixed(x['copy_ms'] / n, 3, grouping=False)}</td></tr>"
+        for x in fig.links[:TABLE_LINKS])
+    kernel_rows = "".join(
+        f'<tr><td class="name">{_e(k["name"])}</td>'
+        f"<td>{figures.fixed(k['ms'] / n, 3, grouping=False)}</td>"
+        f"<td>{figures.num(k['calls'] / n, grouping=False)}</td>"
+        f'<td class="name">{_e((k["link"] or "-") + (" backward" if k["backward"] else ""))}'
+        "</td></tr>" for k in fig.top_kernels)
+    notes = "".join(f'<p class="gpunote">{_e(line)}</p>' for line in record.get("notes") or [])
+    return (f'<div id="gpu-activity"><h3>GPU activity</h3>'
+            f'<p class="gpunote">Busy {_e(figures.pct(fig.busy_share or 0.0))} of the GPU\'s '
+            f"time over {n} counted iterations ({_e(record.get('source', ''))}).</p>{bar}"
+            '<table class="gputable"><thead><tr><th>phase</th><th>host, median</th>'
+            "<th>GPU kernel time launched, per iteration</th><th>kernels / iter</th>"
+            "<th>copies, per iteration</th></tr></thead><tbody>" + phase_rows
+            + '</tbody></table><h3>Top links by GPU time</h3><table class="sortable gpulinks">'
+            "<thead><tr><th>link</th><th>GPU fwd ms / iter</th><th>fwd kernels / iter</th>"
+            "<th>GPU bwd ms / iter</th><th>bwd kernels / iter</th><th>copies ms / iter</th>"
+            "</tr></thead><tbody>" + link_rows + "</tbody></table>"
+            '<h3>Top kernels by GPU time</h3><table class="sortable gpukernels"><thead><tr>'
+            "<th>kernel</th><th>ms / iter</th><th>calls / iter</th><th>launched by link</th>"
+            "</tr></thead><tbody>" + kernel_rows + "</tbody></table>" + notes + "</div>")
+
+
 # -- the page ---------------------------------------------------------------------------------
 
 def render(trace: Any, stats: Any, replay: Any = None) -> str:
@@ -510,8 +578,13 @@ def render(trace: Any, stats: Any, replay: Any = None) -> str:
     gpu = verdict.gpu
     if gpu is not None and gpu.busy_share is not None:
         data["gpu_busy_share"] = round(gpu.busy_share, 4)
-    gpu_html = (f'<section id="gpu"><h2>GPU</h2>{gpu_section(stats, gpu, verdict)}</section>'
-                if gpu is not None or on_gpu(stats) else "")
+    gpu_html = (f'<section id="gpu"><h2>GPU</h2>{gpu_section(stats, gpu, verdict)}'
+                f"{activity_html(stats)}</section>"
+                if gpu is not None or on_gpu(stats) or stats.gpu_activity else "")
+    fig = activity(stats)
+    if fig is not None:
+        data["gpu_activity_busy_share"] = round(fig.busy_share or 0.0, 4)
+        data["gpu_top_link"] = fig.links[0]["name"] if fig.links else None
     abnormal = "".join(f"<p>{_e(line.strip())}</p>" for line in ended_abnormally(meta))
     if abnormal:
         abnormal = f'<section id="abnormal" class="abnormal">{abnormal}</section>'

@@ -327,8 +327,10 @@ def merged_events(inputs: list[Input], zero_ns: int) -> Iterator[dict[str, Any]]
             yield PROCESS_LABELS.event(pid, 0, f"rank {inp.rank}")
         own = (PROCESS_NAME, PROCESS_SORT_INDEX, PROCESS_LABELS)  # the merged file's own
         for n, ev in enumerate(_read_json(inp.path)["traceEvents"]):
-            if not isinstance(ev, dict) or trace_events.kind_of(ev) in own:
+            if not isinstance(ev, dict):
                 continue
+            if trace_events.kind_of(ev) in own and not trace_events.is_gpu_pid(ev.get("pid")):
+                continue  # (a GPU's track keeps its name, moved with its process)
             try:
                 yield trace_events.move(ev, n, pid, shift_us)
             except MalformedError as exc:

@@ -292,15 +292,15 @@ def describe_error(exc: BaseException) -> str:
     if code == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED or \
             "MULTIPLE_SUBSCRIBERS" in upper:
         return ("CUPTI is already in use by another tool (Nsight Systems or Nsight Compute "
-                f"attached?): no GPU activity ({text})")
+                f"attached?): {text}")
     if code == CUPTI_ERROR_INSUFFICIENT_PRIVILEGES or "INSUFFICIENT_PRIVILEGES" in upper:
-        return ("CUPTI needs permission to profile the GPU (NVreg_RestrictProfilingToAdminUsers"
-                f"): no GPU activity ({text})")
+        return ("CUPTI needs permission to profile the GPU "
+                f"(NVreg_RestrictProfilingToAdminUsers=0, or run as root): {text}")
     if _no_driver(exc):
-        return f"no CUDA driver for CUPTI: no GPU activity ({text})"
+        return f"no CUDA driver for CUPTI: {text}"
     if "NO_DEVICE" in upper or "NOT_INITIALIZED" in upper or "INVALID_DEVICE" in upper:
-        return f"no CUDA device for CUPTI: no GPU activity ({text})"
-    return f"CUPTI could not start: no GPU activity ({text})"
+        return f"no CUDA device for CUPTI: {text}"
+    return f"CUPTI could not start: {text}"
 
 
 def start(on_batch: Callable[[ActivityBatch], None], **kw: Any) -> CuptiCollector | str:

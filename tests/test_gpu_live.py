@@ -1,0 +1,373 @@
+"""GPU time per link without synchronizing, in the agent: the real CUPTI recordings replayed
+through the live path (recorder blocks and CUPTI buffers queued, attributed on the session's
+own thread, the exit sequence, the trace written through the codec), then read back by
+``report``, the HTML page, ``merge`` and HolisticTraceAnalysis."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+from gpu_live_replay import replay_live
+from headless_browser import Browser, find_browser
+from support import clean_env
+from test_gpu_trace import nest_per_track
+from test_trace import check_trace_file
+
+from chainer_autoprof.analysis import verdict as vd
+from chainer_autoprof.analysis.gpu_figures import IDLE_KEYS, GpuFigures
+from chainer_autoprof.common.gpu_records import KERNEL
+from chainer_autoprof.report import gpu_events, trace_events
+from chainer_autoprof.report.merge import merge
+from chainer_autoprof.report.summary import IDLE_LABELS, format_summary
+from chainer_autoprof.report.tracefile import open_trace, read_trace
+
+RECORDINGS = ("b512", "b16")
+_REPLAYS: dict[str, object] = {}
+
+
+def short(link_key: str) -> str:
+    """``predictor/conv1 (Convolution2D) @gpu0`` -> ``conv1``, as the recording names links."""
+    return link_key.split(" (")[0].split(" @")[0].split("/")[-1]
+
+
+@pytest.fixture(scope="module", params=RECORDINGS)
+def live(request, tmp_path_factory):
+    name = request.param
+    if name not in _REPLAYS:
+        _REPLAYS[name] = replay_live(name, tmp_path_factory.mktemp(f"live_{name}"))
+    return _REPLAYS[name]
+
+
+def figures_of(run) -> GpuFigures:
+    assert run.outcome is not None
+    return run.outcome.figures
+
+
+# -- the figures, through the live path ----------------------------------------------------------
+
+def test_every_record_went_through_the_queues_and_was_attributed(live):
+    fig = figures_of(live)
+    session = live.session
+    ops = len(live.recording.batch.ops)
+    assert fig.ops["kernel"] + fig.ops["memcpy"] + fig.ops["memset"] == ops
+    assert fig.statuses == {"attributed": {"ops": ops, "ms": pytest.approx(
+        fig.statuses["attributed"]["ms"])}}
+    # the thread map told at the thread state's creation, not a guess by containment
+    assert session.analysis.attributor.thread_map[live.main_thread] == live.trace.meta["main_tid"]
+    # every range block reached the analysis; nothing was dropped on the way
+    assert session.ranges_received == len(live.trace.ranges)
+    assert session.dropped_ranges == session.dropped_ops == 0
+    assert session.drains >= 3  # the drain thread fed the analysis while the run went on
+    assert live.outcome.notes == [] and live.stats.gpu_activity["notes"] == []
+    counts = live.stats.gpu_activity["collector"]
+    assert counts["buffers"] == 12 and counts["callback_errors"] == 0
+    assert counts["records"] == ops + len(live.recording.batch.api)
+
+
+def test_forward_time_per_link_agrees_with_the_recordings_external_ids(live):
+    """Attributed by launch (not by the external ids), each link's forward kernel time
+    agrees with the external-id attribution of the same kernels for >= 99% of its time."""
+    rec, analysis = live.recording, live.outcome.analysis
+    records = analysis.records()
+    ext = dict(zip(rec.batch.external.correlation.tolist(),
+                   rec.batch.external.external_id.tolist()))
+    ours: Counter[str] = Counter()
+    theirs: Counter[str] = Counter()
+    both: Counter[str] = Counter()
+    k = records.ops.kind == KERNEL
+    dur = (records.ops.end - records.ops.start)[k]
+    for corr, ns, link, bwd in zip(records.ops.correlation[k].tolist(), dur.tolist(),
+                                   records.attr.link[k].tolist(),
+                                   records.attr.backward[k].tolist()):
+        mine = short(analysis.link_keys[link]) if link >= 0 and not bwd else None
+        recorded = rec.external_names.get(ext[corr]) if corr in ext else None
+        if mine:
+            ours[mine] += ns
+        if recorded:
+            theirs[recorded] += ns
+        if mine and mine == recorded:
+            both[mine] += ns
+    assert set(ours) == set(theirs) >= {"conv1", "conv2", "conv3", "fc1", "fc2", "fc3"}
+    for link in theirs:
+        assert both[link] >= 0.99 * max(theirs[link], ours[link]), (live.name, link)
+
+
+def test_b512_conv2_and_conv3_and_a_gpu_that_sets_the_pace(live):
+    if live.name != "b512":
+        pytest.skip("batch 512 figures")
+    fig = figures_of(live)
+    per = {short(x["name"]): fig.per_iteration(x["fwd_ms"]) for x in fig.links}
+    assert per["conv2"] == pytest.approx(5.9, rel=0.05)
+    assert per["conv3"] == pytest.approx(2.9, rel=0.05)
+    assert fig.busy_share > 0.95 and fig.iterations == 12
+    assert short(fig.links[0]["name"]) == "conv2"
+
+
+def test_b16_busy_share_near_22_percent_and_a_gpu_that_waits_for_the_host(live):
+    if live.name != "b16":
+        pytest.skip("batch 16 figures")
+    fig = figures_of(live)
+    assert fig.busy_share == pytest.approx(0.22, abs=0.05)  # 18.7% over this recording
+    idle = fig.span_ms - fig.busy_ms
+    assert fig.idle_ms["host"] > 0.6 * idle
+    assert fig.busy_ms + sum(fig.idle_ms.values()) == pytest.approx(fig.span_ms, abs=1e-3)
+    for i in range(fig.iterations):
+        cols = fig.iteration_ms
+        assert cols["busy"][i] + sum(cols[k][i] for k in IDLE_KEYS) == \
+            pytest.approx(cols["span"][i], abs=1e-5)
+
+
+# -- summary and verdict ---------------------------------------------------------------------------
+
+def test_summary_ranks_links_by_gpu_time_and_shows_the_gpus_own_figures(live):
+    text = format_summary(live.stats)
+    fig = figures_of(live)
+    n = fig.iterations
+    assert "top links by GPU time (CUPTI kernel activity" in text
+    assert "top links by time (forward inclusive" not in text
+    table = text.split("top links by GPU time")[1].split("top kernels by GPU time")[0]
+    rows = [line.split()[0] for line in table.splitlines()[2:] if line.startswith("    ")]
+    assert rows[0] == fig.links[0]["name"].split()[0]
+    totals = [x["fwd_ms"] + x["bwd_ms"] for x in fig.links]
+    assert totals == sorted(totals, reverse=True)
+    assert f"busy {figures_pct(fig.busy_share)} of the GPU's time" in text
+    assert "idle, by cause (per iteration): " in text
+    assert "waiting for the host to launch" in text or fig.idle_ms["host"] == 0
+    assert "GPU time by phase launched in (per iteration): " in text
+    top = fig.top_kernels[0]
+    kernels = text.split("top kernels by GPU time")[1]
+    assert top["name"][:40] in kernels and (top["link"] or "-") in kernels
+    assert f"{figures_ms(top['ms'] / n)}" in kernels
+
+
+def figures_pct(x: float) -> str:
+    from chainer_autoprof.common import figures
+    return figures.pct(x)
+
+
+def figures_ms(x: float) -> str:
+    from chainer_autoprof.common import figures
+    return figures.ms(x)
+
+
+def test_the_verdict_rests_on_the_measured_busy_share(live):
+    v = vd.decide(live.stats)
+    fig = figures_of(live)
+    assert v.gpu is not None and v.gpu.busy_exact
+    assert v.gpu.busy_share == pytest.approx(fig.busy_share)
+    said = "\n".join([v.title, *v.evidence])
+    assert "CUPTI kernel activity" in said
+    if live.name == "b512":
+        assert v.kind == "GPU-bound"
+        assert f"busy {figures_pct(fig.busy_share)}" in v.title
+        assert "predictor/conv2" in said  # the link with the most GPU time
+    else:
+        assert v.kind == "host-bound"
+        assert "waiting for the host to launch" in said
+
+
+# -- the trace ------------------------------------------------------------------------------------
+
+def test_the_live_trace_follows_the_viewers_rules_and_reads_back(live, tmp_path):
+    data = json.loads(live.path.read_text())
+    events = data["traceEvents"]
+    kinds = Counter(trace_events.kind_of(e).name if trace_events.kind_of(e) else None
+                    for e in events)
+    fig = figures_of(live)
+    assert kinds["kernel"] == fig.ops["kernel"] and kinds["gpu_memcpy"] == fig.ops["memcpy"]
+    assert kinds["launch flow start"] == kinds["launch flow end"] > 0
+    assert kinds["profiler step"] == 15
+    assert data["distributedInfo"]["rank"] == 0 and data["schemaVersion"] == 1
+    assert {"deviceProperties", "baseTimeNanoseconds"} <= set(data)
+    pid = data["otherData"]["chainer_autoprof"]["pid"]
+    assert {e["pid"] for e in events if e.get("cat") == "kernel"} == {gpu_events.gpu_pid(pid, 0)}
+    # the GPU events never read as ranges: the agent's reader sees the ranges it wrote
+    trace = read_trace(str(live.path))
+    assert {r.category for r in trace.ranges}.isdisjoint(
+        {"kernel", "gpu_memcpy", "cuda_runtime", "cuda_driver", "user_annotation"})
+    assert len(trace.ranges) == len(live.trace.ranges)
+    assert len(trace.events["kernel"]) == fig.ops["kernel"]
+    assert len(trace.events["cuda_driver"]) + len(trace.events["cuda_runtime"]) == \
+        kinds["launch flow start"]
+    stripped = tmp_path / "ranges.json"
+    stripped.write_text(json.dumps({**data, "traceEvents": [
+        e for e in events if not gpu_events.is_gpu_event(e)]}))
+    check_trace_file(stripped)
+    saved = trace.stats()
+    assert saved.iterations == live.stats.iterations
+    assert saved.gpu_activity == json.loads(json.dumps(live.stats.gpu_activity))
+
+
+def test_report_on_the_saved_trace_gives_the_same_gpu_figures(live, tmp_path):
+    """From the saved figures, and, when a trace holds only the GPU events, by attributing
+    them again to its ranges."""
+    proc = subprocess.run([sys.executable, "-m", "chainer_autoprof", "report", str(live.path)],
+                          env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "top links by GPU time" in proc.stdout
+    assert "CUPTI kernel activity" in proc.stdout
+    data = open_trace(str(live.path))
+    data["otherData"]["chainer_autoprof"].pop("gpu_activity")
+    bare = tmp_path / "events_only.json"
+    bare.write_text(json.dumps(data))
+    again = read_trace(str(bare)).stats().gpu_activity
+    assert again is not None and again["source"].startswith("the trace's GPU kernel events")
+    live_fig = live.stats.gpu_activity
+    for key in ("links", "phases", "top_kernels", "iterations", "ops", "idle_ms", "busy_ms"):
+        assert _rounded(again[key]) == _rounded(live_fig[key]), key
+
+
+def _rounded(value):
+    """Figures through the trace's microseconds with 3 decimals: equal to the nanosecond."""
+    if isinstance(value, float):
+        return round(value, 5)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def test_holistic_trace_analysis_reads_the_live_trace(live, tmp_path):
+    """HTA loads the agent's trace, finds its iterations by their ProfilerStep marks, and its
+    temporal and idle-time breakdowns over the counted iterations give a busy share within 5
+    points of the agent's."""
+    hta = pytest.importorskip(
+        "hta.trace_analysis",
+        reason="HolisticTraceAnalysis is not installed (it comes with the test extra: "
+               "pip install -e '.[test]')")
+    logging.getLogger("hta").setLevel(logging.ERROR)
+    data = json.loads(live.path.read_text())
+    skip = data["otherData"]["chainer_autoprof"]["warmup_skip"]
+    steps = [e for e in data["traceEvents"] if e.get("cat") == "user_annotation"]
+    counted = [e for e in steps if int(e["name"].split("#")[1]) >= skip]
+    t0 = min(e["ts"] for e in counted)
+    t1 = max(e["ts"] + e["dur"] for e in counted)
+
+    def in_counted(e) -> bool:  # the same span as the agent's figures: the counted iterations
+        kind = trace_events.kind_of(e)
+        if kind in (trace_events.PROFILER_STEPS,):
+            return e in counted
+        if kind in trace_events.GPU_KINDS and e.get("ph") != "M":
+            corr = e.get("id", (e.get("args") or {}).get("correlation"))
+            return corr in launched
+        return True
+
+    launched = {(e.get("args") or {}).get("correlation") for e in data["traceEvents"]
+                if trace_events.kind_of(e) in (trace_events.CUDA_DRIVER, trace_events.CUDA_RUNTIME)
+                and t0 <= e["ts"] <= t1}
+    folder = tmp_path / "hta"
+    folder.mkdir()
+    (folder / "rank0.json").write_text(json.dumps(
+        {**data, "traceEvents": [e for e in data["traceEvents"] if in_counted(e)]}))
+    ta = hta.TraceAnalysis(trace_dir=str(folder), include_last_profiler_step=True)
+    assert ta.get_profiler_steps() == list(range(skip, 15))
+    temporal = ta.get_temporal_breakdown(visualize=False)
+    idle, _stats = ta.get_idle_time_breakdown(visualize=False)
+    row = temporal.iloc[0]
+    fig = figures_of(live)
+    hta_active = 1 - row["idle_time(us)"] / row["kernel_time(us)"]
+    hta_busy = row["compute_time(us)"] / row["kernel_time(us)"]
+    assert abs(hta_busy - fig.busy_share) < 0.05
+    assert abs(hta_active - fig.active_share) < 0.05
+    assert idle["idle_time"].sum() == pytest.approx(row["idle_time(us)"], rel=0.01)
+    print(f"{live.name}: HTA busy {hta_busy:.4f}, active {hta_active:.4f}; ours busy "
+          f"{fig.busy_share:.4f}, active {fig.active_share:.4f}; HTA idle "
+          f"{idle[['idle_category', 'idle_time']].to_dict('records')}")
+
+
+def test_merge_keeps_gpu_tracks_and_flows_apart_across_ranks(live, tmp_path):
+    """Two processes' traces merged: each GPU's tracks move with their process, flow ids stay
+    unique, and the launching calls never count as ranges in the per-rank figures."""
+    first = open_trace(str(live.path))
+    second = json.loads(json.dumps(first))
+    meta = second["otherData"]["chainer_autoprof"]
+    old_pid, meta["pid"] = meta["pid"], meta["pid"] + 1
+    for e in second["traceEvents"]:
+        if e.get("pid") == old_pid:
+            e["pid"] = old_pid + 1
+        elif trace_events.is_gpu_pid(e.get("pid")):
+            e["pid"] = gpu_events.gpu_pid(old_pid + 1, 0)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(first))
+    b.write_text(json.dumps(second))
+    out = tmp_path / "merged.json"
+    summary = merge([str(a), str(b)], str(out))
+    assert [r["iterations"] for r in summary["ranks"]] == [live.stats.iterations] * 2
+    events = json.loads(out.read_text())["traceEvents"]
+    kernel_pids = {e["pid"] for e in events if e.get("cat") == "kernel"}
+    assert kernel_pids == {gpu_events.gpu_pid(1, 0), gpu_events.gpu_pid(2, 0)}
+    gpu_names = [e for e in events if e["ph"] == "M" and e["name"] == "process_name"
+                 and trace_events.is_gpu_pid(e["pid"])]
+    assert {e["pid"] for e in gpu_names} == kernel_pids
+    streams = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M"
+               and e["name"] == "thread_name" and trace_events.is_gpu_pid(e["pid"])}
+    assert {(e["pid"], e["tid"]) for e in events if e.get("cat") == "kernel"} <= streams
+    starts = [e["id"] for e in events if e["ph"] == "s"]
+    ends = [e["id"] for e in events if e["ph"] == "f"]
+    assert len(set(starts)) == len(starts) and set(starts) == set(ends)
+    calls = {e["pid"] for e in events if e.get("cat") in ("cuda_driver", "cuda_runtime")}
+    assert calls == {1, 2}
+    nest_per_track(events)
+
+
+# -- the HTML page -----------------------------------------------------------------------------
+
+@pytest.mark.skipif(find_browser() is None,
+                    reason="headless browser tests need chromium (apt-get install chromium)")
+def test_html_report_shows_the_gpu_activity(live, tmp_path):
+    out = tmp_path / "report.html"
+    proc = subprocess.run([sys.executable, "-m", "chainer_autoprof", "report", str(live.path),
+                           "--html", str(out)], env=clean_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    fig = figures_of(live)
+    with Browser() as browser:
+        browser.open(out)
+        assert browser.evaluate("document.body.dataset.ready") == "1"
+        assert browser.problems() == []
+        assert browser.requests() == [out.resolve().as_uri()]
+        kind = browser.evaluate("document.querySelector('#verdict .kind').textContent")
+        assert kind == ("GPU-bound" if live.name == "b512" else "host-bound")
+        text = browser.evaluate("document.querySelector('#gpu-activity').textContent")
+        assert f"Busy {figures_pct(fig.busy_share)}" in text and "CUPTI kernel activity" in text
+        links = browser.evaluate("Array.from(document.querySelectorAll("
+                                 "'#gpu-activity table.gpulinks tbody tr'))"
+                                 ".map(r => r.cells[0].textContent)")
+        assert links == [x["name"] for x in fig.links[:len(links)]] and len(links) > 5
+        kernels = browser.evaluate("document.querySelectorAll("
+                                   "'#gpu-activity table.gpukernels tbody tr').length")
+        assert kernels == len(fig.top_kernels)
+        segments = browser.evaluate("Array.from(document.querySelectorAll("
+                                    "'#gpu-activity rect.seg')).map(r => r.dataset.tip)")
+        assert segments[0].startswith("busy: ")
+        assert [t.split(":")[0] for t in segments[1:]] == [
+            IDLE_LABELS[k] for k, v in fig.idle_ms.items() if v > 0]
+        data = json.loads(browser.evaluate("document.getElementById('report-data')"
+                                           ".textContent"))
+        assert data["gpu_activity_busy_share"] == round(fig.busy_share, 4)
+
+
+# -- bounds ---------------------------------------------------------------------------------------
+
+def test_the_trace_keeps_the_newest_operations_within_the_record_limit(tmp_path):
+    """A record limit of 1,000 ranges keeps 250 GPU operations (four events each at most)."""
+    run = replay_live("b16", tmp_path, record_limit=1000)
+    data = json.loads(run.path.read_text())
+    ops = [e for e in data["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy")]
+    assert len(ops) == 250
+    gpu = [e for e in data["traceEvents"] if gpu_events.is_gpu_event(e) and e["ph"] != "M"]
+    assert len(gpu) <= 1000 + 15  # the operations' events, and the ProfilerStep marks
+    kept_start = min(e["ts"] for e in ops)
+    every = run.outcome.analysis  # the figures still cover every operation
+    assert run.outcome.figures.ops["kernel"] == int(
+        (run.recording.batch.ops.kind == KERNEL).sum())
+    assert every.keeper.dropped == len(run.recording.batch.ops) - 250
+    latest = np.sort(run.recording.batch.ops.end)[-250:]
+    assert kept_start > 0 and len(latest) == 250
