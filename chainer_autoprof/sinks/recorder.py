@@ -1,9 +1,10 @@
 """The in-process recorder: every emitted range, kept cheaply, summarized at exit.
 
-Hot path (:meth:`Recorder.end`): one tuple ``(name index, t0 ns, t1 ns,
-depth)`` appended to the thread's list (``ThreadState.record``), the cheapest
-append CPython has; with the native hot path the tracer's core appends the
-four values to the thread's ``RecordBuffer`` in C instead (``native``).  When
+Hot path (:attr:`Recorder.end`): the hot path's recorder hook appends one row
+``(name index, t0 ns, t1 ns, depth)`` to the thread's buffer
+(``ThreadState.record``): a tuple to a list in the pure-Python twin, the
+cheapest append CPython has; four int64 to a ``RecordBuffer``, in C, run by
+the native core itself (``native``).  When
 a thread's buffer holds :data:`CHUNK_RANGES` ranges
 it becomes an ``(n, 4)`` int64 block (32 bytes per range), handed to the
 :class:`~..analysis.aggregate.Aggregator` (running totals, per-iteration
@@ -66,13 +67,11 @@ class Recorder:
         self._iter_info = tracer.info(names.ITERATION, names.ITERATION)
         self._test_events = os.environ.get(ENV_TEST_EVENTS, "") == "1"
         self._reset(tracer.start_ns)
-        self.end = self._make_end()
-        impl = getattr(tracer, "hotpath", None)
-        #: For the native core: it appends in C, calling back at iteration ends and full buffers.
-        self.native: tuple[str, Any] | None = None
-        if impl is not None and impl.native:
-            self.native = ("recorder", impl.module.RecorderHook(
-                self.chunk_ranges, self._iter_info, self._iteration_ended, self._flush_thread))
+        #: The per-range append (the native core runs it in C), calling back at iteration ends
+        #: and full buffers.
+        self.native = tracer.hotpath.recorder_hook(
+            self.chunk_ranges, self._iter_info, self._iteration_ended, self._flush_thread)
+        self.end = self.native.end
 
     def _reset(self, start_ns: int) -> None:
         self.start_ns = start_ns
@@ -101,25 +100,6 @@ class Recorder:
             self.infos.append(("", "", 0))
         self.infos[info.index] = (info.name, info.category, info.color)
         self.agg.add_name(info.index, info.name, info.category)
-
-    def _make_end(self) -> Callable[[Any, int, int, Any], None]:
-        iter_info = self._iter_info
-        limit = self.chunk_ranges
-        flush = self._flush_thread
-        iteration_ended = self._iteration_ended
-
-        def end(info: Any, t0: int, t1: int, ts: Any) -> None:
-            buf = ts.record
-            if buf is None:
-                buf = ts.record = []
-            if info is iter_info:
-                iteration_ended(buf, t0, t1, ts)
-                return
-            buf.append((info.index, t0, t1, len(ts.stack)))
-            if len(buf) >= limit:
-                flush(ts)
-
-        return end
 
     def _iteration_ended(self, buf: list, t0: int, t1: int, ts: Any) -> None:
         number = self.tracer.iterations  # this iteration's number + 1
