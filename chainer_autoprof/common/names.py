@@ -52,8 +52,9 @@ CATEGORIES: dict[str, tuple[int, int]] = {
     FUNCTION: (FUNCTION_LEVEL, 0xFFC8C8C8),
 }
 
-#: category -> its bit in a sink's category mask (``RangeInfo.category_bit``).
-CATEGORY_BITS: dict[str, int] = {category: 1 << i for i, category in enumerate(CATEGORIES)}
+#: category -> its number (``RangeInfo.category_index``), and its bit in a sink's category mask.
+CATEGORY_INDEX: dict[str, int] = {category: i for i, category in enumerate(CATEGORIES)}
+CATEGORY_BITS: dict[str, int] = {category: 1 << i for category, i in CATEGORY_INDEX.items()}
 #: The mask of a sink that wants every category (one that declares none).
 ALL_CATEGORIES = -1
 

@@ -66,14 +66,14 @@ _POPPING = "popping"
 class RangeInfo:
     """A distinct range name: what sinks need to emit it, built once."""
 
-    __slots__ = ("category", "category_bit", "color", "emit", "index", "level", "name", "nvtx",
+    __slots__ = ("category", "category_index", "color", "emit", "index", "level", "name", "nvtx",
                  "stack_entry", "sync")
 
     def __init__(self, index: int, name: str, category: str, level: int, color: int) -> None:
         self.index = index
         self.name = name
         self.category = category
-        self.category_bit = names.CATEGORY_BITS[category]  # tested against the sinks' masks
+        self.category_index = names.CATEGORY_INDEX[category]  # its bit in the sinks' masks
         self.level = level
         self.color = color
         self.emit = True
@@ -540,7 +540,7 @@ class Tracer:
             for info, t0 in reversed(entries):
                 for sink in self.sinks:
                     if getattr(sink, "end", None) and not hasattr(sink, "abandon") \
-                            and _mask(sink) & info.category_bit:
+                            and _mask(sink) >> info.category_index & 1:
                         try:
                             sink.end(info, t0, t1, ts)
                         except Exception:

@@ -4,7 +4,7 @@
  * begin/end on the per-thread range stack (the ThreadState's Python list of
  * (RangeInfo, t0) tuples, so that other threads and the Python code read it as
  * before), and the sinks' calls: each sink gets the ranges of the categories in its
- * mask (a bit test on the RangeInfo's category_bit, read only when some sink has a
+ * mask (a bit test of the RangeInfo's category_index, read only when some sink has a
  * mask); a native sink kind runs in C (NVTX, the recorder), a sink written in Python
  * is called.  Thread state: a C cache of the thread asked last in front of the
  * thread's own dict.
@@ -48,16 +48,16 @@ static inline void sinks_release(sinks_t *s)
 /* The category bit of `info` (a RangeInfo): what the sinks' masks are tested against. */
 static inline uint64_t category_bit(Core *core, PyObject *info)
 {
-    PyObject *bit = SLOT(info, core->off_category_bit);
+    PyObject *index = SLOT(info, core->off_category_index);
     int64_t value;
-    if (bit == NULL)
+    if (index == NULL)
         return 0;
-    value = int64_of(bit);
-    if (value == -1 && PyErr_Occurred()) {
-        PyErr_Clear();  /* not an int: no sink with a mask gets it */
+    value = int64_of(index);
+    if (value < 0 || value >= 64) {
+        PyErr_Clear();  /* not a category's number: no sink with a mask gets it */
         return 0;
     }
-    return (uint64_t)value;
+    return (uint64_t)1 << value;
 }
 
 /* -- this thread's state ----------------------------------------------------------------- */
@@ -456,7 +456,7 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kw)
         || slot_offset(self->info_type, "index", &self->off_index) < 0
         || slot_offset(self->info_type, "nvtx", &self->off_nvtx) < 0
         || slot_offset(self->info_type, "stack_entry", &self->off_stack_entry) < 0
-        || slot_offset(self->info_type, "category_bit", &self->off_category_bit) < 0) {
+        || slot_offset(self->info_type, "category_index", &self->off_category_index) < 0) {
         Py_DECREF(self);
         return NULL;
     }

@@ -5,8 +5,9 @@
 pops it and calls their ``end``.  The sinks come as entries ``(native,
 begin, end, mask)`` (:data:`.protocol.SinkEntry`); this core ignores the
 native parts (the native core's own kind) and calls every sink in Python.
-Per category bit, the sinks' calls are kept as a tuple built when the
-sinks change: a range costs one lookup, never a test per sink.
+Per category (``info.category_index``), the sinks' calls are kept as a
+tuple built when the sinks change: a range costs one list index, never a
+test per sink.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from ..events import RangeInfo, ThreadState
     from ..policies import CaptureWindow
 
-#: Category bits a mask can hold (the native core's masks are 64-bit).
+#: Categories a mask can hold (the native core's masks are 64-bit).
 MASK_BITS = 64
 
 
@@ -48,8 +49,8 @@ class Core:
         self._clock = clock if clock is not None else perf_counter_ns
         self._timed = False
         self._entries: tuple[SinkEntry, ...] = ()
-        self._begins: dict[int, tuple[BeginFn, ...]] = {}
-        self._ends: dict[int, tuple[EndFn, ...]] = {}
+        self._begins: list[tuple[BeginFn, ...]] = []
+        self._ends: list[tuple[EndFn, ...]] = []
         self.set_sinks((), False)
 
     # -- this thread's state ------------------------------------------------
@@ -72,12 +73,11 @@ class Core:
     def set_sinks(self, entries: Sequence[SinkEntry], timed: bool) -> None:
         """The sinks, in order: ``(native, begin, end, mask)`` each (``native`` unused here)."""
         entries = tuple(entries)
-        begins: dict[int, tuple[BeginFn, ...]] = {}
-        ends: dict[int, tuple[EndFn, ...]] = {}
-        for i in range(MASK_BITS):
-            bit = 1 << i
-            begins[bit] = tuple(b for _, b, _, mask in entries if b is not None and mask & bit)
-            ends[bit] = tuple(e for _, _, e, mask in entries if e is not None and mask & bit)
+        begins: list[tuple[BeginFn, ...]] = []
+        ends: list[tuple[EndFn, ...]] = []
+        for i in range(MASK_BITS):  # per category: the calls of the sinks that want it
+            begins.append(tuple(b for _, b, _, mask in entries if b is not None and mask >> i & 1))
+            ends.append(tuple(e for _, _, e, mask in entries if e is not None and mask >> i & 1))
         # replaced, never changed in place: a range being begun or ended goes on with the old
         self._entries, self._begins, self._ends, self._timed = entries, begins, ends, timed
 
@@ -95,7 +95,7 @@ class Core:
             self._sync()
         ts.stack.append((info, self._clock()) if self._timed else info.stack_entry)
         try:
-            for fn in self._begins[info.category_bit]:
+            for fn in self._begins[info.category_index]:
                 fn(info, ts)
         except Exception:
             self._undo_begin(info, ts, fn)
@@ -111,9 +111,9 @@ class Core:
         if not ts.stack or ts.stack[-1][0] is not info:
             return
         _, t0 = ts.stack.pop()
-        bit = info.category_bit
+        category = info.category_index
         for _, begin, end, mask in self._entries:
-            if begin is None or not mask & bit:
+            if begin is None or not mask >> category & 1:
                 continue
             if begin == failed:
                 break
@@ -135,5 +135,5 @@ class Core:
             self._sync()
         info, t0 = ts.stack.pop()
         t1 = self._clock() if self._timed else 0
-        for fn in self._ends[info.category_bit]:
+        for fn in self._ends[info.category_index]:
             fn(info, t0, t1, ts)

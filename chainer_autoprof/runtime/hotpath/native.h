@@ -196,7 +196,7 @@ typedef struct {
 
 /* One sink: run in C (`kind`, with its `part`), or called in Python (`begin`, `end`). */
 typedef struct {
-    uint64_t mask;                  /* the categories it wants: bits of RangeInfo.category_bit */
+    uint64_t mask;                  /* the categories it wants: bit i, RangeInfo.category_index i */
     const native_sink_kind *kind;   /* NULL: a sink written in Python */
     PyObject *part;                 /* the native part (kind set) */
     PyObject *begin, *end;          /* the Python calls (or NULL) */
@@ -221,7 +221,7 @@ struct Core {
     Py_ssize_t off_stack, off_record, off_links, off_quiet, off_phase, off_bwd_link,
         off_bwd_link_tok;
     /* RangeInfo slots */
-    Py_ssize_t off_emit, off_sync, off_index, off_nvtx, off_stack_entry, off_category_bit;
+    Py_ssize_t off_emit, off_sync, off_index, off_nvtx, off_stack_entry, off_category_index;
     PyThreadState *last_tstate;  /* the thread asked last, and its ThreadState (strong: a */
     uint64_t last_id;            /*   thread's teardown clears its dict before its last */
     PyObject *last_state;        /*   calls; the id tells a later thread at that address) */

@@ -18,8 +18,8 @@ Sinks reach the core as entries ``(native, begin, end, mask)``: ``native``
 is a part made by the implementation (its ``NvtxDomain`` or ``RecorderHook``)
 that the native core runs in C instead of calling ``begin``/``end`` (the
 Python core always calls them); ``mask`` is the sink's category mask (bits
-of :data:`..common.names.CATEGORY_BITS`, ``-1``: every category), tested
-against each range's ``category_bit``.
+of :data:`..common.names.CATEGORY_BITS`, ``-1``: every category): a range is
+handed to the sinks whose mask has the bit ``1 << info.category_index``.
 """
 
 from __future__ import annotations
