@@ -1,12 +1,13 @@
 """Packaging for chainer_autoprof.
 
 Besides the package and the ``chainer-autoprof`` console script, the
-distribution holds the native hot path (``chainer_autoprof/runtime/hotpath/
-_native.c``, built as described in ``.../hotpath/build.py``; a failed build
-leaves the pure-Python implementation, with one line saying why, never a failed
-install) and puts ``chainer_autoprof.pth`` into site-packages: its one line
-activates the agent at interpreter start-up wherever a ``CHAINER_PROF_*``
-variable is set (and only checks ``os.environ`` elsewhere).  The ``build_pth``
+distribution holds the native hot path (the C files of
+``chainer_autoprof/runtime/hotpath/``, compiled together into one extension as
+described in ``.../hotpath/build.py``; a failed build leaves the pure-Python
+implementation, with one line saying why, never a failed install) and puts
+``chainer_autoprof.pth`` into site-packages: its one line activates the agent
+at interpreter start-up wherever a ``CHAINER_PROF_*`` variable is set (and
+only checks ``os.environ`` elsewhere).  The ``build_pth``
 command below places it for both kinds of install: into the build tree (so it
 lands at the root of the wheel, next to the package) for ``pip install .``,
 and into the editable wheel for ``pip install -e .``.
@@ -100,6 +101,18 @@ class optional_build_ext(build_ext):  # noqa: N801
                              "the pure-Python one will run\n")
 
 
+def _native_extension() -> Extension:
+    """The native hot path: its C files and headers, as ``build.py`` lists them."""
+    native = _native_build()
+
+    def relative(path: Path) -> str:
+        return path.relative_to(Path(HERE).resolve()).as_posix()
+
+    return Extension(native.MODULE, [relative(p) for p in native.SOURCES],
+                     depends=[relative(p) for p in (*native.HEADERS, native.PROTOCOL_FILE)],
+                     optional=True)
+
+
 setup(
     name="chainer-autoprof",
     version=version(),
@@ -110,8 +123,7 @@ setup(
     packages=find_namespace_packages(include=["chainer_autoprof", "chainer_autoprof.*"],
                                      exclude=["*.__pycache__"]),
     include_package_data=True,
-    ext_modules=[Extension("chainer_autoprof.runtime.hotpath._native",
-                           ["chainer_autoprof/runtime/hotpath/_native.c"], optional=True)],
+    ext_modules=[_native_extension()],
     # Chainer 7.8.1 imports numpy.distutils, which numpy has no more for Python 3.12.
     python_requires=">=3.8,<3.12",
     install_requires=[

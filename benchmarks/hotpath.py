@@ -8,8 +8,11 @@
 Workload (``workloads.build_train50``): 50 ``Linear(16, 16)`` + ReLU, batch 1,
 one training step written out by hand (forward, ``F.sum`` loss, cleargrads,
 backward, SGD update): 51 Link calls.  Configurations: the agent at phase,
-link and function granularity and with the recorder on top of link
-granularity, in each implementation of the hot path (native and pure Python);
+link and function granularity, with the recorder on top of link granularity,
+and with the recorder and the GPU phase timer at link and function
+granularity (the counting backend's host event timer, started by the
+recorder as on a GPU), in each implementation of the hot path (native and
+pure Python);
 a hand-written ``chainer.LinkHook`` pushing one cached NVTX range per Link
 call; a ``chainer.FunctionHook`` pushing NVTX around each function's forward
 and backward; ``chainer.link_hooks.TimerHook``.  NVTX calls reach the test
@@ -63,6 +66,10 @@ WALL_ROUNDS = 100
 #: The recorder's aggregation is counted on a buffer holding at least this many ranges
 #: (it aggregates every 4096).
 AGGREGATED = 3500
+#: The GPU phase timer's own work is per iteration and phase (about 70,000 instructions an
+#: iteration with the counting backend's timer, ``gpu_timer.py``): spread over the step's 51
+#: Link calls, at most this many per Link call (instructions); nothing per link range.
+GPU_TIMER_TARGET = 1500
 #: Memory layouts of the processes (lengths of a padding variable).
 LAYOUTS = (0, 33, 101, 211)
 LAYOUT_VARIABLE = "CHAINER_AUTOPROF_BENCH_LAYOUT"
@@ -74,7 +81,11 @@ BEFORE = {
     "wallclock_ns": {"phase": 1892, "link": 8886, "function": 23393, "link+recorder": 11847},
 }
 
-AGENT_GRANULARITIES = ("phase", "link", "function", "link+recorder")
+AGENT_GRANULARITIES = ("phase", "link", "function", "link+recorder", "link+recorder+gpu",
+                       "function+recorder+gpu")
+#: The GPU phase timer without a GPU: the counting backend's host event timer, which the
+#: recorder starts at the first iteration's end (what every GPU run does), as in the tests.
+GPU_TIMER_ENV = {"CHAINER_AUTOPROF_TEST_EVENTS": "1", "CHAINER_AUTOPROF_TEST_DEVICE": "counting"}
 PEERS = ("linkhook", "fhook", "timerhook")
 PEER_LABELS = {
     "linkhook": "hand-written NVTX LinkHook",
@@ -121,12 +132,22 @@ def switch(name: str) -> Callable[[], None]:
         return lambda: None
     if name.startswith("agent:"):
         parts = name.split(":")
-        granularity, _, extra = parts[1].partition("+")
-        settings: dict[str, Any] = dict(granularity=granularity, summary=extra == "recorder",
+        granularity, *extras = parts[1].split("+")
+        settings: dict[str, Any] = dict(granularity=granularity, summary="recorder" in extras,
                                         advice=False, log="error")
         if len(parts) > 2:
             settings["native"] = parts[2] == "native"
-        agent = chainer_autoprof.install(**settings)
+        saved = {key: os.environ.get(key) for key in GPU_TIMER_ENV}
+        if "gpu" in extras:  # read when the agent is made (the backend, the recorder)
+            os.environ.update(GPU_TIMER_ENV)
+        try:
+            agent = chainer_autoprof.install(**settings)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         used = getattr(agent, "implementation", None)
         if len(parts) > 2 and used != parts[2]:
             chainer_autoprof.uninstall()
@@ -137,6 +158,17 @@ def switch(name: str) -> Callable[[], None]:
             "timerhook": configs._timer_hook}[name]()
     hook.__enter__()
     return lambda: hook.__exit__(None, None, None)
+
+
+def check_gpu_timer(name: str) -> None:
+    """After a configuration's first step: the GPU phase timer runs where it is asked for."""
+    import chainer_autoprof.agent as agent_module
+
+    agent = agent_module.current()
+    wanted = name.startswith("agent:") and "+gpu" in name
+    running = agent is not None and agent.recorder is not None and agent.recorder.gpu is not None
+    if wanted != running:
+        raise SystemExit(f"{name}: the GPU phase timer {'did not start' if wanted else 'ran'}")
 
 
 def flush_recorder() -> None:
@@ -209,6 +241,7 @@ def child(names: list[str], rounds: int, steps: int, seed: int) -> None:
             undo = switch(name)
             try:
                 step()
+                check_gpu_timer(name)
                 flush_recorder()
                 before = recorded_ranges()
                 if number:
@@ -321,6 +354,7 @@ def wallclock(names: list[str], rounds: int, seed: int) -> dict[str, dict[str, f
             undo = switch(name)
             try:
                 step()  # the first step after a switch builds what the configuration caches
+                check_gpu_timer(name)
                 flush_recorder()
                 before = recorded_ranges()
                 for _ in range(2):
@@ -394,6 +428,17 @@ def targets(figures: dict[str, dict[str, float]], unit: str, calls: int,
         else:
             verdict(None, "Recorder on top of link granularity <= 1,000 instructions per range",
                     "-")
+        gpu = impl("link+recorder+gpu")
+        if rec in figures and gpu in figures:
+            extra = added(figures, gpu, calls) - added(figures, rec, calls)
+            per_range = extra * calls / figures[gpu]["ranges"] if figures[gpu]["ranges"] else 0.0
+            verdict(extra <= GPU_TIMER_TARGET, "GPU phase timer on top of link + recorder <= "
+                    f"{GPU_TIMER_TARGET:,} instructions per Link call (its own work per "
+                    "iteration; it is called for the iteration and the phases only)",
+                    f"{extra:+,.0f} ({per_range:+,.0f} per range)")
+        else:
+            verdict(None, "GPU phase timer on top of link + recorder <= "
+                    f"{GPU_TIMER_TARGET:,} instructions per Link call", "-")
     worse = []
     compared = 0
     for granularity in AGENT_GRANULARITIES:

@@ -41,7 +41,7 @@ from .runtime.events import Tracer
 from .runtime.gc_ranges import KEEP_DETAILS, GcRanges
 from .runtime.policies import CaptureWindow, SyncPolicy
 from .sinks.clock import ClockSink
-from .sinks.nvtx import make_nvtx_sink
+from .sinks.nvtx import NvtxSink, make_nvtx_sink
 from .sinks.recorder import Recorder
 
 _lock = threading.RLock()
@@ -72,7 +72,7 @@ class Agent:
         self.hotpath = hotpath.select(cfg.native, explicit="native" in cfg.explicit)
         self.tracer = Tracer(names.GRANULARITY_LEVEL[cfg.granularity], sync, window,
                              implementation=self.hotpath)
-        self.nvtx = None
+        self.nvtx: NvtxSink | None = None
         self.recorder: Recorder | None = None
         self._add_sinks()
         self.patches = ChainerPatches(self.tracer, cfg.link_depth, replay=_replay(cfg, self.tracer))
@@ -172,7 +172,7 @@ class Agent:
             # SIGTERM: summary and trace, then the default death
             exit_hooks.install(self.at_exit, lambda: self.closed, self.recorder)
         atexit.register(self.at_exit)
-        if not self.hotpath.native:  # its wrappers are frames: uncaught tracebacks skip them
+        if self.hotpath.wrapper_frames:  # uncaught tracebacks leave our wrappers' frames out
             tracebacks.install_excepthook()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork_in_child)

@@ -7,6 +7,8 @@ continue chainer_profutil's palette for iteration/forward/backward/update.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 # Levels, coarse to fine.  Granularity G emits every range with level <= G;
 # sync level S synchronizes at the boundaries of ranges with level < S (S=3: all).
 ITERATION_LEVEL = 0
@@ -53,6 +55,22 @@ CATEGORIES: dict[str, tuple[int, int]] = {
     FUNCTION: (FUNCTION_LEVEL, 0xFFC8C8C8),
     GPU_WAIT: (ITERATION_LEVEL, 0xFFB0413E),
 }
+
+#: category -> its number (``RangeInfo.category_index``), and its bit in a sink's category mask.
+CATEGORY_INDEX: dict[str, int] = {category: i for i, category in enumerate(CATEGORIES)}
+CATEGORY_BITS: dict[str, int] = {category: 1 << i for category, i in CATEGORY_INDEX.items()}
+#: The mask of a sink that wants every category (one that declares none).
+ALL_CATEGORIES = -1
+
+
+def category_mask(categories: Iterable[str] | None) -> int:
+    """The mask of ``categories`` (``None``: every category, :data:`ALL_CATEGORIES`)."""
+    if categories is None:
+        return ALL_CATEGORIES
+    mask = 0
+    for category in categories:
+        mask |= CATEGORY_BITS[category]
+    return mask
 
 
 def link_text(path: str, cls_name: str, device: str = "") -> str:

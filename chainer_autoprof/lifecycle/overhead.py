@@ -23,7 +23,7 @@ _calibration: dict[str, tuple[float, float]] = {}
 
 
 def estimate(recorder: Recorder, granularity_level: int, hits: int,
-             implementation: Any = None) -> tuple[float, str]:
+             implementation: hotpath.Implementation | None = None) -> tuple[float, str]:
     """(milliseconds, method) of the agent's own time; ``hits``: instrumented calls made."""
     impl = implementation if implementation is not None else hotpath.PYTHON
     try:
@@ -40,7 +40,7 @@ def estimate(recorder: Recorder, granularity_level: int, hits: int,
     return total_ns / 1e6, method
 
 
-def calibrate(granularity_level: int, implementation: Any = None,
+def calibrate(granularity_level: int, implementation: hotpath.Implementation | None = None,
               pairs: int = 4000) -> tuple[float, float]:
     """(ns per recorded range, ns per instrumented call emitting nothing), measured once.
 
@@ -85,7 +85,7 @@ def calibrate(granularity_level: int, implementation: Any = None,
     def bare(x: Any) -> Any:
         return x
 
-    wrapped = impl.module.around(bare, impl.module.Switch(), enter, None, fail)
+    wrapped = impl.around(bare, impl.switch(), enter, None, fail)
     best_call = float("inf")
     for _ in range(3):
         t0 = perf_counter_ns()

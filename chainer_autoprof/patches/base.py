@@ -24,7 +24,6 @@ from typing import Any, Callable, Union
 
 from ..common import log
 from ..runtime import hotpath
-from ..runtime.hotpath import python as python_hotpath
 
 __all__ = ["Around", "Body", "Hot", "Instrumentor", "Patch", "qualified_name"]
 
@@ -104,7 +103,7 @@ class Patch:
         self.status = "pending"
         self.reason = ""
         self.impl: hotpath.Implementation = hotpath.PYTHON
-        self.switch: Any = python_hotpath.Switch()  # on / hits, read by the wrappers
+        self.switch: Any = self.impl.switch()  # on / hits, read by the wrappers
         self.owners: list[str] = []   # classes (or the module) whose attribute is wrapped
         # (owner, attribute, installed wrapper, original): one per attribute we replaced
         self._handles: list[tuple[Any, str, Any, Any]] = []
@@ -131,21 +130,21 @@ class Patch:
     def bind(self, impl: hotpath.Implementation) -> None:
         """Make this patch's wrappers with ``impl`` (before :meth:`apply`)."""
         if impl is not self.impl:
-            switch = impl.module.Switch()
+            switch = impl.switch()
             switch.on, switch.hits = self.switch.on, self.switch.hits
             self.impl, self.switch = impl, switch
 
     def _make(self, original: Any, method: bool) -> Any:
         """The wrapper of ``original`` (``method``: it is found in a class)."""
         if method and not isinstance(original, types.FunctionType) \
-                and python_hotpath.switch_of(original) is None:  # (another patch's wrapper)
+                and hotpath.wrapper_switch(original) is None:  # (another patch's wrapper)
             raise TypeError(f"{self.attr} is a {type(original).__name__}, not a function")
-        hooks, module = self._hooks, self.impl.module
+        hooks, impl = self._hooks, self.impl
         if isinstance(hooks, Around):
-            return module.around(original, self.switch, hooks.enter, hooks.exit, self.fail,
-                                 method=method, replace_args=hooks.replace_args)
+            return impl.around(original, self.switch, hooks.enter, hooks.exit, self.fail,
+                               method=method, replace_args=hooks.replace_args)
         if isinstance(hooks, Hot):
-            return getattr(module, hooks.kind)(original, self.switch, self.fail, **hooks.params)
+            return impl.hot_wrapper(hooks.kind, original, self.switch, self.fail, **hooks.params)
         return _body_wrapper(original, self.switch, hooks.body, method)
 
     # -- errors -------------------------------------------------------------
@@ -190,7 +189,7 @@ class Patch:
         inherited = original is None  # put on this class by us: removed, not restored
         if inherited:
             original = getattr(cls, self.attr)
-        if python_hotpath.switch_of(original) is self.switch:
+        if hotpath.wrapper_switch(original) is self.switch:
             return  # already ours (e.g. ``__call__ = Base.__call__``): never wrap twice
         wrapper = self._make(original, method=isinstance(cls, type))
         replace_attribute(cls, self.attr, wrapper)
@@ -333,4 +332,4 @@ def _body_wrapper(original: Any, switch: Any, body: Callable, method: bool) -> C
             return body(bound, args[0], args[1:], kwargs)
         return body(original, None, args, kwargs)
 
-    return python_hotpath.finish(original, wrapper, switch)
+    return hotpath.finish_wrapper(original, wrapper, switch)

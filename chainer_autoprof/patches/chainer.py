@@ -362,7 +362,7 @@ class ChainerPatches(Instrumentor):
     def _wrap_optimizer(self, patch: Patch) -> Hooks:
         tracer = self.tracer
         state = tracer.state
-        module = self.impl.module
+        impl = self.impl
 
         def loss_enter(ts: Any, args: tuple, kwargs: dict) -> Any:
             if not patch.on or ts.phase is not None:
@@ -381,12 +381,12 @@ class ChainerPatches(Instrumentor):
 
         def forward_phase(ts: ThreadState, lossfun: Callable) -> Callable:
             """The loss function as the forward phase (its call is made from C natively)."""
-            switch = module.Switch()
+            switch = impl.switch()
 
             def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
                 return loss_enter(ts, args, kwargs)
 
-            return module.around(lossfun, switch, enter, loss_exit, patch.fail)
+            return impl.around(lossfun, switch, enter, loss_exit, patch.fail)
 
         def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
             ts = state()

@@ -38,7 +38,7 @@ def wrap_trainer_run(tracer: Any, patch: Patch) -> Around:
 
 def wrap_trainer_extend(tracer: Any, patch: Patch, extension_cls: type) -> Around:
     """Give function extensions an extension range of their own."""
-    module = tracer.hotpath.module
+    impl = tracer.hotpath
 
     def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
         ext = args[0] if args else kwargs.get("extension")
@@ -50,8 +50,7 @@ def wrap_trainer_extend(tracer: Any, patch: Patch, extension_cls: type) -> Aroun
             or getattr(ext, "__name__", "extension")
         info = tracer.info(names.extension_text(str(name), ""), names.EXTENSION)
         enter_ext, exit_ext = _extension_call(tracer, patch, info)
-        proxy = module.around(ext, module.Switch(), enter_ext, exit_ext, patch.fail,
-                              proxy=True)
+        proxy = impl.around(ext, impl.switch(), enter_ext, exit_ext, patch.fail, proxy=True)
         if args:
             return None, (proxy, *args[1:]), kwargs
         return None, args, dict(kwargs, extension=proxy)

@@ -556,8 +556,9 @@ def _gpu_sentence(stats: RunStats) -> str | None:
     fig = activity(stats)
     if ev.limit == "gpu" and fig is not None:
         n = fig.iterations
-        phase = max(PHASE_KEYS, key=lambda k: (fig.phases.get(k) or {}).get("kernel_ms", 0.0))
-        phase_ms = (fig.phases.get(phase) or {}).get("kernel_ms", 0.0) / n
+        launched = {k: float(p["kernel_ms"]) for k, p in fig.phases.items()}
+        phase = max(PHASE_KEYS, key=lambda k: launched.get(k, 0.0))
+        phase_ms = launched.get(phase, 0.0) / n
         span = fig.span_ms / n
         text = (f"the GPU sets the pace (busy {figures.pct(fig.busy_share or 0.0)}); "
                 f"{PHASE_WORDS[phase]} launches the most GPU time, {fmt_ms(phase_ms)} of a "

@@ -152,11 +152,13 @@ class EventKind(Generic[T]):
         return bool(ev_pid == pid)
 
 
+K = TypeVar("K", bound="EventKind[Any]")
+
 #: Every kind, by ``(ph, key)``.
 KINDS: dict[tuple[str, str | None], EventKind[Any]] = {}
 
 
-def register(kind: EventKind[T]) -> EventKind[T]:
+def register(kind: K) -> K:
     """Add ``kind`` to :data:`KINDS` (one kind per ``(ph, key)``); returns it."""
     slot = (kind.ph, kind.key)
     if slot in KINDS:

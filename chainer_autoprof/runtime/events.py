@@ -9,10 +9,11 @@ name (attributes for every sink built then, not per call).  ``begin`` returns
 a token that must be passed to ``end`` (``None`` when nothing was emitted, so
 ``end(None)`` is a cheap no-op).
 
-``begin``, ``end`` and ``state`` below are the pure-Python implementation; with
-the native hot path (:mod:`.hotpath`) the tracer's ``core`` does them in C,
-on the same ThreadState objects (``ts.stack`` stays a list of ``(RangeInfo,
-t0)`` tuples, outermost first).
+``begin``, ``end`` and ``state`` are the tracer's ``core``, made by the hot
+path's implementation (:mod:`.hotpath`: in C, or its pure-Python twin), on
+the same ThreadState objects (``ts.stack`` stays a list of ``(RangeInfo,
+t0)`` tuples, outermost first).  The core calls each sink for the ranges of
+the categories it wants (its ``categories``; every one by default).
 
 Bounds: at most :data:`MAX_RANGE_NAMES` names are kept (a program that puts a
 step number into an ``annotate()`` name would otherwise grow them forever);
@@ -65,13 +66,14 @@ _POPPING = "popping"
 class RangeInfo:
     """A distinct range name: what sinks need to emit it, built once."""
 
-    __slots__ = ("category", "color", "emit", "index", "level", "name", "nvtx", "stack_entry",
-                 "sync")
+    __slots__ = ("category", "category_index", "color", "emit", "index", "level", "name", "nvtx",
+                 "stack_entry", "sync")
 
     def __init__(self, index: int, name: str, category: str, level: int, color: int) -> None:
         self.index = index
         self.name = name
         self.category = category
+        self.category_index = names.CATEGORY_INDEX[category]  # its bit in the sinks' masks
         self.level = level
         self.color = color
         self.emit = True
@@ -131,11 +133,17 @@ class ThreadState:
 class Sink(Protocol):
     """Where ranges go.  ``prepare`` runs once per RangeInfo, off the hot path.
 
-    Optional: ``prepare_transient(info)`` for a name beyond :data:`MAX_RANGE_NAMES`
-    (nothing may be cached for it); ``abandon(ts, entries, end_ns)`` ends, in the
-    sink's own view and from any thread, ranges their thread will never end (it
-    ended, or the process is ending): a sink without it is one whose ranges only
-    their own thread can end (NVTX); ``thread_ended(ts)``; ``reset_after_fork``.
+    Optional: ``categories`` (the categories of the ranges it is called for;
+    absent or None: every one), ``timed = False`` (it ignores ``t0``/``t1``),
+    ``native`` (a part made by the hot path's implementation, its NVTX domain
+    or recorder hook, which the native core runs in C instead of calling
+    ``begin``/``end``); ``prepare_transient(info)`` for a name beyond
+    :data:`MAX_RANGE_NAMES` (nothing may be cached for it); ``abandon(ts,
+    entries, end_ns)`` ends, in the sink's own view and from any thread, ranges
+    their thread will never end (it ended, or the process is ending; every open
+    entry of ``ts``, whatever its category): a sink without it is one whose
+    ranges only their own thread can end (NVTX); ``thread_ended(ts)``;
+    ``reset_after_fork``.
     """
 
     def prepare(self, info: RangeInfo) -> None: ...
@@ -145,7 +153,7 @@ class Sink(Protocol):
 
 
 class _ThreadEnd:
-    """Kept in a thread's locals beside its state: dropped when the thread ends, it says so."""
+    """Kept in a thread's locals: dropped when the thread ends, it says so."""
 
     __slots__ = ("tracer", "ts")
 
@@ -174,13 +182,11 @@ class Tracer:
         self.window = window
         self.clock = clock
         self.sinks: list[Any] = []
-        self._begin_fns: tuple[Callable[..., None], ...] = ()
-        self._end_fns: tuple[Callable[..., None], ...] = ()
         self._timed = False  # a sink reads t0/t1: read the clock (else both are 0)
         self.infos: list[RangeInfo] = []
         self._by_key: dict[tuple[str, str], RangeInfo] = {}
         self._lock = threading.Lock()
-        self._local = threading.local()  # never replaced: hot wrappers read it inline
+        self._local = threading.local()  # each thread's _ThreadEnd (its state is the core's)
         self.states: dict[int, ThreadState] = {}
         self.ended_names: dict[int, str] = {}  # names of ended threads (the newest)
         self._torn_down: dict[tuple[int, int], float] = {}  # (tid, ident) -> when it ended
@@ -195,13 +201,13 @@ class Tracer:
         self.start_ns = clock()
         #: The hot path's implementation, and what its wrappers call (``tracer.core``).
         self.hotpath = implementation or hotpath.PYTHON
-        self.core: Any = self
-        if self.hotpath.native:
-            core = self.hotpath.module.Core(
-                ThreadState, RangeInfo, self._new_state, sync.synchronize, window,
-                None if clock is perf_counter_ns else clock)
-            self.core = core
-            self.begin, self.end, self.state = core.begin, core.end, core.state  # type: ignore
+        self.core = core = self.hotpath.core(
+            ThreadState, RangeInfo, self._new_state, sync.synchronize, window,
+            None if clock is perf_counter_ns else clock)
+        #: This thread's state; open a range (the token for ``end``); close it: the core's.
+        self.state: Callable[[], ThreadState] = core.state
+        self.begin: Callable[..., RangeInfo | None] = core.begin
+        self.end: Callable[..., None] = core.end
         for sink in sinks or ():
             self.add_sink(sink)
 
@@ -210,8 +216,6 @@ class Tracer:
         self.sinks.append(sink)
         for info in self.infos:
             sink.prepare(info)
-        self._begin_fns = tuple(s.begin for s in self.sinks if getattr(s, "begin", None))
-        self._end_fns = tuple(s.end for s in self.sinks if getattr(s, "end", None))
         # A sink that ignores t0/t1 says so with ``timed = False`` (NVTX): two clock reads saved
         self._timed = any(getattr(s, "timed", True) for s in self.sinks)
         self._sinks_changed()
@@ -219,23 +223,13 @@ class Tracer:
     def remove_sinks(self) -> None:
         """No sink gets anything any more (the agent switched off in this process)."""
         self.sinks = []
-        self._begin_fns = ()
-        self._end_fns = ()
         self._sinks_changed()
 
     def _sinks_changed(self) -> None:
-        """Hand the sinks to the native core: those with a ``native`` part run in C."""
-        if self.core is self:
-            return
-        entries: list[tuple[Any, ...]] = []
-        for sink in self.sinks:
-            native = getattr(sink, "native", None)
-            if native is not None:
-                entries.append(native)  # ("nvtx", NvtxDomain) or ("recorder", RecorderHook)
-            else:
-                entries.append(("python", getattr(sink, "begin", None),
-                                getattr(sink, "end", None)))
-        self.core.set_sinks(entries, self._timed)
+        """Hand the sinks to the core: each with its native part, its calls and its mask."""
+        self.core.set_sinks([(getattr(sink, "native", None), getattr(sink, "begin", None),
+                              getattr(sink, "end", None), _mask(sink))
+                             for sink in self.sinks], self._timed)
 
     def info(self, name: str, category: str) -> RangeInfo:
         """The RangeInfo for ``name`` in ``category`` (created once)."""
@@ -280,14 +274,6 @@ class Tracer:
         cache RangeInfos by their own keys cache only these."""
         return self.infos[info.index] is info
 
-    def state(self) -> ThreadState:
-        """This thread's state (created on first use)."""
-        try:
-            return self._local.state
-        except AttributeError:
-            ts = self._local.state = self._new_state()
-            return ts
-
     def _new_state(self) -> ThreadState:
         """A new state for this thread, registered in :attr:`states`."""
         ts = ThreadState()
@@ -315,14 +301,11 @@ class Tracer:
     def forget_thread(self) -> None:
         """This thread drops its state (the tracer is done, or the thread is ending): the
         native core's entry in the thread's dict would otherwise outlive it."""
-        if self.core is not self:
-            self.core.forget()
+        self.core.forget()
 
     def _current(self) -> ThreadState | None:
         """This thread's state, if it has one (none is created)."""
-        if self.core is not self:
-            return self.core.current()
-        return getattr(self._local, "state", None)
+        return self.core.current()
 
     def thread_ended(self, ts: ThreadState) -> None:
         """``ts``'s thread has ended: the sinks take what it left, and its state goes."""
@@ -356,64 +339,6 @@ class Tracer:
             abandon = getattr(sink, "abandon", None)
             if abandon is not None:
                 abandon(ts, entries, end_ns)
-
-    # -- hot path ----------------------------------------------------------
-    def begin(self, info: RangeInfo, ts: ThreadState | None = None) -> RangeInfo | None:
-        """Open ``info`` on this thread; returns the token for :meth:`end`."""
-        if not info.emit:
-            return None
-        window = self.window
-        if window is not None and not window.open:
-            return None
-        if ts is None:
-            ts = self.state()
-        if info.sync:
-            self.sync.synchronize()
-        ts.stack.append((info, self.clock()) if self._timed else info.stack_entry)
-        try:
-            for fn in self._begin_fns:
-                fn(info, ts)
-        except Exception:
-            self._undo_begin(info, ts, fn)
-            raise
-        return info
-
-    def _undo_begin(self, info: RangeInfo, ts: ThreadState, failed: Any) -> None:
-        """A sink failed to begin ``info``: end it in the sinks that began it, and forget it.
-
-        The caller gets the error (its hook turns off) and never ends this range,
-        so nothing of it may stay open: not in NVTX, not on the stack.
-        """
-        if not ts.stack or ts.stack[-1][0] is not info:
-            return
-        _, t0 = ts.stack.pop()
-        for sink in self.sinks:
-            begin = getattr(sink, "begin", None)
-            if begin is None:
-                continue
-            if begin == failed:
-                break
-            end = getattr(sink, "end", None)
-            if end is not None:
-                try:
-                    end(info, t0, t0, ts)
-                except Exception:
-                    pass  # already failing: the first error is the one reported
-
-    def end(self, token: RangeInfo | None, ts: ThreadState | None = None) -> None:
-        """Close the range opened by :meth:`begin` (no-op for ``None``)."""
-        if token is None:
-            return
-        if ts is None:
-            ts = self.state()
-        if not ts.stack or ts.stack[-1][0] is not token:
-            return  # opened before a fork or a reset: nothing of ours to close
-        if token.sync:
-            self.sync.synchronize()
-        info, t0 = ts.stack.pop()
-        t1 = self.clock() if self._timed else 0
-        for fn in self._end_fns:
-            fn(info, t0, t1, ts)
 
     # -- the iteration state machine --------------------------------------
     def begin_iteration(self, ts: ThreadState, explicit: bool) -> None:
@@ -586,10 +511,8 @@ class Tracer:
 
     def _late_unwinders(self) -> None:
         """From now on a begin or end only ends what its thread left open (once)."""
-        self._begin_fns = (self._late_begin,)
-        self._end_fns = (self._late_end,)
-        if self.core is not self:
-            self.core.set_sinks([("python", self._late_begin, self._late_end)], self._timed)
+        self.core.set_sinks([(None, self._late_begin, self._late_end, names.ALL_CATEGORIES)],
+                            self._timed)
 
     def _late_begin(self, info: RangeInfo, ts: ThreadState) -> None:
         """After close, a thread's first begin: end what it had open (not this new range)."""
@@ -624,7 +547,8 @@ class Tracer:
             t1 = self.clock()
             for info, t0 in reversed(entries):
                 for sink in self.sinks:
-                    if getattr(sink, "end", None) and not hasattr(sink, "abandon"):
+                    if getattr(sink, "end", None) and not hasattr(sink, "abandon") \
+                            and _mask(sink) >> info.category_index & 1:
                         try:
                             sink.end(info, t0, t1, ts)
                         except Exception:
@@ -641,3 +565,8 @@ class Tracer:
         if self._closing is None:
             return True
         return self._unwound.wait(timeout)
+
+
+def _mask(sink: Any) -> int:
+    """The category mask of ``sink`` (its ``categories``; none declared: every category)."""
+    return names.category_mask(getattr(sink, "categories", None))

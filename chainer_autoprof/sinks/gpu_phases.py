@@ -19,7 +19,11 @@ class GpuPhaseTimer:
 
     Only on the loop thread; events are recorded on the current stream and
     polled without blocking at each iteration end (the backend's EventTimer).
+    The core calls it for the iteration and its phases only (``categories``):
+    never for a link or function range.
     """
+
+    categories = frozenset({names.ITERATION, *names.PHASES})
 
     def __init__(self, timer: Any, tid: int, iter_info: Any, skip: int, max_kept: int) -> None:
         self.timer = timer

@@ -1,9 +1,10 @@
 """The in-process recorder: every emitted range, kept cheaply, summarized at exit.
 
-Hot path (:meth:`Recorder.end`): one tuple ``(name index, t0 ns, t1 ns,
-depth)`` appended to the thread's list (``ThreadState.record``), the cheapest
-append CPython has; with the native hot path the tracer's core appends the
-four values to the thread's ``RecordBuffer`` in C instead (``native``).  When
+Hot path (:attr:`Recorder.end`): the hot path's recorder hook appends one row
+``(name index, t0 ns, t1 ns, depth)`` to the thread's buffer
+(``ThreadState.record``): a tuple to a list in the pure-Python twin, the
+cheapest append CPython has; four int64 to a ``RecordBuffer``, in C, run by
+the native core itself (``native``).  When
 a thread's buffer holds :data:`CHUNK_RANGES` ranges
 it becomes an ``(n, 4)`` int64 block (32 bytes per range), handed to the
 :class:`~..analysis.aggregate.Aggregator` (running totals, per-iteration
@@ -71,22 +72,18 @@ class Recorder:
         self._iter_info = tracer.info(names.ITERATION, names.ITERATION)
         self._test_events = os.environ.get(ENV_TEST_EVENTS, "") == "1"
         self._reset(tracer.start_ns)
-        self.end = self._make_end()
-        impl = getattr(tracer, "hotpath", None)
-        #: For the native core: it appends in C, calling back at iteration ends and full buffers.
-        self.native: tuple[str, Any] | None = None
-        self._buffer_type: Callable[[int], Any] | None = None
-        if impl is not None and impl.native:
-            self.native = ("recorder", impl.module.RecorderHook(
-                self.chunk_ranges, self._iter_info, self._iteration_ended, self._flush_thread))
-            self._buffer_type = impl.module.RecordBuffer
+        #: The per-range append (the native core runs it in C), calling back at iteration ends
+        #: and full buffers.
+        self.native = tracer.hotpath.recorder_hook(
+            self.chunk_ranges, self._iter_info, self._iteration_ended, self._flush_thread)
+        self.end = self.native.end
         #: Told of each block ``(tid, rows)`` once aggregated, and ``(tid, None)`` when a thread
         #: ended (the GPU activity's queue: one append, the analysis runs on its own thread).
         self.gpu_handover: Callable[[tuple[int, Any]], None] | None = None
-        #: name index of the wait rows, by the category of the range they lie in (made at the
-        #: first wait on a GPU, so that a CPU run registers no name it never uses)
-        self._wait_index: dict[str, int] | None = None
-        self._wait_outside = -1
+        #: the wait rows' names, by the category of the range they lie in (made at the first
+        #: wait on a GPU, so that a CPU run registers no name it never uses)
+        self._wait_infos: dict[str, Any] | None = None
+        self._wait_outside: Any = None
         sync = getattr(tracer, "sync", None)
         # (the waits are timed with perf_counter_ns: the tracer's clock, unless a test's own)
         if sync is not None and sync.level >= 1 and getattr(tracer, "clock", None) \
@@ -121,25 +118,6 @@ class Recorder:
         self.infos[info.index] = (info.name, info.category, info.color)
         self.agg.add_name(info.index, info.name, info.category)
 
-    def _make_end(self) -> Callable[[Any, int, int, Any], None]:
-        iter_info = self._iter_info
-        limit = self.chunk_ranges
-        flush = self._flush_thread
-        iteration_ended = self._iteration_ended
-
-        def end(info: Any, t0: int, t1: int, ts: Any) -> None:
-            buf = ts.record
-            if buf is None:
-                buf = ts.record = []
-            if info is iter_info:
-                iteration_ended(buf, t0, t1, ts)
-                return
-            buf.append((info.index, t0, t1, len(ts.stack)))
-            if len(buf) >= limit:
-                flush(ts)
-
-        return end
-
     def _iteration_ended(self, buf: list, t0: int, t1: int, ts: Any) -> None:
         number = self.tracer.iterations  # this iteration's number + 1
         buf.append((self._iter_info.index, t0, t1, len(ts.stack) | (number << DEPTH_BITS)))
@@ -162,28 +140,23 @@ class Recorder:
         sync = tracer.sync
         state = tracer.state
         test_events = self._test_events
-        chunk = self.chunk_ranges
-        buffer_type = self._buffer_type
+        append = self.native.end  # the row appended as any range's (depth: len(ts.stack))
 
         def waited(t0: int, t1: int) -> None:
             if self.closed or not (sync.devices or test_events):
                 return
             try:
-                index = self._wait_index
-                if index is None:
-                    index = self._wait_index = self._wait_names()
+                infos = self._wait_infos
+                if infos is None:
+                    infos = self._wait_infos = self._wait_names()
                 ts = state()
-                stack = ts.stack
-                row = self._wait_outside
-                for entry in reversed(stack):
-                    found = index.get(entry[0].category)
+                info = self._wait_outside
+                for entry in reversed(ts.stack):
+                    found = infos.get(entry[0].category)
                     if found is not None:
-                        row = found
+                        info = found
                         break
-                buf = ts.record
-                if buf is None:
-                    buf = ts.record = buffer_type(chunk) if buffer_type is not None else []
-                buf.append((row, t0, t1, len(stack)))
+                append(info, t0, t1, ts)
             except Exception as exc:
                 sync.watch(None)
                 log.error(f"recorder: {type(exc).__name__}: {exc}; the agent's waits for the "
@@ -191,17 +164,17 @@ class Recorder:
 
         return waited
 
-    def _wait_names(self) -> dict[str, int]:
+    def _wait_names(self) -> dict[str, Any]:
         tracer = self.tracer
-        index = {}
+        infos = {}
         for place in names.WAIT_PLACES:
             info = tracer.info(names.gpu_wait_text(place), names.GPU_WAIT)
             info.sync = False
-            index[place] = info.index
+            infos[place] = info
         outside = tracer.info(names.gpu_wait_text(None), names.GPU_WAIT)
         outside.sync = False
-        self._wait_outside = outside.index
-        return index
+        self._wait_outside = outside
+        return infos
 
     # -- aggregation ----------------------------------------------------------
     def _flush_thread(self, ts: Any) -> None:

@@ -3,7 +3,12 @@
 ``setup.py`` builds ``_native`` as an optional extension (a failure leaves the
 pure-Python implementation, with one line saying why); the tests and the
 benchmarks run the package from the checkout and build it there with
-:func:`build_in_place`.  Nothing here is imported at run time.
+:func:`build_in_place`.  Nothing here is imported at run time, and nothing of
+the package: ``setup.py`` loads this file by its path.
+
+The C files (:data:`SOURCES`, one per concern, with ``native.h``) are compiled
+together into one module; the protocol's version, defined in ``protocol.py``
+alone, is handed to the compiler (``-DCHAINER_AUTOPROF_PROTOCOL=N``).
 
 NVTX v3 is header-only: its headers come from the ``nvidia-nvtx`` wheel (a
 build requirement), or from a CUDA toolkit.
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -20,7 +26,13 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SOURCE = HERE / "_native.c"
+#: The C files of the extension, compiled together (``module.c`` holds its init).
+SOURCES = tuple(HERE / name for name in ("module.c", "util.c", "core.c", "nvtx_domain.c",
+                                         "record.c", "wrappers.c"))
+#: What they include of ours.
+HEADERS = (HERE / "native.h",)
+#: Where the protocol's version is defined (and nowhere else).
+PROTOCOL_FILE = HERE / "protocol.py"
 MODULE = "chainer_autoprof.runtime.hotpath._native"
 #: Compiler flags beyond the platform's own for extensions.
 EXTRA_COMPILE_ARGS = ["-O2", "-std=gnu11"]
@@ -48,18 +60,36 @@ def nvtx_include_dir() -> Path | None:
     return None
 
 
+def protocol_version() -> int:
+    """``PROTOCOL`` of ``protocol.py``, read from its text (the package is not imported)."""
+    found = re.search(r"^PROTOCOL = (\d+)$", PROTOCOL_FILE.read_text(encoding="utf-8"), re.M)
+    if found is None:
+        raise BuildError(f"no PROTOCOL = N line in {PROTOCOL_FILE}")
+    return int(found.group(1))
+
+
+def defines() -> list[str]:
+    """The compiler's ``-D`` flags."""
+    return [f"-DCHAINER_AUTOPROF_PROTOCOL={protocol_version()}"]
+
+
 def target() -> Path:
     """Where the in-place build goes (next to the source, this Python's suffix)."""
     return HERE / ("_native" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
 
 
 def is_stale(path: Path | None = None) -> bool:
+    """Whether the build at ``path`` is missing or older than a file it is made from."""
     path = path or target()
-    return not path.exists() or path.stat().st_mtime < SOURCE.stat().st_mtime
+    if not path.exists():
+        return True
+    built = path.stat().st_mtime
+    return any(built < f.stat().st_mtime for f in (*SOURCES, *HEADERS, PROTOCOL_FILE))
 
 
 def build_in_place(force: bool = False) -> Path:
-    """Compile ``_native.c`` next to itself unless up to date; raises :class:`BuildError`."""
+    """Compile the extension next to its sources unless up to date; raises
+    :class:`BuildError`."""
     out = target()
     if force or is_stale(out):
         compile_to(out)
@@ -80,8 +110,8 @@ def compile_to(out: Path, include_dirs: tuple[str, ...] = ()) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     includes = [f"-I{d}" for d in (sysconfig.get_paths()["include"], *include_dirs, include)]
     with _outputs().replaced_by(str(out)) as tmp:  # renamed into place once it is whole
-        cmd = [*cc.split(), "-shared", "-fPIC", *EXTRA_COMPILE_ARGS, *includes,
-               "-o", tmp, str(SOURCE), *(f"-l{lib}" for lib in LIBRARIES)]
+        cmd = [*cc.split(), "-shared", "-fPIC", *EXTRA_COMPILE_ARGS, *defines(), *includes,
+               "-o", tmp, *map(str, SOURCES), *(f"-l{lib}" for lib in LIBRARIES)]
         try:
             result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         except OSError as exc:
