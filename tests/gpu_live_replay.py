@@ -12,6 +12,7 @@ the collector has no ``cupti`` module, and its clock pairs are the recording's.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from chainer_autoprof.common.gpu_records import KERNEL, MEMCPY, Recording, read_
 from chainer_autoprof.common.settings import from_environ
 from chainer_autoprof.lifecycle import gpu_session
 from chainer_autoprof.lifecycle.finish import report_run
-from chainer_autoprof.report import gpu_replay
+from chainer_autoprof.report import gpu_replay, trace_events
 from chainer_autoprof.report.tracefile import Trace, read_trace
 from chainer_autoprof.runtime.device import CountingBackend
 from chainer_autoprof.runtime.events import Tracer
@@ -163,3 +164,52 @@ def replay_live(name: str, out_dir: Path, *, buffers: int = 12, block_rows: int 
     stats = report_run(recorder, tracer, cfg, hits=1, trace_path=lambda: str(path),
                        gpu=outcome)
     return LiveReplay(name, trace, rec, session, outcome, stats, path, main_thread)
+
+
+def counted_only(data: dict[str, Any]) -> dict[str, Any]:
+    """A trace's JSON cut to its counted iterations (the span the agent's GPU figures cover,
+    for HolisticTraceAnalysis): their ``ProfilerStep#N`` marks, and the GPU operations, calls
+    and flows of the launches inside them; every other event as it is."""
+    skip = data["otherData"]["chainer_autoprof"]["warmup_skip"]
+    events = data["traceEvents"]
+    steps = [e for e in events if trace_events.kind_of(e) is trace_events.PROFILER_STEPS]
+    counted = [e for e in steps if int(e["name"].split("#")[1]) >= skip]
+    t0 = min(e["ts"] for e in counted)
+    t1 = max(e["ts"] + e["dur"] for e in counted)
+    launches = (trace_events.CUDA_DRIVER, trace_events.CUDA_RUNTIME)
+    launched = {(e.get("args") or {}).get("correlation") for e in events
+                if trace_events.kind_of(e) in launches and t0 <= e["ts"] <= t1}
+    kept = []
+    for e in events:
+        kind = trace_events.kind_of(e)
+        if kind is trace_events.PROFILER_STEPS:
+            if e in counted:
+                kept.append(e)
+        elif kind in trace_events.GPU_KINDS:
+            if e.get("id", (e.get("args") or {}).get("correlation")) in launched:
+                kept.append(e)
+        else:
+            kept.append(e)
+    return {**data, "traceEvents": kept}
+
+
+def hta_figures(trace_json: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """HolisticTraceAnalysis on a trace (its counted iterations): its steps, the temporal
+    breakdown's busy and active shares, and the idle-time breakdown by category (us)."""
+    import logging
+
+    from hta.trace_analysis import TraceAnalysis
+
+    logging.getLogger("hta").setLevel(logging.ERROR)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "rank0.json").write_text(json.dumps(counted_only(trace_json)))
+    ta = TraceAnalysis(trace_dir=str(folder), include_last_profiler_step=True)
+    temporal = ta.get_temporal_breakdown(visualize=False)
+    idle, _stats = ta.get_idle_time_breakdown(visualize=False)
+    row = temporal.iloc[0]
+    return {"steps": ta.get_profiler_steps(),
+            "busy": row["compute_time(us)"] / row["kernel_time(us)"],
+            "active": 1 - row["idle_time(us)"] / row["kernel_time(us)"],
+            "idle_us": row["idle_time(us)"],
+            "idle": {r["idle_category"]: r["idle_time"]
+                     for r in idle[["idle_category", "idle_time"]].to_dict("records")}}

@@ -6,14 +6,13 @@ own thread, the exit sequence, the trace written through the codec), then read b
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
 from collections import Counter
 
 import numpy as np
 import pytest
-from gpu_live_replay import replay_live
+from gpu_live_replay import hta_figures, replay_live
 from headless_browser import Browser, find_browser
 from support import clean_env
 from test_gpu_trace import nest_per_track
@@ -238,48 +237,20 @@ def test_holistic_trace_analysis_reads_the_live_trace(live, tmp_path):
     """HTA loads the agent's trace, finds its iterations by their ProfilerStep marks, and its
     temporal and idle-time breakdowns over the counted iterations give a busy share within 5
     points of the agent's."""
-    hta = pytest.importorskip(
+    pytest.importorskip(
         "hta.trace_analysis",
         reason="HolisticTraceAnalysis is not installed (it comes with the test extra: "
                "pip install -e '.[test]')")
-    logging.getLogger("hta").setLevel(logging.ERROR)
     data = json.loads(live.path.read_text())
+    hta = hta_figures(data, tmp_path / "hta")
     skip = data["otherData"]["chainer_autoprof"]["warmup_skip"]
-    steps = [e for e in data["traceEvents"] if e.get("cat") == "user_annotation"]
-    counted = [e for e in steps if int(e["name"].split("#")[1]) >= skip]
-    t0 = min(e["ts"] for e in counted)
-    t1 = max(e["ts"] + e["dur"] for e in counted)
-
-    def in_counted(e) -> bool:  # the same span as the agent's figures: the counted iterations
-        kind = trace_events.kind_of(e)
-        if kind in (trace_events.PROFILER_STEPS,):
-            return e in counted
-        if kind in trace_events.GPU_KINDS and e.get("ph") != "M":
-            corr = e.get("id", (e.get("args") or {}).get("correlation"))
-            return corr in launched
-        return True
-
-    launched = {(e.get("args") or {}).get("correlation") for e in data["traceEvents"]
-                if trace_events.kind_of(e) in (trace_events.CUDA_DRIVER, trace_events.CUDA_RUNTIME)
-                and t0 <= e["ts"] <= t1}
-    folder = tmp_path / "hta"
-    folder.mkdir()
-    (folder / "rank0.json").write_text(json.dumps(
-        {**data, "traceEvents": [e for e in data["traceEvents"] if in_counted(e)]}))
-    ta = hta.TraceAnalysis(trace_dir=str(folder), include_last_profiler_step=True)
-    assert ta.get_profiler_steps() == list(range(skip, 15))
-    temporal = ta.get_temporal_breakdown(visualize=False)
-    idle, _stats = ta.get_idle_time_breakdown(visualize=False)
-    row = temporal.iloc[0]
+    assert hta["steps"] == list(range(skip, 15))
     fig = figures_of(live)
-    hta_active = 1 - row["idle_time(us)"] / row["kernel_time(us)"]
-    hta_busy = row["compute_time(us)"] / row["kernel_time(us)"]
-    assert abs(hta_busy - fig.busy_share) < 0.05
-    assert abs(hta_active - fig.active_share) < 0.05
-    assert idle["idle_time"].sum() == pytest.approx(row["idle_time(us)"], rel=0.01)
-    print(f"{live.name}: HTA busy {hta_busy:.4f}, active {hta_active:.4f}; ours busy "
-          f"{fig.busy_share:.4f}, active {fig.active_share:.4f}; HTA idle "
-          f"{idle[['idle_category', 'idle_time']].to_dict('records')}")
+    assert abs(hta["busy"] - fig.busy_share) < 0.05
+    assert abs(hta["active"] - fig.active_share) < 0.05
+    assert sum(hta["idle"].values()) == pytest.approx(hta["idle_us"], rel=0.01)
+    print(f"{live.name}: HTA busy {hta['busy']:.4f}, active {hta['active']:.4f}; ours busy "
+          f"{fig.busy_share:.4f}, active {fig.active_share:.4f}; HTA idle (us) {hta['idle']}")
 
 
 def test_merge_keeps_gpu_tracks_and_flows_apart_across_ranks(live, tmp_path):

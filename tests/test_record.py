@@ -199,6 +199,23 @@ def test_the_facts_types_match_their_declaration(where):
     assert list(typed.__annotations__) == [f.name for f in section.fields]
 
 
+def test_the_gpu_activity_record_matches_its_declaration():
+    """The run record's ``gpu_activity`` is GpuActivityRecord key for key, its parts too."""
+    from chainer_autoprof.analysis import gpu_figures as g
+
+    def keys(typed: type) -> list[str]:
+        out: list[str] = []
+        for klass in reversed(typed.__mro__):
+            out += [k for k in getattr(klass, "__annotations__", {}) if k not in out]
+        return out
+
+    assert keys(g.GpuActivityRecord) == [f.name for f in record.GPU_ACTIVITY.fields]
+    for typed, section in ((g.LinkGpuDict, record.GPU_LINK), (g.PhaseGpuDict, record.GPU_PHASE),
+                           (g.KernelGpuDict, record.GPU_KERNEL),
+                           (g.TimelineDict, record.GPU_TIMELINE)):
+        assert list(typed.__annotations__) == [f.name for f in section.fields], typed
+
+
 def test_every_fact_the_probes_record_is_declared():
     source = "\n".join(p.read_text() for p in (REPO / "chainer_autoprof").rglob("*.py"))
     written = set(re.findall(r"facts\[\"(\w+)\"\]\s*=", source))

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# GPU activity on a GPU machine, in one command there (README, Development):
+#
+#   tests/gpu/run.sh fetch   # here, with a package index: the wheels the GPU machine lacks,
+#                            # into tests/gpu/.carry (ignored by git; it travels with the checkout)
+#   tests/gpu/run.sh         # there: installs them and the project into tests/gpu/.carry/site,
+#                            # runs the gpu-marked tests, then the CNN at batch 512 and 16 with
+#                            # GPU activity off and on (tests/gpu/measure.py)
+#
+# GPU_PYTHON_VERSION (default 3.12): the GPU machine's Python, for the wheels fetched here.
+# CUPTI_PYTHON (default cupti-python, the newest: CUDA 13): e.g. "cupti-python>=12.6,<13" for
+# CUDA 12.  PYTHON: the interpreter (default python3).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CARRY=tests/gpu/.carry
+PY=${PYTHON:-python3}
+
+if [ "${1:-}" = fetch ]; then
+    mkdir -p "$CARRY/wheels"
+    # Chainer 7.8.1 is a source package (its setup needs setuptools < 70): its wheel, built here
+    PIP_CONSTRAINT=constraints.txt PIP_BUILD_CONSTRAINT=constraints.txt \
+        "$PY" -m pip wheel --no-deps -w "$CARRY/wheels" chainer==7.8.1
+    "$PY" -m pip download --only-binary=:all: --python-version "${GPU_PYTHON_VERSION:-3.12}" \
+        --no-deps -d "$CARRY/wheels" nvtx wrapt \
+        "${CUPTI_PYTHON:-cupti-python}" cuda-bindings cuda-pathfinder nvidia-cuda-cupti \
+        pyelftools pytest pluggy iniconfig packaging hypothesis attrs sortedcontainers \
+        holistictraceanalysis==0.5.0 pandas plotly narwhals networkx psutil pyyaml \
+        python-dateutil pytz tzdata six
+    echo "tests/gpu/run.sh fetch: $(ls "$CARRY/wheels" | wc -l) wheels in $CARRY/wheels"
+    exit 0
+fi
+
+"$PY" -c 'import cupy; assert cupy.cuda.runtime.getDeviceCount() > 0' || {
+    echo "tests/gpu/run.sh: needs CuPy and a CUDA GPU here" >&2; exit 2; }
+[ -d "$CARRY/wheels" ] || {
+    echo "tests/gpu/run.sh: no $CARRY/wheels: run 'tests/gpu/run.sh fetch' first" >&2; exit 2; }
+SITE=$CARRY/site
+rm -rf "$SITE"
+"$PY" -m pip install --quiet --no-index --no-deps --target "$SITE" "$CARRY"/wheels/*.whl
+"$PY" -m pip install --quiet --no-deps --no-build-isolation --ignore-requires-python \
+    --target "$SITE" .
+cp tests/gpu/harness/sitecustomize.py "$SITE/"  # Chainer 7.8.1 on Python 3.12 and NumPy 2
+export PYTHONPATH=$PWD/$SITE
+"$PY" -m pytest -q -p no:cacheprovider -m gpu tests
+"$PY" tests/gpu/measure.py
