@@ -223,6 +223,23 @@ def idle_split(stats: RunStats) -> dict[str, float]:
     return dict(sorted(((k, v) for k, v in shares.items() if v > 0), key=lambda kv: -kv[1]))
 
 
+def activity_phases(stats: RunStats) -> list[tuple[str, float, float]]:
+    """With GPU activity: ``(phase, kernel ms per iteration, share of the GPU's time)`` per
+    phase the kernels were launched in, the most first; empty without."""
+    value = getattr(stats, "gpu_activity", None)
+    if not isinstance(value, Mapping):
+        return []
+    n = _number(value.get("iterations"))
+    span = _number(value.get("span_ms"))
+    phases = value.get("phases")
+    if not n or not span or not isinstance(phases, Mapping):
+        return []
+    out = [(str(k), (_number(p.get("kernel_ms")) or 0.0) / n,
+            (_number(p.get("kernel_ms")) or 0.0) / span)
+           for k, p in phases.items() if isinstance(p, Mapping)]
+    return sorted((x for x in out if x[1] > 0), key=lambda x: -x[1])
+
+
 def _number(x: object) -> float | None:
     """``x`` as a float when it is a finite JSON number, else ``None``."""
     if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x):

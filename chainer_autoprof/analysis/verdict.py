@@ -57,7 +57,15 @@ from .gpu_evidence import MIN_GPU_SAMPLES as MIN_GPU_SAMPLES
 from .gpu_evidence import MIN_ITERATIONS as MIN_ITERATIONS
 from .gpu_evidence import WAIT_BEHIND_SHARE as WAIT_BEHIND_SHARE
 from .gpu_evidence import WAIT_PER_SYNC_MS as WAIT_PER_SYNC_MS
-from .gpu_evidence import GpuEvidence, gather, gpu_activity, idle_split, on_gpu, waits
+from .gpu_evidence import (
+    GpuEvidence,
+    activity_phases,
+    gather,
+    gpu_activity,
+    idle_split,
+    on_gpu,
+    waits,
+)
 from .outliers import OUTLIER_FACTOR, stutter
 
 #: Data phase share of the counted iteration time at or above which a run is input-bound.
@@ -599,6 +607,13 @@ def _gpu_bound(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None,
         v.evidence.append(f"most GPU time: {top.phase}, {fmt.ms(top_ms)} per iteration "
                           f"({fmt.pct(_share(top_ms, whole))} of the GPU iteration)")
         focus = top.phase
+    else:
+        launched = activity_phases(stats)
+        if launched:
+            phase, ms, share = launched[0]
+            v.evidence.append(f"most GPU time launched in {phase}: {fmt.ms(ms)} per iteration "
+                              f"({fmt.pct(share)} of the GPU's time; CUPTI kernel activity)")
+            focus = phase
     links, how = gpu_links(stats)
     if links:
         v.evidence.append(f"links with the most GPU time per iteration ({how}): " + ", ".join(

@@ -349,6 +349,12 @@ def _link_lines(stats: RunStats) -> list[str]:
     fig = activity(stats)
     if fig is not None and fig.links:
         return _gpu_link_lines(stats, fig) + _kernel_lines(fig)
+    if fig is not None:  # GPU activity without link ranges: the kernels still say a lot
+        return _host_link_lines(stats) + _kernel_lines(fig)
+    return _host_link_lines(stats)
+
+
+def _host_link_lines(stats: RunStats) -> list[str]:
     if not stats.links:
         return []
     lines = ["  top links by time (forward inclusive / self; backward attributed to the link "
