@@ -102,7 +102,7 @@ class LiveReplay:
 def replay_live(name: str, out_dir: Path, *, buffers: int = 12, block_rows: int = 64,
                 record_limit: int = 200_000, summary: bool = False,
                 collector_records: Callable[[Recording], list[Any]] = as_cupti_records,
-                pace_s: float = 0.1) -> LiveReplay:
+                pace_s: float = 0.1, window: bool = False) -> LiveReplay:
     """Replay recording ``name`` through the live path and write its trace in ``out_dir``."""
     trace = read_trace(str(DATA / name / "agent_trace.json"))
     rec = read_recording(str(DATA / name / "cupti_activity.json.gz"))
@@ -139,7 +139,7 @@ def replay_live(name: str, out_dir: Path, *, buffers: int = 12, block_rows: int 
         return collector
 
     session = gpu_session.GpuSession(recorder, tracer, record_limit=record_limit,
-                                     warmup_skip=recorder.warm_skip, window=False,
+                                     warmup_skip=recorder.warm_skip, window=window,
                                      main_tid=tid, start_collector=start_collector)
     session.install()
     session.start()  # as at CuPy's import

@@ -186,6 +186,7 @@ def test_the_live_trace_follows_the_viewers_rules_and_reads_back(live, tmp_path)
     assert {"deviceProperties", "baseTimeNanoseconds"} <= set(data)
     pid = data["otherData"]["chainer_autoprof"]["pid"]
     assert {e["pid"] for e in events if e.get("cat") == "kernel"} == {gpu_events.gpu_pid(pid, 0)}
+    nest_per_track(events)  # Perfetto and chrome://tracing draw each track as a stack
     # the GPU events never read as ranges: the agent's reader sees the ranges it wrote
     trace = read_trace(str(live.path))
     assert {r.category for r in trace.ranges}.isdisjoint(
@@ -342,3 +343,16 @@ def test_the_trace_keeps_the_newest_operations_within_the_record_limit(tmp_path)
     assert every.keeper.dropped == len(run.recording.batch.ops) - 250
     latest = np.sort(run.recording.batch.ops.end)[-250:]
     assert kept_start > 0 and len(latest) == 250
+
+
+def test_with_a_capture_window_the_trace_keeps_the_operations_of_iterations_only(tmp_path):
+    """What runs after a capture window would push its operations out of the newest kept:
+    with a window, only those launched in an iteration are kept (the figures count all)."""
+    run = replay_live("b16", tmp_path, window=True, pace_s=0.02)
+    kept = run.outcome.analysis.records()
+    assert len(kept) and (kept.attr.iteration >= 0).all()
+    every = len(run.recording.batch.ops)
+    outside = every - len(kept)
+    assert outside > 0  # the model's arrays copied to the GPU before training
+    assert run.outcome.analysis.keeper.dropped == 0
+    assert sum(run.outcome.figures.ops.values()) == every
