@@ -43,6 +43,7 @@ from typing import Any
 
 from .outliers import OUTLIER_FACTOR, stutter
 from .stats import median
+from .window import unreached
 
 #: Data phase share of the counted iteration time at or above which a run is input-bound.
 #: tensorpack's tuning guide treats a data pipeline that cannot keep up as the
@@ -208,9 +209,11 @@ def _ms(x: float) -> str:
 def decide(stats: Any, replay: Any = None) -> Verdict:
     """The verdict for ``stats`` (and the replay run's stats, when given)."""
     if not stats.iterations:
+        window = unreached(stats)
         return Verdict("unknown", "no verdict: no training iteration was counted",
                        [f"{stats.warmup} iteration(s) seen, all in the warm-up"
-                        if stats.warmup else "no training iteration was seen"])
+                        if stats.warmup else "no training iteration was seen" if window is None
+                        else f"the capture window was never reached: {window.progress()}"])
     figures = _figures(stats)
     candidates = _candidates(stats, figures)
     if not candidates and not stats.has_phases:
