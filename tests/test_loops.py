@@ -323,6 +323,38 @@ except RuntimeError:
     assert counted(run.stderr) == (3, 3)
 
 
+EVALUATION_BETWEEN_EPOCHS = """
+class SlowToTest(MLP):
+    def forward(self, x):
+        if not chainer.config.train:
+            time.sleep(0.05)  # a large test set
+        return super().forward(x)
+
+
+model = L.Classifier(SlowToTest())
+optimizer = chainer.optimizers.SGD()
+optimizer.setup(model)
+it = chainer.iterators.SerialIterator(train, 16)
+for epoch in range(3):
+    for step in range(8):
+        optimizer.update(model, *concat_examples(next(it)))
+    x, t = concat_examples(test)  # converted in training mode, evaluated in test mode
+    with chainer.using_config("train", False):
+        model(x, t)
+print("done")
+"""
+
+
+def test_evaluation_between_epochs_stays_out_of_the_next_step(tmp_path):
+    run, data, stats = run_script(tmp_path, EVALUATION_BETWEEN_EPOCHS)
+    iterations = spans(data, "iteration")
+    assert len(iterations) == 24
+    assert all(not inside(data, it, "inference") for it in iterations)
+    assert max(it["dur"] for it in iterations) < 40_000  # none holds a 50 ms evaluation
+    assert stats.outside_ms["inference"] >= 100  # the two between epochs; the third after
+    assert "inference took" not in run.stderr
+
+
 # -- item 7: F.forget: the forward runs again inside the backward -------------------------------
 
 FORGET = """

@@ -292,8 +292,6 @@ class ChainerPatches(Instrumentor):
                 # else: evaluation by hand, or outside the updater of an updater's thread
                 if ts.iter_busy or (not ts.by_updater and training()):
                     opened = True
-                    if not ts.iter_busy:
-                        ts.loop_source = key  # it opens a step
                     tracer.begin_phase(ts, names.DATA, key)
             except Exception as exc:
                 patch.fail(exc)
@@ -357,6 +355,9 @@ class ChainerPatches(Instrumentor):
                 steps.called(ts, instance)  # which models take part in the step
             # not training: test mode or no backprop, or an updater's thread outside it
             if not training() or (ts.by_updater and not ts.iter_busy):
+                if ts.iter_by_data and not ts.iter_trained and ts.phase is None \
+                        and ts.loop_source is not None and ts.iter_opener != ts.loop_source:
+                    steps.evaluation(ts)  # batches from elsewhere than the loop's, evaluated
                 if not ts.iter_busy or ts.phase is None:
                     tok = begin(inference_info, ts)
                     ts.quiet += 1
@@ -465,6 +466,8 @@ class ChainerPatches(Instrumentor):
                         if not ts.iter_busy:
                             tracer.begin_iteration(ts, explicit=False, opener=id(instance))
                         tracer.confirm_iteration(ts)
+                        if ts.iter_by_data:  # where the loop's steps get their batches
+                            ts.loop_source = ts.iter_opener
                     again = steps.updating(ts, instance) and outer
                 lossfun = args[0] if args else kwargs.get("lossfun")
                 if lossfun is not None:

@@ -76,9 +76,11 @@ class Steps:
     def updating(self, ts: ThreadState, optimizer: Any) -> bool:
         """``optimizer`` updates in the step open on ``ts``; whether it already did."""
         done = ts.step_optimizers
-        again = id(optimizer) in done
-        done.add(id(optimizer))
-        self.not_waited.discard(optimizer)
+        key = id(optimizer)
+        again = key in done
+        done.add(key)
+        if self.not_waited:
+            self.not_waited.discard(optimizer)
         return again
 
     def owed(self, ts: ThreadState) -> list[Any]:
@@ -111,6 +113,13 @@ class Steps:
         elif owed:
             ts.iter_owed = True
             return
+        self.tracer.end_iteration(ts)
+
+    def evaluation(self, ts: ThreadState) -> None:
+        """The implicit iteration open on ``ts`` began with batches from elsewhere than the
+        loop's steps get theirs, and a test-mode forward comes before any training: an
+        evaluation (a test set converted in training mode, evaluated in test mode), no
+        step.  It ends here."""
         self.tracer.end_iteration(ts)
 
     def begins_again(self, ts: ThreadState) -> None:

@@ -94,11 +94,13 @@ class ThreadState:
         "extension",
         "in_trainer",
         "iter_busy",
+        "iter_by_data",
         "iter_counts",
         "iter_explicit",
         "iter_opener",
         "iter_owed",
         "iter_tok",
+        "iter_trained",
         "links",
         "loop_source",
         "opt_depth",
@@ -123,6 +125,8 @@ class ThreadState:
         self.iter_busy = False      # an iteration is open (even if not emitted)
         self.iter_counts = False    # ...and it is one: explicit, updated, or cut short
         self.iter_owed = False      # ...updated, but another optimizer is still to update
+        self.iter_trained = False   # ...a phase other than data began in it
+        self.iter_by_data = False   # ...a batch fetched or converted opened it
         self.iter_opener: int | None = None  # id() of what opened the implicit one
         self.by_updater = False     # this thread trains in an updater: outside one, no training
         # the patches': outermost links called in the step (id -> weak reference), the ids of
@@ -450,7 +454,7 @@ class Tracer:
         ts.iter_busy = True
         ts.iter_explicit = explicit
         ts.iter_counts = explicit
-        ts.iter_owed = False
+        ts.iter_owed = ts.iter_trained = ts.iter_by_data = False
         ts.iter_opener = opener
         ts.iter_tok = self.begin(self.info(names.ITERATION, names.ITERATION), ts)
 
@@ -467,6 +471,7 @@ class Tracer:
         """Forget the iteration of ``ts`` (its range ended, or is no longer ours to end)."""
         ts.iter_tok = None
         ts.iter_busy = ts.iter_explicit = ts.iter_counts = ts.iter_owed = False
+        ts.iter_trained = ts.iter_by_data = False
         ts.iter_opener = None
         ts.step_links.clear()
         ts.step_optimizers.clear()
@@ -505,8 +510,11 @@ class Tracer:
         the ``id()`` of the event's object, see :meth:`begin_iteration`)."""
         if not ts.iter_busy:
             self.begin_iteration(ts, explicit=False, opener=opener)
-        if phase == names.UPDATE:
-            ts.iter_counts = True  # a step that reaches its update is an iteration
+            ts.iter_by_data = phase == names.DATA
+        if phase != names.DATA:
+            ts.iter_trained = True
+            if phase == names.UPDATE:
+                ts.iter_counts = True  # a step that reaches its update is an iteration
         ts.phase = phase
         ts.phase_tok = self.begin(self.info(phase, phase), ts)
 
