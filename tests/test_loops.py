@@ -327,7 +327,7 @@ EVALUATION_BETWEEN_EPOCHS = """
 class SlowToTest(MLP):
     def forward(self, x):
         if not chainer.config.train:
-            time.sleep(0.05)  # a large test set
+            time.sleep(0.1)  # a large test set
         return super().forward(x)
 
 
@@ -350,8 +350,8 @@ def test_evaluation_between_epochs_stays_out_of_the_next_step(tmp_path):
     iterations = spans(data, "iteration")
     assert len(iterations) == 24
     assert all(not inside(data, it, "inference") for it in iterations)
-    assert max(it["dur"] for it in iterations) < 40_000  # none holds a 50 ms evaluation
-    assert stats.outside_ms["inference"] >= 100  # the two between epochs; the third after
+    assert max(it["dur"] for it in iterations) < 90_000  # none holds a 100 ms evaluation
+    assert stats.outside_ms["inference"] >= 200  # the two between epochs; the third after
     assert "inference took" not in run.stderr
 
 
@@ -450,12 +450,13 @@ def test_evaluation_after_the_last_iteration_is_not_extension_bound(tmp_path, tr
         before=before, train=TRAININGS[training]))
     assert len(spans(data, "inference")) == 6
     assert counted(run.stderr) == (17, 3)
-    assert summary_verdict(run.stderr) != "extension-bound"
-    assert vd.decide(stats).kind != "extension-bound"
     assert "inference" not in stats.outside_ms  # nothing ran between iterations
     assert stats.outside_ms["shutdown"] >= 250  # the five slow batches after the last one
     assert stats.outside_ms["startup"] >= 50  # the one before the first
-    assert "extension" not in run.stderr.split("Verdict:")[1]
+    # between iterations there is at most the loop's own code (idle), whatever the verdict
+    assert set(vd.extension_ms(stats)) <= {"idle"}
+    verdict = run.stderr.split("Verdict:")[1]
+    assert "inference" not in verdict and "less often" not in verdict
 
 
 def test_evaluation_between_iterations_still_counts_as_between(tmp_path):
