@@ -28,14 +28,17 @@ TRACE_FORMAT = REPO / "docs" / "trace_format.md"
 
 #: What each range category covers, in README words.
 CATEGORY_RANGES = {
-    names.ITERATION: "`iteration`: one training iteration (`Updater.update`)",
+    names.ITERATION: ("`iteration`: one training iteration (`Updater.update`, or a step of a "
+                      "loop of your own: [What an iteration is](#what-an-iteration-is))"),
     names.DATA: "`data`: fetching and converting the batch",
     names.FORWARD: "`forward`: the forward pass and the loss",
-    names.BACKWARD: "`backward`: `Variable.backward` / `chainer.grad`",
+    names.BACKWARD: "`backward`: `Variable.backward` / `chainer.grad` / `chainer.backward`",
     names.UPDATE: "`update`: the optimizer's update",
     names.EXTENSION: "`extension:<name> (<Class>)`: a trainer extension",
     names.INFERENCE: ("`inference`: a forward pass by hand outside training "
-                      "(`train=False` or `no_backprop_mode`)"),
+                      "(`train=False` or `no_backprop_mode`); in the trace, "
+                      f"`{names.NO_UPDATE}`: what began as an iteration and reached no "
+                      "update"),
     names.COMM: "`comm:<op>`: a ChainerMN communication",
     names.USER: "your `annotate(name)` ranges",
     names.GC: ("`gc gen <N>`: a garbage collection inside another range, on the thread "

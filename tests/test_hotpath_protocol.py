@@ -161,6 +161,7 @@ def test_each_sink_gets_the_ranges_of_its_categories(impl_name: str, native_modu
     link = tracer.begin(tracer.info("l1 (Linear)", names.LINK), ts)
     tracer.end(tracer.begin(tracer.info("linear.forward", names.FUNCTION), ts), ts)
     tracer.end(link, ts)
+    tracer.confirm_iteration(ts)  # a step that reached its update: an iteration
     tracer.end_iteration(ts)
     seen = {label: [entry[1:3] for entry in log if entry[0] == label]
             for label in ("all", "phases", "links")}

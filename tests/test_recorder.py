@@ -44,7 +44,8 @@ def reference(threads: dict[int, list[tuple]], warmup: int, end_ns: int) -> dict
         pending: dict[str, list[int]] = {}
         outside: dict[str, int] = {}
         last_end, gap_pending, seen_iter = 0, 0, False
-        nested_counted = nested_warm = 0
+        named_pending: dict[str, int] = {}  # named ranges after the last iteration so far
+        nested_counted = nested_warm = nested = 0
         n_iter = 0
         for name, cat, t0, t1, depth in rows:
             dur = t1 - t0
@@ -65,6 +66,8 @@ def reference(threads: dict[int, list[tuple]], warmup: int, end_ns: int) -> dict
                 s[4] += dur
             elif cat in (names.EXTENSION, names.INFERENCE):
                 pending = {}
+            if name == names.NO_UPDATE:  # its phases were no iteration's
+                phases = dict.fromkeys(PHASE_KEYS[:4], 0)
             is_counted = False
             if cat == names.ITERATION:
                 seen += 1
@@ -82,6 +85,7 @@ def reference(threads: dict[int, list[tuple]], warmup: int, end_ns: int) -> dict
                 pending = {}
                 phases = dict.fromkeys(PHASE_KEYS[:4], 0)
                 if depth:
+                    nested += 1
                     if is_counted:
                         nested_counted += dur
                     else:
@@ -94,20 +98,32 @@ def reference(threads: dict[int, list[tuple]], warmup: int, end_ns: int) -> dict
                     else:
                         outside["startup"] = outside.get("startup", 0) + gap
                 last_end = max(last_end, t1)
-                if cat == names.ITERATION:
+                # an iteration, or a range holding some: what came since the last one was
+                # between iterations
+                if cat == names.ITERATION or nested:
                     if seen_iter and gap_pending:
                         outside["idle"] = outside.get("idle", 0) + gap_pending
+                    for key, ns in named_pending.items():
+                        outside[key] = outside.get(key, 0) + ns
+                    named_pending = {}
                     gap_pending = 0
                     seen_iter = True
+                if cat == names.ITERATION:
                     if not is_counted:
                         outside["warm-up"] = outside.get("warm-up", 0) + dur
                 else:
                     key = f"user:{name}" if cat == names.USER else name
-                    outside[key] = outside.get(key, 0) + dur - nested_counted - nested_warm
+                    own = dur - nested_counted - nested_warm
+                    if nested:
+                        outside[key] = outside.get(key, 0) + own
+                    elif not seen_iter:  # before the first iteration: start-up
+                        outside["startup"] = outside.get("startup", 0) + own
+                    else:  # between iterations once another one follows
+                        named_pending[key] = named_pending.get(key, 0) + own
                     if nested_warm:
                         outside["warm-up"] = outside.get("warm-up", 0) + nested_warm
-                nested_counted = nested_warm = 0
-        tail = max(0, end_ns - last_end) + gap_pending
+                nested_counted = nested_warm = nested = 0
+        tail = max(0, end_ns - last_end) + gap_pending + sum(named_pending.values())
         if tail:
             label = "shutdown" if seen_iter else "startup"
             outside[label] = outside.get(label, 0) + tail
@@ -191,6 +207,11 @@ class Program:
                 self.range("epoch", names.USER, 0, epoch)
             elif r < 0.93:
                 self.range("relu.forward", names.FUNCTION, 0)
+            elif r < 0.96:  # began as an iteration, reached no update
+                def no_update(d):
+                    self.range("data", names.DATA, d)
+                    self.range("forward", names.FORWARD, d, self.model)
+                self.range(names.NO_UPDATE, names.INFERENCE, 0, no_update)
             else:
                 self.tick()
         return self.rows

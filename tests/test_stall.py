@@ -441,7 +441,9 @@ def test_a_loop_waiting_for_its_own_queue_between_iterations_is_a_stall(tmp_path
         first = err.wait_for("chainer_autoprof: stall:", timeout=90)
         arrived = time.time()
         paused = float((tmp_path / "paused_at").read_text())
-        assert 1.0 <= arrived - paused < 4.0, arrived - paused  # while the producer sleeps
+        # The last step ends up to 20 ms before the producer notes its pause: the stall comes
+        # 1 s after that step, while the producer sleeps.
+        assert 0.9 <= arrived - paused < 4.0, arrived - paused
         assert f"pid {proc.pid}" in first and "after iteration 5" in first, first
         assert "no progress for" in first and "CHAINER_PROF_STALL: 1.00 s" in first
         err.wait_for("reported once per stall")

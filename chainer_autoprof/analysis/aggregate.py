@@ -66,6 +66,9 @@ from .stats import (
 # Kinds of a range name, for aggregation.
 _K_SKIP, _K_ITER, _K_LINK, _K_LINK_BWD, _K_QUIET, _K_OTHER, _K_GC = 0, 1, 2, 3, 4, 5, 6
 _K_WAIT = 7  # the agent's wait for the GPU; its place (a PHASE_KEYS index) is per name
+#: What began as an iteration but reached no update (names.NO_UPDATE): its phases are not the
+#: next iteration's; otherwise time outside iterations, as inference.
+_K_NO_UPDATE = 8
 _K_PHASE0 = 10  # + index in PHASE_KEYS
 #: Rows of an iteration still open at the end of a block kept for the slow-iteration details.
 _TAIL_ROWS = 2048
@@ -119,9 +122,10 @@ class _ThreadAgg:
     and the thread's figures (the result is the loop thread's)."""
 
     __slots__ = ("child_ns", "counted", "gap_pending", "gc_pending", "gc_total", "iter_total",
-                 "iterations", "last_top_end", "link_totals", "links", "nested_counted",
-                 "nested_warm", "outside", "phase_ns", "phase_total", "seen_iter", "series",
-                 "slowest", "tail", "wait_ns", "wait_total", "waits_seen")
+                 "iterations", "last_top_end", "link_totals", "links", "named_pending",
+                 "nested_counted", "nested_held", "nested_warm", "outside", "phase_ns",
+                 "phase_total", "seen_iter", "series", "slowest", "tail", "wait_ns", "wait_total",
+                 "waits_seen")
 
     def __init__(self, start_ns: int) -> None:
         self.counted = 0
@@ -136,9 +140,11 @@ class _ThreadAgg:
         self.links: Any = None           # link figures not yet assigned to an iteration
         self.last_top_end = start_ns
         self.gap_pending = 0
+        self.named_pending: dict[str, int] = {}  # named ranges after the last iteration, by key
         self.seen_iter = False
         self.nested_counted = 0          # iterations inside the open depth-0 range
         self.nested_warm = 0
+        self.nested_held = 0             # ...and how many
         self.outside: dict[str, int] = {}
         self.iterations = 0
         self.gc_pending: Any = None      # (t0, duration) of gc ranges not yet in an iteration
@@ -249,9 +255,9 @@ class Aggregator:
         th.iterations += n_it
 
         self._links(th, a, kind, depth, dur, is_iter, it_pos, it_counted, link_ids_t)
-        phases = self._phases(th, kind, dur, it_pos)
+        phases = self._phases(th, kind, dur, is_iter)
         gc_ns = self._gc(th, kind, t0, dur, it_pos)
-        waits = self._waits(th, kind, index, dur, it_pos)
+        waits = self._waits(th, kind, index, dur, is_iter)
         if n_it:
             it_dur = dur[it_pos]
             other = it_dur - phases.sum(axis=1)
@@ -274,43 +280,59 @@ class Aggregator:
         self._keep_tail(th, a, kind, it_pos)
         self._top_level(th, kind, index, t0, t1, depth, dur, is_iter, it_pos, it_counted)
 
-    def _phases(self, th: _ThreadAgg, kind: Any, dur: Any, it_pos: Any) -> Any:
-        """(iterations in block, 4) phase sums; the phases of an open iteration are carried."""
-        n_it = len(it_pos)
+    def _phases(self, th: _ThreadAgg, kind: Any, dur: Any, is_iter: Any) -> Any:
+        """(iterations in block, 4) phase sums; the phases of an open iteration are carried.
+
+        A phase belongs to the range holding it: the next iteration or no-update range to end
+        (ranges nest); those of a no-update range count nowhere."""
+        holders = np.flatnonzero(is_iter | (kind == _K_NO_UPDATE))
+        holder_is_iter = is_iter[holders]
+        n_it = int(holder_is_iter.sum())
+        iteration_of = np.cumsum(holder_is_iter) - 1  # per holder: its iteration's index
         ph = np.flatnonzero(kind >= _K_PHASE0)
         sums = np.zeros((n_it, 4), dtype=np.int64)
         if len(ph):
             self.phase_seen = True
-            owner = np.searchsorted(it_pos, ph)
+            owner = np.searchsorted(holders, ph)
             slot = kind[ph] - _K_PHASE0
-            inside = owner < n_it
-            flat = _bincount(owner[inside] * 4 + slot[inside], dur[ph][inside], n_it * 4)
+            inside = owner < len(holders)
+            counted = inside.copy()
+            counted[inside] = holder_is_iter[owner[inside]]
+            flat = _bincount(iteration_of[owner[counted]] * 4 + slot[counted], dur[ph][counted],
+                             n_it * 4)
             sums += flat.reshape(n_it, 4)
             left = _bincount(slot[~inside], dur[ph][~inside], 4)
         else:
             left = None
         carried = th.phase_ns
-        if n_it:
-            sums[0] += np.array(carried, dtype=np.int64)
+        if len(holders):
+            if holder_is_iter[0]:
+                sums[0] += np.array(carried, dtype=np.int64)
             carried = [0, 0, 0, 0]
         if left is not None:
             carried = [c + int(x) for c, x in zip(carried, left.tolist())]
         th.phase_ns = carried
         return sums
 
-    def _waits(self, th: _ThreadAgg, kind: Any, index: Any, dur: Any, it_pos: Any) -> Any:
+    def _waits(self, th: _ThreadAgg, kind: Any, index: Any, dur: Any, is_iter: Any) -> Any:
         """(iterations in block, 5) the agent's waits per place; an open iteration's are carried.
 
-        A wait named after a place lay inside an iteration (its name says so), which is the
-        next iteration to end on this thread.
+        A wait belongs, as a phase does, to the range holding it: the next iteration or
+        no-update range to end (those of a no-update range count nowhere); its name says its
+        place (a phase, or the iteration between phases).
         """
-        n_it = len(it_pos)
-        sums = np.zeros((n_it, len(PHASE_KEYS)), dtype=np.int64)
+        holders = np.flatnonzero(is_iter | (kind == _K_NO_UPDATE))
+        holder_is_iter = is_iter[holders]
+        n_it = int(holder_is_iter.sum())
+        iteration_of = np.cumsum(holder_is_iter) - 1  # per holder: its iteration's index
+        width = len(PHASE_KEYS)
+        sums = np.zeros((n_it, width), dtype=np.int64)
         w = np.flatnonzero(kind == _K_WAIT)
         carried = th.wait_ns
-        if n_it:
-            sums[0] += np.array(carried, dtype=np.int64)
-            carried = [0] * len(PHASE_KEYS)
+        if len(holders):
+            if holder_is_iter[0]:
+                sums[0] += np.array(carried, dtype=np.int64)
+            carried = [0] * width
         if len(w):
             th.waits_seen = True
             table = self.wait_places
@@ -318,10 +340,12 @@ class Aggregator:
                              dtype=np.int64)
             keep = place >= 0
             w, place = w[keep], place[keep]
-            owner = np.searchsorted(it_pos, w)
-            inside = owner < n_it
-            width = len(PHASE_KEYS)
-            flat = _bincount(owner[inside] * width + place[inside], dur[w][inside], n_it * width)
+            owner = np.searchsorted(holders, w)
+            inside = owner < len(holders)
+            counted = inside.copy()
+            counted[inside] = holder_is_iter[owner[inside]]
+            flat = _bincount(iteration_of[owner[counted]] * width + place[counted],
+                             dur[w][counted], n_it * width)
             sums += flat.reshape(n_it, width)
             left = _bincount(place[~inside], dur[w][~inside], width)
             carried = [c + int(x) for c, x in zip(carried, left.tolist())]
@@ -448,7 +472,7 @@ class Aggregator:
                     th.child_ns[d - 1] = th.child_ns.get(d - 1, 0) + rest
         n_keys = len(self.link_keys)
         # which iteration each link range belongs to: the next iteration or quiet range
-        markers = np.flatnonzero(is_iter | (kind == _K_QUIET))
+        markers = np.flatnonzero(is_iter | (kind == _K_QUIET) | (kind == _K_NO_UPDATE))
         marker_counted = np.zeros(len(markers), dtype=bool)
         marker_counted[np.searchsorted(markers, it_pos)] = it_counted
         if th.links is not None and len(markers):
@@ -487,25 +511,37 @@ class Aggregator:
 
     def _top_level(self, th: _ThreadAgg, kind: Any, index: Any, t0: Any, t1: Any, depth: Any,
                    dur: Any, is_iter: Any, it_pos: Any, it_counted: Any) -> None:
-        """Wall-time accounting of the depth-0 ranges and the gaps between them."""
+        """Wall-time accounting of the depth-0 ranges and the gaps between them.
+
+        Only what runs between two iterations is between iterations: a gap or a named range
+        (an evaluation, an extension, a block of the program's) before the first one is
+        start-up, and after the last one it is after the last iteration.  A depth-0 range
+        holding iterations (an ``annotate()`` block around the loop) counts as one of them
+        for this, its own time under its name.
+        """
         top = np.flatnonzero(depth == 0)
         nested = np.flatnonzero(is_iter & (depth > 0))
         nested_counted = it_counted[np.searchsorted(it_pos, nested)] if len(nested) else None
         # iterations nested in a depth-0 range: assign to the next depth-0 range to end
         counted_in = np.zeros(len(top) + 1, dtype=np.int64)
         warm_in = np.zeros(len(top) + 1, dtype=np.int64)
+        held = np.zeros(len(top) + 1, dtype=np.int64)  # and how many
         if len(nested):
             owner = np.searchsorted(top, nested)
             counted_in += _bincount(owner, dur[nested] * nested_counted, len(top) + 1)
             warm_in += _bincount(owner, dur[nested] * ~nested_counted, len(top) + 1)
+            held += np.bincount(owner, minlength=len(top) + 1)
         counted_in[0] += th.nested_counted
         warm_in[0] += th.nested_warm
+        held[0] += th.nested_held
         th.nested_counted = int(counted_in[-1])
         th.nested_warm = int(warm_in[-1])
+        th.nested_held = int(held[-1])
         if not len(top):
             return
         outside = th.outside
         top_is_iter = is_iter[top]
+        anchors = np.flatnonzero(top_is_iter | (held[:-1] > 0))  # iterations, or holding some
         ends = t1[top]
         gaps = t0[top] - np.concatenate(([th.last_top_end], ends[:-1]))
         np.maximum(gaps, 0, out=gaps)
@@ -515,31 +551,48 @@ class Aggregator:
         # another iteration follows them, pending until then
         seen_before = np.ones(len(top), dtype=bool)
         if not th.seen_iter:
-            seen_before[:iters[0] + 1 if len(iters) else len(top)] = False
+            seen_before[:anchors[0] + 1 if len(anchors) else len(top)] = False
         before = int(gaps[~seen_before].sum())
         if before:
             outside[self.before_label] = outside.get(self.before_label, 0) + before
         later = np.where(seen_before, gaps, 0)
-        if len(iters):
-            idle = th.gap_pending + int(later[:iters[-1] + 1].sum())
+        last = int(anchors[-1]) if len(anchors) else -1
+        if len(anchors):
+            idle = th.gap_pending + int(later[:last + 1].sum())
             if idle:
                 outside[IDLE] = outside.get(IDLE, 0) + idle
-            th.gap_pending = int(later[iters[-1] + 1:].sum())
+            th.gap_pending = int(later[last + 1:].sum())
+            for key, ns in th.named_pending.items():  # an iteration followed them
+                outside[key] = outside.get(key, 0) + ns
+            th.named_pending = {}
             th.seen_iter = True
-            counted = it_counted[np.searchsorted(it_pos, top[iters])]
-            warm = int(dur[top[iters]][~counted].sum())
         else:
             th.gap_pending += int(later.sum())
-            warm = 0
+        warm = 0
+        if len(iters):
+            counted = it_counted[np.searchsorted(it_pos, top[iters])]
+            warm = int(dur[top[iters]][~counted].sum())
         others = np.flatnonzero(~top_is_iter)
         if len(others):
             rows = top[others]
             warm += int(warm_in[others].sum())
             own = dur[rows] - counted_in[others] - warm_in[others]
             keys = self.keys
-            for idx, ns in _sum_by(index[rows], own):
-                key = keys[idx] if idx < len(keys) else "?"
-                outside[key] = outside.get(key, 0) + ns
+            # before the first iteration: start-up; after the last: pending until another
+            # comes (then between iterations), else after the last iteration
+            place = np.where(~seen_before[others] & (held[others] == 0), 0,
+                             np.where(others > last, 2, 1))
+            for where, label in ((0, self.before_label), (1, None), (2, "")):
+                chosen = place == where
+                if not chosen.any():
+                    continue
+                if label:
+                    outside[label] = outside.get(label, 0) + int(own[chosen].sum())
+                    continue
+                into = outside if label is None else th.named_pending
+                for idx, ns in _sum_by(index[rows[chosen]], own[chosen]):
+                    key = keys[idx] if idx < len(keys) else "?"
+                    into[key] = into.get(key, 0) + ns
         if warm:
             outside[WARMUP] = outside.get(WARMUP, 0) + warm
 
@@ -570,7 +623,8 @@ class Aggregator:
         th = self.threads.get(tid) if tid is not None else None
         if th is not None:
             outside_ns = dict(th.outside)
-            tail = max(0, end_ns - th.last_top_end) + th.gap_pending
+            tail = max(0, end_ns - th.last_top_end) + th.gap_pending \
+                + sum(th.named_pending.values())  # what ran after the last iteration
             label = self.after_label if th.seen_iter else self.before_label
             if tail:
                 outside_ns[label] = outside_ns.get(label, 0) + tail
@@ -617,7 +671,8 @@ class Aggregator:
 
 def _wanted(kinds: Any) -> Any:
     """Rows the slow-iteration details look at: phases, collections, named ranges."""
-    return (kinds >= _K_PHASE0) | (kinds == _K_GC) | (kinds == _K_QUIET) | (kinds == _K_OTHER)
+    return ((kinds >= _K_PHASE0) | (kinds == _K_GC) | (kinds == _K_QUIET) | (kinds == _K_OTHER)
+            | (kinds == _K_NO_UPDATE))
 
 
 def _sum_by(keys: Any, values: Any) -> list[tuple[int, int]]:
@@ -652,6 +707,8 @@ def _kind_of(name: str, category: str) -> tuple[int, str]:
     if category == names.LINK_BACKWARD:
         suffix = " backward"
         return _K_LINK_BWD, name[:-len(suffix)] if name.endswith(suffix) else name
+    if category == names.INFERENCE and name == names.NO_UPDATE:
+        return _K_NO_UPDATE, name
     if category in (names.EXTENSION, names.INFERENCE):
         return _K_QUIET, name
     if category == names.USER:

@@ -97,6 +97,8 @@ FACTS = Section([
     _fact("gc", GC, "garbage collections (CHAINER_PROF_GC)"),
     _fact("batch_size", INT, "the training batch's length"),
     _fact("iterator", TEXT, "the training iterator's class"),
+    _fact("iterations", INT, "iterations the run began, warm-up and window included (how far "
+          "it got)"),
     _fact("input_queue", MapOf(INPUT_QUEUE, key="iterator class"),
           "batches ready at each training fetch, per prefetching iterator"),
     _fact("config", CONFIG, "Chainer's configuration"),
@@ -190,6 +192,7 @@ class Facts(TypedDict, total=False):
     gc: GcFacts
     batch_size: int
     iterator: str
+    iterations: int
     input_queue: dict[str, InputQueueFacts]
     config: ConfigFacts
     cuda: CudaFacts

@@ -67,6 +67,7 @@ from .gpu_evidence import (
     waits,
 )
 from .outliers import OUTLIER_FACTOR, stutter
+from .window import unreached
 
 #: Data phase share of the counted iteration time at or above which a run is input-bound.
 #: tensorpack's tuning guide treats a data pipeline that cannot keep up as the
@@ -240,9 +241,11 @@ def _share(part: float, whole: float) -> float:
 def decide(stats: Any, replay: Any = None) -> Verdict:
     """The verdict for ``stats`` (and the replay run's stats, when given)."""
     if not stats.iterations:
+        window = unreached(stats)
         return Verdict("unknown", "no verdict: no training iteration was counted",
                        [f"{stats.warmup} iteration(s) seen, all in the warm-up"
-                        if stats.warmup else "no training iteration was seen"])
+                        if stats.warmup else "no training iteration was seen" if window is None
+                        else f"the capture window was never reached: {window.progress()}"])
     gpu = gather(stats) if on_gpu(stats) else None
     fig = _figures(stats, gpu)
     candidates = _candidates(stats, fig, gpu)

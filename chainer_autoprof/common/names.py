@@ -28,6 +28,10 @@ UPDATE = "update"
 PHASES = (DATA, FORWARD, BACKWARD, UPDATE)
 EXTENSION = "extension"
 INFERENCE = "inference"
+#: The recorded name (category inference) of what began as an iteration of a loop without an
+#: updater but reached no optimizer update (a training-mode forward after the loop): no
+#: iteration.  NVTX shows it as the ``iteration`` range it was pushed as.
+NO_UPDATE = "inference (no update)"
 COMM = "comm"
 USER = "user"
 GC = "gc"

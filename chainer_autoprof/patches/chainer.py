@@ -8,11 +8,13 @@ Targets (each a :class:`~.base.Patch`):
   ``convert._call_converter``: the *data* phase.
 * ``Link.__call__`` and every subclass's own ``__call__`` (old-style models):
   the *forward* phase at the outermost link, link ranges below it.
-* ``Variable.backward`` and ``chainer.grad``: the *backward* phase.
+* ``Variable.backward``, ``chainer.grad`` and ``chainer.backward``: the
+  *backward* phase.
 * ``Optimizer.update`` (``GradientMethod.update``, overrides, delegating
   wrappers): the *update* phase, which is the parameter update itself; with a
   ``lossfun`` the loss call is the forward phase and the update phase starts
-  when the backward inside it returns.
+  when the backward inside it returns.  ``Optimizer.setup``: the optimizers a
+  step may wait for (:mod:`.steps`).
 * ``Extension.__call__`` (and overrides): an extension range; links called
   inside are not training.
 * ``Trainer.run`` and ``Trainer.extend`` (:mod:`.trainer`): whatever the
@@ -20,11 +22,17 @@ Targets (each a :class:`~.base.Patch`):
   given as plain functions get an extension range too.
 * ``FunctionNode.apply`` and ``_backprop_utils.backprop_step`` at function
   granularity (``backprop_step`` also at link granularity, for link ranges in
-  backward).
+  backward), and the backward passes (``_backprop._backprop_to_all``,
+  ``function_node._backprop``): a pass run inside another's backward
+  (``F.forget``) keeps its link ranges inside the function running it.
 
-Without an updater, an iteration opens at the first instrumented event after
-the last one closed and closes when the outermost optimizer update returns.
-A forward under ``train=False`` or ``no_backprop_mode`` outside an iteration is
+Iterations (README, "What an iteration is"): an updater's ``update`` is one,
+and on a thread that trains in an updater nothing outside it is training.
+Without an updater, an iteration opens at the first training event after the
+last one closed and closes when the step's last optimizer update returns
+(:mod:`.steps`: with several optimizers, the last one the step waits for);
+one that reaches no update is none (the tracer records it as such).  A
+forward under ``train=False`` or ``no_backprop_mode`` outside an iteration is
 *inference*.  Nothing here knows NVTX; no array or Variable is kept.
 """
 
@@ -38,6 +46,12 @@ from ..common import names
 from ..runtime.events import RangeInfo, ThreadState, Tracer
 from . import trainer as trainer_patches
 from .base import Around, Body, Hooks, Hot, Instrumentor, Patch
+from .steps import Steps
+
+
+def cut_short(exc: BaseException) -> bool:
+    """Whether ``exc`` leaving a phase stops the step (not an iterator's end of data)."""
+    return not isinstance(exc, (StopIteration, GeneratorExit))
 
 
 class LinkEntry:
@@ -80,11 +94,12 @@ class ChainerPatches(Instrumentor):
         self.function_ranges = tracer.granularity_level >= names.FUNCTION_LEVEL
         self.config: Any = None
         self.variable_cls: Any = None
+        self.steps = Steps(tracer)  # a step of a loop without an updater, several optimizers
 
     # -- targets ----------------------------------------------------------
     def targets(self, chainer: Any) -> list[Patch]:
         # Chainer's submodules, once Chainer itself is imported (never imported by us first)
-        from chainer import _backprop_utils, function_node, link, optimizer, variable
+        from chainer import _backprop, _backprop_utils, function_node, link, optimizer, variable
         from chainer.dataset import convert, iterator
         from chainer.training import extension, trainer, updater
 
@@ -102,7 +117,10 @@ class ChainerPatches(Instrumentor):
             P("Link.__call__", link.Link, "__call__", self._wrap_link, subclasses=True),
             P("Variable.backward", variable.Variable, "backward", self._wrap_backward),
             P("chainer.grad", function_node, "grad", self._wrap_backward),
+            P("chainer.backward", _backprop, "backward", self._wrap_backward),
             P("Optimizer.update", optimizer.Optimizer, "update", self._wrap_optimizer,
+              subclasses=True),
+            P("Optimizer.setup", optimizer.Optimizer, "setup", self._wrap_setup,
               subclasses=True),
             P("Extension.__call__", extension.Extension, "__call__", self._wrap_extension,
               subclasses=True),
@@ -125,8 +143,16 @@ class ChainerPatches(Instrumentor):
                   lambda p: trainer_patches.wrap_mpu_scatter_params(self.tracer, p)),
             ]
         if self.link_ranges:
-            patches.append(P("_backprop_utils.backprop_step", _backprop_utils, "backprop_step",
-                             self._wrap_backprop_step))
+            patches += [
+                P("_backprop_utils.backprop_step", _backprop_utils, "backprop_step",
+                  self._wrap_backprop_step),
+                # every backward pass: Variable.backward, chainer.backward, F.forget's
+                # recomputation (_backprop_to_all), chainer.grad (function_node._backprop)
+                P("_backprop._backprop_to_all", _backprop, "_backprop_to_all",
+                  self._wrap_backward_pass),
+                P("function_node._backprop", function_node, "_backprop",
+                  self._wrap_backward_pass),
+            ]
         if self.function_ranges:
             patches.append(P("FunctionNode.apply", function_node.FunctionNode, "apply",
                              self._wrap_function_apply))
@@ -134,17 +160,24 @@ class ChainerPatches(Instrumentor):
 
     def apply(self, chainer: Any) -> None:
         super().apply(chainer)
-        # ``chainer.grad`` is re-exported at the top level: point it at ours too.
-        grad = chainer.function_node.grad
-        self._grad_alias = chainer.__dict__.get("grad")
-        if self._grad_alias is not None and self._grad_alias is not grad:
-            chainer.grad = grad
+        # ``chainer.grad`` and ``chainer.backward`` are re-exported at the top level: point
+        # them at ours too.
+        self._aliases: list[str] = []
+        for name, wrapped in (("grad", chainer.function_node.grad),
+                              ("backward", chainer._backprop.backward)):
+            alias = chainer.__dict__.get(name)
+            if alias is not None and alias is not wrapped:
+                setattr(chainer, name, wrapped)
+                self._aliases.append(name)
 
     def remove(self) -> None:
         chainer = self.module
         super().remove()
-        if chainer is not None and getattr(self, "_grad_alias", None) is not None:
-            chainer.grad = chainer.function_node.grad
+        if chainer is not None:
+            originals = {"grad": chainer.function_node.grad,
+                         "backward": chainer._backprop.backward}
+            for name in getattr(self, "_aliases", ()):
+                setattr(chainer, name, originals[name])
 
     # -- helpers ------------------------------------------------------------
     def _in_training_mode(self) -> bool:
@@ -218,6 +251,7 @@ class ChainerPatches(Instrumentor):
                     return None
                 ts.quiet = 0  # only Trainer.run's own quiet: its update is training
             try:
+                ts.by_updater = True  # outside an updater, this thread no longer trains
                 if ts.iter_busy:  # an implicit one left open: close it first
                     tracer.end_iteration(ts)
                 tracer.begin_iteration(ts, explicit=True)
@@ -243,24 +277,39 @@ class ChainerPatches(Instrumentor):
         is_iterator = patch.attr == "__next__"
         training = self._in_training_mode
         replay, kind = self.replay, patch.attr  # replay: the REPLAY_BATCH experiment
+        steps = self.steps
+        module_function = not isinstance(patch.owner, type)  # _call_converter(converter, ...)
 
-        def open_data(ts: Any) -> bool:
+        def open_data(ts: Any, source: Any) -> bool:
+            """``source``: the iterator or converter (what opens a step, when it opens one)."""
             if ts.quiet or ts.phase is not None:
                 return False
             opened = False
             try:
-                if ts.iter_busy or training():  # else: evaluation by hand
+                key = id(source)
+                if ts.iter_owed and key == ts.loop_source:
+                    steps.begins_again(ts)  # the loop's next batch: the next step
+                # else: evaluation by hand, or outside the updater of an updater's thread
+                if ts.iter_busy or (not ts.by_updater and training()):
                     opened = True
-                    tracer.begin_phase(ts, names.DATA)
+                    tracer.begin_phase(ts, names.DATA, key)
             except Exception as exc:
                 patch.fail(exc)
             return opened
 
-        def close_data(ts: Any, instance: Any, result: Any) -> None:
+        def source_of(instance: Any, args: tuple) -> Any:
+            return (args[0] if args else None) if module_function else instance
+
+        def close_data(ts: Any, instance: Any, result: Any, exc: BaseException | None) -> None:
             try:
                 tracer.end_phase(ts)
-            except Exception as exc:
-                patch.fail(exc)
+                if exc is not None and ts.iter_busy and not ts.iter_counts:
+                    if cut_short(exc):
+                        tracer.confirm_iteration(ts)  # the step was stopped: it counts
+                    else:  # out of data: what the batches began reached no update
+                        tracer.end_iteration(ts)
+            except Exception as err:
+                patch.fail(err)
             if is_iterator and type(result) is list:
                 facts["batch_size"] = len(result)
                 facts.setdefault("iterator", type(instance).__name__)
@@ -269,23 +318,24 @@ class ChainerPatches(Instrumentor):
             # The experiment replaces the call itself: a Python wrapper (a frame of ours).
             def body(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
                 ts = state()
-                if not open_data(ts):
+                if not open_data(ts, source_of(instance, args)):
                     return wrapped(*args, **kwargs)
-                result = None
                 try:
                     result = replay.call(kind, wrapped, instance, args, kwargs)
-                finally:
-                    close_data(ts, instance, result)
+                except BaseException as exc:
+                    close_data(ts, instance, None, exc)
+                    raise
+                close_data(ts, instance, result, None)
                 return result
 
             return Body(body)
 
         def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
             ts = state()
-            return (ts, instance) if open_data(ts) else None
+            return (ts, instance) if open_data(ts, source_of(instance, args)) else None
 
         def exit(st: Any, result: Any, exc: BaseException | None) -> None:
-            close_data(st[0], st[1], result)
+            close_data(st[0], st[1], result, exc)
 
         return Around(enter, exit)
 
@@ -295,12 +345,19 @@ class ChainerPatches(Instrumentor):
         training = self._in_training_mode
         inference_info = tracer.info(names.INFERENCE, names.INFERENCE)
         forward = (names.FORWARD,)  # the outermost link opened the forward phase
+        steps = self.steps
 
         def outer_enter(instance: Any, ts: Any) -> Any:
             """The outermost link: the forward phase, or an inference range."""
             if ts.quiet:
                 return None
-            if not training():
+            if steps.many and not ts.iter_explicit and not ts.by_updater:
+                steps.called(ts, instance)  # which models take part in the step
+            # not training: test mode or no backprop, or an updater's thread outside it
+            if not training() or (ts.by_updater and not ts.iter_busy):
+                if ts.iter_by_data and not ts.iter_trained and ts.phase is None \
+                        and ts.loop_source is not None and ts.iter_opener != ts.loop_source:
+                    steps.evaluation(ts)  # batches from elsewhere than the loop's, evaluated
                 if not ts.iter_busy or ts.phase is None:
                     tok = begin(inference_info, ts)
                     ts.quiet += 1
@@ -308,7 +365,9 @@ class ChainerPatches(Instrumentor):
                 return None
             if ts.phase is None:
                 try:
-                    tracer.begin_phase(ts, names.FORWARD)
+                    if ts.iter_owed and ts.iter_opener == id(instance):
+                        steps.begins_again(ts)  # the model that began the step: the next one
+                    tracer.begin_phase(ts, names.FORWARD, id(instance))
                 except Exception as exc:
                     patch.fail(exc)  # closed after the call, as the phase it opened
                 return forward
@@ -335,8 +394,8 @@ class ChainerPatches(Instrumentor):
 
         def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
             ts = state()
-            if ts.quiet or ts.phase is not None:
-                return None
+            if ts.quiet or ts.phase is not None or (ts.by_updater and not ts.iter_busy):
+                return None  # inside a phase, or an updater's thread outside it: no phase
             try:
                 tracer.begin_phase(ts, names.BACKWARD)
             except Exception as exc:
@@ -345,6 +404,8 @@ class ChainerPatches(Instrumentor):
 
         def exit(ts: Any, result: Any, exc: BaseException | None) -> None:
             try:
+                if exc is not None and cut_short(exc) and ts.iter_busy:
+                    tracer.confirm_iteration(ts)  # the step was stopped: it counts
                 if ts.bwd_link_tok is not None:
                     tracer.end(ts.bwd_link_tok, ts)
                 ts.bwd_link = ts.bwd_link_tok = None
@@ -388,17 +449,26 @@ class ChainerPatches(Instrumentor):
 
             return impl.around(lossfun, switch, enter, loss_exit, patch.fail)
 
+        steps = self.steps
+
         def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
             ts = state()
             if ts.quiet:
                 return None
             outer = ts.opt_depth == 0
             ts.opt_depth += 1
-            opened_update = awaiting = False
+            opened_update = awaiting = again = False
             call_args, call_kwargs = args, kwargs
             try:
-                if outer and not ts.iter_busy:
-                    tracer.begin_iteration(ts, explicit=False)
+                if not ts.iter_explicit:  # a loop of the program's own: this update is a step's
+                    if outer:
+                        ts.by_updater = False  # an update by hand: training outside an updater
+                        if not ts.iter_busy:
+                            tracer.begin_iteration(ts, explicit=False, opener=id(instance))
+                        tracer.confirm_iteration(ts)
+                        if ts.iter_by_data:  # where the loop's steps get their batches
+                            ts.loop_source = ts.iter_opener
+                    again = steps.updating(ts, instance) and outer
                 lossfun = args[0] if args else kwargs.get("lossfun")
                 if lossfun is not None:
                     if args:
@@ -413,10 +483,10 @@ class ChainerPatches(Instrumentor):
             except Exception as exc:
                 patch.fail(exc)  # the user's own arguments; what was opened is closed below
                 call_args, call_kwargs = args, kwargs
-            return (ts, outer, opened_update, awaiting), call_args, call_kwargs
+            return (ts, outer, opened_update, awaiting, again), call_args, call_kwargs
 
         def exit(st: Any, result: Any, exc: BaseException | None) -> None:
-            ts, outer, opened_update, awaiting = st
+            ts, outer, opened_update, awaiting, again = st
             try:
                 ts.opt_depth -= 1
                 if opened_update or (awaiting and ts.phase == names.UPDATE):
@@ -424,11 +494,58 @@ class ChainerPatches(Instrumentor):
                 if awaiting:
                     ts.await_update = False
                 if outer and ts.iter_busy and not ts.iter_explicit:
-                    tracer.end_iteration(ts)
+                    if exc is not None:
+                        tracer.end_iteration(ts)
+                    else:  # the step's last update ends it
+                        steps.after_update(ts, again)
             except Exception as err:
                 patch.fail(err)
 
         return Around(enter, exit, replace_args=True)
+
+    def _wrap_setup(self, patch: Patch) -> Hooks:
+        """``Optimizer.setup``: the optimizers a step of a loop without an updater may wait for."""
+        steps = self.steps
+
+        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+            return instance
+
+        def exit(optimizer: Any, result: Any, exc: BaseException | None) -> None:
+            if exc is None:
+                steps.set_up(optimizer)
+
+        return Around(enter, exit)
+
+    def _wrap_backward_pass(self, patch: Patch) -> Hooks:
+        """A backward pass (``_backprop_to_all``, chainer.grad's ``_backprop``) in the backward
+        phase keeps the link backward ranges it opens to itself.
+
+        Link backward ranges follow one another as the pass goes from link to link.  A pass
+        run inside another's function (``F.forget`` recomputing its function during the
+        backward, a FunctionNode whose backward calls ``chainer.grad``) opens its own inside
+        that function's range: they end with the pass, and the outer pass goes on in the link
+        range it was in, so that every range ends inside its parent.
+        """
+        tracer = self.tracer
+        state, end = tracer.state, tracer.end
+
+        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+            ts = state()
+            if ts.phase != names.BACKWARD:
+                return None
+            outer = (ts.bwd_link, ts.bwd_link_tok)
+            ts.bwd_link = ts.bwd_link_tok = None
+            return ts, outer
+
+        def exit(st: Any, result: Any, exc: BaseException | None) -> None:
+            ts, (link, tok) = st
+            try:
+                if ts.bwd_link_tok is not None:
+                    end(ts.bwd_link_tok, ts)
+            finally:
+                ts.bwd_link, ts.bwd_link_tok = link, tok
+
+        return Around(enter, exit)
 
     def _wrap_extension(self, patch: Patch) -> Hooks:
         tracer = self.tracer

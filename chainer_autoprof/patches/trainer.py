@@ -103,6 +103,8 @@ def wrap_mpu_gather_grads(tracer: Any, patch: Patch) -> Around:
     def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
         ts = state()
         try:
+            if ts.iter_busy and not ts.quiet:
+                tracer.confirm_iteration(ts)  # a worker's update: its iteration is one
             if ts.iter_busy and ts.phase is None and not ts.quiet:
                 tracer.begin_phase(ts, names.UPDATE)
         except Exception as exc:

@@ -42,6 +42,7 @@ from ..analysis.stats import (
     median,
 )
 from ..analysis.verdict import Verdict, decide, facts_of
+from ..analysis.window import unreached
 from ..common import figures, log
 from ..common.one_line import one_line
 from .stall import ended_abnormally
@@ -156,6 +157,10 @@ def _iteration_lines(stats: RunStats) -> list[str]:
     if warm_setting is not None:
         warm += f" (CHAINER_PROF_WARMUP={warm_setting})"
     lines = [f"  iterations      {stats.iterations} counted, {warm}"]
+    window = unreached(stats)
+    if window is not None:
+        lines.append(f"  capture window  {window.start}:{window.stop} never reached: "
+                     f"{window.progress()}; {window.setting()}")
     if stats.other_thread_iterations:
         lines.append(f"                  (the loop thread's; {stats.other_thread_iterations} more "
                      "on other threads are not in these figures)")
@@ -513,6 +518,10 @@ def _agent_lines(stats: RunStats) -> list[str]:
 
 def dominant_sentence(stats: RunStats) -> str:
     """One plain sentence saying what dominates."""
+    window = unreached(stats)
+    if window is not None:
+        return (f"nothing was recorded: the capture window {window.start}:{window.stop} was never "
+                f"reached; {window.progress()}.")
     if stats.ranges == 0:
         return "nothing was recorded: no Chainer training or inference ran under the agent."
     if stats.iterations == 0:

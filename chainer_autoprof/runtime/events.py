@@ -92,18 +92,27 @@ class ThreadState:
         "await_update",
         "bwd_link",
         "bwd_link_tok",
+        "by_updater",
         "extension",
         "in_trainer",
         "iter_busy",
+        "iter_by_data",
+        "iter_counts",
         "iter_explicit",
+        "iter_opener",
+        "iter_owed",
         "iter_tok",
+        "iter_trained",
         "links",
+        "loop_source",
         "opt_depth",
         "phase",
         "phase_tok",
         "quiet",
         "record",
         "stack",
+        "step_links",
+        "step_optimizers",
         "thread_name",
         "tid",
         "user",
@@ -116,6 +125,17 @@ class ThreadState:
         self.iter_tok: RangeInfo | None = None
         self.iter_explicit = False  # opened by an updater rather than implicitly
         self.iter_busy = False      # an iteration is open (even if not emitted)
+        self.iter_counts = False    # ...and it is one: explicit, updated, or cut short
+        self.iter_owed = False      # ...updated, but another optimizer is still to update
+        self.iter_trained = False   # ...a phase other than data began in it
+        self.iter_by_data = False   # ...a batch fetched or converted opened it
+        self.iter_opener: int | None = None  # id() of what opened the implicit one
+        self.by_updater = False     # this thread trains in an updater: outside one, no training
+        # the patches': outermost links called in the step (id -> weak reference), the ids of
+        # the optimizers updated in it, the id() of the data source whose fetch began the last
+        self.step_links: dict[int, weakref.ref[Any]] = {}
+        self.step_optimizers: set[int] = set()
+        self.loop_source: int | None = None
         self.phase: str | None = None
         self.phase_tok: RangeInfo | None = None
         self.quiet = 0              # >0 inside an extension or inference: not training
@@ -194,7 +214,8 @@ class Tracer:
         self._unrecorded: dict[ThreadState, bool] = {}  # ...whose ranges the recorder awaits
         self._unwound = threading.Event()
         self.iterations = 0           # iterations begun in this process
-        self.facts: dict[str, Any] = {}  # e.g. batch_size, seen by patches
+        #: Run facts: batch_size... seen by patches; ``iterations`` begun (the record's copy).
+        self.facts: dict[str, Any] = {"iterations": 0}
         #: Told of each thread's new state, on that thread, once (the GPU activity's thread map).
         self.on_new_thread: Callable[[ThreadState], None] | None = None
         self.pid = os.getpid()
@@ -335,34 +356,98 @@ class Tracer:
     def _abandon(self, ts: ThreadState, entries: list[tuple[RangeInfo, int]]) -> None:
         """End ``entries`` of ``ts`` now in the sinks that can do so from any thread."""
         end_ns = self.clock()
+        if ts.iter_busy and not ts.iter_counts and ts.iter_tok is not None \
+                and ts.phase is None:
+            # an implicit iteration that reached no update, not cut short: none (_no_update)
+            token, instead = ts.iter_tok, self._no_update_info()
+            entries = [(instead, t0) if info is token else (info, t0) for info, t0 in entries]
         for sink in list(self.sinks):
             abandon = getattr(sink, "abandon", None)
             if abandon is not None:
                 abandon(ts, entries, end_ns)
 
     # -- the iteration state machine --------------------------------------
-    def begin_iteration(self, ts: ThreadState, explicit: bool) -> None:
-        """Open an iteration on ``ts`` (caller checked ``ts.iter_busy`` is False)."""
+    # An explicit iteration is an updater's (``Updater.update``); an implicit one is a step of
+    # a loop of the program's own, opened by its first training event and closed by the patches
+    # when its last optimizer update returns.  An implicit one that ends without having reached
+    # an update (a training-mode forward after the loop) was no iteration: it is recorded as
+    # :data:`~..common.names.NO_UPDATE` instead, and not counted; unless the end came from
+    # outside while one of its phases ran (the program's end, a signal), or an exception left
+    # one (:meth:`confirm_iteration`): a step cut short counts, as an updater's does.  NVTX
+    # shows it as pushed (an ``iteration``): what follows a range's push cannot change it.
+
+    def begin_iteration(self, ts: ThreadState, explicit: bool, opener: int | None = None
+                        ) -> None:
+        """Open an iteration on ``ts`` (caller checked ``ts.iter_busy`` is False); ``opener``:
+        the ``id()`` of what opened an implicit one (its first event: an iterator, a link)."""
         n = self.iterations
-        self.iterations = n + 1
+        self.iterations = self.facts["iterations"] = n + 1  # the run's progress, in its record
         if self.window is not None:
             self.window.at_iteration(n)
         ts.iter_busy = True
         ts.iter_explicit = explicit
+        ts.iter_counts = explicit
+        ts.iter_owed = ts.iter_trained = ts.iter_by_data = False
+        ts.iter_opener = opener
         ts.iter_tok = self.begin(self.info(names.ITERATION, names.ITERATION), ts)
 
     def end_iteration(self, ts: ThreadState) -> None:
         if ts.phase is not None:
             self.end_phase(ts)
-        self.end(ts.iter_tok, ts)
-        ts.iter_tok = None
-        ts.iter_busy = False
-        ts.iter_explicit = False
+        token = ts.iter_tok
+        if not ts.iter_counts:
+            token = self._no_update(ts, 0)
+        self.end(token, ts)
+        self._iteration_over(ts)
 
-    def begin_phase(self, ts: ThreadState, phase: str) -> None:
-        """Open phase ``phase``, opening an implicit iteration if none is open."""
+    def _iteration_over(self, ts: ThreadState) -> None:
+        """Forget the iteration of ``ts`` (its range ended, or is no longer ours to end)."""
+        ts.iter_tok = None
+        ts.iter_busy = ts.iter_explicit = ts.iter_counts = ts.iter_owed = False
+        ts.iter_trained = ts.iter_by_data = False
+        ts.iter_opener = None
+        ts.step_links.clear()
+        ts.step_optimizers.clear()
+
+    def _no_update(self, ts: ThreadState, depth: int) -> RangeInfo | None:
+        """The open implicit iteration of ``ts`` reached no update and is about to end with
+        everything above ``depth``: it was no iteration.  Its range becomes
+        :data:`~..common.names.NO_UPDATE` (what the sinks that record get at its end), it is
+        not counted, and the capture window sees its number again.  Returns the new token."""
+        if self.iterations > 0:
+            self.iterations = self.facts["iterations"] = self.iterations - 1
+        token = ts.iter_tok
+        if token is None:
+            return None
+        stack = ts.stack
+        for at in range(len(stack) - 1, depth - 1, -1):
+            if stack[at][0] is token:
+                instead = self._no_update_info()
+                stack[at] = (instead, stack[at][1])
+                return instead
+        return token
+
+    def _no_update_info(self) -> RangeInfo:
+        info = self.info(names.NO_UPDATE, names.INFERENCE)
+        # it began as an iteration: it ends as one would (a sync at level 1 too)
+        info.sync = self.info(names.ITERATION, names.ITERATION).sync
+        return info
+
+    def confirm_iteration(self, ts: ThreadState) -> None:
+        """The open iteration of ``ts`` is one: it reached a parameter update, or the program's
+        end cut it short (an exception out of one of its phases)."""
+        ts.iter_counts = True
+
+    def begin_phase(self, ts: ThreadState, phase: str, opener: int | None = None) -> None:
+        """Open phase ``phase``, opening an implicit iteration if none is open (``opener``:
+        the ``id()`` of the event's object, see :meth:`begin_iteration`)."""
         if not ts.iter_busy:
-            self.begin_iteration(ts, explicit=False)
+            self.begin_iteration(ts, explicit=False, opener=opener)
+            ts.iter_by_data = phase == names.DATA
+        if phase != names.DATA:
+            ts.iter_trained = True
+            if phase == names.UPDATE:
+                ts.iter_counts = True  # a step that reaches its update is an iteration
         ts.phase = phase
         ts.phase_tok = self.begin(self.info(phase, phase), ts)
 
@@ -397,6 +482,10 @@ class Tracer:
         stack = ts.stack
         closed = 0
         error: Exception | None = None
+        if ts.iter_busy and not ts.iter_counts and any(
+                entry[0] is ts.iter_tok for entry in stack[depth:]):
+            self._no_update(ts, depth)  # it ends below: it was no iteration
+            ts.iter_counts = True  # settled (the state is forgotten below)
         while len(stack) > depth:
             size = len(stack)
             try:
@@ -408,8 +497,7 @@ class Tracer:
             closed += 1
         open_infos = [entry[0] for entry in stack]
         if ts.iter_tok is not None and ts.iter_tok not in open_infos:
-            ts.iter_tok = None
-            ts.iter_busy = ts.iter_explicit = False
+            self._iteration_over(ts)
             ts.phase = ts.phase_tok = None
         elif ts.phase_tok is not None and ts.phase_tok not in open_infos:
             ts.phase = ts.phase_tok = None
@@ -423,10 +511,15 @@ class Tracer:
     def close_thread(self, ts: ThreadState) -> int:
         """Close every range still open on ``ts`` (call on its own thread)."""
         try:
+            if ts.phase is not None:  # the end came while a step ran: cut short, it counts
+                ts.iter_counts = True
+            elif ts.iter_busy and not ts.iter_counts and ts.iter_tok is None:
+                self._no_update(ts, 0)  # not emitted (outside the window): not counted either
             return self._unwind(ts, 0)
         finally:
-            ts.iter_tok = ts.phase_tok = ts.bwd_link_tok = ts.bwd_link = None
-            ts.iter_busy = ts.iter_explicit = ts.await_update = False
+            self._iteration_over(ts)
+            ts.phase_tok = ts.bwd_link_tok = ts.bwd_link = None
+            ts.await_update = False
             ts.phase = ts.extension = None
             ts.quiet = ts.opt_depth = ts.in_trainer = 0
             ts.links.clear()
@@ -452,6 +545,7 @@ class Tracer:
             self.states[current.tid] = current
         self.pid = os.getpid()
         self.iterations = 0
+        self.facts["iterations"] = 0
         for sink in self.sinks:
             reset = getattr(sink, "reset_after_fork", None)
             if reset is not None:
