@@ -262,8 +262,9 @@ class GpuSession:
 
     @property
     def queued(self) -> int:
-        """Blocks and buffers waiting for the drain."""
-        return len(self._queue)
+        """Blocks and buffers not yet fed to the analysis (a buffer counts until it is fed:
+        the bound on buffers holds while a drain works through what it took)."""
+        return max(len(self._queue), self._queued_batches)
 
     def _discard(self) -> None:
         self._queue.clear()
