@@ -18,6 +18,8 @@ from nvtx_tool import NvtxEvent, build_injection_library, nvtx_env, read_events,
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
+#: The programs the tests run, one file each (``program(name)`` reads one).
+PROGRAMS = Path(__file__).resolve().parent / "programs"
 
 
 #: The hot path's implementation under test (see conftest.py), every subprocess's default.
@@ -96,6 +98,11 @@ def run_python(tmp: Path, args: list[str], env: dict[str, str] | None = None,
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\n"
                              f"stderr:\n{proc.stderr}")
     return run
+
+
+def program(name: str) -> str:
+    """The text of ``tests/programs/NAME`` (``.py`` unless ``name`` has a suffix of its own)."""
+    return (PROGRAMS / (name if "." in name else name + ".py")).read_text()
 
 
 def write_script(tmp: Path, name: str, source: str) -> Path:

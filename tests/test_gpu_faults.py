@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from gpu_live_replay import as_cupti_records, replay_live
-from support import REPO, run_with_agent
+from support import REPO, program, run_with_agent
 from verdict_workloads import SCRIPT
 
 from chainer_autoprof.common.gpu_records import (
@@ -38,12 +38,7 @@ from chainer_autoprof.report.tracefile import read_trace
 #: The packages cupti-python 13 brings (numpy is the environment's own).
 CUPTI_PACKAGES = ("cupti-python", "cuda-bindings", "cuda-pathfinder", "nvidia-cuda-cupti",
                   "pyelftools")
-NO_GPU_CUPY = '''"""A package named cupy that gives no GPU (the machine has none)."""
-
-
-class ndarray:  # what code that checks for CuPy arrays asks for
-    pass
-'''
+NO_GPU_CUPY = program("gpu_faults_no_gpu_cupy")
 
 
 def cupy_stand_in(tmp: Path) -> Path:

@@ -9,23 +9,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support import program
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = ("import sys; from chainer_autoprof.runner import exec_target; "
           "exec_target(sys.argv[1], sys.argv[2], sys.argv[3:])")
 
-REPORT = """\
-import sys, __main__
-print("argv", sys.argv)
-print("path", sys.path)
-print("name", __name__, "file", __file__, "package", __package__)
-print("spec", None if __spec__ is None else (__spec__.name, __spec__.origin))
-print("loader", type(__loader__).__name__, getattr(__loader__, "name", None),
-      getattr(__loader__, "path", None))
-print("cached", __cached__, "builtins", __builtins__ is __import__("builtins"))
-print("globals", sorted(globals()))
-print("main", sys.modules["__main__"] is __main__ and __main__.__dict__ is globals())
-"""
+REPORT = program("runner_report")
 
 
 @pytest.fixture
@@ -139,21 +129,7 @@ def test_exit_codes_match_python(tmp_path, body):
     same(launched("path", "e.py", [], tmp_path), expected)
 
 
-USER_ERROR = """\
-import atexit
-atexit.register(print, "atexit ran")
-
-def inner():
-    raise ValueError("boom")
-
-def outer():
-    try:
-        {}["missing"]
-    except KeyError:
-        inner()
-
-outer()
-"""
+USER_ERROR = program("runner_user_error")
 
 
 def test_uncaught_exception_traceback_is_the_users(tmp_path, launcher_dir):

@@ -19,67 +19,10 @@ from pathlib import Path
 
 import pytest
 from site_venv import SiteVenv, make_site_venv
-from support import clean_env, native_under_test, run_python, write_script
+from support import clean_env, native_under_test, program, run_python, write_script
 from test_ranges import GRANULARITIES
 
-PICKLE_PROGRAM = r'''
-import copy
-import multiprocessing
-import pickle
-import sys
-
-import numpy as np
-import chainer
-import chainer.links as L
-
-import chainer_autoprof
-
-
-class Model(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(3, 2)
-
-    def forward(self, x):
-        return self.l1(x).array
-
-
-class Old(chainer.Chain):
-    """Old style: its own __call__ is wrapped."""
-
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(3, 2)
-
-    def __call__(self, x):
-        return self.l1(x).array
-
-
-def same(a, b):
-    return bool(np.array_equal(np.asarray(a), np.asarray(b)))
-
-
-x = np.arange(6, dtype=np.float32).reshape(2, 3)
-for granularity in sys.argv[1:]:
-    chainer_autoprof.install(granularity=granularity, summary=False)
-    checks = []
-    for model in (Model(), Old()):
-        opt = chainer.optimizers.SGD()
-        opt.setup(model)
-        want = model(x)
-        checks.append(same(pickle.loads(pickle.dumps(model.__call__))(x), want))
-        checks.append(same(copy.deepcopy(model.__call__)(x), want))
-        checks.append(same(copy.deepcopy(model.l1.__call__)(x).array, model.l1(x).array))
-        checks.append(pickle.loads(pickle.dumps(opt.update)).__self__.target is not None)
-        checks.append(copy.deepcopy(opt.update).__self__ is not opt)
-        with multiprocessing.get_context("fork").Pool(2) as pool:
-            got = pool.map(model.__call__, [x, x + 1])
-        checks.append(same(got[0], want) and same(got[1], model(x + 1)))
-    print(granularity, checks.count(True), "of", len(checks))
-    chainer_autoprof.uninstall()
-'''
+PICKLE_PROGRAM = program("wrappers_pickle")
 
 
 def test_bound_methods_pickle_and_deepcopy(tmp_path: Path):
@@ -91,39 +34,7 @@ def test_bound_methods_pickle_and_deepcopy(tmp_path: Path):
     assert run.stderr == ""
 
 
-RECURSION_PROGRAM = r'''
-import sys
-
-import chainer
-
-import chainer_autoprof
-
-
-class Nested(chainer.Chain):
-    """Calls itself until Python says no more."""
-
-    def forward(self, depth):
-        depth[0] += 1
-        return self(depth)
-
-
-def reach():
-    depth = [0]
-    try:
-        Nested()(depth)
-    except RecursionError:
-        pass
-    return depth[0]
-
-
-plain = reach()
-out = [str(plain)]
-for granularity in sys.argv[1:]:
-    chainer_autoprof.install(granularity=granularity, summary=False)
-    out.append(str(reach()))
-    chainer_autoprof.uninstall()
-print(" ".join(out))
-'''
+RECURSION_PROGRAM = program("wrappers_recursion")
 
 
 def test_recursion_limit(tmp_path: Path):
@@ -140,46 +51,7 @@ def test_recursion_limit(tmp_path: Path):
         assert all(plain * 0.6 <= depth < plain for depth in agent), (plain, agent)
 
 
-FORWARD_ERROR = r'''
-import sys
-
-import numpy as np
-import chainer
-import chainer.functions as F
-import chainer.links as L
-from chainer import training
-
-
-class Broken(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(3, 2)
-
-    def forward(self, x, t=None):
-        h = self.l1(x)
-        return explode(h)
-
-
-def explode(h):
-    raise ValueError("bad forward")
-
-
-model = L.Classifier(Broken())
-x = np.ones((4, 3), np.float32)
-t = np.zeros(4, np.int32)
-opt = chainer.optimizers.SGD()
-opt.setup(model)
-how = sys.argv[1]
-if how == "call":
-    model(x, t)
-elif how == "lossfun":
-    opt.update(model, x, t)
-else:
-    it = chainer.iterators.SerialIterator(chainer.datasets.TupleDataset(x, t), 2)
-    trainer = training.Trainer(training.updaters.StandardUpdater(it, opt), (2, "iteration"))
-    trainer.run()
-'''
+FORWARD_ERROR = program("wrappers_forward_error")
 
 HOW = ("call", "lossfun", "trainer")
 
