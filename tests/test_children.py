@@ -7,10 +7,7 @@ from pathlib import Path
 
 import pytest
 from nvtx_tool import ranges_by_thread
-from support import REPO, program, run_python, run_with_agent
-
-PARENT_STEPS = 3
-CHILD_STEPS = 4
+from support import CHILD_STEPS, PARENT_STEPS, REPO, program, run_python, run_with_agent
 
 CHILDREN_SCRIPT = program("children_fork_spawn_forkserver")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from support import EXAMPLES, program, run_python, run_with_agent, write_script
-from test_ranges import GRANULARITIES, TRAINER_ARGS, check_stream
+from streams import GRANULARITIES, check_stream
+from support import EXAMPLES, TRAINER_ARGS, program, run_python, run_with_agent, write_script
 
 LEVELS = (0, 1, 2, 3)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from streams import check_stream, prune, segments, tree_of
 from support import program, run_python, run_with_agent, write_script
-from test_ranges import check_stream, prune, segments, tree_of
 
 MODEL = program("install_model")
 

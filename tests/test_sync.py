@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from nvtx_tool import ranges_by_thread
-from support import program, run_python, run_with_agent, write_script
-from test_ranges import GRANULARITIES, check_stream, segments
+from streams import GRANULARITIES, check_stream, segments
+from support import program, run_python, run_with_agent, twin_env, twins, write_script
 
 from chainer_autoprof.common import names
 
@@ -47,11 +47,12 @@ def synced_ranges(level: int, ranges: list[tuple[int, str, int]]) -> int:
     return count
 
 
-@pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
+@pytest.fixture(scope="module", params=twins())
+def matrix(request: pytest.FixtureRequest, tmp_path_factory):
+    """The matrix program's run, on each hot path in turn (conftest.py)."""
     tmp = tmp_path_factory.mktemp("sync")
     script = write_script(tmp, "matrix.py", MATRIX_PROGRAM)
-    run = run_python(tmp, [str(script), *CONFIGS], check=True)
+    run = run_python(tmp, [str(script), *CONFIGS], check=True, env=twin_env(request.param))
     assert run.stdout == "False\n"  # NumPy only: CuPy never imported
     return run, syncs_by_config(run.sync_log()), segments(run.events)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from nvtx_tool import build_injection_library, nvtx_env, ranges_by_thread, read_events
 from support import clean_env, program, write_script
-from test_threads import _check_nesting, _trace_threads
+from traces import check_nesting, trace_threads
 
 TRAINING = program("thread_exit_training")
 
@@ -61,10 +61,10 @@ def _check_summary(stderr: str) -> None:
 def _check_trace(path: Path) -> None:
     data = json.loads(path.read_text())
     duration_us = data["otherData"]["chainer_autoprof"]["clock"]["duration_ns"] / 1000
-    threads = _trace_threads(path)
+    threads = trace_threads(path)
     assert {"worker-0", "worker-1", "worker-2"} <= set(threads)
     for rows in threads.values():
-        _check_nesting(rows)
+        check_nesting(rows)
         assert all(t1 <= duration_us + 1e-3 for _n, _t0, t1, _d in rows)
 
 

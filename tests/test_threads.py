@@ -7,36 +7,9 @@ import json
 import pytest
 from nvtx_tool import ranges_by_thread
 from support import program, run_with_agent
+from traces import check_nesting, trace_threads
 
 THREADS_SCRIPT = program("threads_two_trainers")
-
-
-def _trace_threads(path):
-    """{thread name: [(name, t0, t1, depth), ...]} of a recorder trace, in begin order.
-
-    Garbage collections (category ``gc``) run wherever the collector happens
-    to start: left out.
-    """
-    data = json.loads(path.read_text())
-    names = {ev["tid"]: ev["args"]["name"] for ev in data["traceEvents"]
-             if ev["ph"] == "M" and ev["name"] == "thread_name"}
-    out: dict[str, list] = {}
-    for ev in data["traceEvents"]:
-        if ev["ph"] == "X" and ev["cat"] != "gc":
-            out.setdefault(names[ev["tid"]], []).append(
-                (ev["name"], float(ev["ts"]), float(ev["ts"]) + float(ev["dur"]),
-                 ev["args"]["depth"]))
-    return out
-
-
-def _check_nesting(rows):
-    """Each range of depth d > 0 lies inside the last open range of depth d - 1."""
-    open_at: dict[int, tuple] = {}
-    for name, t0, t1, depth in rows:
-        if depth:
-            parent = open_at[depth - 1]
-            assert parent[1] <= t0 and t1 <= parent[2] + 1e-3, (name, parent)
-        open_at[depth] = (name, t0, t1)
 
 
 def test_two_threads_running_links_at_once(tmp_path):
@@ -60,12 +33,12 @@ def test_two_threads_running_links_at_once(tmp_path):
         assert tree == reference  # concurrently, the same ranges as alone
 
     # The trace: one track per thread, each with its own well-nested ranges.
-    threads = _trace_threads(tmp_path / "trace.json")
+    threads = trace_threads(tmp_path / "trace.json")
     assert {"alone", "trainer-0", "trainer-1"} <= set(threads)
     for name in ("alone", "trainer-0", "trainer-1"):
         rows = threads[name]
         assert [r[0] for r in rows].count("iteration") == 5
-        _check_nesting(rows)
+        check_nesting(rows)
         assert [r[0] for r in rows] == [r[0] for r in threads["alone"]]
 
     # The two trainers really ran at the same time.

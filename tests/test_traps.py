@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from streams import check_stream, prune
 from support import program, run_with_agent
-from test_ranges import check_stream, prune
 
 MODEL = program("traps_model")
 

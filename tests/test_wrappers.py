@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 from site_venv import SiteVenv, make_site_venv
+from streams import GRANULARITIES
 from support import clean_env, native_under_test, program, run_python, write_script
-from test_ranges import GRANULARITIES
 
 PICKLE_PROGRAM = program("wrappers_pickle")
 
 
-def test_bound_methods_pickle_and_deepcopy(tmp_path: Path):
+def test_bound_methods_pickle_and_deepcopy(tmp_path: Path, twin: str):
     """``pickle.dumps(model.__call__)``, deepcopy, ``Pool.map(model.__call__)``, any granularity."""
     script = write_script(tmp_path, "bound.py", PICKLE_PROGRAM)
     run = run_python(tmp_path, [str(script), *GRANULARITIES], nvtx=False)
@@ -37,7 +37,7 @@ def test_bound_methods_pickle_and_deepcopy(tmp_path: Path):
 RECURSION_PROGRAM = program("wrappers_recursion")
 
 
-def test_recursion_limit(tmp_path: Path):
+def test_recursion_limit(tmp_path: Path, twin: str):
     """A Chain calling itself reaches the plain run's depth (native); one frame less a level
     in the pure-Python path."""
     script = write_script(tmp_path, "recursion.py", RECURSION_PROGRAM)
@@ -45,7 +45,7 @@ def test_recursion_limit(tmp_path: Path):
     assert run.returncode == 0, run.stderr
     plain, *agent = (int(n) for n in run.stdout.split())
     assert plain > 100
-    if native_under_test():
+    if twin == "native":
         assert agent == [plain] * len(GRANULARITIES)
     else:  # each level: Link.__call__ and forward, plus the wrapper's frame
         assert all(plain * 0.6 <= depth < plain for depth in agent), (plain, agent)
@@ -77,7 +77,7 @@ def _compare(got: subprocess.CompletedProcess, plain: subprocess.CompletedProces
 
 
 @pytest.mark.parametrize("how", HOW)
-def test_no_frame_of_ours_under_the_launcher(tmp_path: Path, how: str):
+def test_no_frame_of_ours_under_the_launcher(tmp_path: Path, how: str, twin: str):
     script = write_script(tmp_path, "broken.py", FORWARD_ERROR)
     plain = run_python(tmp_path, [str(script), how], nvtx=False)
     got = run_python(tmp_path, ["-m", "chainer_autoprof", "--summary", "0",
@@ -91,7 +91,8 @@ def venv(tmp_path_factory) -> SiteVenv:
 
 
 @pytest.mark.parametrize("how", HOW)
-def test_no_frame_of_ours_environment_only(venv: SiteVenv, tmp_path: Path, how: str):
+def test_no_frame_of_ours_environment_only(venv: SiteVenv, tmp_path: Path, how: str,
+                                           twin: str):
     script = tmp_path / "broken.py"
     script.write_text(textwrap.dedent(FORWARD_ERROR))
     plain = venv.run([str(script), how], cwd=tmp_path)
@@ -100,11 +101,10 @@ def test_no_frame_of_ours_environment_only(venv: SiteVenv, tmp_path: Path, how: 
     _compare(got, plain)
 
 
-def test_launcher_environment_has_the_agent(tmp_path: Path):
+def test_launcher_environment_has_the_agent(tmp_path: Path, twin: str):
     """The runs above are profiled runs: the agent was on (its status report says which path)."""
     script = write_script(tmp_path, "broken.py", FORWARD_ERROR)
     proc = subprocess.run([sys.executable, "-m", "chainer_autoprof", "--status", "--summary",
                            "0", str(script), "call"], env=clean_env(), cwd=tmp_path,
                           capture_output=True, text=True, timeout=240)
-    want = "native" if native_under_test() else "python"
-    assert f"hot path: {want}" in proc.stderr
+    assert f"hot path: {twin}" in proc.stderr
