@@ -59,10 +59,8 @@ def test_no_variable_imports_nothing_of_ours(venv, tmp_path):
 
 
 def test_a_variable_activates_the_agent(venv, tmp_path):
-    proc, _ = run(venv, tmp_path, MODULES + textwrap.dedent("""\
-        import chainer_autoprof.agent as agent
-        print(agent.current() is not None, agent.current().cfg.granularity)
-        """), CHAINER_PROF_GRANULARITY="link", CHAINER_PROF_SUMMARY="0")
+    proc, _ = run(venv, tmp_path, program("activation_agent_on_from_a_variable"),
+                  CHAINER_PROF_GRANULARITY="link", CHAINER_PROF_SUMMARY="0")
     assert proc.returncode == 0, proc.stderr
     modules, state = proc.stdout.splitlines()
     assert "chainer_autoprof.agent" in json.loads(modules) and "wrapt" in json.loads(modules)
@@ -209,10 +207,7 @@ def test_installed_pth_activates(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CHAINER_PROF_", "_CHAINER_PROF_", "NVTX_", "PYTHONPATH"))}
     env.update(nvtx_env(tmp_path / "nvtx.%p.tsv"), CHAINER_PROF_SUMMARY="0")
-    script = write(tmp_path / "script.py", TRAIN + textwrap.dedent("""\
-        import chainer_autoprof, chainer_autoprof.agent as agent
-        print(chainer_autoprof.__file__, agent.current() is not None)
-        """))
+    script = write(tmp_path / "script.py", program("activation_installed_package"))
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr

@@ -17,37 +17,10 @@ from pathlib import Path
 import pytest
 from support import clean_env, program, write_script
 
-TRAIN = program("exit_status_train")
-
 SCRIPTS = {
-    "raise": TRAIN + r'''
-for _ in range(5):
-    step()
-raise KeyboardInterrupt
-''',
-    "signal": TRAIN + r'''
-for _ in range(5):
-    step()
-print("training", flush=True)
-while True:
-    step()
-''',
-    "extension": TRAIN + r'''
-from chainer import training
-
-it = chainer.iterators.SerialIterator(chainer.datasets.TupleDataset(x, t), 4)
-updater = training.updaters.StandardUpdater(it, optimizer)
-trainer = training.Trainer(updater, (20, "iteration"), out="result")
-
-
-@training.make_extension(trigger=(5, "iteration"))
-def interrupt(trainer):
-    raise KeyboardInterrupt
-
-
-trainer.extend(interrupt)
-trainer.run()
-''',
+    "raise": program("exit_status_raise"),
+    "signal": program("exit_status_signal"),
+    "extension": program("exit_status_extension"),
 }
 
 MODES = {

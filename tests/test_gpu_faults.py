@@ -260,45 +260,7 @@ def test_every_cupti_call_the_collector_makes_fits_the_installed_cupti_python(cu
     """The real cupti-python checks each call's arguments before it finds no driver: every call
     the collector makes, made as it makes it, gets that far (never a TypeError), and every
     name it looks up exists."""
-    code = r'''
-import ctypes
-from cupti import cupti
-from cupti._internal.utils import NotSupportedError
-from chainer_autoprof.runtime import gpu_activity as g
-
-for name in g.ACTIVITY_KINDS:
-    getattr(cupti.ActivityKind, name)
-for name in g.QUIET_RUNTIME:
-    getattr(cupti.runtime_api_trace_cbid, name)
-for name in g.QUIET_DRIVER:
-    getattr(cupti.driver_api_trace_cbid, name)
-assert int(cupti.ActivityFlag.FLUSH_FORCED) == g.FLUSH_FORCED
-kind = cupti.ActivityKind.CONCURRENT_KERNEL
-dropped = ctypes.c_size_t(0)
-calls = [
-    ("set_thread_id_type", (cupti.ActivityThreadIdType.SYSTEM,)),
-    ("activity_register_callbacks", (lambda: (8, 0), lambda records: None)),
-    ("activity_enable", (kind,)),
-    ("activity_disable", (kind,)),
-    ("activity_enable_runtime_api", (int(cupti.runtime_api_trace_cbid.cudaGetDevice_v3020), 0)),
-    ("activity_enable_driver_api", (int(cupti.driver_api_trace_cbid.cuCtxGetCurrent), 0)),
-    ("activity_flush_period", (g.FLUSH_PERIOD_MS,)),
-    ("activity_flush_all", (g.FLUSH_FORCED,)),
-    ("activity_get_num_dropped_records", (0, 0, ctypes.addressof(dropped))),
-    ("get_timestamp", ()),
-]
-for name, args in calls:
-    try:
-        getattr(cupti, name)(*args)
-    except NotSupportedError:
-        print(name, "reached the driver")
-    try:
-        getattr(cupti, name)(*args, 0)
-    except TypeError:
-        pass
-    except NotSupportedError:
-        raise SystemExit(f"{name} takes one argument more than the collector gives")
-'''
+    code = program("gpu_faults_every_cupti_call")
     path = ":".join([str(REPO)] + ([str(cupti_site)] if cupti_site else []))
     proc = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": path},
                           capture_output=True, text=True, timeout=120)

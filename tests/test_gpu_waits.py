@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import run_with_agent
+from support import program, run_with_agent
 from waiting_gpu import ITERATIONS, WAIT_S, WARMUP, run_waiting
 
 from chainer_autoprof.analysis import verdict as vd
@@ -107,15 +107,7 @@ def test_waits_never_reach_nvtx(tmp_path, twin):
     """A real subprocess with the NVTX recorder, at sync level 2, a GPU pretended for the
     recorder (its test switch): the waits are in the trace, not in the NVTX stream."""
     trace = tmp_path / "t.json"
-    source = """
-import numpy as np, chainer, chainer.links as L
-model = L.Classifier(L.Linear(3, 2))
-opt = chainer.optimizers.SGD()
-opt.setup(model)
-x = np.ones((4, 3), np.float32); t = np.zeros(4, np.int32)
-for _ in range(6):
-    opt.update(model, x, t)
-"""
+    source = program("gpu_waits_six_updates")
     res = run_with_agent(tmp_path, source, {"CHAINER_PROF_SYNC_LEVEL": "2",
                                             "CHAINER_PROF_TRACE": str(trace)},
                          env={"CHAINER_AUTOPROF_TEST_EVENTS": "1"})

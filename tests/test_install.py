@@ -8,8 +8,6 @@ from pathlib import Path
 from streams import check_stream, prune, segments, tree_of
 from support import program, run_python, run_with_agent, write_script
 
-MODEL = program("install_model")
-
 LIFECYCLE_PROGRAM = program("install_lifecycle")
 
 ONCE = """
@@ -59,37 +57,7 @@ def test_install_uninstall_reinstall(tmp_path: Path):
 
 def test_annotate_and_install_before_import(tmp_path: Path):
     """User ranges in the agent's (custom) domain; the agent installed before ``import chainer``."""
-    source = r'''
-import sys
-
-import chainer_autoprof
-
-print("chainer imported at start:", "chainer" in sys.modules)
-''' + MODEL + r'''
-print("Link.__call__ wrapped at import:",
-      getattr(chainer.Link.__dict__["__call__"], "_chainer_autoprof_switch", None) is not None)
-model, opt = new_model()
-
-
-@chainer_autoprof.annotate("train_step")
-def train_step():
-    step(model, opt)
-
-
-train_step()
-with chainer_autoprof.annotate("eval"):
-    with chainer.using_config("train", False):
-        model(x, t)
-with chainer_autoprof.annotate("fwd"):  # the iteration it opens ends with the block
-    loss = model(x, t)
-model.cleargrads()
-loss.backward()
-opt.update()
-chainer_autoprof.uninstall()
-with chainer_autoprof.annotate("no agent"):
-    step(model, opt)
-print("done")
-'''
+    source = program("install_annotate_before_import")
     run = run_with_agent(tmp_path, source, {"CHAINER_PROF_DOMAIN": "mine"})
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == ["chainer imported at start: False",
@@ -116,19 +84,7 @@ print("done")
 
 def test_failing_hook_never_breaks_import(tmp_path: Path):
     """An internal error while instrumenting: ``import chainer`` works, training runs plainly."""
-    source = r'''
-import chainer_autoprof.patches.chainer as chainer_patches
-
-
-def broken(self, chainer):
-    raise RuntimeError("instrumenting failed")
-
-
-chainer_patches.ChainerPatches.apply = broken
-''' + MODEL + r'''
-step(*new_model())
-print("Link.__call__ untouched:", type(chainer.Link.__dict__["__call__"]).__name__)
-'''
+    source = program("install_failing_hook")
     run = run_with_agent(tmp_path, source)
     assert run.returncode == 0, run.stderr
     assert run.stdout == "Link.__call__ untouched: function\n"
@@ -138,17 +94,7 @@ print("Link.__call__ untouched:", type(chainer.Link.__dict__["__call__"]).__name
 
 
 def test_unknown_chainer_version_runs_uninstrumented(tmp_path: Path):
-    source = MODEL + r'''
-import chainer_autoprof
-
-real = chainer.__version__
-chainer.__version__ = "99.0.0"
-chainer_autoprof.install()
-chainer_autoprof.uninstall()
-chainer_autoprof.install()  # the same warning is not repeated
-step(*new_model())
-print("Link.__call__ untouched:", type(chainer.Link.__dict__["__call__"]).__name__)
-'''
+    source = program("install_unknown_chainer_version")
     script = write_script(tmp_path, "version.py", source)
     run = run_python(tmp_path, [str(script)], env={"CHAINER_PROF_SUMMARY": "0"})
     assert run.returncode == 0, run.stderr
@@ -160,18 +106,7 @@ print("Link.__call__ untouched:", type(chainer.Link.__dict__["__call__"]).__name
 
 def test_missing_chainer_warns_once_and_the_program_runs(tmp_path: Path):
     """Where Chainer cannot be imported, one warning, and the script runs unchanged."""
-    source = r'''
-import sys
-
-sys.modules["chainer"] = None  # "import chainer" now fails as where it is not installed
-import chainer_autoprof
-
-chainer_autoprof.install(summary=False)  # no CHAINER_PROF_* variable: no start-up activation
-try:
-    import chainer  # noqa: F401
-except ImportError as exc:
-    print("script goes on:", type(exc).__name__)
-'''
+    source = program("install_missing_chainer")
     script = write_script(tmp_path, "nochainer.py", source)
     run = run_python(tmp_path, [str(script)])
     assert run.returncode == 0, run.stderr
@@ -182,30 +117,7 @@ except ImportError as exc:
 
 def test_status_report(tmp_path: Path):
     """CHAINER_PROF_LOG=debug: every target with owners and state at start, hits at exit."""
-    source = r'''
-import chainer.dataset.convert
-
-import chainer_autoprof.patches.base as patch_base
-
-del chainer.dataset.convert._call_converter  # a target this Chainer lacks
-real_replace = patch_base.replace_attribute
-
-
-def refusing(owner, name, wrapper):
-    if name == "backward":
-        raise RuntimeError("refused")
-    return real_replace(owner, name, wrapper)
-
-
-patch_base.replace_attribute = refusing
-import chainer_autoprof
-
-chainer_autoprof.install(log="debug", summary=False)
-''' + MODEL + r'''
-model, opt = new_model()
-for _ in range(3):
-    step(model, opt)
-'''
+    source = program("install_status_report")
     script = write_script(tmp_path, "status.py", source)
     # Settings through install(), not the environment: an installed .pth would start
     # the agent at interpreter start-up, before the script removes its target.

@@ -193,25 +193,7 @@ def test_a_manual_loop_then_a_model_call_counts_the_steps(tmp_path, update, afte
 
 def test_a_step_cut_short_by_the_end_still_counts(tmp_path):
     """As an updater's: the program's end inside a step's data loading (an exception here)."""
-    body = """
-class Failing(chainer.dataset.DatasetMixin):
-    def __len__(self):
-        return 320
-
-    def get_example(self, i):
-        if reads.append(i) or len(reads) > 16 * 5:
-            raise RuntimeError("the disk went away")
-        return X[i], Y[i]
-
-
-reads = []
-it = chainer.iterators.SerialIterator(Failing(), 16)
-try:
-    for step in range(12):
-        optimizer.update(model, *concat_examples(next(it)))
-except RuntimeError:
-    pass
-"""
+    body = program("loops_step_cut_short")
     run, data, _ = run_script(tmp_path, body)
     assert len(spans(data, "iteration")) == 6  # 5 steps done, the 6th stopped in data
     assert counted(run.stderr) == (3, 3)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import EXAMPLES, run_python, run_with_agent
+from support import EXAMPLES, program, run_python, run_with_agent
 from traces import CHROME_CNAMES, check_trace_file
 
 from chainer_autoprof.common import names
@@ -117,26 +117,7 @@ def test_trainer_run_writes_a_valid_trace(tmp_path):
 
 
 def test_one_track_per_thread(tmp_path):
-    source = """
-import threading
-import numpy as np
-import chainer
-import chainer.links as L
-
-model = L.Linear(8, 2)
-x = np.ones((4, 8), dtype=np.float32)
-
-def predict():
-    with chainer.using_config("train", False):
-        for _ in range(3):
-            model(x)
-
-t = threading.Thread(target=predict, name="predictor")
-t.start()
-t.join()
-with chainer.using_config("train", False):
-    model(x)
-"""
+    source = program("trace_one_track_per_thread")
     trace = tmp_path / "t.json"
     run = run_with_agent(tmp_path, source, settings={"CHAINER_PROF_TRACE": str(trace)},
                          nvtx=False)

@@ -7,8 +7,6 @@ from pathlib import Path
 from streams import check_stream, prune
 from support import program, run_with_agent
 
-MODEL = program("traps_model")
-
 CLASSIFIER = """
 L Classifier
   L predictor (MLP)
@@ -43,55 +41,7 @@ def test_evaluation_and_extensions_are_not_training(tmp_path: Path):
 
     The program ends with ``sys.exit`` inside an extension: every range is closed.
     """
-    source = MODEL + r'''
-with chainer.using_config("train", False):
-    model(x, t)
-with chainer.no_backprop_mode():
-    model(x, t)
-test_iter = chainer.iterators.SerialIterator(dataset, 2, repeat=False, shuffle=False)
-batches = 0
-with chainer.using_config("train", False), chainer.no_backprop_mode():
-    for batch in test_iter:  # ends with StopIteration, untouched
-        model(*concat_examples(batch))
-        batches += 1
-print("evaluated", batches, "batches")
-
-
-class ImageGen(training.Extension):
-    trigger = (1, "iteration")
-
-    def __call__(self, trainer):
-        with chainer.using_config("train", False):
-            model.predictor(x)
-
-
-@training.make_extension(trigger=(1, "iteration"))
-def sample(trainer):
-    model.predictor(x)  # train mode, no using_config: still not training
-
-
-class MyEvaluator(extensions.Evaluator):
-    def __call__(self, trainer=None):  # an override calling its base: still one range
-        return super().__call__(trainer)
-
-
-class Stop(training.Extension):
-    trigger = (1, "iteration")
-
-    def __call__(self, trainer):
-        if trainer.updater.iteration == 2:
-            sys.exit(3)
-
-
-train_iter = chainer.iterators.SerialIterator(dataset, 2, shuffle=False)
-updater = training.updaters.StandardUpdater(train_iter, optimizer)
-trainer = training.Trainer(updater, (5, "iteration"))
-trainer.extend(ImageGen())
-trainer.extend(sample)
-trainer.extend(MyEvaluator(test_iter, model), trigger=(1, "iteration"))
-trainer.extend(Stop())
-trainer.run()
-'''
+    source = program("traps_evaluation_and_extensions")
     run = run_with_agent(tmp_path, source, {"CHAINER_PROF_GRANULARITY": "link"})
     assert run.returncode == 3, run.stderr
     assert run.stdout == "evaluated 2 batches\n"
@@ -108,10 +58,7 @@ trainer.run()
 
 def test_open_iteration_closed_at_exit_after_uncaught_exception(tmp_path: Path):
     """An exception escaping a custom loop between forward and backward."""
-    source = MODEL + r'''
-loss = model(x, t)
-raise RuntimeError("stopped after forward")
-'''
+    source = program("traps_exception_after_forward")
     run = run_with_agent(tmp_path, source, {"CHAINER_PROF_GRANULARITY": "phase"})
     assert run.returncode == 1
     assert "\nRuntimeError: stopped after forward\n" in run.stderr
@@ -120,11 +67,7 @@ raise RuntimeError("stopped after forward")
 
 
 def test_sys_exit_inside_annotate_block(tmp_path: Path):
-    source = MODEL + r'''
-with chainer_autoprof.annotate("step"):
-    loss = model(x, t)
-    sys.exit(4)
-'''
+    source = program("traps_sys_exit_inside_annotate")
     run = run_with_agent(tmp_path, source, {"CHAINER_PROF_GRANULARITY": "phase"})
     assert run.returncode == 4, run.stderr
     check_stream(run.events, user=("step",))
@@ -133,17 +76,7 @@ with chainer_autoprof.annotate("step"):
 
 def test_exception_escaping_trainer(tmp_path: Path):
     """The exception reaches the user unchanged; ranges end balanced."""
-    source = MODEL + r'''
-def lossfun(*args):
-    if optimizer.t == 1:
-        raise KeyError("bad batch at update 2")
-    return model(*args)
-
-
-train_iter = chainer.iterators.SerialIterator(dataset, 2, shuffle=False)
-updater = training.updaters.StandardUpdater(train_iter, optimizer, loss_func=lossfun)
-training.Trainer(updater, (5, "iteration")).run()
-'''
+    source = program("traps_exception_escaping_trainer")
     run = run_with_agent(tmp_path, source, {"CHAINER_PROF_GRANULARITY": "link"})
     assert run.returncode == 1
     tail = run.stderr.rstrip().splitlines()

@@ -14,3 +14,7 @@ t = (np.arange(8) % 3).astype(np.int32)
 
 def step():
     optimizer.update(model, x, t)
+
+for _ in range(5):
+    step()
+raise KeyboardInterrupt
