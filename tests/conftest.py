@@ -1,4 +1,4 @@
-"""Shared pytest configuration: the hot path's implementation under test.
+"""Shared pytest configuration: the hot path's implementations under test.
 
 The suite runs against one implementation of the hot path, named by
 ``CHAINER_AUTOPROF_TEST_NATIVE`` (``1``, the default: the native extension;
@@ -7,15 +7,26 @@ as the agent's default.  In a native run the extension is built in place in
 the checkout when missing or stale (the tests run the package from the
 checkout), and the session fails at once if it cannot be used: never a
 silent fall back to Python.
+
+The tests whose point is the hot path's own behaviour (its NVTX stream, the
+ranges and waits it records, what its wrappers leave as it was) run on both
+implementations in one plain ``pytest`` run: they take the ``twin`` fixture
+(``implementation`` in-process), or parametrize their module's fixture over
+:func:`support.twins`, and run once per hot path, ``[native]`` and
+``[python]``.  Under ``CHAINER_AUTOPROF_TEST_NATIVE=0`` (CI's second pass,
+the run for a machine that cannot build C) only ``[python]`` runs, and the
+tests that compare the two (``native_module``) skip.  The rest of the suite
+runs once, on the hot path under test.
 """
 
 import os
 import subprocess
 import sys
+from types import ModuleType
 
 import pytest
 from hypothesis import HealthCheck, settings
-from support import REPO, clean_env
+from support import REPO, clean_env, native_under_test, twin_env, twins
 
 from chainer_autoprof.common import log
 from chainer_autoprof.runtime import hotpath
@@ -29,6 +40,10 @@ settings.register_profile("ci", max_examples=60, derandomize=True, **_COMMON)
 settings.register_profile("explore", max_examples=3000, **_COMMON)
 settings.load_profile("ci")
 
+#: Whether this session tests the native hot path (set once at start; a ``twin`` test's turn
+#: changes the environment, not this).
+_NATIVE_RUN = native_under_test()
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU and CuPy")
@@ -38,6 +53,8 @@ def pytest_configure(config):
     mode = os.environ.setdefault(hotpath.ENV_TEST_NATIVE, "1")
     if mode not in ("0", "1"):
         pytest.exit(f"{hotpath.ENV_TEST_NATIVE}={mode!r}: accepted 0 or 1", returncode=2)
+    global _NATIVE_RUN
+    _NATIVE_RUN = mode == "1"
     if mode == "1":
         try:
             build.build_in_place()
@@ -57,3 +74,29 @@ def pytest_report_header(config):
     mode = os.environ.get(hotpath.ENV_TEST_NATIVE, "1")
     return f"hot path under test: {'native' if mode == '1' else 'python'} " \
            f"({hotpath.ENV_TEST_NATIVE}={mode})"
+
+
+@pytest.fixture(scope="session")
+def native_module() -> ModuleType:
+    """The native implementation (built in place at the start of a native run); tests that
+    need it skip where the native hot path is not under test."""
+    if not _NATIVE_RUN:
+        pytest.skip(f"the native hot path is not under test ({hotpath.ENV_TEST_NATIVE}=0)")
+    return hotpath.load_native()
+
+
+@pytest.fixture(params=twins())
+def twin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each hot path in turn (``native``, ``python``): the test's subprocesses take it as
+    their default (support.clean_env), as does ``native_under_test()``."""
+    for name, value in twin_env(request.param).items():
+        monkeypatch.setenv(name, value)
+    return request.param
+
+
+@pytest.fixture
+def implementation(twin: str, request: pytest.FixtureRequest) -> hotpath.Implementation:
+    """The ``twin`` hot path, in-process."""
+    if twin == "native":
+        return hotpath.Implementation("native", request.getfixturevalue("native_module"))
+    return hotpath.PYTHON

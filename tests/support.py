@@ -18,6 +18,13 @@ from nvtx_tool import NvtxEvent, build_injection_library, nvtx_env, read_events,
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
+#: The programs the tests run, one file each (``program(name)`` reads one).
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+#: examples/train_mnist_synthetic.py's arguments for a short run (two iterations).
+TRAINER_ARGS = ["--samples", "20", "--batchsize", "10", "--epoch", "1", "--unit", "5"]
+#: The training steps of programs/children_*.py: in the parent, and in each child.
+PARENT_STEPS = 3
+CHILD_STEPS = 4
 
 
 #: The hot path's implementation under test (see conftest.py), every subprocess's default.
@@ -43,8 +50,23 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def native_under_test() -> bool:
-    """Whether this run tests the native hot path (else the pure-Python one)."""
+    """Whether this run tests the native hot path (else the pure-Python one).
+
+    Inside a test that takes the ``twin`` fixture (conftest.py): whether that test's turn is
+    the native one.
+    """
     return os.environ.get(ENV_TEST_NATIVE, "1") == "1"
+
+
+def twins() -> tuple[str, ...]:
+    """The hot paths the twin-sensitive tests run on, each in turn (conftest.py): both in a
+    native run, the pure-Python one alone under ``CHAINER_AUTOPROF_TEST_NATIVE=0``."""
+    return ("native", "python") if native_under_test() else ("python",)
+
+
+def twin_env(twin: str) -> dict[str, str]:
+    """The environment that makes a subprocess's agent take hot path ``twin`` by default."""
+    return {ENV_TEST_NATIVE: "1" if twin == "native" else "0"}
 
 
 @dataclass
@@ -96,6 +118,11 @@ def run_python(tmp: Path, args: list[str], env: dict[str, str] | None = None,
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\n"
                              f"stderr:\n{proc.stderr}")
     return run
+
+
+def program(name: str) -> str:
+    """The text of ``tests/programs/NAME`` (``.py`` unless ``name`` has a suffix of its own)."""
+    return (PROGRAMS / (name if "." in name else name + ".py")).read_text()
 
 
 def write_script(tmp: Path, name: str, source: str) -> Path:

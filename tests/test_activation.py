@@ -18,31 +18,11 @@ from pathlib import Path
 import pytest
 from nvtx_tool import build_injection_library, nvtx_env, read_events, tree
 from site_venv import PTH, REPO, SiteVenv, make_site_venv
+from support import program
 
-TRAIN = """\
-import numpy as np
-import chainer
-import chainer.links as L
-from chainer import training
+TRAIN = program("activation_train")
 
-np.random.seed(0)
-model = L.Classifier(L.Linear(4, 3))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-x = np.random.RandomState(0).randn(12, 4).astype(np.float32)
-t = (np.arange(12) % 3).astype(np.int32)
-it = chainer.iterators.SerialIterator(chainer.datasets.TupleDataset(x, t), 4, shuffle=False)
-updater = training.updaters.StandardUpdater(it, optimizer)
-for _ in range(3):
-    updater.update()
-print("loss", repr(float(model.loss.array)))
-"""
-
-MODULES = """\
-import json, sys
-print(json.dumps(sorted(m for m in sys.modules
-                        if m.split(".")[0] in ("chainer_autoprof", "wrapt", "chainer"))))
-"""
+MODULES = program("activation_modules")
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +59,8 @@ def test_no_variable_imports_nothing_of_ours(venv, tmp_path):
 
 
 def test_a_variable_activates_the_agent(venv, tmp_path):
-    proc, _ = run(venv, tmp_path, MODULES + textwrap.dedent("""\
-        import chainer_autoprof.agent as agent
-        print(agent.current() is not None, agent.current().cfg.granularity)
-        """), CHAINER_PROF_GRANULARITY="link", CHAINER_PROF_SUMMARY="0")
+    proc, _ = run(venv, tmp_path, program("activation_agent_on_from_a_variable"),
+                  CHAINER_PROF_GRANULARITY="link", CHAINER_PROF_SUMMARY="0")
     assert proc.returncode == 0, proc.stderr
     modules, state = proc.stdout.splitlines()
     assert "chainer_autoprof.agent" in json.loads(modules) and "wrapt" in json.loads(modules)
@@ -158,19 +136,9 @@ def test_exit_status_and_traceback_unchanged(venv, tmp_path):
 
 # -- sitecustomize: ours (the example) in front, the user's still runs once -------------------
 
-USER_SITECUSTOMIZE = """\
-import os
-with open(os.environ["SITECUSTOMIZE_LOG"], "a") as f:
-    f.write("user sitecustomize ran\\n")
-MARK = "user"
-"""
+USER_SITECUSTOMIZE = program("activation_user_sitecustomize")
 
-REPORT_SITE = MODULES + """\
-import sitecustomize
-print(getattr(sitecustomize, "MARK", None))
-import chainer_autoprof.agent as agent
-print(agent.current() is not None)
-"""
+REPORT_SITE = program("activation_report_site")
 
 
 @pytest.fixture(scope="module")
@@ -239,10 +207,7 @@ def test_installed_pth_activates(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CHAINER_PROF_", "_CHAINER_PROF_", "NVTX_", "PYTHONPATH"))}
     env.update(nvtx_env(tmp_path / "nvtx.%p.tsv"), CHAINER_PROF_SUMMARY="0")
-    script = write(tmp_path / "script.py", TRAIN + textwrap.dedent("""\
-        import chainer_autoprof, chainer_autoprof.agent as agent
-        print(chainer_autoprof.__file__, agent.current() is not None)
-        """))
+    script = write(tmp_path / "script.py", program("activation_installed_package"))
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from support import run_with_agent
+from support import program, run_with_agent
 from verdict_workloads import run_workload
 
 from chainer_autoprof.analysis import advice
@@ -140,25 +140,7 @@ def test_blas_of_this_numpy_is_recorded_and_optimized(runs):
         assert "blas" not in keys(w.stats), numpy.__version__
 
 
-HAND_WRITTEN = r'''
-import numpy as np
-import chainer
-import chainer.functions as F
-import chainer.links as L
-
-model = L.Classifier(L.Linear(8, 4))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-x = np.random.rand(16, 8).astype(np.float32)
-t = np.random.randint(0, 4, size=16).astype(np.int32)
-for i in range(6):
-    model.cleargrads()
-    loss = model(x, t)
-    loss.backward()
-    optimizer.update()
-for i in range(2):
-    optimizer.update(model, x, t)
-'''
+HAND_WRITTEN = program("advice_hand_written_loop")
 
 
 def test_facts_of_a_hand_written_loop(tmp_path):
@@ -260,40 +242,7 @@ def test_advice_survives_the_trace(runs):
 
 # -- the real thing on a GPU -------------------------------------------------------------------
 
-GPU_SCRIPT = r'''
-import numpy as np
-import chainer, cupy
-import chainer.functions as F
-import chainer.links as L
-from chainer.backends import cuda
-
-class Net(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.conv = L.Convolution2D(3, 8, 3)
-            self.fc = L.Linear(None, 10)
-
-    def forward(self, x):
-        return self.fc(F.relu(self.conv(x)))
-
-model = L.Classifier(Net())
-model.to_gpu(0)
-opt = chainer.optimizers.SGD()
-opt.setup(model)
-chainer.config.autotune = False
-x = cupy.random.rand(8, 3, 16, 16).astype(np.float32)
-t = cupy.zeros(8, dtype=np.int32)
-extra = chainer.Parameter(cupy.zeros(3, dtype=np.float64))
-with model.init_scope():
-    model.extra = extra
-for i in range(8):
-    model.cleargrads()
-    loss = model(x, t)
-    loss.backward()
-    print(float(cuda.to_cpu(loss.array)))
-    opt.update()
-'''
+GPU_SCRIPT = program("advice_gpu_training")
 
 
 @pytest.mark.gpu

@@ -7,62 +7,9 @@ from pathlib import Path
 
 import pytest
 from nvtx_tool import ranges_by_thread
-from support import REPO, run_python, run_with_agent
+from support import CHILD_STEPS, PARENT_STEPS, REPO, program, run_python, run_with_agent
 
-PARENT_STEPS = 3
-CHILD_STEPS = 4
-
-CHILDREN_SCRIPT = f"""
-import multiprocessing
-import os
-import sys
-
-import numpy as np
-
-import chainer
-import chainer.links as L
-
-import chainer_autoprof
-
-
-def train(steps, marker=None):
-    rng = np.random.RandomState(steps)
-    model = L.Classifier(L.Linear(20, 5))
-    optimizer = chainer.optimizers.SGD()
-    optimizer.setup(model)
-    x = rng.randn(16, 20).astype(np.float32)
-    t = rng.randint(0, 5, size=16).astype(np.int32)
-    for _ in range(steps):
-        optimizer.update(model, x, t)
-    if marker:
-        with open(marker, "w") as f:
-            f.write(str(os.getpid()))
-
-
-def child(method, marker):
-    if method == "os.fork":
-        # Forked inside an open range: the child must never end it.
-        with chainer_autoprof.annotate("around fork"):
-            pid = os.fork()
-            if pid == 0:
-                train({CHILD_STEPS}, marker)
-                sys.exit(0)
-        _, status = os.waitpid(pid, 0)
-        assert status == 0, status
-    else:
-        ctx = multiprocessing.get_context(method)
-        proc = ctx.Process(target=train, args=({CHILD_STEPS}, marker))
-        proc.start()
-        proc.join()
-        assert proc.exitcode == 0, proc.exitcode
-
-
-if __name__ == "__main__":
-    for n, method in enumerate(sys.argv[1:]):
-        child(method, f"child{{n}}.done")
-    train({PARENT_STEPS})
-    print("ok")
-"""
+CHILDREN_SCRIPT = program("children_fork_spawn_forkserver")
 
 
 def _site_shim(tmp: Path) -> str:
@@ -156,28 +103,7 @@ def test_children_off(tmp_path):
     assert not pushes & child_pids
 
 
-MULTIPROCESS_ITERATOR_SCRIPT = """
-import numpy as np
-
-import chainer
-import chainer.links as L
-from chainer import training
-
-if __name__ == "__main__":
-    np.random.seed(0)  # the weights' initialization
-    rng = np.random.RandomState(0)
-    data = chainer.datasets.TupleDataset(rng.randn(64, 20).astype(np.float32),
-                                         rng.randint(0, 5, size=64).astype(np.int32))
-    it = chainer.iterators.MultiprocessIterator(data, 8, shuffle=False, n_processes=2)
-    model = L.Classifier(L.Linear(20, 5))
-    optimizer = chainer.optimizers.SGD()
-    optimizer.setup(model)
-    updater = training.updaters.StandardUpdater(it, optimizer)
-    trainer = training.Trainer(updater, (12, "iteration"), out="result")
-    trainer.run()
-    it.finalize()
-    print(float(model.predictor.W.array.sum()))
-"""
+MULTIPROCESS_ITERATOR_SCRIPT = program("children_multiprocess_iterator")
 
 
 def test_multiprocess_iterator(tmp_path):
@@ -200,41 +126,7 @@ def test_multiprocess_iterator(tmp_path):
     assert iterations == {traces["parent"]["meta"]["pid"]: 12}
 
 
-INSTALL_SCRIPT = f"""
-import multiprocessing
-import os
-import sys
-
-import numpy as np
-
-import chainer
-import chainer.links as L
-
-import chainer_autoprof
-
-
-def train(steps):
-    model = L.Classifier(L.Linear(20, 5))
-    optimizer = chainer.optimizers.SGD()
-    optimizer.setup(model)
-    x = np.ones((16, 20), np.float32)
-    t = np.zeros(16, np.int32)
-    for _ in range(steps):
-        optimizer.update(model, x, t)
-
-
-if __name__ == "__main__":
-    chainer_autoprof.install(granularity="link", trace=sys.argv[1], summary=False, warmup=0)
-    proc = multiprocessing.get_context("spawn").Process(target=train, args=({CHILD_STEPS},))
-    proc.start()
-    proc.join()
-    assert proc.exitcode == 0
-    train({PARENT_STEPS})
-    exported = sorted(k for k in os.environ if "CHAINER_PROF_" in k)
-    chainer_autoprof.uninstall()
-    left = sorted(k for k in os.environ if "CHAINER_PROF_" in k)
-    print(exported, left)
-"""
+INSTALL_SCRIPT = program("children_install_then_spawn")
 
 
 def test_settings_given_to_install_reach_spawned_children(tmp_path):

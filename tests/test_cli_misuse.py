@@ -8,14 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import clean_env, write_script
-from test_output_paths import TRAIN
+from support import clean_env, program, write_script
 
 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("cli")
-    script = write_script(tmp, "train.py", TRAIN)
+    script = write_script(tmp, "train.py", program("output_paths_train"))
     run = subprocess.run([sys.executable, "-m", "chainer_autoprof", "--summary", "0",
                           "--trace", "t.json", str(script)], env=clean_env(), cwd=tmp,
                          capture_output=True, text=True, timeout=120)

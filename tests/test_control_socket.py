@@ -26,7 +26,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from support import REPO, clean_env, write_script
+from support import REPO, clean_env, program, write_script
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 USERADD = shutil.which("useradd")
@@ -78,18 +78,7 @@ def shared():
 
 #: Runs a part of a test as another user: everything it needs is imported first (the
 #: interpreter's own files may not be readable to that user), then the privileges go.
-AS_USER = """
-import json, os, select, socket, sys, threading, time
-sys.path.insert(0, {repo!r})
-import chainer_autoprof.agent, chainer_autoprof.cli, chainer_autoprof.report.dump
-import chainer_autoprof.report.stall, chainer_autoprof.lifecycle.finish
-import pwd, tempfile, struct, stat, contextlib, linecache, traceback, faulthandler
-os.setgroups([])
-os.setgid({gid})
-os.setuid({uid})
-os.environ.pop("XDG_RUNTIME_DIR", None)
-{code}
-"""
+AS_USER = program("control_socket_as_user")
 
 
 def as_user(user: pwd.struct_passwd, code: str, *args: str, **popen) -> subprocess.Popen:
@@ -107,37 +96,13 @@ def run_as_user(user: pwd.struct_passwd, code: str, *args: str) -> subprocess.Co
 
 #: The squatter: takes the names a victim's agent would use before it starts, and answers
 #: anyone who connects with a made-up report.
-SQUAT = """
-victim, shared, victim_uid = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-taken = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-taken.bind(f"\\0chainer_autoprof.{victim}")        # the old design's name, first
-taken.listen(8)
-directory = os.path.join(shared, f"chainer_autoprof-{victim_uid}")
-os.mkdir(directory)                                  # the new design's directory, first
-os.chmod(directory, 0o755)
-fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-fake.bind(os.path.join(directory, f"{victim}.sock"))
-fake.listen(8)
-os.chmod(os.path.join(directory, f"{victim}.sock"), 0o777)
-print("squatting", flush=True)
-lie = json.dumps({"ok": True, "text": "FAKE REPORT", "snapshot": {"pid": victim}}).encode()
-while True:
-    ready, _, _ = select.select([taken, fake], [], [], 60)
-    for sock in ready:
-        conn, _ = sock.accept()
-        with conn:
-            conn.sendall(lie + b"\\n")
-"""
+SQUAT = program("control_socket_squat")
 
 #: The victim: a program with the agent, started only once the squatter is ready (its pid is
 #: known before the agent starts: it execs the launcher when told to).
 WAIT_THEN_LAUNCH = ("import os, sys; sys.stdin.readline(); os.execv(sys.executable, "
                     "[sys.executable, '-m', 'chainer_autoprof', '--summary', '0', sys.argv[1]])")
-IDLE = """
-import sys
-print("running", flush=True)
-sys.stdin.readline()
-"""
+IDLE = program("control_socket_idle")
 
 
 def test_names_taken_first_by_another_user_do_not_keep_dump_from_your_process(users, shared,
@@ -218,12 +183,7 @@ def test_where_every_usual_directory_is_taken_a_private_one_serves(users, shared
 
 
 #: Another user's program with the agent: installed from Python, it waits for a line.
-OTHER_USERS_AGENT = """
-import chainer_autoprof
-chainer_autoprof.install(summary=False)
-print("running", os.getpid(), flush=True)
-sys.stdin.readline()
-"""
+OTHER_USERS_AGENT = program("control_socket_other_users_agent")
 
 DUMP = """
 sys.exit(chainer_autoprof.cli.main(["dump", "--no-print", *sys.argv[1:]]))

@@ -15,55 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import clean_env, write_script
-
-TRAIN = r'''
-import sys
-
-import numpy as np
-import chainer
-import chainer.links as L
-
-model = L.Classifier(L.Linear(4, 3))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-x = np.random.RandomState(0).randn(8, 4).astype(np.float32)
-t = (np.arange(8) % 3).astype(np.int32)
-
-
-def step():
-    optimizer.update(model, x, t)
-'''
+from support import clean_env, program, write_script
 
 SCRIPTS = {
-    "raise": TRAIN + r'''
-for _ in range(5):
-    step()
-raise KeyboardInterrupt
-''',
-    "signal": TRAIN + r'''
-for _ in range(5):
-    step()
-print("training", flush=True)
-while True:
-    step()
-''',
-    "extension": TRAIN + r'''
-from chainer import training
-
-it = chainer.iterators.SerialIterator(chainer.datasets.TupleDataset(x, t), 4)
-updater = training.updaters.StandardUpdater(it, optimizer)
-trainer = training.Trainer(updater, (20, "iteration"), out="result")
-
-
-@training.make_extension(trigger=(5, "iteration"))
-def interrupt(trainer):
-    raise KeyboardInterrupt
-
-
-trainer.extend(interrupt)
-trainer.run()
-''',
+    "raise": program("exit_status_raise"),
+    "signal": program("exit_status_signal"),
+    "extension": program("exit_status_extension"),
 }
 
 MODES = {
@@ -112,19 +69,7 @@ def test_ctrl_c_exit_status_is_the_plain_one(tmp_path: Path, script: str, mode: 
         assert not (tmp_path / "run.json.partial").exists()
 
 
-INTERRUPTED_SUMMARY = TRAIN + r'''
-from chainer_autoprof.report import summary
-
-
-def section(stats):
-    raise KeyboardInterrupt  # as a second Ctrl-C while the summary is being written
-
-
-summary.SECTIONS.append(section)
-for _ in range(5):
-    step()
-print("done", flush=True)
-'''
+INTERRUPTED_SUMMARY = program("exit_status_interrupted_summary")
 
 
 def test_ctrl_c_while_the_summary_is_written_ends_quietly(tmp_path: Path):

@@ -9,51 +9,14 @@ from __future__ import annotations
 import json
 
 from nvtx_tool import ranges_by_thread
-from support import run_with_agent
+from support import program, run_with_agent
 
 from chainer_autoprof.analysis.outliers import slow_iterations
 from chainer_autoprof.report.tracefile import stats_from_trace
 
 #: Every EVERY-th forward builds a large reference cycle and drops it; a big
 #: set of long-lived objects makes each full collection expensive.
-CYCLES = """
-import sys
-import numpy as np
-import chainer, chainer.functions as F, chainer.links as L
-
-EVERY, SIZE, LONG_LIVED, ITERATIONS = (int(a) for a in sys.argv[1:5])
-
-class Node:
-    __slots__ = ("next", "payload")
-
-class CycleMaker(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-        with self.init_scope():
-            self.l1 = L.Linear(8, 8)
-
-    def forward(self, x):
-        self.calls += 1
-        if self.calls % EVERY == 0:
-            first = node = Node()
-            for _ in range(SIZE):
-                new = Node()
-                new.payload = [node]
-                node.next = new
-                node = new
-            node.next = first
-        return F.sum(self.l1(x))
-
-model = CycleMaker()
-keep = [[i] for i in range(LONG_LIVED)]
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-x = np.ones((4, 8), np.float32)
-for _ in range(ITERATIONS):
-    optimizer.update(model, x)
-print("done")
-"""
+CYCLES = program("gc_cycles")
 
 
 def test_reference_cycles_give_gc_ranges_and_an_outlier_line_naming_gc(tmp_path):
@@ -104,22 +67,7 @@ def test_reference_cycles_give_gc_ranges_and_an_outlier_line_naming_gc(tmp_path)
 
 
 #: Collections at almost every allocation: many start inside the agent's own begin/end.
-EVERYWHERE = """
-import gc
-import numpy as np
-import chainer, chainer.functions as F, chainer.links as L
-
-model = L.Classifier(chainer.Sequential(L.Linear(6, 6), F.relu, L.Linear(6, 3)))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-x = np.random.RandomState(0).rand(5, 6).astype(np.float32)
-t = np.array([0, 1, 2, 0, 1], np.int32)
-gc.set_threshold(1, 1_000_000, 1_000_000)
-for _ in range(12):
-    optimizer.update(model, x, t)
-gc.set_threshold(700, 10, 10)
-print("done")
-"""
+EVERYWHERE = program("gc_everywhere")
 
 
 def test_collections_inside_the_agents_code_keep_streams_and_trace_consistent(tmp_path):
@@ -159,42 +107,7 @@ def test_gc_ranges_off(tmp_path):
 
 #: A slow data set behind a MultiprocessIterator (or a fast one behind a
 #: MultithreadIterator with a slow model).
-QUEUE = """
-import sys, time
-import numpy as np
-import chainer, chainer.functions as F, chainer.links as L
-from chainer import training
-
-KIND, DATA_MS, MODEL_MS = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
-
-class Slow(chainer.dataset.DatasetMixin):
-    def __len__(self):
-        return 256
-    def get_example(self, i):
-        time.sleep(DATA_MS / 1000)
-        return np.full(4, i % 3, np.float32), np.int32(i % 2)
-
-class Net(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l = L.Linear(4, 2)
-    def forward(self, x):
-        time.sleep(MODEL_MS / 1000)
-        return self.l(x)
-
-if KIND == "process":
-    it = chainer.iterators.MultiprocessIterator(Slow(), 4, n_processes=1, n_prefetch=1)
-else:
-    it = chainer.iterators.MultithreadIterator(Slow(), 4, n_threads=2)
-model = L.Classifier(Net())
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-trainer = training.Trainer(training.updaters.StandardUpdater(it, optimizer), (30, "iteration"))
-trainer.run()
-it.finalize()
-print("done")
-"""
+QUEUE = program("gc_queue")
 
 
 def test_an_empty_input_queue_is_named_in_the_input_bound_verdict(tmp_path):

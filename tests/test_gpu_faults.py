@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from gpu_live_replay import as_cupti_records, replay_live
-from support import REPO, run_with_agent
+from support import REPO, program, run_with_agent
 from verdict_workloads import SCRIPT
 
 from chainer_autoprof.common.gpu_records import (
@@ -38,12 +38,7 @@ from chainer_autoprof.report.tracefile import read_trace
 #: The packages cupti-python 13 brings (numpy is the environment's own).
 CUPTI_PACKAGES = ("cupti-python", "cuda-bindings", "cuda-pathfinder", "nvidia-cuda-cupti",
                   "pyelftools")
-NO_GPU_CUPY = '''"""A package named cupy that gives no GPU (the machine has none)."""
-
-
-class ndarray:  # what code that checks for CuPy arrays asks for
-    pass
-'''
+NO_GPU_CUPY = program("gpu_faults_no_gpu_cupy")
 
 
 def cupy_stand_in(tmp: Path) -> Path:
@@ -271,45 +266,7 @@ def test_every_cupti_call_the_collector_makes_fits_the_installed_cupti_python(cu
     """The real cupti-python checks each call's arguments before it finds no driver: every call
     the collector makes, made as it makes it, gets that far (never a TypeError), and every
     name it looks up exists."""
-    code = r'''
-import ctypes
-from cupti import cupti
-from cupti._internal.utils import NotSupportedError
-from chainer_autoprof.runtime import gpu_activity as g
-
-for name in g.ACTIVITY_KINDS:
-    getattr(cupti.ActivityKind, name)
-for name in g.QUIET_RUNTIME:
-    getattr(cupti.runtime_api_trace_cbid, name)
-for name in g.QUIET_DRIVER:
-    getattr(cupti.driver_api_trace_cbid, name)
-assert int(cupti.ActivityFlag.FLUSH_FORCED) == g.FLUSH_FORCED
-kind = cupti.ActivityKind.CONCURRENT_KERNEL
-dropped = ctypes.c_size_t(0)
-calls = [
-    ("set_thread_id_type", (cupti.ActivityThreadIdType.SYSTEM,)),
-    ("activity_register_callbacks", (lambda: (8, 0), lambda records: None)),
-    ("activity_enable", (kind,)),
-    ("activity_disable", (kind,)),
-    ("activity_enable_runtime_api", (int(cupti.runtime_api_trace_cbid.cudaGetDevice_v3020), 0)),
-    ("activity_enable_driver_api", (int(cupti.driver_api_trace_cbid.cuCtxGetCurrent), 0)),
-    ("activity_flush_period", (g.FLUSH_PERIOD_MS,)),
-    ("activity_flush_all", (g.FLUSH_FORCED,)),
-    ("activity_get_num_dropped_records", (0, 0, ctypes.addressof(dropped))),
-    ("get_timestamp", ()),
-]
-for name, args in calls:
-    try:
-        getattr(cupti, name)(*args)
-    except NotSupportedError:
-        print(name, "reached the driver")
-    try:
-        getattr(cupti, name)(*args, 0)
-    except TypeError:
-        pass
-    except NotSupportedError:
-        raise SystemExit(f"{name} takes one argument more than the collector gives")
-'''
+    code = program("gpu_faults_every_cupti_call")
     path = ":".join([str(REPO)] + ([str(cupti_site)] if cupti_site else []))
     proc = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": path},
                           capture_output=True, text=True, timeout=120)

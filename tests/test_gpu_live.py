@@ -15,8 +15,7 @@ import pytest
 from gpu_live_replay import hta_figures, replay_live
 from headless_browser import Browser, find_browser
 from support import clean_env
-from test_gpu_trace import nest_per_track
-from test_trace import check_trace_file
+from traces import check_trace_file, nest_per_track
 
 from chainer_autoprof.analysis import verdict as vd
 from chainer_autoprof.analysis.gpu_figures import IDLE_KEYS, GpuFigures

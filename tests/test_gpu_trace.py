@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from test_trace import check_trace_file
+from traces import check_trace_file, nest_per_track
 
 from chainer_autoprof.analysis.gpu_clock import fit
 from chainer_autoprof.common.gpu_records import ClockPairs, NameTable, read_recording
@@ -30,22 +30,6 @@ def combined(name: str, tmp: Path, counted_only: bool):
     path = tmp / "rank0.json"
     path.write_text(json.dumps(data, allow_nan=False))
     return trace, analysis, data, path
-
-
-def nest_per_track(events: list[dict]) -> None:
-    """Complete events on one track nest (Chrome/Perfetto draw them as a stack)."""
-    tracks: dict[tuple[int, int], list[dict]] = {}
-    for e in events:
-        if e["ph"] == "X":
-            tracks.setdefault((e["pid"], e["tid"]), []).append(e)
-    for key, items in tracks.items():
-        items.sort(key=lambda e: (e["ts"], -e["dur"]))
-        open_ends: list[float] = []
-        for e in items:
-            while open_ends and open_ends[-1] <= e["ts"]:
-                open_ends.pop()
-            assert not open_ends or e["ts"] + e["dur"] <= open_ends[-1] + 1e-3, (key, e)
-            open_ends.append(e["ts"] + e["dur"])
 
 
 @pytest.mark.parametrize("name", RECORDINGS)

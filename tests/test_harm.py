@@ -5,61 +5,12 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from support import EXAMPLES, run_python, run_with_agent, write_script
-from test_ranges import GRANULARITIES, TRAINER_ARGS, check_stream
+from streams import GRANULARITIES, check_stream
+from support import EXAMPLES, TRAINER_ARGS, program, run_python, run_with_agent, write_script
 
 LEVELS = (0, 1, 2, 3)
 
-LOSSES_PROGRAM = r'''
-import sys
-
-import numpy as np
-import chainer
-import chainer.functions as F
-import chainer.links as L
-
-import chainer_autoprof
-
-
-class MLP(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(3, 5)
-            self.l2 = L.Linear(5, 2)
-
-    def forward(self, x):
-        return self.l2(F.relu(self.l1(x)))
-
-
-def train():
-    """Losses and final weights of a custom loop and of optimizer.update(lossfun)."""
-    np.random.seed(0)
-    x = np.random.rand(8, 3).astype(np.float32)
-    t = np.random.randint(0, 2, 8).astype(np.int32)
-    model = L.Classifier(MLP())
-    opt = chainer.optimizers.Adam()
-    opt.setup(model)
-    out = []
-    for i in range(3):
-        loss = model(x[i::2], t[i::2])
-        model.cleargrads()
-        loss.backward()
-        opt.update()
-        out.append(repr(float(loss.array)))
-        opt.update(model, x, t)
-        out.append(repr(float(model.loss.array)))
-    out += [repr(float(p.array.sum())) for _, p in sorted(model.namedparams())]
-    return " ".join(out)
-
-
-print("none", train())
-for config in sys.argv[1:]:
-    level, granularity = config.split(":")
-    chainer_autoprof.install(sync_level=int(level), granularity=granularity, summary=False)
-    print(config, train())
-    chainer_autoprof.uninstall()
-'''
+LOSSES_PROGRAM = program("harm_losses")
 
 
 def test_same_losses_at_every_sync_level_and_granularity(tmp_path: Path):
@@ -97,100 +48,7 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
-SERIALIZE_PROGRAM = r'''
-import copy
-import gc
-import pickle
-import sys
-import weakref
-import zipfile
-
-import numpy as np
-import chainer
-import chainer.functions as F
-import chainer.links as L
-from chainer import training
-from chainer.training import extensions
-
-
-class Old(chainer.Chain):
-    """Old style: its own __call__ is wrapped by the agent."""
-
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(3, 4)
-            self.bn = L.BatchNormalization(4)
-            self.l2 = L.Linear(4, 2)
-
-    def __call__(self, x):
-        return self.l2(F.relu(self.bn(self.l1(x))))
-
-
-def weights(link):
-    return [(name, p.array.copy()) for name, p in sorted(link.namedparams())]
-
-
-def same(a, b):
-    return [n for n, _ in a] == [n for n, _ in b] and all(
-        np.array_equal(x, y) for (_, x), (_, y) in zip(a, b))
-
-
-x = np.arange(24, dtype=np.float32).reshape(8, 3) / 10
-t = np.array([0, 1] * 4, np.int32)
-model = L.Classifier(Old())
-optimizer = chainer.optimizers.MomentumSGD()
-optimizer.setup(model)
-it = chainer.iterators.SerialIterator(chainer.datasets.TupleDataset(x, t), 4)
-trainer = training.Trainer(training.updaters.StandardUpdater(it, optimizer), (2, "iteration"))
-trainer.extend(extensions.snapshot(), trigger=(2, "iteration"))
-trainer.run()
-
-# no reference to arrays or Variables kept: they die with the iteration
-xa = x.copy()
-xv = chainer.Variable(xa)
-loss = F.softmax_cross_entropy(model.predictor(xv), t)  # (Classifier would keep it)
-model.cleargrads()
-loss.backward()
-optimizer.update()
-refs = [weakref.ref(o) for o in (xa, xv, loss, loss.creator_node)]
-del xa, xv, loss
-gc.collect()
-print("alive after iteration:", sum(r() is not None for r in refs))
-
-data = pickle.dumps(model)
-print("pickle mentions agent:", b"chainer_autoprof" in data)
-print("pickle round trip:", same(weights(pickle.loads(data)), weights(model)))
-print("pickled optimizer mentions agent:", b"chainer_autoprof" in pickle.dumps(optimizer))
-clone = copy.deepcopy(model)
-print("deepcopy:", same(weights(clone), weights(model)), type(clone.predictor).__name__)
-with chainer.using_config("train", False):
-    print("deepcopy predicts the same:",
-          np.array_equal(clone.predictor(x).array, model.predictor(x).array))
-shared = model.copy()
-print("Link.copy shares:", shared.predictor.l1.W.array is model.predictor.l1.W.array)
-chainer.serializers.save_npz("model.npz", model)
-keys = sorted(np.load("model.npz").files)
-print("npz keys:", " ".join(keys))
-fresh = L.Classifier(Old())
-fresh(x, t)  # the same shapes
-chainer.serializers.load_npz("model.npz", fresh)
-print("load_npz:", same(weights(fresh), weights(model)))
-snapshot = np.load("result/snapshot_iter_2")
-print("snapshot keys mention agent:", any("autoprof" in k for k in snapshot.files))
-print("snapshot has the model:", "updater/model:main/predictor/l1/W" in snapshot.files)
-gone = weakref.ref(model)
-del model, clone, shared, fresh, optimizer, trainer, it
-gc.collect()
-print("model freed:", gone() is None)
-import chainer_autoprof.agent as agent_module
-
-link_entries = agent_module.current().patches.entries
-for _ in range(50):  # links made on the fly: nothing of them piles up
-    L.Linear(3, 2)(x)
-gc.collect()
-print("link entries left:", len(link_entries))
-'''
+SERIALIZE_PROGRAM = program("harm_serialize")
 
 
 def test_models_stay_serializable_and_nothing_is_kept(tmp_path: Path):
@@ -216,46 +74,7 @@ def test_models_stay_serializable_and_nothing_is_kept(tmp_path: Path):
     assert run.tree()[:2] == ["iteration", "  data"]  # the agent was on
 
 
-ERRORS_PROGRAM = r'''
-import sys
-
-import numpy as np
-
-import chainer_autoprof.agent as agent_module
-import chainer_autoprof.patches.chainer as chainer_patches
-
-
-def broken(*args, **kwargs):
-    raise RuntimeError("injected")
-
-
-if sys.argv[1] == "entry" and agent_module.current() is not None:
-    chainer_patches.ChainerPatches._entry = broken  # before Chainer is instrumented
-
-import chainer  # noqa: E402
-import chainer.links as L  # noqa: E402
-
-np.random.seed(0)
-x = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
-t = np.array([0, 1, 0, 1], np.int32)
-model = L.Classifier(L.Linear(3, 2))
-opt = chainer.optimizers.SGD()
-opt.setup(model)
-for i in range(4):
-    if i == 1 and sys.argv[1] == "tracer" and agent_module.current() is not None:
-        agent_module.current().tracer.begin_phase = broken
-    loss = model(x, t)
-    model.cleargrads()
-    loss.backward()
-    opt.update()
-    print(repr(float(loss.array)))
-    opt.update(model, x, t)
-    print(repr(float(model.loss.array)))
-agent = agent_module.current()
-if agent is not None:
-    for patch in agent.patches.patches:
-        print(patch.label, patch.status, patch.on, file=sys.stderr)
-'''
+ERRORS_PROGRAM = program("harm_errors")
 
 
 def test_agent_errors_are_contained(tmp_path: Path):
@@ -297,51 +116,7 @@ def test_agent_errors_are_contained(tmp_path: Path):
 
 def test_failing_sink_in_an_extension_range(tmp_path: Path):
     """A sink failing to begin a range: nothing left open, and training stays training."""
-    source = r'''
-import numpy as np
-import chainer
-import chainer.links as L
-from chainer import training
-
-import chainer_autoprof.agent as agent_module
-
-
-class FailingSink:
-    def prepare(self, info):
-        pass
-
-    def begin(self, info, ts):
-        if info.category == "extension":
-            raise RuntimeError("sink failed")
-
-    def end(self, info, t0, t1, ts):
-        pass
-
-    def close(self, tracer):
-        pass
-
-
-agent_module.current().tracer.add_sink(FailingSink())  # after NVTX: NVTX has pushed
-
-
-class Every(training.Extension):
-    trigger = (1, "iteration")
-
-    def __call__(self, trainer):
-        pass
-
-
-x = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
-t = np.array([0, 1, 0, 1], np.int32)
-model = L.Classifier(L.Linear(3, 2))
-opt = chainer.optimizers.SGD()
-opt.setup(model)
-it = chainer.iterators.SerialIterator(chainer.datasets.TupleDataset(x, t), 2)
-trainer = training.Trainer(training.updaters.StandardUpdater(it, opt), (3, "iteration"))
-trainer.extend(Every())
-trainer.run()
-print(trainer.updater.iteration)
-'''
+    source = program("harm_failing_sink_in_an_extension")
     run = run_with_agent(tmp_path, source)
     assert run.returncode == 0, run.stderr
     assert run.stdout == "3\n"

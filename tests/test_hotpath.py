@@ -21,9 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from nvtx_tool import ranges_by_thread
-from support import EXAMPLES, native_under_test, run_python, run_with_agent, write_script
-from test_ranges import GRANULARITIES, SCENARIO_PROGRAM, check_stream
-from test_threads import THREADS_SCRIPT
+from streams import GRANULARITIES, check_stream
+from support import EXAMPLES, program, run_python, run_with_agent, write_script
 
 from chainer_autoprof.common import names
 from chainer_autoprof.common.settings import Config
@@ -33,20 +32,6 @@ from chainer_autoprof.runtime.events import Tracer
 from chainer_autoprof.runtime.hotpath import build
 from chainer_autoprof.runtime.policies import SyncPolicy
 from chainer_autoprof.sinks.recorder import Recorder
-
-IMPLEMENTATIONS = ("native", "python")
-
-
-@pytest.fixture(scope="module")
-def native_module():
-    """The native implementation, built in place (the comparisons need both, in any run)."""
-    build.build_in_place()
-    return hotpath.load_native()
-
-
-def _impl(name: str, native_module) -> hotpath.Implementation:
-    return hotpath.Implementation("native", native_module) if name == "native" \
-        else hotpath.PYTHON
 
 
 def _by_thread(events) -> list[list[tuple]]:
@@ -73,7 +58,7 @@ def _both(tmp_path: Path, runner, *args, **kwargs):
 
 def test_same_nvtx_stream_every_scenario_and_granularity(tmp_path: Path, native_module):
     def run(where, native):
-        script = write_script(where, "scenarios.py", SCENARIO_PROGRAM)
+        script = write_script(where, "scenarios.py", program("ranges_scenarios"))
         return run_python(where, [str(script), ",".join(GRANULARITIES), "2"], check=True,
                           env={"CHAINER_PROF_NATIVE": native, **NO_GC})
 
@@ -86,8 +71,9 @@ def test_same_nvtx_stream_every_scenario_and_granularity(tmp_path: Path, native_
 
 def test_same_nvtx_stream_threads(tmp_path: Path, native_module):
     def run(where, native):
-        return run_with_agent(where, THREADS_SCRIPT, {"CHAINER_PROF_GRANULARITY": "function",
-                                                      "CHAINER_PROF_NATIVE": native, **NO_GC})
+        return run_with_agent(where, program("threads_two_trainers"),
+                              {"CHAINER_PROF_GRANULARITY": "function",
+                               "CHAINER_PROF_NATIVE": native, **NO_GC})
 
     native, python = _both(tmp_path, run)
     assert native.returncode == python.returncode == 0, native.stderr + python.stderr
@@ -186,9 +172,8 @@ def _tracer(impl: hotpath.Implementation, chunk: int = 4096) -> tuple[Tracer, Re
     return tracer, recorder
 
 
-@pytest.mark.parametrize("impl_name", IMPLEMENTATIONS)
-def test_pending_blocks_are_copies_any_thread_may_take(impl_name: str, native_module):
-    tracer, recorder = _tracer(_impl(impl_name, native_module))
+def test_pending_blocks_are_copies_any_thread_may_take(implementation: hotpath.Implementation):
+    tracer, recorder = _tracer(implementation)
     outer = tracer.info("outer", names.USER)
     inner = tracer.info("inner", names.USER)
     tok = tracer.begin(outer)
@@ -205,7 +190,7 @@ def test_pending_blocks_are_copies_any_thread_may_take(impl_name: str, native_mo
     assert recorder.pending_blocks()[0][1][:3, 0].tolist() == [inner.index] * 3
 
     # another thread reads while this one records, fills and flushes (chunks of 64)
-    tracer, recorder = _tracer(_impl(impl_name, native_module), chunk=64)
+    tracer, recorder = _tracer(implementation, chunk=64)
     info = tracer.info("r", names.USER)
     stop = threading.Event()
     seen: list[int] = []
@@ -236,65 +221,12 @@ def test_pending_blocks_are_copies_any_thread_may_take(impl_name: str, native_mo
     assert recorder.agg.ranges == 5000  # nothing lost, nothing counted twice
 
 
-GC_PROGRAM = r'''
-import gc
-import sys
-
-import numpy as np
-import chainer
-import chainer.functions as F
-import chainer.links as L
-
-import chainer_autoprof
-
-agent = chainer_autoprof.install(granularity=sys.argv[1], summary=True, log="error")
-tracer = agent.tracer
-info = tracer.info("gc", "user")
-open_ranges = {}
-
-
-def on_gc(phase, details):
-    """A range per collection on the collecting thread, as a gc profiler would add."""
-    if phase == "start":
-        open_ranges[id(tracer.state())] = tracer.begin(info)
-    else:
-        tracer.end(open_ranges.pop(id(tracer.state()), None))
-
-
-gc.callbacks.append(on_gc)
-gc.set_threshold(1, 1, 1)  # a collection at nearly every allocation, inside our bookkeeping
-
-
-class MLP(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(3, 4)
-            self.l2 = L.Linear(4, 2)
-
-    def forward(self, x):
-        return self.l2(F.relu(self.l1(x)))
-
-
-np.random.seed(0)
-x = np.random.rand(4, 3).astype(np.float32)
-t = np.array([0, 1, 0, 1], np.int32)
-model = L.Classifier(MLP())
-opt = chainer.optimizers.SGD()
-opt.setup(model)
-for _ in range(3):
-    opt.update(model, x, t)
-gc.callbacks.remove(on_gc)
-gc.set_threshold(700, 10, 10)
-recorder = agent.recorder
-recorder.flush_all()
-print(repr(float(model.loss.array)), agent.implementation,
-      recorder.agg.ranges > 0, tracer.state().stack == [])
-'''
+GC_PROGRAM = program("hotpath_gc_callback_ranges")
 
 
 @pytest.mark.parametrize("granularity", ["link", "function"])
-def test_ranges_from_gc_callbacks_nest_in_the_hot_path(tmp_path: Path, granularity: str):
+def test_ranges_from_gc_callbacks_nest_in_the_hot_path(tmp_path: Path, granularity: str,
+                                                       twin: str):
     script = write_script(tmp_path, "gc_ranges.py", GC_PROGRAM)
     run = run_python(tmp_path, [str(script), granularity], check=True)
     loss, used, recorded, empty = run.stdout.split()
@@ -302,5 +234,5 @@ def test_ranges_from_gc_callbacks_nest_in_the_hot_path(tmp_path: Path, granulari
     check_stream(run.events, user=("gc",))  # balanced: every gc range nests
     pushes = [ev.text for ev in run.events if ev.event == "push"]
     assert pushes.count("gc") > 50 and "iteration" in pushes
-    assert used == ("native" if native_under_test() else "python")
+    assert used == twin
     assert float(loss) > 0

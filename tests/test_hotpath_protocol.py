@@ -33,20 +33,7 @@ from chainer_autoprof.runtime.policies import SyncPolicy
 from chainer_autoprof.sinks import gpu_phases
 from chainer_autoprof.sinks.recorder import Recorder
 
-IMPLEMENTATIONS = ("native", "python")
 PHASES = {names.ITERATION, *names.PHASES}
-
-
-@pytest.fixture(scope="module")
-def native_module():
-    """The native implementation, built in place (both are tested in any run)."""
-    build.build_in_place()
-    return hotpath.load_native()
-
-
-def _impl(name: str, native_module) -> hotpath.Implementation:
-    return hotpath.Implementation("native", native_module) if name == "native" \
-        else hotpath.PYTHON
 
 
 # -- the protocol --------------------------------------------------------------------------
@@ -149,10 +136,9 @@ def _tracer(impl: hotpath.Implementation, backend=None) -> Tracer:
                   implementation=impl)
 
 
-@pytest.mark.parametrize("impl_name", IMPLEMENTATIONS)
-def test_each_sink_gets_the_ranges_of_its_categories(impl_name: str, native_module):
+def test_each_sink_gets_the_ranges_of_its_categories(implementation: hotpath.Implementation):
     log: list = []
-    tracer = _tracer(_impl(impl_name, native_module))
+    tracer = _tracer(implementation)
     tracer.add_sink(Calls(log, "all"))
     tracer.add_sink(Calls(log, "phases", PHASES))
     tracer.add_sink(Calls(log, "links", {names.LINK}))
@@ -177,11 +163,10 @@ def test_each_sink_gets_the_ranges_of_its_categories(impl_name: str, native_modu
     tracer.forget_thread()
 
 
-@pytest.mark.parametrize("impl_name", IMPLEMENTATIONS)
-def test_a_failed_begin_is_undone_in_the_sinks_that_took_the_range(impl_name: str,
-                                                                  native_module):
+def test_a_failed_begin_is_undone_in_the_sinks_that_took_the_range(
+        implementation: hotpath.Implementation):
     log: list = []
-    tracer = _tracer(_impl(impl_name, native_module))
+    tracer = _tracer(implementation)
     tracer.add_sink(Calls(log, "all"))
     tracer.add_sink(Calls(log, "links", {names.LINK}))
     tracer.add_sink(Calls(log, "failing", fail_begin=True))
@@ -218,9 +203,8 @@ def _drive(tracer: Tracer, iterations: int) -> None:
         tracer.end_iteration(ts)
 
 
-@pytest.mark.parametrize("impl_name", IMPLEMENTATIONS)
 def test_the_gpu_phase_timer_is_never_called_for_a_link_or_function_range(
-        impl_name: str, native_module, monkeypatch):
+        implementation: hotpath.Implementation, monkeypatch):
     seen: list[str] = []
     timer_begin, timer_end = gpu_phases.GpuPhaseTimer.begin, gpu_phases.GpuPhaseTimer.end
 
@@ -235,7 +219,7 @@ def test_the_gpu_phase_timer_is_never_called_for_a_link_or_function_range(
     monkeypatch.setattr(gpu_phases.GpuPhaseTimer, "begin", begin)
     monkeypatch.setattr(gpu_phases.GpuPhaseTimer, "end", end)
     backend = CountingBackend()
-    tracer = _tracer(_impl(impl_name, native_module), backend)
+    tracer = _tracer(implementation, backend)
     cfg = Config({"summary": True, "trace": None, "warmup": 0})
     recorder = Recorder(cfg, tracer)
     tracer.add_sink(recorder)
@@ -259,8 +243,8 @@ def test_the_gpu_phase_timer_is_never_called_for_a_link_or_function_range(
 def test_both_recorder_hooks_append_the_same_rows(native_module):
     """The recorder's append, called from Python, and the native core's own, in C."""
     rows = {}
-    for name in IMPLEMENTATIONS:
-        impl = _impl(name, native_module)
+    for name, impl in (("native", hotpath.Implementation("native", native_module)),
+                       ("python", hotpath.PYTHON)):
         tracer = _tracer(impl)
         recorder = Recorder(Config({"summary": True, "trace": None}), tracer)
         tracer.add_sink(recorder)
@@ -311,8 +295,7 @@ def test_nothing_outside_the_hot_path_branches_on_the_twin():
     assert found == []
 
 
-def test_a_patch_asks_for_a_hot_wrapper_the_protocol_names(native_module):
-    for name in IMPLEMENTATIONS:
-        impl = _impl(name, native_module)
-        with pytest.raises(ValueError, match="no hot wrapper 'around'"):
-            impl.hot_wrapper("around", len, impl.switch(), print)
+def test_a_patch_asks_for_a_hot_wrapper_the_protocol_names(
+        implementation: hotpath.Implementation):
+    with pytest.raises(ValueError, match="no hot wrapper 'around'"):
+        implementation.hot_wrapper("around", len, implementation.switch(), print)

@@ -18,12 +18,14 @@ import pytest
 from headless_browser import Browser, find_browser
 from support import REPO, clean_env
 from verdict_workloads import run_workload
+from waiting_gpu import run_waiting
 
 from chainer_autoprof.analysis import advice
 from chainer_autoprof.analysis import verdict as vd
 from chainer_autoprof.common import figures
 from chainer_autoprof.report import html as html_report
 from chainer_autoprof.report.tracefile import read_trace
+from chainer_autoprof.runtime import hotpath
 
 needs_browser = pytest.mark.skipif(
     find_browser() is None,
@@ -213,9 +215,7 @@ def test_gpu_page_shows_the_gpu_beside_the_host(tmp_path):
 @needs_browser
 def test_recorded_waits_are_labelled_segments(tmp_path):
     """A trace with the agent's waits recorded (sync level 2): each is a segment of its own."""
-    from test_gpu_waits import run  # the in-process run with the device-sync stand-in
-
-    _stats, trace, _ = run(tmp_path, 2, "python", None)
+    _stats, trace, _ = run_waiting(tmp_path, 2, hotpath.PYTHON)
     out = tmp_path / "waits.html"
     report(str(trace), "--html", str(out))
     with Browser() as browser:

@@ -5,134 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from support import run_python, run_with_agent, write_script
-from test_ranges import check_stream, prune, segments, tree_of
+from streams import check_stream, prune, segments, tree_of
+from support import program, run_python, run_with_agent, write_script
 
-MODEL = r'''
-import numpy as np
-import chainer
-import chainer.links as L
-
-
-class Old(chainer.Chain):
-    """Old style (__call__, no forward)."""
-
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(3, 2)
-
-    def __call__(self, x):
-        return self.l1(x)
-
-
-x = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
-t = np.array([0, 1, 0, 1], np.int32)
-
-
-def step(model, opt):
-    loss = model(x, t)
-    model.cleargrads()
-    loss.backward()
-    opt.update()
-
-
-def new_model():
-    model = L.Classifier(Old())
-    opt = chainer.optimizers.SGD()
-    opt.setup(model)
-    return model, opt
-'''
-
-LIFECYCLE_PROGRAM = MODEL + r'''
-import sys
-
-import nvtx
-import chainer.dataset
-import chainer.iterators
-import chainer.optimizers
-import chainer.training
-import chainer.training.extensions
-import chainer.training.updaters
-import chainer._backprop_utils
-
-import chainer_autoprof
-
-
-def mark(name):
-    nvtx.mark(message=name, domain="scenario")
-
-
-def ours(obj):
-    """Whether obj is a wrapper of the agent's (either implementation of the hot path)."""
-    return getattr(obj, "_chainer_autoprof_switch", None) is not None
-
-
-def routines():
-    """Every attribute of Chainer's modules and classes (and Old), with the routines' identity."""
-    seen = {}
-    classes = [Old]
-    for name, module in sorted(sys.modules.items()):
-        if module is None or not (name == "chainer" or name.startswith("chainer.")):
-            continue
-        for key, value in vars(module).items():
-            seen[(name, key)] = value
-            if isinstance(value, type) and value.__module__.startswith("chainer"):
-                classes.append(value)
-    for cls in classes:
-        for key, value in vars(cls).items():
-            seen[(cls.__module__, cls.__qualname__, key)] = value
-    return seen
-
-
-def differences(before, after):
-    """Keys added or removed, and routines (or descriptors) that are not the same object."""
-    out = sorted(str(k) for k in before.keys() ^ after.keys())
-    for key, value in before.items():
-        if key in after and callable(value) and after[key] is not value:
-            out.append(str(key))
-    return out
-
-
-original = routines()
-agent = chainer_autoprof.install(granularity="function", summary=False)
-print("second install returns the same agent:",
-      chainer_autoprof.install(granularity="link") is agent)
-
-
-class OldAfter(Old):
-    def __call__(self, x):
-        return super().__call__(x)
-
-
-wrapped_after = OldAfter.__dict__["__call__"]
-print("class defined later wrapped:", ours(wrapped_after))
-from chainer.dataset.iterator import Iterator
-from chainer.iterators import SerialIterator
-print("next alias shares the wrapper:", SerialIterator.__dict__["next"]
-      is SerialIterator.__dict__["__next__"], ours(SerialIterator.__dict__["next"]))
-mark("installed")
-step(*new_model())
-m = L.Classifier(OldAfter())
-opt = chainer.optimizers.SGD()
-opt.setup(m)
-step(m, opt)
-chainer_autoprof.uninstall()
-print("restored after uninstall:", differences(original, routines()))
-print("class defined later restored:",
-      OldAfter.__dict__["__call__"] is wrapped_after.__wrapped__)
-print("__init_subclass__ hook removed:", "__init_subclass__" not in chainer.Link.__dict__)
-print("Iterator.next untouched:", Iterator.__dict__["next"] is original[
-    ("chainer.dataset.iterator", "Iterator", "next")])
-mark("uninstalled")
-step(*new_model())
-chainer_autoprof.install(granularity="link", summary=False)
-mark("reinstalled")
-step(*new_model())
-chainer_autoprof.uninstall()
-print("restored after the second uninstall:", differences(original, routines()))
-mark("end")
-'''
+LIFECYCLE_PROGRAM = program("install_lifecycle")
 
 ONCE = """
 I iteration
@@ -181,37 +57,7 @@ def test_install_uninstall_reinstall(tmp_path: Path):
 
 def test_annotate_and_install_before_import(tmp_path: Path):
     """User ranges in the agent's (custom) domain; the agent installed before ``import chainer``."""
-    source = r'''
-import sys
-
-import chainer_autoprof
-
-print("chainer imported at start:", "chainer" in sys.modules)
-''' + MODEL + r'''
-print("Link.__call__ wrapped at import:",
-      getattr(chainer.Link.__dict__["__call__"], "_chainer_autoprof_switch", None) is not None)
-model, opt = new_model()
-
-
-@chainer_autoprof.annotate("train_step")
-def train_step():
-    step(model, opt)
-
-
-train_step()
-with chainer_autoprof.annotate("eval"):
-    with chainer.using_config("train", False):
-        model(x, t)
-with chainer_autoprof.annotate("fwd"):  # the iteration it opens ends with the block
-    loss = model(x, t)
-model.cleargrads()
-loss.backward()
-opt.update()
-chainer_autoprof.uninstall()
-with chainer_autoprof.annotate("no agent"):
-    step(model, opt)
-print("done")
-'''
+    source = program("install_annotate_before_import")
     run = run_with_agent(tmp_path, source, {"CHAINER_PROF_DOMAIN": "mine"})
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == ["chainer imported at start: False",
@@ -238,19 +84,7 @@ print("done")
 
 def test_failing_hook_never_breaks_import(tmp_path: Path):
     """An internal error while instrumenting: ``import chainer`` works, training runs plainly."""
-    source = r'''
-import chainer_autoprof.patches.chainer as chainer_patches
-
-
-def broken(self, chainer):
-    raise RuntimeError("instrumenting failed")
-
-
-chainer_patches.ChainerPatches.apply = broken
-''' + MODEL + r'''
-step(*new_model())
-print("Link.__call__ untouched:", type(chainer.Link.__dict__["__call__"]).__name__)
-'''
+    source = program("install_failing_hook")
     run = run_with_agent(tmp_path, source)
     assert run.returncode == 0, run.stderr
     assert run.stdout == "Link.__call__ untouched: function\n"
@@ -260,17 +94,7 @@ print("Link.__call__ untouched:", type(chainer.Link.__dict__["__call__"]).__name
 
 
 def test_unknown_chainer_version_runs_uninstrumented(tmp_path: Path):
-    source = MODEL + r'''
-import chainer_autoprof
-
-real = chainer.__version__
-chainer.__version__ = "99.0.0"
-chainer_autoprof.install()
-chainer_autoprof.uninstall()
-chainer_autoprof.install()  # the same warning is not repeated
-step(*new_model())
-print("Link.__call__ untouched:", type(chainer.Link.__dict__["__call__"]).__name__)
-'''
+    source = program("install_unknown_chainer_version")
     script = write_script(tmp_path, "version.py", source)
     run = run_python(tmp_path, [str(script)], env={"CHAINER_PROF_SUMMARY": "0"})
     assert run.returncode == 0, run.stderr
@@ -282,18 +106,7 @@ print("Link.__call__ untouched:", type(chainer.Link.__dict__["__call__"]).__name
 
 def test_missing_chainer_warns_once_and_the_program_runs(tmp_path: Path):
     """Where Chainer cannot be imported, one warning, and the script runs unchanged."""
-    source = r'''
-import sys
-
-sys.modules["chainer"] = None  # "import chainer" now fails as where it is not installed
-import chainer_autoprof
-
-chainer_autoprof.install(summary=False)  # no CHAINER_PROF_* variable: no start-up activation
-try:
-    import chainer  # noqa: F401
-except ImportError as exc:
-    print("script goes on:", type(exc).__name__)
-'''
+    source = program("install_missing_chainer")
     script = write_script(tmp_path, "nochainer.py", source)
     run = run_python(tmp_path, [str(script)])
     assert run.returncode == 0, run.stderr
@@ -304,30 +117,7 @@ except ImportError as exc:
 
 def test_status_report(tmp_path: Path):
     """CHAINER_PROF_LOG=debug: every target with owners and state at start, hits at exit."""
-    source = r'''
-import chainer.dataset.convert
-
-import chainer_autoprof.patches.base as patch_base
-
-del chainer.dataset.convert._call_converter  # a target this Chainer lacks
-real_replace = patch_base.replace_attribute
-
-
-def refusing(owner, name, wrapper):
-    if name == "backward":
-        raise RuntimeError("refused")
-    return real_replace(owner, name, wrapper)
-
-
-patch_base.replace_attribute = refusing
-import chainer_autoprof
-
-chainer_autoprof.install(log="debug", summary=False)
-''' + MODEL + r'''
-model, opt = new_model()
-for _ in range(3):
-    step(model, opt)
-'''
+    source = program("install_status_report")
     script = write_script(tmp_path, "status.py", source)
     # Settings through install(), not the environment: an installed .pth would start
     # the agent at interpreter start-up, before the script removes its target.

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from nvtx_tool import build_injection_library, nvtx_env, read_events, tree
 from site_venv import SiteVenv, make_site_venv
-from support import EXAMPLES, REPO, clean_env
+from support import EXAMPLES, REPO, clean_env, program
 
 from chainer_autoprof import __version__
 from chainer_autoprof.cli import SUBCOMMANDS
@@ -26,51 +26,11 @@ from chainer_autoprof.common.settings import SETTINGS
 
 LAUNCHER = ["-m", "chainer_autoprof"]
 
-REPORT = """\
-import os, pickle, sys
+REPORT = program("launcher_report")
 
-class Point:
-    def __init__(self, x):
-        self.x = x
+ERROR = program("launcher_error")
 
-print("argv", sys.argv)
-print("path0", sys.path[0])
-print("name", __name__, "file", __file__)
-print("pickled", type(pickle.loads(pickle.dumps(Point(2)))).__module__)
-print("env", sorted((k, v) for k, v in os.environ.items() if k.startswith("CHAINER_PROF_")
-                    and k not in ("CHAINER_PROF_SUMMARY", "CHAINER_PROF_ENABLE")))
-sys.exit(int(os.environ.get("EXIT_WITH", "0")))
-"""
-
-ERROR = """\
-import atexit
-atexit.register(print, "atexit ran")
-
-def inner():
-    raise ValueError("boom")
-
-inner()
-"""
-
-TRAIN = """\
-import os
-import numpy as np
-import chainer
-import chainer.links as L
-from chainer import training
-
-np.random.seed(0)
-model = L.Classifier(L.Linear(4, 3))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-x = np.random.RandomState(0).randn(12, 4).astype(np.float32)
-t = (np.arange(12) % 3).astype(np.int32)
-it = chainer.iterators.SerialIterator(chainer.datasets.TupleDataset(x, t), 4, shuffle=False)
-updater = training.updaters.StandardUpdater(it, optimizer)
-for _ in range(2):
-    updater.update()
-print("loss", repr(float(model.loss.array)), os.environ.get("CHAINER_PROF_GRANULARITY"))
-"""
+TRAIN = program("launcher_train")
 
 
 def write(path: Path, text: str) -> Path:
@@ -246,13 +206,7 @@ def venv(tmp_path_factory) -> SiteVenv:
     return make_site_venv(tmp_path_factory.mktemp("launchvenv") / "venv")
 
 
-PARENT = """\
-import json, os, subprocess, sys
-print(os.getpid(), json.dumps({k: v for k, v in os.environ.items()
-                                if k.startswith("CHAINER_PROF_")}))
-sys.stdout.flush()
-sys.exit(subprocess.call([sys.executable, "child.py"]))
-"""
+PARENT = program("launcher_parent")
 
 
 def test_flags_reach_child_processes(venv, tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from nvtx_tool import ranges_by_thread
-from support import run_python, write_script
+from support import program, run_python, write_script
 
 from chainer_autoprof.analysis import verdict as vd
 from chainer_autoprof.common import names
@@ -27,38 +27,7 @@ from chainer_autoprof.report.tracefile import stats_from_trace
 HEADER = "chainer_autoprof summary"
 
 #: A model, its data and its optimizer: the start of every script here.
-COMMON = """
-import sys
-import time
-
-import chainer
-import chainer.functions as F
-import chainer.links as L
-import numpy as np
-from chainer import training
-from chainer.dataset import concat_examples
-
-
-class MLP(chainer.Chain):
-    def __init__(self, n_out=4):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(None, 16)
-            self.l2 = L.Linear(None, n_out)
-
-    def forward(self, x):
-        return self.l2(F.relu(self.l1(x)))
-
-
-rng = np.random.RandomState(0)
-X = rng.randn(640, 8).astype(np.float32)
-Y = rng.randint(0, 4, 640).astype(np.int32)
-train = chainer.datasets.TupleDataset(X[:320], Y[:320])
-test = chainer.datasets.TupleDataset(X[320:], Y[320:])
-model = L.Classifier(MLP())
-optimizer = chainer.optimizers.SGD(lr=0.01)
-optimizer.setup(model)
-"""
+COMMON = program("loops_common")
 
 
 def run_script(tmp: Path, body: str, *flags: str) -> tuple:
@@ -104,14 +73,7 @@ def summary_verdict(stderr: str) -> str:
 
 # -- item 5: the Trainer, then the test set by hand -----------------------------------------
 
-TRAINER_THEN_EVALUATION = """
-it = chainer.iterators.SerialIterator(train, 16)
-trainer = training.Trainer(training.updaters.StandardUpdater(it, optimizer), (20, "iteration"))
-trainer.run()
-x, t = concat_examples(test)  # the whole test set, converted by hand
-{evaluate}
-print("accuracy", float(model.accuracy.array))
-"""
+TRAINER_THEN_EVALUATION = program("loops_trainer_then_evaluation")
 
 EVALUATIONS = {
     "test-mode": "with chainer.using_config('train', False):\n    model(x, t)",
@@ -142,43 +104,7 @@ def test_evaluation_after_trainer_run_is_no_iteration(tmp_path, evaluation):
 
 # -- item 6: loops of the program's own --------------------------------------------------------
 
-GAN = """
-class Gen(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(4, 8)
-
-    def forward(self, z):
-        return self.l1(z)
-
-
-class Dis(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(8, 1)
-
-    def forward(self, x):
-        return self.l1(x)
-
-
-gen, dis = Gen(), Dis()
-opt_gen, opt_dis = chainer.optimizers.Adam(), chainer.optimizers.Adam()
-opt_gen.setup(gen)
-opt_dis.setup(dis)
-real = rng.randn(384, 8).astype(np.float32)
-it = chainer.iterators.SerialIterator(real, 32)
-
-
-def z():
-    return rng.randn(32, 4).astype(np.float32)
-
-
-for step in range(12):
-{step}
-print("done")
-"""
+GAN = program("loops_gan")
 
 GAN_STEPS = {
     # the discriminator, then the generator, with backward and update by hand
@@ -223,32 +149,7 @@ def test_two_optimizers_per_step_are_one_iteration(tmp_path, shape):
     assert counted(run.stderr) == (9, 3)
 
 
-THREE_OPTIMIZERS = """
-class AutoEncoder(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.encoder = L.Linear(8, 3)
-            self.decoder = L.Linear(3, 8)
-            self.critic = L.Linear(3, 1)
-
-
-ae = AutoEncoder()
-optimizers = []
-for part in (ae.encoder, ae.decoder, ae.critic):  # one optimizer per part of one model
-    opt = chainer.optimizers.SGD(lr=0.01)
-    opt.setup(part)
-    optimizers.append(opt)
-for step in range(10):
-    x = X[step * 16:(step + 1) * 16]
-    h = ae.encoder(x)
-    loss = F.mean_squared_error(ae.decoder(h), x) + F.sum(ae.critic(h)) * 0.01
-    ae.cleargrads()
-    loss.backward()
-    for opt in optimizers:
-        opt.update()
-print("done")
-"""
+THREE_OPTIMIZERS = program("loops_three_optimizers")
 
 
 def test_one_optimizer_per_part_of_a_model_is_one_iteration_a_step(tmp_path):
@@ -258,14 +159,7 @@ def test_one_optimizer_per_part_of_a_model_is_one_iteration_a_step(tmp_path):
     assert nvtx_iterations(run) == [0] * 10
 
 
-MANUAL_THEN_ONE_CALL = """
-it = chainer.iterators.SerialIterator(train, 16)
-for step in range(12):
-    x, t = concat_examples(next(it))
-{update}
-{after}
-print("done")
-"""
+MANUAL_THEN_ONE_CALL = program("loops_manual_then_one_call")
 
 UPDATES = {
     "backward": "    loss = model(x, t)\n    model.cleargrads()\n    loss.backward()\n"
@@ -299,50 +193,13 @@ def test_a_manual_loop_then_a_model_call_counts_the_steps(tmp_path, update, afte
 
 def test_a_step_cut_short_by_the_end_still_counts(tmp_path):
     """As an updater's: the program's end inside a step's data loading (an exception here)."""
-    body = """
-class Failing(chainer.dataset.DatasetMixin):
-    def __len__(self):
-        return 320
-
-    def get_example(self, i):
-        if reads.append(i) or len(reads) > 16 * 5:
-            raise RuntimeError("the disk went away")
-        return X[i], Y[i]
-
-
-reads = []
-it = chainer.iterators.SerialIterator(Failing(), 16)
-try:
-    for step in range(12):
-        optimizer.update(model, *concat_examples(next(it)))
-except RuntimeError:
-    pass
-"""
+    body = program("loops_step_cut_short")
     run, data, _ = run_script(tmp_path, body)
     assert len(spans(data, "iteration")) == 6  # 5 steps done, the 6th stopped in data
     assert counted(run.stderr) == (3, 3)
 
 
-EVALUATION_BETWEEN_EPOCHS = """
-class SlowToTest(MLP):
-    def forward(self, x):
-        if not chainer.config.train:
-            time.sleep(0.1)  # a large test set
-        return super().forward(x)
-
-
-model = L.Classifier(SlowToTest())
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-it = chainer.iterators.SerialIterator(train, 16)
-for epoch in range(3):
-    for step in range(8):
-        optimizer.update(model, *concat_examples(next(it)))
-    x, t = concat_examples(test)  # converted in training mode, evaluated in test mode
-    with chainer.using_config("train", False):
-        model(x, t)
-print("done")
-"""
+EVALUATION_BETWEEN_EPOCHS = program("loops_evaluation_between_epochs")
 
 
 def test_evaluation_between_epochs_stays_out_of_the_next_step(tmp_path):
@@ -357,26 +214,7 @@ def test_evaluation_between_epochs_stays_out_of_the_next_step(tmp_path):
 
 # -- item 7: F.forget: the forward runs again inside the backward -------------------------------
 
-FORGET = """
-class Forgetful(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(8, 8)
-            self.l2 = L.Linear(8, 4)
-
-    def forward(self, x):
-        return self.l2(F.forget(lambda h: F.relu(self.l1(h)), x))
-
-
-model = L.Classifier(Forgetful())
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-for step in range(12):
-    x, t = X[step * 16:(step + 1) * 16], Y[step * 16:(step + 1) * 16]
-{step}
-print("done")
-"""
+FORGET = program("loops_forget")
 
 FORGET_STEPS = {
     "lossfun": "    optimizer.update(model, x, t)",
@@ -414,24 +252,7 @@ def test_forget_recomputing_in_backward_opens_no_iteration(tmp_path, step, granu
 
 # -- item 8: time after the last iteration is not between iterations ---------------------------
 
-SLOW_EVALUATION = """
-class SlowToTest(MLP):
-    def forward(self, x):
-        if not chainer.config.train:
-            time.sleep(0.05)  # a large test set
-        return super().forward(x)
-
-
-model = L.Classifier(SlowToTest())
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-{before}
-{train}
-with chainer.using_config("train", False), chainer.no_backprop_mode():
-    for start in range(0, 320, 64):
-        model(X[320 + start:384 + start], Y[320 + start:384 + start])
-print("done")
-"""
+SLOW_EVALUATION = program("loops_slow_evaluation")
 
 TRAININGS = {
     "manual": ("it = chainer.iterators.SerialIterator(train, 16)\nfor step in range(20):\n"

@@ -11,8 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from support import clean_env, run_with_agent
-from test_children import CHILD_STEPS, CHILDREN_SCRIPT, PARENT_STEPS
+from support import CHILD_STEPS, PARENT_STEPS, clean_env, program, run_with_agent
 
 
 def merge(cwd, *args: str) -> subprocess.CompletedProcess:
@@ -24,7 +23,7 @@ def merge(cwd, *args: str) -> subprocess.CompletedProcess:
 def parent_and_child(tmp_path_factory):
     """Trace files of a parent that forked a child which trained first."""
     tmp = tmp_path_factory.mktemp("merge")
-    run = run_with_agent(tmp, CHILDREN_SCRIPT,
+    run = run_with_agent(tmp, program("children_fork_spawn_forkserver"),
                          {"CHAINER_PROF_TRACE": str(tmp / "trace.%p.json"),
                           "CHAINER_PROF_WARMUP": "0"},
                          script_args=("fork",), nvtx=False)

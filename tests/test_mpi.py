@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from nvtx_tool import nvtx_env, ranges_by_thread, read_events
-from support import EXAMPLES, REPO, clean_env
+from support import EXAMPLES, REPO, clean_env, program
 
 from chainer_autoprof.common.rank import from_environ as rank_from_environ
 from chainer_autoprof.common.settings import SettingsError
@@ -203,33 +203,7 @@ def test_rank_from_launcher_environment(environ, expected):
     assert (None if info is None else (info.rank, info.size, info.source)) == expected
 
 
-COMMUNICATOR_ONLY = """
-import os
-import sys
-
-import chainermn
-from mpi4py import MPI  # MPI is initialized: the launcher's variables are no longer needed
-
-from chainer_autoprof.common.rank import LAUNCHER_VARS
-
-for rank_var, size_var, _ in LAUNCHER_VARS:  # hide every launcher: only the communicator tells
-    os.environ.pop(rank_var, None)
-    if size_var:
-        os.environ.pop(size_var, None)
-comm = chainermn.create_communicator("naive")
-import chainer
-import chainer.links as L
-import numpy as np
-
-model = L.Linear(3, 2)
-optimizer = chainermn.create_multi_node_optimizer(chainer.optimizers.SGD(), comm)
-optimizer.setup(model)
-x = np.ones((2, 3), np.float32)
-for _ in range(3):
-    optimizer.update(lambda: chainer.functions.sum(model(x)))
-sys.stdout.write(f"rank {comm.rank} of {comm.size}\\n")  # one write: ranks share stdout
-sys.stdout.flush()
-"""
+COMMUNICATOR_ONLY = program("mpi_communicator_only")
 
 
 @needs_mpi
@@ -412,29 +386,7 @@ def test_paths_that_keep_the_ranks_apart_are_accepted(tmp_path, launcher, files)
 
 #: The rank is learned from the communicator only, after the agent started: no launcher
 #: variable was there to refuse the shared path at the start.
-LATE_RANK = """
-import os, sys
-from mpi4py import MPI  # MPI is initialized: the launcher's variables are no longer needed
-from chainer_autoprof.common.rank import LAUNCHER_VARS
-
-for rank_var, size_var, _ in LAUNCHER_VARS:
-    os.environ.pop(rank_var, None)
-    if size_var:
-        os.environ.pop(size_var, None)
-import chainer_autoprof
-chainer_autoprof.install(trace="run.json", summary=False)
-import chainer, chainermn
-import chainer.links as L
-import numpy as np
-
-comm = chainermn.create_communicator("naive")
-model = L.Linear(3, 2)
-optimizer = chainermn.create_multi_node_optimizer(chainer.optimizers.SGD(), comm)
-optimizer.setup(model)
-x = np.ones((2, 3), np.float32)
-for _ in range(3):
-    optimizer.update(lambda: chainer.functions.sum(model(x)))
-"""
+LATE_RANK = program("mpi_late_rank")
 
 
 @needs_mpi

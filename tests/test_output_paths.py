@@ -18,22 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import clean_env, write_script
+from support import clean_env, program, write_script
 
-TRAIN = r'''
-import numpy as np
-import chainer
-import chainer.links as L
-
-model = L.Classifier(L.Linear(4, 3))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-x = np.ones((4, 4), np.float32)
-t = np.zeros(4, np.int32)
-for _ in range(4):
-    optimizer.update(model, x, t)
-print("trained")
-'''
+TRAIN = program("output_paths_train")
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 

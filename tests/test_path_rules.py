@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import clean_env, write_script
-from test_output_paths import TRAIN
+from support import clean_env, program, write_script
 
 from chainer_autoprof.common.one_line import command_line, one_line
 
@@ -30,6 +29,8 @@ BAD = [
     (" run.json", "begins or ends with white space"),
     ("run\n.json", "holds a control character"),
 ]
+
+TRAIN = program("output_paths_train")
 
 
 def _python(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support import run_python, write_script
+from support import program, run_python, write_script
 
 
 @pytest.mark.parametrize("code", ["import json", "import chainer",
@@ -34,15 +34,7 @@ def test_a_process_that_trained_still_reports(tmp_path: Path):
     assert "chainer_autoprof summary" in run.stderr  # an inference pass was recorded
 
 
-SECOND_INSTALL = r'''
-import chainer_autoprof
-
-first = chainer_autoprof.install(sync_level=1, granularity="link", summary=False)
-print(chainer_autoprof.install() is first)                       # nothing asked: silent
-print(chainer_autoprof.install(sync_level=1) is first)           # the same settings: silent
-print(chainer_autoprof.install(sync_level=2, granularity="link") is first)
-print(first.cfg.sync_level, first.cfg.granularity)
-'''
+SECOND_INSTALL = program("quiet_second_install")
 
 
 def test_a_second_install_with_other_settings_warns_once(tmp_path: Path):

@@ -11,99 +11,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from nvtx_tool import NvtxEvent, ranges_by_thread
-from support import EXAMPLES, run_python, run_with_agent, write_script
+from nvtx_tool import ranges_by_thread
+from streams import GRANULARITIES, check_stream, prune, segments, tree_of
+from support import (
+    EXAMPLES,
+    TRAINER_ARGS,
+    program,
+    run_python,
+    run_with_agent,
+    twin_env,
+    twins,
+    write_script,
+)
 
 from chainer_autoprof.common import names
 
-# -- reading the stream --------------------------------------------------------
-
-#: The colours the ranges must have (ARGB); the four phases' are chainer_profutil's.
-PHASE_COLOURS = {"iteration": 0xFFFFF100, "forward": 0xFF76B900, "backward": 0xFF7FDBFF,
-                 "update": 0xFFE60012, "data": names.CATEGORIES[names.DATA][1],
-                 "inference": names.CATEGORIES[names.INFERENCE][1]}
-
-
-def expected_colour(text: str, user: tuple[str, ...] = ()) -> int:
-    """The colour a range named ``text`` must have (``user``: annotate() names)."""
-    if text in user:
-        return names.CATEGORIES[names.USER][1]
-    if text in PHASE_COLOURS:
-        return PHASE_COLOURS[text]
-    if text.startswith("extension:"):
-        return names.CATEGORIES[names.EXTENSION][1]
-    if names.gc_generation(text) is not None:
-        return names.CATEGORIES[names.GC][1]
-    if text.endswith(" backward"):
-        return names.CATEGORIES[names.LINK_BACKWARD][1]
-    if text.endswith((".forward", ".backward")):
-        return names.CATEGORIES[names.FUNCTION][1]
-    return names.CATEGORIES[names.LINK][1]
-
-
-def check_stream(events: list[NvtxEvent], domain: str = "chainer",
-                 user: tuple[str, ...] = ()) -> None:
-    """Balanced, right colours, messages registered in ``domain`` before use."""
-    ranges = ranges_by_thread(events, domain)  # raises on a pop without push or a range left open
-    registered: set[str] = set()
-    for ev in events:
-        if ev.domain != domain:
-            continue
-        if ev.event == "string":
-            registered.add(ev.text)
-        elif ev.event == "push":
-            assert ev.text in registered, f"{ev.text!r} pushed as a plain, unregistered string"
-    for thread_ranges in ranges.values():
-        for _depth, text, colour in thread_ranges:
-            assert colour == expected_colour(text, user), f"{text!r}: colour {colour:#x}"
-
-
-def segments(events: list[NvtxEvent], domain: str = "chainer") -> dict[str, list[NvtxEvent]]:
-    """The events of ``domain`` between the program's ``scenario`` marks, by mark."""
-    parts: dict[str, list[NvtxEvent]] = {}
-    current: list[NvtxEvent] | None = None
-    for ev in events:
-        if ev.event == "mark" and ev.domain == "scenario":
-            current = parts.setdefault(ev.text, [])
-        elif current is not None and ev.domain == domain:
-            current.append(ev)
-    return parts
-
-
-def tree_of(events: list[NvtxEvent], domain: str = "chainer") -> list[str]:
-    ranges = ranges_by_thread(events, domain)
-    assert len(ranges) <= 1, f"ranges on several threads: {sorted(ranges)}"
-    return ["  " * d + text for d, text, _ in next(iter(ranges.values()), [])]
-
-
-# -- expected trees --------------------------------------------------------------
-# Written at function granularity; each line is tagged with the coarsest
-# granularity that shows it: I iteration, P phase, L link, F function.
-# ``prune`` derives the tree a coarser granularity emits.
-
-LEVEL = {"I": names.ITERATION_LEVEL, "P": names.PHASE_LEVEL, "L": names.LINK_LEVEL,
-         "F": names.FUNCTION_LEVEL}
-GRANULARITIES = ("iteration", "phase", "link", "function")
-
-
-def prune(tagged: str, granularity: str) -> list[str]:
-    """The lines of ``tagged`` a granularity emits, re-indented under their kept ancestors."""
-    limit = names.GRANULARITY_LEVEL[granularity]
-    out: list[str] = []
-    kept: list[tuple[int, bool]] = []  # (indent, kept) of the open ancestors
-    for line in tagged.splitlines():
-        if not line.strip():
-            continue
-        indent = (len(line) - len(line.lstrip())) // 2
-        tag, text = line.strip().split(" ", 1)
-        while kept and kept[-1][0] >= indent:
-            kept.pop()
-        keep = LEVEL[tag] <= limit
-        if keep:
-            out.append("  " * sum(1 for _, k in kept if k) + text)
-        kept.append((indent, keep))
-    return out
-
+# -- expected trees (tagged: see streams.py) ---------------------------------------
 
 CLASSIFIER_MLP = """
 I iteration
@@ -228,175 +151,16 @@ CLASSIFIER_MLP_DEPTH2 = [
     "  update",
 ]
 
-SCENARIO_PROGRAM = r'''
-import sys
-import traceback
-
-import numpy as np
-import chainer
-import chainer.functions as F
-import chainer.links as L
-import nvtx
-
-import chainer_autoprof
+SCENARIO_PROGRAM = program("ranges_scenarios")
 
 
-def mark(name):
-    nvtx.mark(message=name, domain="scenario")
-
-
-class MLP(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(3, 4)
-            self.l2 = L.Linear(4, 2)
-
-    def forward(self, x):
-        return self.l2(F.relu(self.l1(x)))
-
-
-class OldBefore(chainer.Chain):
-    """Old style (__call__, no forward), defined before the agent starts."""
-
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(3, 2)
-
-    def __call__(self, x):
-        return self.l1(x)
-
-
-def define_old_after():
-    class OldAfter(chainer.Chain):
-        def __init__(self):
-            super().__init__()
-            with self.init_scope():
-                self.l1 = L.Linear(3, 2)
-
-        def __call__(self, x):
-            return self.l1(x)
-    return OldAfter
-
-
-class Gen(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(2, 3)
-
-    def forward(self, z):
-        return self.l1(z)
-
-
-class Dis(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(3, 1)
-
-    def forward(self, x):
-        return self.l1(x)
-
-
-class GANUpdater(chainer.training.updaters.StandardUpdater):
-    def update_core(self):
-        gen = self.get_optimizer("gen").target
-        dis = self.get_optimizer("dis").target
-        x_real = self.converter(self.get_iterator("main").next(), self.device)
-        x_fake = gen(np.ones((len(x_real), 2), np.float32))
-        y_fake, y_real = dis(x_fake), dis(x_real)
-        self.get_optimizer("dis").update(
-            lambda a, b: F.sum(F.softplus(a)) + F.sum(F.softplus(-b)), y_fake, y_real)
-        self.get_optimizer("gen").update(lambda a: F.sum(F.softplus(-a)), y_fake)
-        x_fake.unchain_backward()
-
-
-class Boom(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(3, 2)
-
-    def forward(self, x):
-        self.l1(x)
-        raise ValueError("boom in forward")
-
-
-x = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
-t = np.array([0, 1, 0, 1], np.int32)
-
-
-def sgd(model):
-    opt = chainer.optimizers.SGD()
-    opt.setup(model)
-    return opt
-
-
-configs = [{"granularity": g} for g in sys.argv[1].split(",")]
-configs.append({"granularity": "link", "link_depth": int(sys.argv[2])})
-for cfg in configs:
-    chainer_autoprof.install(summary=False, **cfg)
-    tag = cfg["granularity"] + str(cfg.get("link_depth", ""))
-    OldAfter = define_old_after()
-
-    mark(tag + ":lossfun")
-    model = L.Classifier(MLP())
-    sgd(model).update(model, x, t)
-
-    mark(tag + ":custom")
-    model = L.Classifier(MLP())
-    opt = sgd(model)
-    for _ in range(2):
-        loss = model(x, t)
-        model.cleargrads()
-        loss.backward()
-        opt.update()
-
-    mark(tag + ":old_before")
-    model = L.Classifier(OldBefore())
-    sgd(model).update(model, x, t)
-
-    mark(tag + ":old_after")
-    model = OldAfter()
-    opt = sgd(model)
-    loss = F.sum(model(x))
-    model.cleargrads()
-    loss.backward()
-    opt.update()
-
-    mark(tag + ":grad")
-    model = L.Classifier(MLP())
-    opt = sgd(model)
-    loss = model(x, t)
-    params = [p for _, p in sorted(model.namedparams())]
-    for p, g in zip(params, chainer.grad([loss], params)):
-        p.grad = g.array
-    opt.update()
-
-    mark(tag + ":gan")
-    gen, dis = Gen(), Dis()
-    it = chainer.iterators.SerialIterator(x, 2, shuffle=False)
-    GANUpdater(it, {"gen": sgd(gen), "dis": sgd(dis)}).update()
-
-    mark(tag + ":error")
-    model = Boom()
-    try:
-        sgd(model).update(lambda v: F.sum(model(v)), x)
-    except ValueError as exc:
-        last = traceback.extract_tb(exc.__traceback__)[-1]
-        print(tag, type(exc).__name__, exc, last.filename == __file__, last.name, last.line)
-    mark(tag + ":end")
-    chainer_autoprof.uninstall()
-'''
-
-
-@pytest.fixture(scope="module")
-def scenarios(tmp_path_factory) -> tuple:
+@pytest.fixture(scope="module", params=twins())
+def scenarios(request: pytest.FixtureRequest, tmp_path_factory) -> tuple:
+    """The scenario program's run, on each hot path in turn (conftest.py)."""
     tmp = tmp_path_factory.mktemp("scenarios")
     script = write_script(tmp, "scenarios.py", SCENARIO_PROGRAM)
-    run = run_python(tmp, [str(script), ",".join(GRANULARITIES), "2"], check=True)
+    run = run_python(tmp, [str(script), ",".join(GRANULARITIES), "2"], check=True,
+                     env=twin_env(request.param))
     return run, segments(run.events)
 
 
@@ -448,9 +212,6 @@ def test_exception_mid_forward_reaches_user_unchanged(scenarios):
 
 
 # -- the Trainer -------------------------------------------------------------------
-
-TRAINER_ARGS = ["--samples", "20", "--batchsize", "10", "--epoch", "1", "--unit", "5"]
-
 
 def trainer_iteration(granularity: str) -> list[str]:
     return prune("""

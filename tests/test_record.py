@@ -17,7 +17,7 @@ import runpy
 from pathlib import Path
 
 import pytest
-from support import REPO, run_python, write_script
+from support import REPO, program, run_python, write_script
 
 from chainer_autoprof.analysis import facts as facts_module
 from chainer_autoprof.analysis import record
@@ -31,19 +31,7 @@ GPU_DATA = REPO / "tests" / "data" / "gpu"
 GPU_TRACES = sorted((GPU_DATA / "traces").glob("*.json")) + \
     sorted((GPU_DATA / "cupti").glob("*/agent_trace.json"))
 
-TRAIN = r'''
-import os, sys, time
-import numpy as np
-import chainer, chainer.links as L
-model = L.Classifier(L.Linear(8, 3))
-opt = chainer.optimizers.SGD(); opt.setup(model)
-x = np.ones((4, 8), np.float32); t = np.zeros(4, np.int32)
-for i in range(12):
-    opt.update(model, x, t)
-if sys.argv[1:] == ["kill"]:
-    time.sleep(1.0)  # the background writer writes the trace so far
-    os.kill(os.getpid(), 9)
-'''
+TRAIN = program("record_train")
 
 
 def undeclared(section: Section, value, by: By, where: str = "") -> list[str]:

@@ -15,7 +15,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from support import EXAMPLES, run_with_agent
+from support import EXAMPLES, program, run_with_agent
 
 from chainer_autoprof.analysis.aggregate import Aggregator, Series
 from chainer_autoprof.analysis.outliers import slow_iterations
@@ -449,18 +449,7 @@ def test_cuda_events_time_the_phases_on_a_gpu(tmp_path):
             pytest.skip("no CUDA device")
     except Exception:
         pytest.skip("no CUDA device")
-    source = """
-import chainer, cupy, numpy as np
-import chainer.links as L
-model = L.Classifier(L.Linear(512, 10))
-model.to_gpu(0)
-opt = chainer.optimizers.SGD()
-opt.setup(model)
-x = cupy.asarray(np.random.rand(256, 512).astype(np.float32))
-t = cupy.asarray(np.random.randint(0, 10, 256).astype(np.int32))
-for _ in range(30):
-    opt.update(model, x, t)
-"""
+    source = program("recorder_cuda_events_on_a_gpu")
     trace = tmp_path / "gpu.json"
     run = run_with_agent(tmp_path, source, settings={"CHAINER_PROF_SUMMARY": "1",
                                                      "CHAINER_PROF_TRACE": str(trace)},

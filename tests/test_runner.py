@@ -9,23 +9,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support import program
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = ("import sys; from chainer_autoprof.runner import exec_target; "
           "exec_target(sys.argv[1], sys.argv[2], sys.argv[3:])")
 
-REPORT = """\
-import sys, __main__
-print("argv", sys.argv)
-print("path", sys.path)
-print("name", __name__, "file", __file__, "package", __package__)
-print("spec", None if __spec__ is None else (__spec__.name, __spec__.origin))
-print("loader", type(__loader__).__name__, getattr(__loader__, "name", None),
-      getattr(__loader__, "path", None))
-print("cached", __cached__, "builtins", __builtins__ is __import__("builtins"))
-print("globals", sorted(globals()))
-print("main", sys.modules["__main__"] is __main__ and __main__.__dict__ is globals())
-"""
+REPORT = program("runner_report")
 
 
 @pytest.fixture
@@ -98,24 +88,7 @@ def test_script_environment_matches_python(tmp_path, launcher_dir, via_m, script
 def test_pickle_and_multiprocessing(tmp_path, launcher_dir):
     write(
         tmp_path / "mp.py",
-        """\
-        import multiprocessing as mp
-        import pickle
-
-        class Point:
-            def __init__(self, x):
-                self.x = x
-
-        def square(p):
-            return Point(p.x * p.x)
-
-        if __name__ == "__main__":
-            p = pickle.loads(pickle.dumps(Point(3)))
-            print(type(p).__module__, type(p).__qualname__, p.x)
-            for method in ("spawn", "forkserver"):
-                with mp.get_context(method).Pool(2) as pool:
-                    print(method, [q.x for q in pool.map(square, [Point(i) for i in range(4)])])
-        """,
+        program("runner_pickle_and_multiprocessing"),
     )
     expected = python(["mp.py"], tmp_path)
     assert expected.returncode == 0, expected.stderr
@@ -139,21 +112,7 @@ def test_exit_codes_match_python(tmp_path, body):
     same(launched("path", "e.py", [], tmp_path), expected)
 
 
-USER_ERROR = """\
-import atexit
-atexit.register(print, "atexit ran")
-
-def inner():
-    raise ValueError("boom")
-
-def outer():
-    try:
-        {}["missing"]
-    except KeyError:
-        inner()
-
-outer()
-"""
+USER_ERROR = program("runner_user_error")
 
 
 def test_uncaught_exception_traceback_is_the_users(tmp_path, launcher_dir):
@@ -170,14 +129,7 @@ def test_uncaught_exception_traceback_is_the_users(tmp_path, launcher_dir):
 def test_user_excepthook_gets_trimmed_traceback(tmp_path):
     write(
         tmp_path / "hook.py",
-        """\
-        import sys, traceback
-        def hook(typ, value, tb):
-            frames = [(f.filename, f.lineno) for f in traceback.extract_tb(tb)]
-            print("hook", typ.__name__, value, frames)
-        sys.excepthook = hook
-        raise RuntimeError("x")
-        """,
+        program("runner_user_excepthook"),
     )
     expected = python(["hook.py"], tmp_path)
     assert expected.stdout.startswith("hook RuntimeError x [(")
@@ -188,13 +140,7 @@ def test_user_excepthook_gets_trimmed_traceback(tmp_path):
 def test_keyboard_interrupt_dies_by_sigint_after_atexit(tmp_path, launcher_dir):
     write(
         tmp_path / "ki.py",
-        """\
-        import atexit
-        atexit.register(print, "atexit ran")
-        def f():
-            raise KeyboardInterrupt
-        f()
-        """,
+        program("runner_keyboard_interrupt"),
     )
     expected = python(["ki.py"], tmp_path, launcher_dir)
     assert expected.returncode == -signal.SIGINT and "atexit ran" in expected.stdout

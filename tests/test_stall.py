@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from headless_browser import Browser, find_browser
 from nvtx_tool import nvtx_env, ranges_by_thread, read_events
-from support import clean_env, native_under_test, write_script
+from support import clean_env, native_under_test, program, write_script
 
 from chainer_autoprof.common.settings import from_environ
 from chainer_autoprof.lifecycle.monitor import Monitor
@@ -32,38 +32,7 @@ from chainer_autoprof.runtime.policies import SyncPolicy
 
 #: A Trainer whose iterator blocks, at the fetches listed in BLOCK_AT, until the
 #: test writes a byte to the pipe RELEASE_FD (os.read: blocked inside C).
-BLOCKING = """
-import os, sys, time
-import numpy as np
-import chainer, chainer.links as L
-from chainer import training
-
-RELEASE = int(os.environ["RELEASE_FD"])
-BLOCK_AT = [int(n) for n in os.environ["BLOCK_AT"].split(",")]
-
-class Waiting(chainer.iterators.SerialIterator):
-    fetches = 0
-    def __next__(self):
-        self.fetches += 1
-        if self.fetches in BLOCK_AT:
-            with open("blocked_at", "a") as f:
-                f.write(f"{time.time()}\\n")
-            os.read(RELEASE, 1)
-        elif self.fetches > BLOCK_AT[0]:
-            time.sleep(0.05)  # slow enough for the watch to see the iterations go on
-        return super().__next__()
-    next = __next__
-
-x = np.random.RandomState(0).rand(64, 4).astype(np.float32)
-t = (x.sum(axis=1) > 2).astype(np.int32)
-model = L.Classifier(L.Linear(4, 2))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-updater = training.updaters.StandardUpdater(Waiting(chainer.datasets.TupleDataset(x, t), 8),
-                                            optimizer)
-training.Trainer(updater, (int(os.environ["ITERATIONS"]), "iteration"), out="result").run()
-print("finished", flush=True)
-"""
+BLOCKING = program("stall_blocking")
 
 
 class Lines:
@@ -207,32 +176,7 @@ def test_stall_report_names_data_dump_while_blocked_and_a_second_stall(tmp_path)
     assert sum(text == "iteration" for rows in ranges.values() for _d, text, _c in rows) == 24
 
 
-KILLED = """
-import os, sys, time
-import numpy as np
-import chainer, chainer.links as L
-
-model = L.Classifier(L.Linear(4, 2))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-x = np.random.RandomState(0).rand(64, 4).astype(np.float32)
-t = (x.sum(axis=1) > 2).astype(np.int32)
-
-class Slow(chainer.iterators.SerialIterator):
-    def __next__(self):
-        time.sleep(0.02)   # a data phase that dominates
-        return super().__next__()
-    next = __next__
-
-it = Slow(chainer.datasets.TupleDataset(x, t), 8)
-n = 0
-while True:
-    batch = it.next()
-    xs, ts = chainer.dataset.concat_examples(batch)
-    optimizer.update(model, xs, ts)
-    print(n, flush=True)
-    n += 1
-"""
+KILLED = program("stall_killed")
 
 
 def test_sigkill_leaves_a_trace_that_report_summarizes(tmp_path):
@@ -298,23 +242,7 @@ def test_sigkill_leaves_a_trace_that_report_summarizes(tmp_path):
 
 
 #: KILLED, run from a directory it then leaves, after a thread that trained and ended.
-MOVING = """
-import os, threading
-os.makedirs("elsewhere", exist_ok=True)
-
-def warm_up():
-    import numpy as np, chainer, chainer.links as L
-    m = L.Classifier(L.Linear(4, 2))
-    o = chainer.optimizers.SGD()
-    o.setup(m)
-    for _ in range(3):
-        o.update(m, np.ones((2, 4), np.float32), np.zeros(2, np.int32))
-
-w = threading.Thread(target=warm_up, name="warm-up-thread")
-w.start()
-w.join()
-os.chdir("elsewhere")
-""" + KILLED
+MOVING = program("stall_killed_after_moving")
 
 
 def test_trace_so_far_lies_beside_the_trace_and_names_ended_threads(tmp_path):
@@ -404,32 +332,7 @@ def test_stall_off(setting):
 
 #: A manual loop fed by its own queue: the producer stops for 4 s after 6 batches, so the
 #: loop waits in ``q.get()`` between two iterations, outside every recorded range.
-OWN_QUEUE = """
-import queue, threading, time
-import numpy as np
-import chainer, chainer.links as L
-
-q = queue.Queue(maxsize=2)
-
-def produce():
-    rng = np.random.RandomState(0)
-    for i in range(14):
-        if i == 6:
-            with open("paused_at", "w") as f:
-                f.write(str(time.time()))
-            time.sleep(4)
-        q.put((rng.rand(8, 4).astype(np.float32), rng.randint(0, 2, 8).astype(np.int32)))
-        time.sleep(0.02)
-
-threading.Thread(target=produce, daemon=True).start()
-model = L.Classifier(L.Linear(4, 2))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-for _ in range(14):
-    x, t = q.get()
-    optimizer.update(model, x, t)
-print("finished", flush=True)
-"""
+OWN_QUEUE = program("stall_own_queue")
 
 
 def test_a_loop_waiting_for_its_own_queue_between_iterations_is_a_stall(tmp_path):
@@ -464,35 +367,7 @@ def test_a_loop_waiting_for_its_own_queue_between_iterations_is_a_stall(tmp_path
 
 #: Training (a Trainer, or a manual loop), then healthy inference for 3 s: many quick
 #: forward passes outside training.  With a Trainer, the program then rests 2.5 s.
-INFERENCE_AFTER = """
-import sys, time
-import numpy as np
-import chainer, chainer.links as L
-from chainer import training
-
-rng = np.random.RandomState(0)
-x = rng.rand(64, 256).astype(np.float32)
-t = rng.randint(0, 2, 64).astype(np.int32)
-model = L.Classifier(L.Linear(256, 256))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-if sys.argv[1] == "trainer":
-    it = chainer.iterators.SerialIterator(chainer.datasets.TupleDataset(x, t), 16)
-    updater = training.updaters.StandardUpdater(it, optimizer)
-    training.Trainer(updater, (20, "iteration"), out="result").run()
-else:
-    for _ in range(20):
-        optimizer.update(model, x[:16], t[:16])
-end = time.time() + 3
-calls = 0
-with chainer.using_config("train", False), chainer.no_backprop_mode():
-    while time.time() < end:
-        model.predictor(x)
-        calls += 1
-if sys.argv[1] == "trainer":
-    time.sleep(2.5)   # the trainer has returned: training is over
-print("inference calls", calls, flush=True)
-"""
+INFERENCE_AFTER = program("stall_inference_after")
 
 
 @pytest.mark.parametrize("loop", ["trainer", "manual"])
@@ -508,34 +383,7 @@ def test_healthy_inference_after_training_is_no_stall(tmp_path, loop):
 
 
 #: A Trainer whose extension evaluates for 63 s, calling the model all along.
-LONG_EVALUATION = """
-import time
-import numpy as np
-import chainer, chainer.links as L
-from chainer import training
-
-rng = np.random.RandomState(0)
-x = rng.rand(64, 8).astype(np.float32)
-t = rng.randint(0, 2, 64).astype(np.int32)
-model = L.Classifier(L.Linear(8, 2))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-it = chainer.iterators.SerialIterator(chainer.datasets.TupleDataset(x, t), 16)
-trainer = training.Trainer(training.updaters.StandardUpdater(it, optimizer), (24, "iteration"),
-                           out="result")
-
-@training.make_extension(trigger=(12, "iteration"))
-def evaluate(trainer):
-    end = time.time() + 63
-    with chainer.using_config("train", False), chainer.no_backprop_mode():
-        while time.time() < end:
-            model.predictor(x)
-            time.sleep(0.01)
-
-trainer.extend(evaluate)
-trainer.run()
-print("finished", flush=True)
-"""
+LONG_EVALUATION = program("stall_long_evaluation")
 
 
 @pytest.mark.skipif(not native_under_test(), reason="a minute of evaluation, the same for "
@@ -654,27 +502,7 @@ def test_the_watch_rests_once_the_trainer_has_returned():
 
 #: A manual loop whose 21st step blocks in C *holding the GIL* (ctypes.PyDLL does not release
 #: it): ``read`` on a pipe the test holds.  No Python thread can run meanwhile.
-GIL_HELD = """
-import ctypes, os, sys, time
-import numpy as np
-import chainer, chainer.links as L
-
-RELEASE = int(os.environ["RELEASE_FD"])
-libc = ctypes.PyDLL(None)            # calls keep the GIL, as some C extensions do
-buf = ctypes.create_string_buffer(1)
-model = L.Classifier(L.Linear(4, 2))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-x = np.ones((8, 4), np.float32)
-t = np.zeros(8, np.int32)
-for step in range(24):
-    if step == 20:
-        print("holding", flush=True)
-        libc.read(RELEASE, buf, 1)   # blocked in C, the GIL held
-    optimizer.update(model, x, t)
-    time.sleep(0.05)                 # the watchdog sees the training before the hang
-print("finished", flush=True)
-"""
+GIL_HELD = program("stall_gil_held")
 
 
 def test_a_hang_in_c_holding_the_gil_still_gets_every_stack(tmp_path):
@@ -715,32 +543,7 @@ def test_a_hang_in_c_holding_the_gil_still_gets_every_stack(tmp_path):
 
 #: The watchdog on, a forked child that ends normally (its interpreter's finalization cancels
 #: faulthandler's timer), and the program's own use of that timer.
-FORK_AND_OWN_TIMER = """
-import faulthandler, os, sys, time
-import numpy as np
-import chainer, chainer.links as L
-
-model = L.Classifier(L.Linear(4, 2))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-x = np.ones((8, 4), np.float32)
-t = np.zeros(8, np.int32)
-for step in range(30):
-    optimizer.update(model, x, t)
-    time.sleep(0.05)   # the watchdog keeps the timer set meanwhile
-    if step == 10:
-        pid = os.fork()
-        if pid == 0:
-            optimizer.update(model, x, t)
-            sys.exit(0)          # a normal end: finalization runs
-        assert os.waitpid(pid, 0)[1] == 0
-        print("child ended", flush=True)
-    if step == 20 and sys.argv[1] == "own":
-        faulthandler.dump_traceback_later(3600)   # the program's own timer: it keeps it
-        time.sleep(3)                             # no progress: a stall, reported
-        faulthandler.cancel_dump_traceback_later()
-print("finished", flush=True)
-"""
+FORK_AND_OWN_TIMER = program("stall_fork_and_own_timer")
 
 
 @pytest.mark.parametrize("mode", ["fork", "own"])
@@ -758,25 +561,7 @@ def test_the_last_resort_never_harms_forks_or_the_programs_own_timer(tmp_path, m
 
 #: Training, then a wait in C; stderr is filled first, so that the stall report cannot be
 #: written (a full pipe: a reader that stalls, a terminal on hold, a loaded mpiexec).
-STDERR_HELD = """
-import os, sys, time
-import numpy as np
-import chainer, chainer.links as L
-
-sys.stderr.write("#" * 4000 + "\\n")
-sys.stderr.flush()
-model = L.Classifier(L.Linear(4, 2))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-x = np.ones((8, 4), np.float32)
-t = np.zeros(8, np.int32)
-for _ in range(8):
-    optimizer.update(model, x, t)
-    time.sleep(0.05)
-print("waiting", flush=True)
-os.read(int(os.environ["RELEASE_FD"]), 1)
-print("finished", flush=True)
-"""
+STDERR_HELD = program("stall_stderr_held")
 
 
 def test_dump_answers_the_moment_a_stall_is_reported_even_while_stderr_blocks(tmp_path):

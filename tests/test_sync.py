@@ -12,46 +12,15 @@ from pathlib import Path
 
 import pytest
 from nvtx_tool import ranges_by_thread
-from support import run_python, run_with_agent, write_script
-from test_ranges import GRANULARITIES, check_stream, segments
+from streams import GRANULARITIES, check_stream, segments
+from support import program, run_python, run_with_agent, twin_env, twins, write_script
 
 from chainer_autoprof.common import names
 
 LEVELS = (0, 1, 2, 3)
 ITERATIONS = 3  # two of a custom loop, one of optimizer.update(lossfun)
 
-MATRIX_PROGRAM = r'''
-import os
-import sys
-
-import numpy as np
-import chainer
-import chainer.links as L
-import nvtx
-
-import chainer_autoprof
-
-log = os.environ["CHAINER_AUTOPROF_TEST_DEVICE_LOG"].replace("%p", str(os.getpid()))
-x = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
-t = np.array([0, 1, 0, 1], np.int32)
-for config in sys.argv[1:]:
-    level, granularity = config.split(":")
-    chainer_autoprof.install(sync_level=int(level), granularity=granularity, summary=False)
-    nvtx.mark(message=config, domain="scenario")
-    with open(log, "a") as f:
-        f.write("# " + config + "\n")
-    model = L.Classifier(L.Linear(3, 2))
-    opt = chainer.optimizers.SGD()
-    opt.setup(model)
-    for _ in range(2):
-        loss = model(x, t)
-        model.cleargrads()
-        loss.backward()
-        opt.update()
-    opt.update(model, x, t)
-    chainer_autoprof.uninstall()
-print("cupy" in sys.modules)
-'''
+MATRIX_PROGRAM = program("sync_matrix")
 
 CONFIGS = [f"{level}:{g}" for level, g in itertools.product(LEVELS, GRANULARITIES)]
 
@@ -78,11 +47,12 @@ def synced_ranges(level: int, ranges: list[tuple[int, str, int]]) -> int:
     return count
 
 
-@pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
+@pytest.fixture(scope="module", params=twins())
+def matrix(request: pytest.FixtureRequest, tmp_path_factory):
+    """The matrix program's run, on each hot path in turn (conftest.py)."""
     tmp = tmp_path_factory.mktemp("sync")
     script = write_script(tmp, "matrix.py", MATRIX_PROGRAM)
-    run = run_python(tmp, [str(script), *CONFIGS], check=True)
+    run = run_python(tmp, [str(script), *CONFIGS], check=True, env=twin_env(request.param))
     assert run.stdout == "False\n"  # NumPy only: CuPy never imported
     return run, syncs_by_config(run.sync_log()), segments(run.events)
 
@@ -112,24 +82,7 @@ def test_matrix_stream_is_balanced(matrix):
     assert set(parts) == set(CONFIGS)
 
 
-TRAIN = r'''
-import sys
-
-import numpy as np
-import chainer
-import chainer.links as L
-
-x = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
-t = np.array([0, 1, 0, 1], np.int32)
-model = L.Classifier(L.Linear(3, 2))
-opt = chainer.optimizers.SGD()
-opt.setup(model)
-for _ in range(3):
-    opt.update(model, x, t)
-import chainer_autoprof.agent as agent
-tracer = agent.current().tracer
-print(type(tracer.sync.backend).__name__, tracer.sync.calls, "cupy" in sys.modules)
-'''
+TRAIN = program("sync_train")
 
 
 def test_sync_1_means_level_1(tmp_path: Path):

@@ -21,49 +21,10 @@ from pathlib import Path
 
 import pytest
 from nvtx_tool import build_injection_library, nvtx_env, ranges_by_thread, read_events
-from support import clean_env, write_script
-from test_threads import _check_nesting, _trace_threads
+from support import clean_env, program, write_script
+from traces import check_nesting, trace_threads
 
-TRAINING = r'''
-import signal
-import sys
-import threading
-import time
-
-import numpy as np
-import chainer
-import chainer.functions as F
-import chainer.links as L
-
-started = threading.Barrier(4)
-stop = threading.Event()
-
-
-def train(seed):
-    model = L.Classifier(L.Linear(16, 4))
-    optimizer = chainer.optimizers.SGD()
-    optimizer.setup(model)
-    rng = np.random.RandomState(seed)
-    x = rng.randn(8, 16).astype(np.float32)
-    t = rng.randint(0, 4, 8).astype(np.int32)
-    optimizer.update(model, x, t)
-    started.wait()
-    while not stop.is_set():
-        optimizer.update(model, x, t)
-
-
-daemon = sys.argv[1] == "daemon"
-workers = [threading.Thread(target=train, args=(i,), daemon=daemon, name=f"worker-{i}")
-           for i in range(3)]
-for w in workers:
-    w.start()
-started.wait()
-print("training", flush=True)
-if daemon:
-    time.sleep(0.5)   # the main thread returns while the daemons train
-else:
-    stop.wait()       # until SIGTERM
-'''
+TRAINING = program("thread_exit_training")
 
 
 def _run(tmp: Path, mode: str, **settings: str) -> tuple[subprocess.CompletedProcess, list]:
@@ -100,10 +61,10 @@ def _check_summary(stderr: str) -> None:
 def _check_trace(path: Path) -> None:
     data = json.loads(path.read_text())
     duration_us = data["otherData"]["chainer_autoprof"]["clock"]["duration_ns"] / 1000
-    threads = _trace_threads(path)
+    threads = trace_threads(path)
     assert {"worker-0", "worker-1", "worker-2"} <= set(threads)
     for rows in threads.values():
-        _check_nesting(rows)
+        check_nesting(rows)
         assert all(t1 <= duration_us + 1e-3 for _n, _t0, t1, _d in rows)
 
 
@@ -137,33 +98,7 @@ def test_threads_training_at_exit_while_the_agent_watches(tmp_path: Path, mode: 
     assert not (tmp_path / "t.json.partial").exists()
 
 
-TEARDOWN = r'''
-import threading
-
-import numpy as np
-import chainer.links as L
-
-model = L.Linear(3, 2)
-x = np.ones((1, 3), np.float32)
-local = threading.local()
-
-
-class CallsAtTeardown:
-    def __del__(self):
-        model(x)  # instrumented code while the thread's own state is being torn down
-
-
-def work():
-    model(x)
-    local.guard = CallsAtTeardown()
-
-
-for _ in range(50):
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join()
-print("done")
-'''
+TEARDOWN = program("thread_exit_teardown")
 
 
 def test_instrumented_call_in_a_threads_teardown(tmp_path):

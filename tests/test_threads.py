@@ -6,87 +6,10 @@ import json
 
 import pytest
 from nvtx_tool import ranges_by_thread
-from support import run_with_agent
+from support import program, run_with_agent
+from traces import check_nesting, trace_threads
 
-THREADS_SCRIPT = """
-import sys
-import threading
-
-import numpy as np
-
-import chainer
-import chainer.functions as F
-import chainer.links as L
-
-STEPS = 5
-sys.setswitchinterval(1e-6)  # switch threads as often as possible: stress the bookkeeping
-
-
-class MLP(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(256, 256)
-            self.l2 = L.Linear(256, 10)
-
-    def forward(self, x):
-        return self.l2(F.relu(self.l1(x)))
-
-
-def train(seed, barrier):
-    rng = np.random.RandomState(seed)
-    model = L.Classifier(MLP())
-    optimizer = chainer.optimizers.SGD()
-    optimizer.setup(model)
-    x = rng.randn(256, 256).astype(np.float32)
-    t = rng.randint(0, 10, size=256).astype(np.int32)
-    if barrier is not None:
-        barrier.wait()
-    for _ in range(STEPS):
-        optimizer.update(model, x, t)
-
-
-# First one thread alone: the reference tree.  Then two threads at once.
-alone = threading.Thread(target=train, args=(0, None), name="alone")
-alone.start()
-alone.join()
-barrier = threading.Barrier(2)
-pair = [threading.Thread(target=train, args=(i + 1, barrier), name=f"trainer-{i}")
-        for i in range(2)]
-for thread in pair:
-    thread.start()
-for thread in pair:
-    thread.join()
-print("ok")
-"""
-
-
-def _trace_threads(path):
-    """{thread name: [(name, t0, t1, depth), ...]} of a recorder trace, in begin order.
-
-    Garbage collections (category ``gc``) run wherever the collector happens
-    to start: left out.
-    """
-    data = json.loads(path.read_text())
-    names = {ev["tid"]: ev["args"]["name"] for ev in data["traceEvents"]
-             if ev["ph"] == "M" and ev["name"] == "thread_name"}
-    out: dict[str, list] = {}
-    for ev in data["traceEvents"]:
-        if ev["ph"] == "X" and ev["cat"] != "gc":
-            out.setdefault(names[ev["tid"]], []).append(
-                (ev["name"], float(ev["ts"]), float(ev["ts"]) + float(ev["dur"]),
-                 ev["args"]["depth"]))
-    return out
-
-
-def _check_nesting(rows):
-    """Each range of depth d > 0 lies inside the last open range of depth d - 1."""
-    open_at: dict[int, tuple] = {}
-    for name, t0, t1, depth in rows:
-        if depth:
-            parent = open_at[depth - 1]
-            assert parent[1] <= t0 and t1 <= parent[2] + 1e-3, (name, parent)
-        open_at[depth] = (name, t0, t1)
+THREADS_SCRIPT = program("threads_two_trainers")
 
 
 def test_two_threads_running_links_at_once(tmp_path):
@@ -110,12 +33,12 @@ def test_two_threads_running_links_at_once(tmp_path):
         assert tree == reference  # concurrently, the same ranges as alone
 
     # The trace: one track per thread, each with its own well-nested ranges.
-    threads = _trace_threads(tmp_path / "trace.json")
+    threads = trace_threads(tmp_path / "trace.json")
     assert {"alone", "trainer-0", "trainer-1"} <= set(threads)
     for name in ("alone", "trainer-0", "trainer-1"):
         rows = threads[name]
         assert [r[0] for r in rows].count("iteration") == 5
-        _check_nesting(rows)
+        check_nesting(rows)
         assert [r[0] for r in rows] == [r[0] for r in threads["alone"]]
 
     # The two trainers really ran at the same time.
@@ -141,58 +64,9 @@ def _gpu_count() -> int:
 
 needs_two_gpus = pytest.mark.skipif(_gpu_count() < 2, reason="needs CuPy and two CUDA GPUs")
 
-MODEL_PARALLEL_SCRIPT = """
-import numpy as np
+MODEL_PARALLEL_SCRIPT = program("threads_model_parallel")
 
-import chainer
-import chainer.functions as F
-import chainer.links as L
-
-
-class TwoDevices(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(32, 64)
-            self.l2 = L.Linear(64, 10)
-        self.l1.to_device("@cupy:0")
-        self.l2.to_device("@cupy:1")
-
-    def forward(self, x, t):
-        h = F.copy(F.relu(self.l1(x)), 1)
-        return F.softmax_cross_entropy(self.l2(h), t)
-
-
-rng = np.random.RandomState(0)
-model = TwoDevices()
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-x = chainer.get_device("@cupy:0").send(rng.randn(16, 32).astype(np.float32))
-t = chainer.get_device("@cupy:1").send(rng.randint(0, 10, size=16).astype(np.int32))
-for _ in range(3):
-    optimizer.update(model, x, t)
-print("ok")
-"""
-
-PARALLEL_UPDATER_SCRIPT = """
-import numpy as np
-
-import chainer
-import chainer.links as L
-from chainer import training
-
-rng = np.random.RandomState(0)
-data = chainer.datasets.TupleDataset(rng.randn(128, 32).astype(np.float32),
-                                     rng.randint(0, 10, size=128).astype(np.int32))
-model = L.Classifier(L.Linear(32, 10))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-it = chainer.iterators.SerialIterator(data, 32)
-updater = training.updaters.ParallelUpdater(it, optimizer, devices={"main": 0, "second": 1})
-trainer = training.Trainer(updater, (3, "iteration"), out="result")
-trainer.run()
-print("ok")
-"""
+PARALLEL_UPDATER_SCRIPT = program("threads_parallel_updater")
 
 
 def _gpu_run(tmp_path, source):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -10,25 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import EXAMPLES, run_python, run_with_agent
+from support import EXAMPLES, program, run_python, run_with_agent
+from traces import CHROME_CNAMES, check_trace_file
 
 from chainer_autoprof.common import names
 from chainer_autoprof.common.paths import check_writable, expand_path
 from chainer_autoprof.common.rank import number as mpi_rank
 from chainer_autoprof.report.tracefile import CNAMES, ThreadRanges, read_trace, write_trace
-
-#: The colour names Chrome's trace viewer knows (catapult's color_scheme.js).
-CHROME_CNAMES = {
-    "thread_state_uninterruptible", "thread_state_iowait", "thread_state_running",
-    "thread_state_runnable", "thread_state_sleeping", "thread_state_unknown",
-    "background_memory_dump", "light_memory_dump", "detailed_memory_dump",
-    "vsync_highlight_color", "generic_work", "good", "bad", "terrible", "black", "grey",
-    "white", "yellow", "olive", "rail_response", "rail_animation", "rail_idle", "rail_load",
-    "startup", "heap_dump_stack_frame", "heap_dump_object_type",
-    "heap_dump_child_node_highlight", "cq_build_running", "cq_build_passed",
-    "cq_build_failed", "cq_build_abandoned", "cq_build_attempt_runnig",
-    "cq_build_attempt_passed", "cq_build_attempt_failed",
-}
 
 LOOP = EXAMPLES / "recorder_custom_loop.py"
 
@@ -37,35 +24,6 @@ def launch(tmp: Path, flags: list[str], script: Path, *script_args: str, **kw):
     """``python -m chainer_autoprof FLAGS SCRIPT ARGS`` as a user runs it."""
     return run_python(tmp, ["-m", "chainer_autoprof", *flags, str(script), *script_args],
                       nvtx=False, **kw)
-
-
-def check_trace_file(path: Path) -> dict:
-    """Load a trace and check what every viewer relies on; returns the JSON."""
-    data = json.loads(path.read_text())
-    assert data["displayTimeUnit"] == "ms"
-    events = data["traceEvents"]
-    named_threads = {e["tid"] for e in events
-                     if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert any(e["ph"] == "M" and e["name"] == "process_name" for e in events)
-    by_thread: dict[int, list[dict]] = {}
-    for e in events:
-        if e["ph"] != "X":
-            continue
-        assert e["cname"] in CHROME_CNAMES
-        assert e["cat"] in names.CATEGORIES
-        assert int(e["args"]["color"], 16) == names.CATEGORIES[e["cat"]][1]
-        assert e["dur"] >= 0 and e["ts"] >= 0
-        by_thread.setdefault(e["tid"], []).append(e)
-    assert set(by_thread) <= named_threads  # one named track per thread
-    for ranges in by_thread.values():  # ranges nest on each thread, with their depth
-        open_ends: list[float] = []
-        for e in ranges:  # written in begin order
-            while open_ends and open_ends[-1] <= e["ts"]:
-                open_ends.pop()
-            assert not open_ends or e["ts"] + e["dur"] <= open_ends[-1] + 1e-3
-            assert e["args"]["depth"] == len(open_ends)
-            open_ends.append(e["ts"] + e["dur"])
-    return data
 
 
 # -- file names ------------------------------------------------------------------------------
@@ -159,26 +117,7 @@ def test_trainer_run_writes_a_valid_trace(tmp_path):
 
 
 def test_one_track_per_thread(tmp_path):
-    source = """
-import threading
-import numpy as np
-import chainer
-import chainer.links as L
-
-model = L.Linear(8, 2)
-x = np.ones((4, 8), dtype=np.float32)
-
-def predict():
-    with chainer.using_config("train", False):
-        for _ in range(3):
-            model(x)
-
-t = threading.Thread(target=predict, name="predictor")
-t.start()
-t.join()
-with chainer.using_config("train", False):
-    model(x)
-"""
+    source = program("trace_one_track_per_thread")
     trace = tmp_path / "t.json"
     run = run_with_agent(tmp_path, source, settings={"CHAINER_PROF_TRACE": str(trace)},
                          nvtx=False)

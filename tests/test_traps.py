@@ -4,40 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support import run_with_agent
-from test_ranges import check_stream, prune
-
-MODEL = r'''
-import sys
-
-import numpy as np
-import chainer
-import chainer.functions as F
-import chainer.links as L
-from chainer import training
-from chainer.dataset import concat_examples
-from chainer.training import extensions
-
-import chainer_autoprof
-
-
-class MLP(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(3, 2)
-
-    def forward(self, x):
-        return self.l1(x)
-
-
-x = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
-t = np.array([0, 1, 0, 1], np.int32)
-dataset = chainer.datasets.TupleDataset(x, t)
-model = L.Classifier(MLP())
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-'''
+from streams import check_stream, prune
+from support import program, run_with_agent
 
 CLASSIFIER = """
 L Classifier
@@ -73,55 +41,7 @@ def test_evaluation_and_extensions_are_not_training(tmp_path: Path):
 
     The program ends with ``sys.exit`` inside an extension: every range is closed.
     """
-    source = MODEL + r'''
-with chainer.using_config("train", False):
-    model(x, t)
-with chainer.no_backprop_mode():
-    model(x, t)
-test_iter = chainer.iterators.SerialIterator(dataset, 2, repeat=False, shuffle=False)
-batches = 0
-with chainer.using_config("train", False), chainer.no_backprop_mode():
-    for batch in test_iter:  # ends with StopIteration, untouched
-        model(*concat_examples(batch))
-        batches += 1
-print("evaluated", batches, "batches")
-
-
-class ImageGen(training.Extension):
-    trigger = (1, "iteration")
-
-    def __call__(self, trainer):
-        with chainer.using_config("train", False):
-            model.predictor(x)
-
-
-@training.make_extension(trigger=(1, "iteration"))
-def sample(trainer):
-    model.predictor(x)  # train mode, no using_config: still not training
-
-
-class MyEvaluator(extensions.Evaluator):
-    def __call__(self, trainer=None):  # an override calling its base: still one range
-        return super().__call__(trainer)
-
-
-class Stop(training.Extension):
-    trigger = (1, "iteration")
-
-    def __call__(self, trainer):
-        if trainer.updater.iteration == 2:
-            sys.exit(3)
-
-
-train_iter = chainer.iterators.SerialIterator(dataset, 2, shuffle=False)
-updater = training.updaters.StandardUpdater(train_iter, optimizer)
-trainer = training.Trainer(updater, (5, "iteration"))
-trainer.extend(ImageGen())
-trainer.extend(sample)
-trainer.extend(MyEvaluator(test_iter, model), trigger=(1, "iteration"))
-trainer.extend(Stop())
-trainer.run()
-'''
+    source = program("traps_evaluation_and_extensions")
     run = run_with_agent(tmp_path, source, {"CHAINER_PROF_GRANULARITY": "link"})
     assert run.returncode == 3, run.stderr
     assert run.stdout == "evaluated 2 batches\n"
@@ -138,10 +58,7 @@ trainer.run()
 
 def test_open_iteration_closed_at_exit_after_uncaught_exception(tmp_path: Path):
     """An exception escaping a custom loop between forward and backward."""
-    source = MODEL + r'''
-loss = model(x, t)
-raise RuntimeError("stopped after forward")
-'''
+    source = program("traps_exception_after_forward")
     run = run_with_agent(tmp_path, source, {"CHAINER_PROF_GRANULARITY": "phase"})
     assert run.returncode == 1
     assert "\nRuntimeError: stopped after forward\n" in run.stderr
@@ -150,11 +67,7 @@ raise RuntimeError("stopped after forward")
 
 
 def test_sys_exit_inside_annotate_block(tmp_path: Path):
-    source = MODEL + r'''
-with chainer_autoprof.annotate("step"):
-    loss = model(x, t)
-    sys.exit(4)
-'''
+    source = program("traps_sys_exit_inside_annotate")
     run = run_with_agent(tmp_path, source, {"CHAINER_PROF_GRANULARITY": "phase"})
     assert run.returncode == 4, run.stderr
     check_stream(run.events, user=("step",))
@@ -163,17 +76,7 @@ with chainer_autoprof.annotate("step"):
 
 def test_exception_escaping_trainer(tmp_path: Path):
     """The exception reaches the user unchanged; ranges end balanced."""
-    source = MODEL + r'''
-def lossfun(*args):
-    if optimizer.t == 1:
-        raise KeyError("bad batch at update 2")
-    return model(*args)
-
-
-train_iter = chainer.iterators.SerialIterator(dataset, 2, shuffle=False)
-updater = training.updaters.StandardUpdater(train_iter, optimizer, loss_func=lossfun)
-training.Trainer(updater, (5, "iteration")).run()
-'''
+    source = program("traps_exception_escaping_trainer")
     run = run_with_agent(tmp_path, source, {"CHAINER_PROF_GRANULARITY": "link"})
     assert run.returncode == 1
     tail = run.stderr.rstrip().splitlines()

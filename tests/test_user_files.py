@@ -25,27 +25,12 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from support import clean_env, write_script
+from support import clean_env, program, write_script
 
 from chainer_autoprof.common import outputs
 from chainer_autoprof.lifecycle.dump_server import DumpServer
 
-TRAIN = r'''
-import os, time
-import numpy as np
-import chainer
-import chainer.links as L
-
-model = L.Classifier(L.Linear(4, 3))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-x = np.ones((4, 4), np.float32)
-t = np.zeros(4, np.int32)
-end = time.monotonic() + 1.0  # several background writes of the trace so far
-while time.monotonic() < end:
-    optimizer.update(model, x, t)
-print("trained", flush=True)
-'''
+TRAIN = program("user_files_train")
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -258,34 +243,7 @@ def test_the_trace_so_far_is_private_and_replaces_only_an_earlier_one_of_the_use
 
 
 # -- 2. descriptors the program closed and reused ---------------------------------------------
-DAEMONIZING = r'''
-import os, time
-import numpy as np
-import chainer
-import chainer.links as L
-
-model = L.Classifier(L.Linear(4, 3))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-x = np.ones((4, 4), np.float32)
-t = np.zeros(4, np.int32)
-for _ in range(20):
-    optimizer.update(model, x, t)
-time.sleep(0.3)  # a background write of the trace so far or two
-os.closerange(3, 256)  # as a daemonizing library does
-files = [open(f"user{i}.csv", "w") for i in range(6)]
-print("closed", flush=True)
-lines = 0
-while not os.path.exists("go") or lines < 200:
-    optimizer.update(model, x, t)
-    for f in files:
-        f.write(f"{lines},{lines * 2}\n")
-    lines += 1
-    time.sleep(0.002)
-for f in files:
-    f.close()
-print(lines, flush=True)
-'''
+DAEMONIZING = program("user_files_daemonizing")
 
 
 def test_descriptors_the_program_closed_and_reused_never_get_the_agents_writes(tmp_path):
@@ -416,37 +374,7 @@ def _ours(disk: Path) -> list[str]:
 
 
 #: Many ranges quickly (its own annotations), then a checkpoint of 3 MB.
-BUSY = r'''
-import os, time
-import numpy as np
-import chainer
-import chainer.links as L
-import chainer_autoprof
-
-def free():
-    st = os.statvfs(".")
-    return st.f_bavail * st.f_frsize
-
-model = L.Classifier(L.Linear(4, 3))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-x = np.ones((4, 4), np.float32)
-t = np.zeros(4, np.int32)
-seen = False
-end = time.monotonic() + 20
-while time.monotonic() < end and free() > 2 << 20:
-    optimizer.update(model, x, t)
-    for _ in range(500):
-        with chainer_autoprof.annotate("augment"):
-            pass
-    there = os.path.exists("run.json.partial")
-    if seen and not there:
-        break  # the agent gave it up
-    seen = seen or there
-checkpoint = L.Linear(750, 1000)  # 3 MB of float32
-chainer.serializers.save_npz("checkpoint.npz", checkpoint)
-print("saved", flush=True)
-'''
+BUSY = program("user_files_busy")
 
 
 def test_the_trace_so_far_leaves_the_disk_to_the_program(small_disk):
@@ -474,28 +402,7 @@ def test_the_trace_so_far_leaves_the_disk_to_the_program(small_disk):
 
 
 #: Some training, then the program fills the disk itself and ends.
-FILLS_THE_DISK = r'''
-import errno, time
-import numpy as np
-import chainer
-import chainer.links as L
-
-model = L.Classifier(L.Linear(4, 3))
-optimizer = chainer.optimizers.SGD()
-optimizer.setup(model)
-x = np.ones((4, 4), np.float32)
-t = np.zeros(4, np.int32)
-end = time.monotonic() + 0.5
-while time.monotonic() < end:
-    optimizer.update(model, x, t)
-with open("data.bin", "wb", buffering=0) as f:
-    try:
-        while True:
-            f.write(b"x" * 65536)
-    except OSError as exc:
-        assert exc.errno == errno.ENOSPC
-print("full", flush=True)
-'''
+FILLS_THE_DISK = program("user_files_fills_the_disk")
 
 
 def test_a_run_that_filled_the_disk_leaves_no_trace_so_far_behind(small_disk):

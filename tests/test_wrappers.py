@@ -19,70 +19,13 @@ from pathlib import Path
 
 import pytest
 from site_venv import SiteVenv, make_site_venv
-from support import clean_env, native_under_test, run_python, write_script
-from test_ranges import GRANULARITIES
+from streams import GRANULARITIES
+from support import clean_env, native_under_test, program, run_python, write_script
 
-PICKLE_PROGRAM = r'''
-import copy
-import multiprocessing
-import pickle
-import sys
-
-import numpy as np
-import chainer
-import chainer.links as L
-
-import chainer_autoprof
+PICKLE_PROGRAM = program("wrappers_pickle")
 
 
-class Model(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(3, 2)
-
-    def forward(self, x):
-        return self.l1(x).array
-
-
-class Old(chainer.Chain):
-    """Old style: its own __call__ is wrapped."""
-
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(3, 2)
-
-    def __call__(self, x):
-        return self.l1(x).array
-
-
-def same(a, b):
-    return bool(np.array_equal(np.asarray(a), np.asarray(b)))
-
-
-x = np.arange(6, dtype=np.float32).reshape(2, 3)
-for granularity in sys.argv[1:]:
-    chainer_autoprof.install(granularity=granularity, summary=False)
-    checks = []
-    for model in (Model(), Old()):
-        opt = chainer.optimizers.SGD()
-        opt.setup(model)
-        want = model(x)
-        checks.append(same(pickle.loads(pickle.dumps(model.__call__))(x), want))
-        checks.append(same(copy.deepcopy(model.__call__)(x), want))
-        checks.append(same(copy.deepcopy(model.l1.__call__)(x).array, model.l1(x).array))
-        checks.append(pickle.loads(pickle.dumps(opt.update)).__self__.target is not None)
-        checks.append(copy.deepcopy(opt.update).__self__ is not opt)
-        with multiprocessing.get_context("fork").Pool(2) as pool:
-            got = pool.map(model.__call__, [x, x + 1])
-        checks.append(same(got[0], want) and same(got[1], model(x + 1)))
-    print(granularity, checks.count(True), "of", len(checks))
-    chainer_autoprof.uninstall()
-'''
-
-
-def test_bound_methods_pickle_and_deepcopy(tmp_path: Path):
+def test_bound_methods_pickle_and_deepcopy(tmp_path: Path, twin: str):
     """``pickle.dumps(model.__call__)``, deepcopy, ``Pool.map(model.__call__)``, any granularity."""
     script = write_script(tmp_path, "bound.py", PICKLE_PROGRAM)
     run = run_python(tmp_path, [str(script), *GRANULARITIES], nvtx=False)
@@ -91,42 +34,10 @@ def test_bound_methods_pickle_and_deepcopy(tmp_path: Path):
     assert run.stderr == ""
 
 
-RECURSION_PROGRAM = r'''
-import sys
-
-import chainer
-
-import chainer_autoprof
+RECURSION_PROGRAM = program("wrappers_recursion")
 
 
-class Nested(chainer.Chain):
-    """Calls itself until Python says no more."""
-
-    def forward(self, depth):
-        depth[0] += 1
-        return self(depth)
-
-
-def reach():
-    depth = [0]
-    try:
-        Nested()(depth)
-    except RecursionError:
-        pass
-    return depth[0]
-
-
-plain = reach()
-out = [str(plain)]
-for granularity in sys.argv[1:]:
-    chainer_autoprof.install(granularity=granularity, summary=False)
-    out.append(str(reach()))
-    chainer_autoprof.uninstall()
-print(" ".join(out))
-'''
-
-
-def test_recursion_limit(tmp_path: Path):
+def test_recursion_limit(tmp_path: Path, twin: str):
     """A Chain calling itself reaches the plain run's depth (native); one frame less a level
     in the pure-Python path."""
     script = write_script(tmp_path, "recursion.py", RECURSION_PROGRAM)
@@ -134,52 +45,13 @@ def test_recursion_limit(tmp_path: Path):
     assert run.returncode == 0, run.stderr
     plain, *agent = (int(n) for n in run.stdout.split())
     assert plain > 100
-    if native_under_test():
+    if twin == "native":
         assert agent == [plain] * len(GRANULARITIES)
     else:  # each level: Link.__call__ and forward, plus the wrapper's frame
         assert all(plain * 0.6 <= depth < plain for depth in agent), (plain, agent)
 
 
-FORWARD_ERROR = r'''
-import sys
-
-import numpy as np
-import chainer
-import chainer.functions as F
-import chainer.links as L
-from chainer import training
-
-
-class Broken(chainer.Chain):
-    def __init__(self):
-        super().__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(3, 2)
-
-    def forward(self, x, t=None):
-        h = self.l1(x)
-        return explode(h)
-
-
-def explode(h):
-    raise ValueError("bad forward")
-
-
-model = L.Classifier(Broken())
-x = np.ones((4, 3), np.float32)
-t = np.zeros(4, np.int32)
-opt = chainer.optimizers.SGD()
-opt.setup(model)
-how = sys.argv[1]
-if how == "call":
-    model(x, t)
-elif how == "lossfun":
-    opt.update(model, x, t)
-else:
-    it = chainer.iterators.SerialIterator(chainer.datasets.TupleDataset(x, t), 2)
-    trainer = training.Trainer(training.updaters.StandardUpdater(it, opt), (2, "iteration"))
-    trainer.run()
-'''
+FORWARD_ERROR = program("wrappers_forward_error")
 
 HOW = ("call", "lossfun", "trainer")
 
@@ -205,7 +77,7 @@ def _compare(got: subprocess.CompletedProcess, plain: subprocess.CompletedProces
 
 
 @pytest.mark.parametrize("how", HOW)
-def test_no_frame_of_ours_under_the_launcher(tmp_path: Path, how: str):
+def test_no_frame_of_ours_under_the_launcher(tmp_path: Path, how: str, twin: str):
     script = write_script(tmp_path, "broken.py", FORWARD_ERROR)
     plain = run_python(tmp_path, [str(script), how], nvtx=False)
     got = run_python(tmp_path, ["-m", "chainer_autoprof", "--summary", "0",
@@ -219,7 +91,8 @@ def venv(tmp_path_factory) -> SiteVenv:
 
 
 @pytest.mark.parametrize("how", HOW)
-def test_no_frame_of_ours_environment_only(venv: SiteVenv, tmp_path: Path, how: str):
+def test_no_frame_of_ours_environment_only(venv: SiteVenv, tmp_path: Path, how: str,
+                                           twin: str):
     script = tmp_path / "broken.py"
     script.write_text(textwrap.dedent(FORWARD_ERROR))
     plain = venv.run([str(script), how], cwd=tmp_path)
@@ -228,11 +101,10 @@ def test_no_frame_of_ours_environment_only(venv: SiteVenv, tmp_path: Path, how: 
     _compare(got, plain)
 
 
-def test_launcher_environment_has_the_agent(tmp_path: Path):
+def test_launcher_environment_has_the_agent(tmp_path: Path, twin: str):
     """The runs above are profiled runs: the agent was on (its status report says which path)."""
     script = write_script(tmp_path, "broken.py", FORWARD_ERROR)
     proc = subprocess.run([sys.executable, "-m", "chainer_autoprof", "--status", "--summary",
                            "0", str(script), "call"], env=clean_env(), cwd=tmp_path,
                           capture_output=True, text=True, timeout=240)
-    want = "native" if native_under_test() else "python"
-    assert f"hot path: {want}" in proc.stderr
+    assert f"hot path: {twin}" in proc.stderr

@@ -1,0 +1,4 @@
+
+import sys
+print("running", flush=True)
+sys.stdin.readline()

@@ -1,0 +1,5 @@
+
+import chainer_autoprof
+chainer_autoprof.install(summary=False)
+print("running", os.getpid(), flush=True)
+sys.stdin.readline()

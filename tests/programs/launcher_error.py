@@ -1,0 +1,7 @@
+import atexit
+atexit.register(print, "atexit ran")
+
+def inner():
+    raise ValueError("boom")
+
+inner()

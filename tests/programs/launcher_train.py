@@ -1,0 +1,17 @@
+import os
+import numpy as np
+import chainer
+import chainer.links as L
+from chainer import training
+
+np.random.seed(0)
+model = L.Classifier(L.Linear(4, 3))
+optimizer = chainer.optimizers.SGD()
+optimizer.setup(model)
+x = np.random.RandomState(0).randn(12, 4).astype(np.float32)
+t = (np.arange(12) % 3).astype(np.int32)
+it = chainer.iterators.SerialIterator(chainer.datasets.TupleDataset(x, t), 4, shuffle=False)
+updater = training.updaters.StandardUpdater(it, optimizer)
+for _ in range(2):
+    updater.update()
+print("loss", repr(float(model.loss.array)), os.environ.get("CHAINER_PROF_GRANULARITY"))

@@ -1,0 +1,13 @@
+
+import numpy as np
+import chainer
+import chainer.links as L
+
+model = L.Classifier(L.Linear(4, 3))
+optimizer = chainer.optimizers.SGD()
+optimizer.setup(model)
+x = np.ones((4, 4), np.float32)
+t = np.zeros(4, np.int32)
+for _ in range(4):
+    optimizer.update(model, x, t)
+print("trained")

@@ -1,0 +1,5 @@
+import atexit
+atexit.register(print, "atexit ran")
+def f():
+    raise KeyboardInterrupt
+f()
