@@ -8,6 +8,7 @@ library, and the agent activates at interpreter start-up.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -120,9 +121,16 @@ def run_python(tmp: Path, args: list[str], env: dict[str, str] | None = None,
     return run
 
 
+#: A line of a program file that stands for another program file's whole text (the part
+#: several programs share, kept once).
+INCLUDE = re.compile(r"^# include: (\S+)\n", re.M)
+
+
 def program(name: str) -> str:
-    """The text of ``tests/programs/NAME`` (``.py`` unless ``name`` has a suffix of its own)."""
-    return (PROGRAMS / (name if "." in name else name + ".py")).read_text()
+    """The text of ``tests/programs/NAME`` (``.py`` unless ``name`` has a suffix of its own),
+    each ``# include: OTHER`` line replaced by OTHER's text."""
+    text = (PROGRAMS / (name if "." in name else name + ".py")).read_text()
+    return INCLUDE.sub(lambda m: program(m.group(1)), text)
 
 
 def write_script(tmp: Path, name: str, source: str) -> Path:

@@ -11,7 +11,7 @@ import ast
 import re
 from pathlib import Path
 
-from support import PROGRAMS
+from support import INCLUDE, PROGRAMS
 
 TESTS = Path(__file__).resolve().parent
 
@@ -40,6 +40,8 @@ def test_every_program_file_is_run_by_a_test():
     named: set[str] = set()
     for path in _test_sources():
         named |= set(re.findall(r'\bprogram\(\s*"([^"]+)"\s*\)', path.read_text()))
+    for path in PROGRAMS.iterdir():  # a program's shared part, included by others
+        named |= set(INCLUDE.findall(path.read_text()))
     files = {path.stem if path.suffix == ".py" else path.name for path in PROGRAMS.iterdir()
              if path.is_file()}
     assert named - files == set(), "named but missing"
