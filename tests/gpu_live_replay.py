@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -213,3 +214,34 @@ def hta_figures(trace_json: dict[str, Any], folder: Path) -> dict[str, Any]:
             "idle_us": row["idle_time(us)"],
             "idle": {r["idle_category"]: r["idle_time"]
                      for r in idle[["idle_category", "idle_time"]].to_dict("records")}}
+
+
+def short(link_key: str) -> str:
+    """``predictor/conv1 (Convolution2D) @gpu0`` -> ``conv1``, as the recording names links."""
+    return link_key.split(" (")[0].split(" @")[0].split("/")[-1]
+
+
+def forward_kernel_time_by_link(analysis: Any, recording: Recording
+                                ) -> tuple[Counter[str], Counter[str], Counter[str]]:
+    """Each link's forward kernel time (ns) as the agent attributed it (by launch), as the
+    recording's external ids attribute it, and where both agree on the kernel."""
+    records = analysis.records()
+    ext = dict(zip(recording.batch.external.correlation.tolist(),
+                   recording.batch.external.external_id.tolist()))
+    ours: Counter[str] = Counter()
+    theirs: Counter[str] = Counter()
+    both: Counter[str] = Counter()
+    k = records.ops.kind == KERNEL
+    dur = (records.ops.end - records.ops.start)[k]
+    for corr, ns, link, bwd in zip(records.ops.correlation[k].tolist(), dur.tolist(),
+                                   records.attr.link[k].tolist(),
+                                   records.attr.backward[k].tolist()):
+        mine = short(analysis.link_keys[link]) if link >= 0 and not bwd else None
+        recorded = recording.external_names.get(ext[corr]) if corr in ext else None
+        if mine:
+            ours[mine] += ns
+        if recorded:
+            theirs[recorded] += ns
+        if mine and mine == recorded:
+            both[mine] += ns
+    return ours, theirs, both

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from gpu_live_replay import forward_kernel_time_by_link, short
 
 from chainer_autoprof.analysis.gpu_analysis import Limits
 from chainer_autoprof.analysis.gpu_attribution import (
@@ -49,11 +50,6 @@ def recording(name: str):
 
 def agent_trace(name: str):
     return read_trace(str(DATA / name / "agent_trace.json"))
-
-
-def short(link_key: str) -> str:
-    """``predictor/conv1 (Convolution2D) @gpu0`` -> ``conv1``, as the recording names links."""
-    return link_key.split(" (")[0].split(" @")[0].split("/")[-1]
 
 
 @pytest.fixture(scope="module", params=RECORDINGS)
@@ -183,24 +179,8 @@ def test_forward_time_per_link_agrees_with_the_recordings_external_ids(replayed)
     """Attributed by launch (not by the external ids), each link's forward kernel time
     agrees with the external-id attribution of the same kernels for >= 99% of its time."""
     name, _trace, rec, analysis, _fig = replayed
-    records = analysis.records()
-    assert len(records) == len(rec.batch.ops)  # nothing dropped at the default limit
-    ext = dict(zip(rec.batch.external.correlation.tolist(),
-                   rec.batch.external.external_id.tolist()))
-    ours, theirs, both = Counter(), Counter(), Counter()
-    k = records.ops.kind == KERNEL
-    dur = (records.ops.end - records.ops.start)[k]
-    for corr, ns, link, bwd in zip(records.ops.correlation[k].tolist(), dur.tolist(),
-                                   records.attr.link[k].tolist(),
-                                   records.attr.backward[k].tolist()):
-        mine = short(analysis.link_keys[link]) if link >= 0 and not bwd else None
-        recorded = rec.external_names.get(ext[corr]) if corr in ext else None
-        if mine:
-            ours[mine] += ns
-        if recorded:
-            theirs[recorded] += ns
-        if mine and mine == recorded:
-            both[mine] += ns
+    assert len(analysis.records()) == len(rec.batch.ops)  # nothing dropped at the default limit
+    ours, theirs, both = forward_kernel_time_by_link(analysis, rec)
     assert set(theirs) == {"Classifier", "predictor", "conv1", "conv2", "conv3", "fc1",
                            "fc2", "fc3"}
     assert set(ours) == set(theirs)

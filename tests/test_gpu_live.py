@@ -12,7 +12,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from gpu_live_replay import hta_figures, replay_live
+from gpu_live_replay import forward_kernel_time_by_link, hta_figures, replay_live, short
 from headless_browser import Browser, find_browser
 from support import clean_env
 from traces import check_trace_file, nest_per_track
@@ -27,11 +27,6 @@ from chainer_autoprof.report.tracefile import open_trace, read_trace
 
 RECORDINGS = ("b512", "b16")
 _REPLAYS: dict[str, object] = {}
-
-
-def short(link_key: str) -> str:
-    """``predictor/conv1 (Convolution2D) @gpu0`` -> ``conv1``, as the recording names links."""
-    return link_key.split(" (")[0].split(" @")[0].split("/")[-1]
 
 
 @pytest.fixture(scope="module", params=RECORDINGS)
@@ -71,26 +66,7 @@ def test_every_record_went_through_the_queues_and_was_attributed(live):
 def test_forward_time_per_link_agrees_with_the_recordings_external_ids(live):
     """Attributed by launch (not by the external ids), each link's forward kernel time
     agrees with the external-id attribution of the same kernels for >= 99% of its time."""
-    rec, analysis = live.recording, live.outcome.analysis
-    records = analysis.records()
-    ext = dict(zip(rec.batch.external.correlation.tolist(),
-                   rec.batch.external.external_id.tolist()))
-    ours: Counter[str] = Counter()
-    theirs: Counter[str] = Counter()
-    both: Counter[str] = Counter()
-    k = records.ops.kind == KERNEL
-    dur = (records.ops.end - records.ops.start)[k]
-    for corr, ns, link, bwd in zip(records.ops.correlation[k].tolist(), dur.tolist(),
-                                   records.attr.link[k].tolist(),
-                                   records.attr.backward[k].tolist()):
-        mine = short(analysis.link_keys[link]) if link >= 0 and not bwd else None
-        recorded = rec.external_names.get(ext[corr]) if corr in ext else None
-        if mine:
-            ours[mine] += ns
-        if recorded:
-            theirs[recorded] += ns
-        if mine and mine == recorded:
-            both[mine] += ns
+    ours, theirs, both = forward_kernel_time_by_link(live.outcome.analysis, live.recording)
     assert set(ours) == set(theirs) >= {"conv1", "conv2", "conv3", "fc1", "fc2", "fc3"}
     for link in theirs:
         assert both[link] >= 0.99 * max(theirs[link], ours[link]), (live.name, link)
