@@ -142,6 +142,8 @@ setup(
         "test": [
             "pytest>=7",
             "ruff>=0.17,<0.18",
+            # the package's types ([tool.mypy] in pyproject.toml; mypy 2 runs on Python 3.10+)
+            "mypy==2.4.1; python_version >= '3.10'",
             "nvidia-nvtx>=13",  # NVTX headers the tests' NVTX recorder is compiled against
             "mpi4py>=4",  # MPI tests (they skip where no MPI runtime is installed)
             "hypothesis>=6.100,<7",  # property-based tests of the state machine and the readers

@@ -38,7 +38,7 @@ def launcher_process() -> bool:
         return True
     if argv[0] != "-m":
         return False
-    orig = getattr(sys, "orig_argv", None) or []
+    orig: list[str] = getattr(sys, "orig_argv", None) or []
     for i, arg in enumerate(orig[1:], 1):
         if arg == "-m":
             return i + 1 < len(orig) and orig[i + 1] == LAUNCHER_MODULE

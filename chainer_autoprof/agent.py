@@ -20,7 +20,7 @@ import importlib.util
 import os
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import wrapt
 
@@ -43,6 +43,9 @@ from .runtime.policies import CaptureWindow, SyncPolicy
 from .sinks.clock import ClockSink
 from .sinks.nvtx import NvtxSink, make_nvtx_sink
 from .sinks.recorder import Recorder
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 _lock = threading.RLock()
 _agent: Agent | None = None
@@ -149,6 +152,7 @@ class Agent:
         # the run's metadata lives with the end of the run: loaded at the first background write
         from .lifecycle.finish import partial_metadata
 
+        assert self.recorder is not None  # a trace so far is written only with a recorder
         return partial_metadata(self.cfg, self.tracer, self.recorder)
 
     @property
@@ -164,8 +168,10 @@ class Agent:
     # -- hooks ----------------------------------------------------------------
     def start(self) -> None:
         for library in dict.fromkeys(inst.library for inst in self.instrumentors):
-            wrapt.register_post_import_hook(
-                lambda module, library=library: self._on_import(library, module), library)
+            def imported(module: ModuleType, library: str = library) -> None:
+                self._on_import(library, module)
+
+            wrapt.register_post_import_hook(imported, library)
         if self.gpu is not None:  # CUPTI from CuPy's import on: before any kernel it launches
             wrapt.register_post_import_hook(lambda module: self._start_gpu(), "cupy")
         if self.recorder is not None:

@@ -48,7 +48,7 @@ def _install_main() -> types.ModuleType:
     if old is not None:
         _displaced_mains.append(old)
     main = types.ModuleType("__main__")
-    main.__builtins__ = builtins
+    main.__builtins__ = builtins  # type: ignore[attr-defined]  # set by the interpreter, untyped
     main.__annotations__ = {}
     sys.modules["__main__"] = main
     return main
@@ -97,7 +97,7 @@ def run_path(path: str, argv: list[str]) -> None:
         code = compile(data, filename, "exec", dont_inherit=True)
         main.__loader__ = SourceFileLoader("__main__", filename)
     main.__file__ = filename
-    main.__cached__ = None
+    main.__cached__ = None  # type: ignore[attr-defined]  # (same)
     try:
         exec(code, main.__dict__)
     finally:  # python forgets these once the script is done

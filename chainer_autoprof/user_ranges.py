@@ -7,10 +7,13 @@ Not named ``annotate``: a submodule of that name would replace the package's
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from . import agent
 from .common import log, names
+
+if TYPE_CHECKING:
+    from .common.typedefs import AnyFunction
 
 
 def _report(exc: Exception) -> None:
@@ -55,7 +58,7 @@ class Annotation:
             except Exception as err:
                 _report(err)
 
-    def __call__(self, func: Callable) -> Callable:
+    def __call__(self, func: AnyFunction) -> AnyFunction:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with self:

@@ -42,7 +42,7 @@ millions of iterations.
 from __future__ import annotations
 
 from array import array
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -62,6 +62,9 @@ from .stats import (
     LinkStat,
     RunStats,
 )
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 # Kinds of a range name, for aggregation.
 _K_SKIP, _K_ITER, _K_LINK, _K_LINK_BWD, _K_QUIET, _K_OTHER, _K_GC = 0, 1, 2, 3, 4, 5, 6
@@ -181,7 +184,7 @@ class Aggregator:
         self.wait_places: list[int] = []   # PHASE_KEYS index per wait name index (-1: outside)
         self.link_keys: list[str] = []
         self._link_key_index: dict[str, int] = {}
-        self._np_tables: Any = None
+        self._np_tables: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None
         self.threads: dict[int, _ThreadAgg] = {}
         self.max_kept = max_kept
         self.seen = 0                      # iterations seen, every thread, warm-up included
@@ -214,7 +217,7 @@ class Aggregator:
             self.link_ids[index] = lid
         self._np_tables = None
 
-    def _tables(self) -> tuple[Any, Any]:
+    def _tables(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         tables = self._np_tables
         n = min(len(self.kinds), len(self.link_ids))  # another thread may be adding a name
         if tables is None or len(tables[0]) != n:
@@ -434,9 +437,9 @@ class Aggregator:
             return "other"
 
         gc_rows = sorted(([self.gens[i] if i < len(self.gens) else 0, (t1 - t0) / 1e6,
-                           phase_of(t0, t1)] for i, t0, t1 in gcs), key=lambda r: -r[1])
+                           phase_of(t0, t1)] for i, t0, t1 in gcs), key=_longest_first)
         ranges = sorted(([self.names[i] if i < len(self.names) else "?", (t1 - t0) / 1e6,
-                          phase_of(t0, t1)] for i, t0, t1, _k in named), key=lambda r: -r[1])
+                          phase_of(t0, t1)] for i, t0, t1, _k in named), key=_longest_first)
         values = (row / 1e6).tolist()
         return {"iteration": number, "ms": values[0],
                 "phases": {key: values[1 + i] for i, key in enumerate(PHASE_KEYS)},
@@ -527,6 +530,7 @@ class Aggregator:
         warm_in = np.zeros(len(top) + 1, dtype=np.int64)
         held = np.zeros(len(top) + 1, dtype=np.int64)  # and how many
         if len(nested):
+            assert nested_counted is not None  # made above whenever nested is not empty
             owner = np.searchsorted(top, nested)
             counted_in += _bincount(owner, dur[nested] * nested_counted, len(top) + 1)
             warm_in += _bincount(owner, dur[nested] * ~nested_counted, len(top) + 1)
@@ -721,3 +725,9 @@ def _kind_of(name: str, category: str) -> tuple[int, str]:
         return _K_WAIT, name
     return _K_OTHER, name
 
+
+
+def _longest_first(row: Sequence[Any]) -> float:
+    """Sort key of a ``[name, ms, phase]`` row: the longest first."""
+    ms: float = row[1]
+    return -ms

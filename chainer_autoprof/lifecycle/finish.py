@@ -169,7 +169,7 @@ def _write_trace(recorder: Recorder, tracer: Any, path: str, stats: RunStats,
     """Write the trace file at ``path``; returns it (``None`` on failure, said once)."""
     try:
         other = final_record(stats, recorder.dropped)
-        per_thread: dict[int, list] = {}
+        per_thread: dict[int, list[Any]] = {}
         for tid, block in recorder.retained:
             per_thread.setdefault(tid, []).append(block)
         thread_names = dict(tracer.ended_names)

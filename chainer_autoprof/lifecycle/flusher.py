@@ -31,12 +31,15 @@ import json
 import os
 import threading
 from time import time_ns
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from ..common import log, outputs
 from ..common.one_line import one_line
+
+if TYPE_CHECKING:
+    from ..report.partial import PartialWriter
 
 #: Bytes of metadata and states a file may gather before it is rewritten.
 STATE_BYTES = 8 << 20
@@ -47,7 +50,8 @@ class Flusher:
 
     def __init__(self, recorder: Any, trace_path: Callable[[], str], limit: int,
                  meta: Callable[[], dict[str, Any]],
-                 gc_details: Callable[[int], tuple[list, int]] | None = None,
+                 gc_details: (Callable[[int], tuple[list[tuple[int, int, int, int]], int]]
+                              | None) = None,
                  run_stats: Callable[[], dict[str, Any]] | None = None) -> None:
         self.recorder = recorder
         #: The file this process's final trace goes to now (:func:`.processes.trace_path`).
@@ -62,7 +66,7 @@ class Flusher:
         self._reset()
 
     def _reset(self) -> None:
-        self.writer: Any = None
+        self.writer: PartialWriter | None = None
         self.mark = 0                  # ranges ever retained, as of the last write
         self.gc_mark = 0
         self.last: dict[int, tuple[int, int]] = {}  # tid -> (t1 of the last row, rows at that t1)
@@ -136,9 +140,11 @@ class Flusher:
         blocks, self.mark = self.recorder.retained_since(0)
         rows = self._new_rows(blocks + self.recorder.pending_blocks())
         self.names, self.threads, self.meta_text, self.gc_mark = 0, {}, "", 0
-        self.writer.rewrite(self._records(partial, rows, where, stalls, full=True))
+        writer = self.writer
+        assert writer is not None  # made by the first write, which comes first
+        writer.rewrite(self._records(partial, rows, where, stalls, full=True))
         self.rows = sum(len(r) for r in rows.values())
-        return self.writer.path
+        return writer.path
 
     def _records(self, partial: Any, rows: dict[int, Any], where: dict[str, Any] | None,
                  stalls: list[dict[str, Any]], full: bool) -> list[bytes]:
@@ -212,7 +218,8 @@ class Flusher:
                                  "dropped": recorder.dropped + self.lost}
         if state["dropped"] and self.run_stats is not None:
             state["run_stats"] = self.run_stats()
-        return partial.json_record(b"STAT", state)
+        record: bytes = partial.json_record(b"STAT", state)
+        return record
 
     def discard(self) -> None:
         """The final trace is written: the partial file goes."""

@@ -60,7 +60,7 @@ def snapshot(tracer: Any, reason: str, *, since_s: float | None = None,
         entry: dict[str, Any] = {"tid": tid, "name": thread.name, "main": thread is main,
                                  "open": opened}
         if stacks:
-            entry["stack"] = _frames(frames.get(thread.ident))
+            entry["stack"] = _frames(frames.get(thread.ident))  # type: ignore[arg-type]  # None: no frame
         threads.append(entry)
     loop = next((t for t in threads if any(r["category"] == names.ITERATION for r in t["open"])),
                 next((t for t in threads if t["main"]), None))

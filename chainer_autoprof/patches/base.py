@@ -20,10 +20,14 @@ once, and the wrapped call goes on untouched.
 from __future__ import annotations
 
 import types
-from typing import Any, Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 from ..common import log
 from ..runtime import hotpath
+
+if TYPE_CHECKING:
+    from ..common.typedefs import AnyFunction, Args, Kwargs
+    from ..runtime.hotpath.protocol import SwitchLike
 
 __all__ = ["Around", "Body", "Hot", "Instrumentor", "Patch", "qualified_name"]
 
@@ -40,7 +44,7 @@ class Around:
 
     __slots__ = ("enter", "exit", "replace_args")
 
-    def __init__(self, enter: Callable[[Any, tuple, dict], Any],
+    def __init__(self, enter: Callable[[Any, Args, Kwargs], Any],
                  exit: Callable[[Any, Any, BaseException | None], Any] | None = None,
                  replace_args: bool = False) -> None:
         self.enter = enter
@@ -64,7 +68,7 @@ class Body:
 
     __slots__ = ("body",)
 
-    def __init__(self, body: Callable[[Callable, Any, tuple, dict], Any]) -> None:
+    def __init__(self, body: Callable[[AnyFunction, Any, Args, Kwargs], Any]) -> None:
         self.body = body
 
 
@@ -103,7 +107,7 @@ class Patch:
         self.status = "pending"
         self.reason = ""
         self.impl: hotpath.Implementation = hotpath.PYTHON
-        self.switch: Any = self.impl.switch()  # on / hits, read by the wrappers
+        self.switch: SwitchLike = self.impl.switch()  # on / hits, read by the wrappers
         self.owners: list[str] = []   # classes (or the module) whose attribute is wrapped
         # (owner, attribute, installed wrapper, original): one per attribute we replaced
         self._handles: list[tuple[Any, str, Any, Any]] = []
@@ -206,7 +210,7 @@ class Patch:
         previous = base.__dict__.get("__init_subclass__")
         self._prev_init_subclass = previous
 
-        def __init_subclass__(cls, **kwargs):  # noqa: N807
+        def __init_subclass__(cls: Any, /, **kwargs: Any) -> None:  # noqa: N807
             if previous is not None:
                 previous.__func__(cls, **kwargs)
             else:
@@ -251,7 +255,7 @@ class Patch:
 
 def _all_subclasses(cls: type) -> list[type]:
     seen: list[type] = []
-    todo = list(type.__subclasses__(cls))
+    todo: list[type] = list(type.__subclasses__(cls))
     while todo:
         sub = todo.pop()
         if sub in seen:
@@ -320,7 +324,7 @@ class Instrumentor:
         self.module = None
 
 
-def _body_wrapper(original: Any, switch: Any, body: Callable, method: bool) -> Callable:
+def _body_wrapper(original: Any, switch: Any, body: AnyFunction, method: bool) -> AnyFunction:
     """A plain-function wrapper running ``body`` (an experiment's own Python wrapper)."""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:

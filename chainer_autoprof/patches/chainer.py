@@ -40,13 +40,18 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..common import names
 from ..runtime.events import RangeInfo, ThreadState, Tracer
 from . import trainer as trainer_patches
 from .base import Around, Body, Hooks, Hot, Instrumentor, Patch
 from .steps import Steps
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from ..common.typedefs import AnyFunction, Args, Kwargs
 
 
 def cut_short(exc: BaseException) -> bool:
@@ -64,7 +69,7 @@ class LinkEntry:
 
     __slots__ = ("__weakref__", "bwd_info", "children", "depth", "index", "info", "path", "ref")
 
-    def __init__(self, ref: weakref.ref, path: str, depth: int, index: int) -> None:
+    def __init__(self, ref: weakref.ref[Any], path: str, depth: int, index: int) -> None:
         self.ref = ref
         self.path = path
         self.depth = depth
@@ -130,6 +135,7 @@ class ChainerPatches(Instrumentor):
               lambda p: trainer_patches.wrap_trainer_extend(self.tracer, p,
                                                            extension.Extension)),
         ]
+        mpu: ModuleType | None
         try:
             # Chainer's, like the rest (it is missing from some builds)
             from chainer.training.updaters import multiprocess_parallel_updater as mpu
@@ -191,7 +197,7 @@ class ChainerPatches(Instrumentor):
         number = next(self._numbers)
         entries = self.entries
 
-        def forget(_ref: Any, table: dict = table, key: int = key) -> None:
+        def forget(_ref: Any, table: dict[int, Any] = table, key: int = key) -> None:
             table.pop(key, None)
             entries.pop(number, None)  # links made on the fly must not pile up
 
@@ -226,7 +232,8 @@ class ChainerPatches(Instrumentor):
             return None
         cupy_device = getattr(device, "device", None)
         dev_id = getattr(cupy_device, "id", None)
-        if isinstance(dev_id, int) and getattr(device, "xp", None).__name__ == "cupy":
+        xp = getattr(device, "xp", None)
+        if isinstance(dev_id, int) and getattr(xp, "__name__", None) == "cupy":
             self.tracer.sync.add_devices((dev_id,))
             return dev_id
         return None
@@ -241,7 +248,7 @@ class ChainerPatches(Instrumentor):
         tracer = self.tracer
         state = tracer.state
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             ts = state()
             if ts.iter_explicit:
                 return None
@@ -297,7 +304,7 @@ class ChainerPatches(Instrumentor):
                 patch.fail(exc)
             return opened
 
-        def source_of(instance: Any, args: tuple) -> Any:
+        def source_of(instance: Any, args: Args) -> Any:
             return (args[0] if args else None) if module_function else instance
 
         def close_data(ts: Any, instance: Any, result: Any, exc: BaseException | None) -> None:
@@ -316,7 +323,7 @@ class ChainerPatches(Instrumentor):
 
         if replay is not None:
             # The experiment replaces the call itself: a Python wrapper (a frame of ours).
-            def body(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+            def body(wrapped: AnyFunction, instance: Any, args: Args, kwargs: Kwargs) -> Any:
                 ts = state()
                 if not open_data(ts, source_of(instance, args)):
                     return wrapped(*args, **kwargs)
@@ -330,7 +337,7 @@ class ChainerPatches(Instrumentor):
 
             return Body(body)
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             ts = state()
             return (ts, instance) if open_data(ts, source_of(instance, args)) else None
 
@@ -392,7 +399,7 @@ class ChainerPatches(Instrumentor):
         tracer = self.tracer
         state = tracer.state
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             ts = state()
             if ts.quiet or ts.phase is not None or (ts.by_updater and not ts.iter_busy):
                 return None  # inside a phase, or an updater's thread outside it: no phase
@@ -425,7 +432,7 @@ class ChainerPatches(Instrumentor):
         state = tracer.state
         impl = self.impl
 
-        def loss_enter(ts: Any, args: tuple, kwargs: dict) -> Any:
+        def loss_enter(ts: Any, args: Args, kwargs: Kwargs) -> Any:
             if not patch.on or ts.phase is not None:
                 return None
             try:
@@ -440,18 +447,18 @@ class ChainerPatches(Instrumentor):
             except Exception as err:
                 patch.fail(err)
 
-        def forward_phase(ts: ThreadState, lossfun: Callable) -> Callable:
+        def forward_phase(ts: ThreadState, lossfun: AnyFunction) -> AnyFunction:
             """The loss function as the forward phase (its call is made from C natively)."""
             switch = impl.switch()
 
-            def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+            def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
                 return loss_enter(ts, args, kwargs)
 
             return impl.around(lossfun, switch, enter, loss_exit, patch.fail)
 
         steps = self.steps
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             ts = state()
             if ts.quiet:
                 return None
@@ -507,7 +514,7 @@ class ChainerPatches(Instrumentor):
         """``Optimizer.setup``: the optimizers a step of a loop without an updater may wait for."""
         steps = self.steps
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             return instance
 
         def exit(optimizer: Any, result: Any, exc: BaseException | None) -> None:
@@ -529,7 +536,7 @@ class ChainerPatches(Instrumentor):
         tracer = self.tracer
         state, end = tracer.state, tracer.end
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             ts = state()
             if ts.phase != names.BACKWARD:
                 return None
@@ -550,9 +557,9 @@ class ChainerPatches(Instrumentor):
     def _wrap_extension(self, patch: Patch) -> Hooks:
         tracer = self.tracer
         state, begin, end = tracer.state, tracer.begin, tracer.end
-        cache: dict[tuple[str, type], RangeInfo] = {}
+        cache: dict[tuple[Any, type], RangeInfo] = {}  # (the extension's name, its class)
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             ts = state()
             if ts.extension is instance:  # super().__call__ of the same extension
                 return None

@@ -27,11 +27,14 @@ synchronizing collective is kept as the clock reference for ``merge``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..common import names, rank
 from ..runtime.events import Tracer
 from .base import Around, Instrumentor, Patch
+
+if TYPE_CHECKING:
+    from ..common.typedefs import Args, Kwargs
 
 #: Communicator methods that get a ``comm:<method>`` range.
 COMM_METHODS = (
@@ -127,7 +130,7 @@ class ChainerMNPatches(Instrumentor):
         note_end = rank.note_collective_end
         op = info.name
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             ts = state()
             stack = ts.stack
             if stack and stack[-1][0].category == comm_category:
@@ -148,7 +151,7 @@ class ChainerMNPatches(Instrumentor):
     def _wrap_create_communicator(self, patch: Patch) -> Around:
         on_rank = self.on_rank
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             return True
 
         def exit(st: Any, comm: Any, exc: BaseException | None) -> None:

@@ -19,9 +19,12 @@ stall report.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .base import Around, Hooks, Instrumentor, Patch
+
+if TYPE_CHECKING:
+    from ..common.typedefs import Args, Kwargs
 
 
 def _multiprocess_ready(it: Any) -> tuple[int, int] | None:
@@ -79,7 +82,7 @@ class InputQueueProbe(Instrumentor):
         stats = self.stats
         probed: dict[type, str] = {}  # iterator class -> the probed class it is
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> None:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> None:
             if state().quiet:
                 return None
             cls = type(instance)

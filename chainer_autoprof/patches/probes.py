@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import sys
 from time import perf_counter_ns, thread_time_ns
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy
 
 from ..common import log, names
 from .base import Around, Instrumentor, Patch
+
+if TYPE_CHECKING:
+    from ..common.typedefs import Args, Kwargs
 
 #: The training iteration (counted from 0) whose function calls are counted.
 #: The second one: the first may run lazy initialization, and the count runs
@@ -113,7 +116,7 @@ class Probes(Instrumentor):
     def _wrap_update(self, patch: Patch) -> Around:
         state = self.tracer.state
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             if self.update_done:
                 return None
             # not inside an extension, inference, a trainer's gap
@@ -180,7 +183,7 @@ class Probes(Instrumentor):
     def _wrap_extension(self, patch: Patch) -> Around:
         seen = self._seen_extensions
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             if id(instance) in seen:
                 return None
             hook = None
@@ -251,7 +254,7 @@ class Probes(Instrumentor):
         tracer = self.tracer
 
         def make(patch: Patch) -> Around:
-            def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+            def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
                 try:
                     ts = state()
                     if ts.iter_busy and not ts.quiet and ts.phase != names.DATA:
@@ -284,10 +287,10 @@ class Probes(Instrumentor):
 # -- function hooks (classes built once Chainer is imported) --------------------
 
 def _hook_classes(chainer: Any) -> tuple[type, type]:
-    base = chainer.FunctionHook
+    base: Any = chainer.FunctionHook  # Chainer's class: no type to derive from
     config = chainer.config
 
-    class CountHook(base):
+    class CountHook(base):  # type: ignore[misc]  # Chainer's FunctionHook, untyped
         """Counts functions applied inside one training iteration; times type checks.
 
         Over the iteration it takes this thread's CPU time from the first call
@@ -347,7 +350,7 @@ def _hook_classes(chainer: Any) -> tuple[type, type]:
             if self.functions > 1 and cpu > 0:
                 facts["function_cpu_us"] = round(cpu / (self.functions - 1) / 1e3, 3)
 
-    class EvalHook(base):
+    class EvalHook(base):  # type: ignore[misc]  # (same)
         """Counts functions applied with ``train`` off, and those that build a graph."""
 
         name = _HOOK_NAME + "_eval"

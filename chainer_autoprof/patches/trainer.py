@@ -13,17 +13,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..common import names
 from .base import Around, Patch
+
+if TYPE_CHECKING:
+    from ..common.typedefs import Args, Kwargs
 
 
 def wrap_trainer_run(tracer: Any, patch: Patch) -> Around:
     """Everything inside ``Trainer.run`` but outside an update is quiet."""
     state = tracer.state
 
-    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
         ts = state()
         ts.quiet += 1
         ts.in_trainer += 1
@@ -40,7 +43,7 @@ def wrap_trainer_extend(tracer: Any, patch: Patch, extension_cls: type) -> Aroun
     """Give function extensions an extension range of their own."""
     impl = tracer.hotpath
 
-    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
         ext = args[0] if args else kwargs.get("extension")
         if ext is None or isinstance(ext, extension_cls) or not callable(ext) \
                 or _ours(ext):
@@ -66,7 +69,7 @@ def _extension_call(tracer: Any, patch: Patch, info: Any) -> tuple[Any, Any]:
     """The hooks of a function extension's call: quiet, and its extension range."""
     state, begin, end = tracer.state, tracer.begin, tracer.end
 
-    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
         if not patch.on:
             return None
         ts = state()
@@ -100,7 +103,7 @@ def wrap_mpu_gather_grads(tracer: Any, patch: Patch) -> Around:
     """
     state = tracer.state
 
-    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
         ts = state()
         try:
             if ts.iter_busy and not ts.quiet:
@@ -118,7 +121,7 @@ def wrap_mpu_scatter_params(tracer: Any, patch: Patch) -> Around:
     """``multiprocess_parallel_updater.scatter_params``: a worker's iteration ends."""
     state = tracer.state
 
-    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
         return True
 
     def exit(st: Any, result: Any, exc: BaseException | None) -> None:

@@ -18,7 +18,7 @@ import html
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..analysis.advice import check
 from ..analysis.gpu_evidence import GpuEvidence, busy_text, on_gpu
@@ -29,6 +29,9 @@ from ..common import figures, log, names
 from ..common.outputs import atomic_text
 from .stall import ended_abnormally
 from .summary import IDLE_LABELS, activity, describe_slow
+
+if TYPE_CHECKING:
+    from ..analysis.stats import RunStats
 
 #: Bars drawn at most in the per-iteration chart (more iterations are averaged in bins).
 MAX_BARS = 600
@@ -246,7 +249,7 @@ class _Span:
 
 
 def timeline(trace: Any, rows: Sequence[IterationRow],
-             stats: Any = None) -> tuple[str, str]:
+             stats: RunStats | None = None) -> tuple[str, str]:
     """(heading, SVG) of the counted iteration closest to the median.
 
     On a GPU, a last row shows the GPU's phase spans (CUDA events) of that iteration; their
@@ -316,7 +319,7 @@ def timeline(trace: Any, rows: Sequence[IterationRow],
     return heading, svg
 
 
-def _gpu_row(stats: Any, counted: Sequence[IterationRow], it: IterationRow,
+def _gpu_row(stats: RunStats, counted: Sequence[IterationRow], it: IterationRow,
              phases: Sequence[_Span], row: int) -> list[_Span]:
     """The GPU's phase spans of iteration ``it`` (its CUDA events, else their medians)."""
     series = stats.gpu_phase_ms or {}
@@ -347,14 +350,14 @@ def _gpu_row(stats: Any, counted: Sequence[IterationRow], it: IterationRow,
     return out
 
 
-def wall_bar(stats: Any) -> str:
+def wall_bar(stats: RunStats) -> str:
     """One bar: the wall time split into iterations and what ran outside them."""
     parts = [("iterations", stats.iteration_total_ms)]
     parts += sorted(stats.outside_ms.items(), key=lambda kv: -kv[1])
     wall = max(stats.wall_ms, sum(v for _k, v in parts), 1e-9)
     width, left = CHART_WIDTH, 10
     plot_w = width - 2 * left
-    x = left
+    x: float = left
     body, legend = [], []
     ext_color = css_color(names.EXTENSION)
     for key, ms in parts:
@@ -374,7 +377,7 @@ def wall_bar(stats: Any) -> str:
 
 # -- tables and text -----------------------------------------------------------------------
 
-def links_table(stats: Any) -> str:
+def links_table(stats: RunStats) -> str:
     if not stats.links:
         return ('<p class="empty">No link ranges in this trace (recorded at granularity '
                 f'{_e(stats.meta.get("granularity", "?"))}; run with '
@@ -426,7 +429,7 @@ def advice_html(findings: Sequence[Any]) -> str:
     return "".join(out)
 
 
-def key_figures(stats: Any, gpu: GpuEvidence | None = None) -> str:
+def key_figures(stats: RunStats, gpu: GpuEvidence | None = None) -> str:
     meta = stats.meta or {}
     shown = [("iterations", f"{stats.iterations} counted + {stats.warmup} warm-up")]
     if stats.iterations:
@@ -459,7 +462,7 @@ def key_figures(stats: Any, gpu: GpuEvidence | None = None) -> str:
     return "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>" for k, v in shown)
 
 
-def gpu_section(stats: Any, gpu: GpuEvidence | None, verdict: Any) -> str:
+def gpu_section(stats: RunStats, gpu: GpuEvidence | None, verdict: Any) -> str:
     """The GPU's phase times beside the host's, the agent's waits, the busy share."""
     if gpu is None:
         return '<p class="empty">The model ran on a GPU, but no iteration was counted.</p>'
@@ -493,7 +496,7 @@ def gpu_section(stats: Any, gpu: GpuEvidence | None, verdict: Any) -> str:
     return table + text
 
 
-def activity_html(stats: Any) -> str:
+def activity_html(stats: RunStats) -> str:
     """The GPU's own time from its kernel activity (CUPTI): busy and idle by cause, GPU time
     by phase, the top links and kernels by GPU time; empty without GPU activity."""
     fig = activity(stats)
@@ -560,7 +563,7 @@ def activity_html(stats: Any) -> str:
 
 # -- the page ---------------------------------------------------------------------------------
 
-def render(trace: Any, stats: Any, replay: Any = None) -> str:
+def render(trace: Any, stats: RunStats, replay: Any = None) -> str:
     """The whole HTML page for ``trace`` (``stats`` computed from it)."""
     try:
         verdict = decide(stats, replay)

@@ -76,7 +76,8 @@ class EventTimer(Protocol):
     the oldest pair and increments ``dropped``.
     """
 
-    dropped: int
+    @property
+    def dropped(self) -> int: ...
 
     def begin(self, key: Hashable) -> Any: ...
 
@@ -332,8 +333,10 @@ class LazyEventTimer:
         self._real: EventTimer | None = None
 
     def _resolve(self) -> EventTimer | None:
-        if self._real is None and self._backend._bind() is not None:
-            self._real = self._backend._real.event_timer(self._max_pending)
+        if self._real is None:
+            backend = self._backend._bind()
+            if backend is not None:
+                self._real = backend.event_timer(self._max_pending)
         return self._real
 
     @property

@@ -298,7 +298,7 @@ class Tracer:
     def _new_state(self) -> ThreadState:
         """A new state for this thread, registered in :attr:`states`."""
         ts = ThreadState()
-        guard = getattr(self._local, "end", None)
+        guard: _ThreadEnd | None = getattr(self._local, "end", None)
         if guard is not None and self.states.get(ts.tid) is guard.ts:
             # made meanwhile, by a call nested in this one (a finalizer run by the collector):
             # that one stays, or replacing its guard would end it while the thread runs on

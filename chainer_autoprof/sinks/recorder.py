@@ -39,7 +39,7 @@ import threading
 from collections import deque
 from itertools import chain
 from time import perf_counter_ns, thread_time_ns
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -48,6 +48,9 @@ from ..analysis.stats import DEPTH_BITS, MAX_KEPT_ITERATIONS, RunStats
 from ..common import log, names
 from ..common.settings import Config
 from .gpu_phases import GpuPhaseTimer
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 #: Ranges a thread buffers before they are aggregated.
 CHUNK_RANGES = 4096
@@ -118,7 +121,8 @@ class Recorder:
         self.infos[info.index] = (info.name, info.category, info.color)
         self.agg.add_name(info.index, info.name, info.category)
 
-    def _iteration_ended(self, buf: list, t0: int, t1: int, ts: Any) -> None:
+    def _iteration_ended(self, buf: list[tuple[int, int, int, int]], t0: int, t1: int,
+                         ts: Any) -> None:
         number = self.tracer.iterations  # this iteration's number + 1
         buf.append((self._iter_info.index, t0, t1, len(ts.stack) | (number << DEPTH_BITS)))
         self.iterations_ended += 1
@@ -255,7 +259,7 @@ class Recorder:
             if ts.record:
                 self._flush_thread(ts)
 
-    def pending_blocks(self) -> list[tuple[int, np.ndarray]]:
+    def pending_blocks(self) -> list[tuple[int, NDArray[np.int64]]]:
         """Per thread, a copy ``(n, 4)`` int64 of the ranges buffered, not yet aggregated.
 
         Nothing is consumed, and any thread may ask (a copy is taken in one step
@@ -356,7 +360,7 @@ class Recorder:
         self.fork_child = True
 
 
-def _block(buf: Any, take: bool) -> np.ndarray:
+def _block(buf: Any, take: bool) -> NDArray[np.int64]:
     """A thread buffer's ranges as an ``(n, 4)`` int64 array: the list of tuples (Python hot
     path) or the ``RecordBuffer`` (native; ``take`` empties it in the same step)."""
     if type(buf) is list:

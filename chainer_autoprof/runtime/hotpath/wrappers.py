@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from .core import Core
 from .protocol import CoreLike, SwitchLike
+
+if TYPE_CHECKING:
+    from ...common.typedefs import AnyFunction
 
 #: The attribute naming the owning link's entry index on a FunctionNode.
 LINK_ATTR = "_chainer_autoprof_link"
@@ -44,7 +47,7 @@ def is_wrapper(obj: Any) -> bool:
     return switch_of(obj) is not None
 
 
-def finish(original: Callable, wrapper: Callable, switch: SwitchLike) -> Callable:
+def finish(original: AnyFunction, wrapper: AnyFunction, switch: SwitchLike) -> AnyFunction:
     """``wrapper`` made to look like ``original`` (name, doc, ``__wrapped__``), marked as ours."""
     # a function's own attributes too (``__isabstractmethod__``, ...); not an object's
     updated = ("__dict__",) if isinstance(original, types.FunctionType) else ()
@@ -62,7 +65,7 @@ class _Proxy:
 
     __slots__ = ("__wrapped__", "_chainer_autoprof_call", "_chainer_autoprof_switch")
 
-    def __init__(self, original: Any, call: Callable, switch: SwitchLike) -> None:
+    def __init__(self, original: Any, call: AnyFunction, switch: SwitchLike) -> None:
         object.__setattr__(self, "__wrapped__", original)
         object.__setattr__(self, "_chainer_autoprof_call", call)
         object.__setattr__(self, "_chainer_autoprof_switch", switch)
@@ -80,9 +83,9 @@ class _Proxy:
         return f"<chainer_autoprof wrapper of {self.__wrapped__!r}>"
 
 
-def around(original: Callable, switch: SwitchLike, enter: Callable, exit: Any,
+def around(original: AnyFunction, switch: SwitchLike, enter: AnyFunction, exit: Any,
            fail: Callable[[BaseException], Any], method: bool = False,
-           replace_args: bool = False, proxy: bool = False) -> Callable:
+           replace_args: bool = False, proxy: bool = False) -> AnyFunction:
     """A wrapper calling ``enter`` before and ``exit`` after the original.
 
     ``enter(instance, args, kwargs)`` (``instance`` None unless ``method``)
@@ -143,10 +146,10 @@ def around(original: Callable, switch: SwitchLike, enter: Callable, exit: Any,
     return finish(original, wrapper, switch)
 
 
-def link_wrapper(original: Callable, switch: SwitchLike, fail: Callable, core: CoreLike, *,
-                 roots: dict, make_entry: Callable, outer_enter: Callable,
-                 outer_exit: Callable, entry_cls: type, variable_cls: type,
-                 inner_links_matter: bool, attribute_backward: bool) -> Callable:
+def link_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunction, core: CoreLike, *,
+                 roots: dict[int, Any], make_entry: AnyFunction, outer_enter: AnyFunction,
+                 outer_exit: AnyFunction, entry_cls: type, variable_cls: type,
+                 inner_links_matter: bool, attribute_backward: bool) -> AnyFunction:
     """The ``Link.__call__`` wrapper: the link call tree, its ranges, the backward owner.
 
     Per call: find the link's entry under its parent's (``make_entry`` on a
@@ -220,7 +223,7 @@ def link_wrapper(original: Callable, switch: SwitchLike, fail: Callable, core: C
             try:  # the innermost link that returned it owns its backward
                 node = getattr(getattr(out, "_node", None), "_creator_node", None)
                 if node is not None and getattr(node, LINK_ATTR, None) is None:
-                    setattr(node, LINK_ATTR, entry.index)
+                    setattr(node, LINK_ATTR, entry.index)  # type: ignore[union-attr]  # pushed: set
             except Exception as exc:
                 _contain(fail, exc)
         return out
@@ -228,7 +231,7 @@ def link_wrapper(original: Callable, switch: SwitchLike, fail: Callable, core: C
     return finish(original, wrapper, switch)
 
 
-def _function_info(infos: dict, new_info: Callable, node: Any) -> Any:
+def _function_info(infos: dict[Any, Any], new_info: AnyFunction, node: Any) -> Any:
     label = node.label
     info = infos.get(label)
     if info is None:
@@ -238,10 +241,10 @@ def _function_info(infos: dict, new_info: Callable, node: Any) -> Any:
     return info
 
 
-def apply_wrapper(original: Callable, switch: SwitchLike, fail: Callable, core: CoreLike,
-                  new_info: Callable, default_label: Any, entry_cls: type,
+def apply_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunction, core: CoreLike,
+                  new_info: AnyFunction, default_label: Any, entry_cls: type,
                   entries: Any = None, backward: Any = None, function_ranges: bool = True,
-                  method: bool = True) -> Callable:
+                  method: bool = True) -> AnyFunction:
     """The ``FunctionNode.apply`` wrapper: a function range, and its owner for backward.
 
     ``new_info(label) -> (info, cache)`` makes the range of a label seen the first time (the
@@ -282,10 +285,10 @@ def apply_wrapper(original: Callable, switch: SwitchLike, fail: Callable, core: 
     return finish(original, wrapper, switch)
 
 
-def backprop_wrapper(original: Callable, switch: SwitchLike, fail: Callable, core: CoreLike,
-                     new_info: Callable, default_label: Any, entry_cls: type,
+def backprop_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunction, core: CoreLike,
+                     new_info: AnyFunction, default_label: Any, entry_cls: type,
                      entries: Any = None, backward: Any = None, function_ranges: bool = True,
-                     method: bool = False) -> Callable:
+                     method: bool = False) -> AnyFunction:
     """The ``backprop_step`` wrapper: link backward ranges, and function ranges.
 
     In the backward phase (``ts.phase == backward``): the node's owning link
