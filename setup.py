@@ -94,7 +94,7 @@ class optional_build_ext(build_ext):  # noqa: N801
         out = Path(self.get_ext_fullpath(ext.name))
         try:
             _native_build().compile_to(out)
-        except Exception as exc:  # BuildError, or anything else: never a failed install
+        except Exception as exc:  # BuildError, or anything else: never a failed install  # noqa: BLE001
             if out.exists():
                 out.unlink()  # a stale one from an earlier build must not be installed
             sys.stderr.write(f"chainer_autoprof: native hot path not built ({exc}); "

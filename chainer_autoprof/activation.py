@@ -71,9 +71,9 @@ def activate() -> None:
         from .agent import activate_from_env  # likewise: the .pth line imports this module
 
         activate_from_env()
-    except Exception as exc:  # interpreter start-up must never fail because of us
+    except Exception as exc:  # interpreter start-up must never fail because of us  # noqa: BLE001
         try:
             sys.stderr.write(f"chainer_autoprof: start-up activation failed "
                              f"({type(exc).__name__}: {exc}); the agent stays off\n")
-        except Exception:
+        except Exception:  # noqa: BLE001
             pass

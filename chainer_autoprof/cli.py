@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if from_environ().enable:
         try:
             _install_agent()
-        except Exception as exc:  # never keep the script from running
+        except Exception as exc:  # never keep the script from running  # noqa: BLE001
             sys.stderr.write(f"chainer_autoprof: could not start ({type(exc).__name__}: "
                              f"{exc}); running without the agent\n")
     exec_target(args.kind, args.target, args.args)

@@ -346,7 +346,7 @@ def check(stats: RunStats, verdict: Any = None) -> list[Finding]:
     for fn in CHECKS:
         try:
             finding = fn(stats, verdict, facts)
-        except Exception as exc:  # our bug, or a fact of a shape it does not expect
+        except Exception as exc:  # our bug, or a fact of a shape it does not expect  # noqa: BLE001
             log.warning(log.contained(f"advice check {fn.__name__}", exc), once=True)
             finding = None
         if finding is not None:

@@ -99,7 +99,7 @@ def _finish_and_die() -> None:
     try:
         if _finish is not None:
             _finish()  # closes this (the main) thread's open ranges, summary, trace
-    except Exception:
+    except Exception:  # noqa: BLE001
         pass
     finally:
         _die()
@@ -118,7 +118,7 @@ def _die() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1.0)  # the signal is normally delivered before kill() returns
-    except Exception:
+    except Exception:  # noqa: BLE001
         pass
     os._exit(128 + signal.SIGTERM)
 
@@ -151,7 +151,7 @@ def _interrupt_flag() -> Any:
         import ctypes  # only at exit after a KeyboardInterrupt: never loaded otherwise
 
         return ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt")
-    except Exception:
+    except Exception:  # noqa: BLE001
         return None
 
 

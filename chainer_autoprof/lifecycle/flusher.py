@@ -87,7 +87,7 @@ class Flusher:
                 return None
             try:
                 return self._flush(where, stalls)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001
                 self._stop(exc)
                 return None
 

@@ -171,7 +171,7 @@ class GpuSession:
             return
         try:
             got = self._start_collector(self._on_batch, self.names)
-        except Exception as exc:  # a bug of ours: no GPU activity, the program runs
+        except Exception as exc:  # a bug of ours: no GPU activity, the program runs  # noqa: BLE001
             got = f"could not start ({type(exc).__name__}: {exc})"
         if isinstance(got, str):
             self._off(got)
@@ -208,7 +208,7 @@ class GpuSession:
                 return True
             try:
                 self._drain()
-            except Exception as exc:  # our bug: no GPU figures, nothing else changes
+            except Exception as exc:  # our bug: no GPU figures, nothing else changes  # noqa: BLE001
                 self.broken = f"the GPU analysis failed ({type(exc).__name__}: {exc})"
                 self.analysis = None
                 log.error(f"GPU activity: {self.broken}; no GPU figures")
@@ -291,7 +291,7 @@ class GpuSession:
         assert collector is not None
         try:
             late = collector.stop(timeout_s)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001
             late = f"CUPTI could not stop ({type(exc).__name__}: {exc})"
         if late:
             self.notes.append(late)
@@ -317,7 +317,7 @@ class GpuSession:
             self._outcome = GpuOutcome(fig, activity_record(
                 fig, self._source(fig), self._counts(), self._notes(fig)), analysis,
                 list(self.notes))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001
             self.broken = f"the GPU analysis failed ({type(exc).__name__}: {exc})"
             log.error(f"GPU activity: {self.broken}; no GPU figures")
 
@@ -328,7 +328,7 @@ class GpuSession:
             self.stop(timeout_s)
             if self._outcome is None:
                 self.say_why_not()
-        except Exception as exc:  # our bug: the rest of the exit goes on
+        except Exception as exc:  # our bug: the rest of the exit goes on  # noqa: BLE001
             log.error(f"GPU activity: {type(exc).__name__}: {exc}; no GPU figures")
             return None
         return self._outcome

@@ -138,17 +138,17 @@ class Monitor:
             if self.stall is not None:
                 try:
                     self.check(now)
-                except Exception as exc:  # the watch must never take the program down
+                except Exception as exc:  # the watch must never take the program down  # noqa: BLE001
                     log.error(f"monitor: {type(exc).__name__}: {exc}")
                 try:
                     self._keep_last_resort()
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001
                     log.error(f"monitor: {type(exc).__name__}: {exc}")
             try:
                 if self.flush_interval > 0 and now >= next_flush:
                     next_flush = now + self.flush_interval
                     self.flush()
-            except Exception as exc:  # the watch must never take the program down
+            except Exception as exc:  # the watch must never take the program down  # noqa: BLE001
                 log.error(f"monitor: {type(exc).__name__}: {exc}")
 
     def _keep_last_resort(self) -> None:
@@ -172,7 +172,7 @@ class Monitor:
     def _count(counter: Callable[[], int]) -> int:
         try:
             return int(counter())
-        except Exception:
+        except Exception:  # noqa: BLE001
             return 0
 
     def threshold(self) -> float:
@@ -252,7 +252,7 @@ class Monitor:
             return []
         try:
             return list(self.notes())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001
             return [f"({type(exc).__name__}: {exc})"]
 
     # -- reports ------------------------------------------------------------------------------
@@ -312,7 +312,7 @@ def _print(text: str) -> None:
     try:
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
-    except Exception:
+    except Exception:  # noqa: BLE001
         pass
 
 

@@ -153,7 +153,7 @@ def close_at_worker_exit(owner: Any, close: Callable[[], None]) -> None:
         return
     try:
         util.register_after_fork(owner, functools.partial(_register_exit_finalizer, close))
-    except Exception:
+    except Exception:  # noqa: BLE001
         pass
 
 
@@ -179,7 +179,7 @@ def tag_rank(nvtx: Any, number: int) -> None:
             _rank_range = (domain, range_id)
         if first:
             atexit.register(_end_rank_range)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         log.warning(f"could not tag NVTX with the rank ({type(exc).__name__}: {exc})")
 
 
@@ -191,7 +191,7 @@ def _end_rank_range() -> None:
             _rank_range = None
             try:
                 domain.end_range(range_id)
-            except Exception:
+            except Exception:  # noqa: BLE001
                 pass
 
 

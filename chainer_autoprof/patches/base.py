@@ -175,13 +175,13 @@ class Patch:
                 for cls in _all_subclasses(self.owner):
                     try:
                         self._wrap_class(cls, only_own=True)
-                    except Exception as exc:  # one odd subclass must not cost the rest
+                    except Exception as exc:  # one odd subclass must not cost the rest  # noqa: BLE001
                         missed.append(f"{qualified_name(cls)} ({type(exc).__name__}: {exc})")
                 if missed:
                     self.reason = "not wrapped: " + "; ".join(missed)
                 self._hook_future_subclasses()
             self.status = "patched"
-        except Exception as exc:  # contain: never break the user's import
+        except Exception as exc:  # contain: never break the user's import  # noqa: BLE001
             self.remove()
             self.status, self.reason = "failed", f"{type(exc).__name__}: {exc}"
 
@@ -218,7 +218,7 @@ class Patch:
             if patch.on and patch.status == "patched" and patch.attr in cls.__dict__:
                 try:
                     patch._wrap_class(cls, only_own=True)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001
                     patch.fail(exc)
 
         __init_subclass__._chainer_autoprof = True  # type: ignore[attr-defined]
@@ -237,7 +237,7 @@ class Patch:
                     else:
                         setattr(cls, attr, original)
                 # else replaced since by someone else: theirs stays (ours calls straight through)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001
                 log.warning(f"could not restore {attr} on {qualified_name(cls)}: {exc}")
         self._handles.clear()
         if self._hooked:

@@ -84,7 +84,7 @@ class InputQueueProbe(Instrumentor):
 
         def enter(instance: Any, args: Args, kwargs: Kwargs) -> None:
             if state().quiet:
-                return None
+                return
             cls = type(instance)
             name = probed.get(cls)
             if name is None:
@@ -102,7 +102,7 @@ class InputQueueProbe(Instrumentor):
             last = self._last
             if last is None or last() is not instance:
                 self._last = weakref.ref(instance)
-            return None  # nothing to do after the fetch
+            return  # nothing to do after the fetch
 
         return Around(enter)
 

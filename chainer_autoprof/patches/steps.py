@@ -39,7 +39,7 @@ def _holds(outer: Any, inner: Any) -> bool:
         return False
     try:
         return any(link is inner for link in links())
-    except Exception:
+    except Exception:  # noqa: BLE001
         return False  # a link of the program's that cannot list its children: unrelated
 
 

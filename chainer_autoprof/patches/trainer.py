@@ -77,7 +77,7 @@ def _extension_call(tracer: Any, patch: Patch, info: Any) -> tuple[Any, Any]:
         tok = None
         try:
             tok = begin(info, ts)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001
             patch.fail(exc)
         return (ts, tok)
 
@@ -86,7 +86,7 @@ def _extension_call(tracer: Any, patch: Patch, info: Any) -> tuple[Any, Any]:
         ts.quiet -= 1
         try:
             end(tok, ts)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001
             patch.fail(err)
 
     return enter, exit
@@ -110,7 +110,7 @@ def wrap_mpu_gather_grads(tracer: Any, patch: Patch) -> Around:
                 tracer.confirm_iteration(ts)  # a worker's update: its iteration is one
             if ts.iter_busy and ts.phase is None and not ts.quiet:
                 tracer.begin_phase(ts, names.UPDATE)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001
             patch.fail(exc)
         return None
 
@@ -130,7 +130,7 @@ def wrap_mpu_scatter_params(tracer: Any, patch: Patch) -> Around:
             try:
                 if ts.iter_busy and not ts.iter_explicit and not ts.quiet:
                     tracer.end_iteration(ts)
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001
                 patch.fail(err)
 
     return Around(enter, exit)

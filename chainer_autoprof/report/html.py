@@ -568,7 +568,7 @@ def render(trace: Any, stats: RunStats, replay: Any = None) -> str:
     try:
         verdict = decide(stats, replay)
         findings = check(stats, verdict)
-    except Exception as exc:  # our bug or damaged facts: the rest of the page stands
+    except Exception as exc:  # our bug or damaged facts: the rest of the page stands  # noqa: BLE001
         verdict = Verdict("unknown", "no verdict", [log.contained("the verdict", exc)])
         findings = []
     rows = iteration_rows(trace)

@@ -133,7 +133,7 @@ def format_summary(stats: RunStats, advice: bool = True, title: str | None = Non
     for section in sections:
         try:
             text = section(stats)
-        except Exception as exc:  # our bug: the rest of the summary stands
+        except Exception as exc:  # our bug: the rest of the summary stands  # noqa: BLE001
             text = "  (" + log.contained(getattr(section, "__qualname__", "section"), exc) + ")"
         if text:
             lines += text.rstrip("\n").split("\n")
@@ -338,7 +338,7 @@ def _gpu_lines(stats: RunStats) -> list[str]:
     if stats.iterations and on_gpu(stats):
         try:
             ev = gather(stats)
-        except Exception as exc:  # our bug: the rest of the summary stands
+        except Exception as exc:  # our bug: the rest of the summary stands  # noqa: BLE001
             return [*lines, "  (" + log.contained("the GPU's busy share", exc) + ")"]
         if ev.busy_share is not None and not ev.busy_exact:  # measured: the activity's line
             behind = ", ".join(p.phase for p in ev.behind)
@@ -480,7 +480,7 @@ def _agent_lines(stats: RunStats) -> list[str]:
         if on_gpu(stats):
             try:
                 ev = gather(stats)
-            except Exception as exc:  # our bug: the rest of the summary stands
+            except Exception as exc:  # our bug: the rest of the summary stands  # noqa: BLE001
                 line += " (" + log.contained("the synchronization's cost", exc) + ")"
             else:
                 if ev.sync_cost_ms is not None:
@@ -565,7 +565,7 @@ def _gpu_sentence(stats: RunStats) -> str | None:
     GPU time."""
     try:
         ev = gather(stats)
-    except Exception as exc:  # our bug: the plain sentence stands
+    except Exception as exc:  # our bug: the plain sentence stands  # noqa: BLE001
         log.warning(log.contained("the GPU sentence", exc))
         return None
     fig = activity(stats)

@@ -84,7 +84,7 @@ class GcRanges:
                 self._start(info)
             else:
                 self._stop(info)
-        except Exception:
+        except Exception:  # noqa: BLE001
             self._open = None  # never let an error of ours reach the collector
 
     def _start(self, info: dict[str, int]) -> None:

@@ -161,7 +161,7 @@ class Recorder:
                         info = found
                         break
                 append(info, t0, t1, ts)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001
                 sync.watch(None)
                 log.error(f"recorder: {type(exc).__name__}: {exc}; the agent's waits for the "
                           "GPU are not recorded")
@@ -205,7 +205,7 @@ class Recorder:
                 handover = self.gpu_handover
                 if handover is not None:
                     handover((tid, block))
-            except Exception as exc:  # our bug must not reach the training's call stack
+            except Exception as exc:  # our bug must not reach the training's call stack  # noqa: BLE001
                 log.error(f"recorder: {type(exc).__name__}: {exc}; some ranges are missing "
                           "from the summary and the trace")
             finally:
@@ -315,7 +315,7 @@ class Recorder:
             timer = self.tracer.sync.backend.event_timer()
             self.gpu = GpuPhaseTimer(timer, ts.tid, self._iter_info, skip, self.max_kept)
             self.tracer.add_sink(self.gpu)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001
             self.gpu = None
             log.warning(f"no GPU phase timing ({type(exc).__name__}: {exc})")
 
@@ -351,7 +351,7 @@ class Recorder:
         if self.gpu is not None:
             try:
                 self.gpu.finish()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001
                 log.warning(f"GPU phase times incomplete ({type(exc).__name__}: {exc})")
 
     def reset_after_fork(self, tracer: Any) -> None:
