@@ -93,7 +93,7 @@ class Agent:
             if cfg.gc else None
         self.gpu = self._gpu_session()
         self.monitor = self._monitor()
-        self.chainer: Any = None
+        self.chainer: ModuleType | None = None
         self.active = True
         self.closed = False
         self.version_ok: bool | None = None
@@ -199,7 +199,7 @@ class Agent:
         if self.active and self.gpu is not None:
             self.gpu.start()
 
-    def _on_import(self, library: str, module: Any) -> None:
+    def _on_import(self, library: str, module: ModuleType) -> None:
         """Post-import hook: apply the library's patch sets; never fail its import."""
         if not self.active:
             return
@@ -211,7 +211,7 @@ class Agent:
                 self.all_patches(), chainer_imported=True, trained=False,
                 implementation=self.hotpath.describe()))
 
-    def _instrument(self, inst: Instrumentor, module: Any) -> None:
+    def _instrument(self, inst: Instrumentor, module: ModuleType) -> None:
         if any(not self._applied(lib) for lib in inst.requires):
             return  # e.g. ChainerMN while Chainer runs uninstrumented
         why = inst.unsupported(module)
@@ -378,7 +378,7 @@ class Agent:
             pass
 
 
-def _replay(cfg: Config, tracer: Any) -> Any:
+def _replay(cfg: Config, tracer: Tracer) -> Any:
     """The replay experiment's data hooks (``CHAINER_PROF_REPLAY_BATCH=1``), else ``None``."""
     if not cfg.replay_batch:
         return None
@@ -389,7 +389,7 @@ def _replay(cfg: Config, tracer: Any) -> Any:
     return Replay(tracer.facts)
 
 
-def _probes(cfg: Config, tracer: Any) -> Any:
+def _probes(cfg: Config, tracer: Tracer) -> Any:
     """Run-time facts for the advice, when advice is printed or a trace is written."""
     if not (cfg.advice or cfg.trace):
         return None

@@ -22,7 +22,9 @@ from .gpu_evidence import on_gpu
 from .outliers import OUTLIER_FACTOR, slow_iterations, stutter
 
 if TYPE_CHECKING:
+    from ..common.typedefs import Facts
     from .stats import RunStats
+    from .verdict import Verdict
 
 PERFORMANCE_DOC = "https://docs.chainer.org/en/stable/performance.html"
 GC_DOC = "https://docs.python.org/3/library/gc.html#gc.freeze"
@@ -44,17 +46,17 @@ class Finding:
     link: str
 
 
-def _config(facts: dict[str, Any]) -> dict[str, Any]:
+def _config(facts: Facts) -> dict[str, Any]:
     return facts.get("config") or {}
 
 
-def _gpu_params(facts: dict[str, Any]) -> int:
+def _gpu_params(facts: Facts) -> int:
     return int((facts.get("params") or {}).get("gpu") or 0)
 
 
 # -- the checks ------------------------------------------------------------------------
 
-def check_type_check(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_type_check(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     if not _config(facts).get("type_check"):
         return None
     calls = vd.functions_per_iteration(stats)
@@ -80,7 +82,7 @@ def check_type_check(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Fi
         f"{PERFORMANCE_DOC}#fine-tune-configuration")
 
 
-def check_autotune(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_autotune(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     conv = facts.get("conv_links") or {}
     cfg = _config(facts)
     cuda = facts.get("cuda") or {}
@@ -98,7 +100,7 @@ def check_autotune(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Find
         f"{PERFORMANCE_DOC}#auto-tuner")
 
 
-def check_cudnn(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_cudnn(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     if not _gpu_params(facts):
         return None
     cuda = facts.get("cuda") or {}
@@ -139,7 +141,7 @@ def _conv_gpu_share(stats: RunStats) -> str:
             f"time ({fmt.ms(conv)} per iteration; {how})")
 
 
-def check_eval_backprop(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_eval_backprop(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     found = [e for e in facts.get("evaluation") or () if e.get("graph_functions")]
     if not found:
         return None
@@ -161,7 +163,7 @@ def check_eval_backprop(stats: RunStats, verdict: Any, facts: dict[str, Any]) ->
         f"{PERFORMANCE_DOC}#fine-tune-configuration")
 
 
-def check_float64_gpu(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_float64_gpu(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     params = facts.get("params") or {}
     examples = params.get("float64_gpu_examples")
     if not params.get("gpu") or not examples:
@@ -177,7 +179,7 @@ def check_float64_gpu(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> F
         f"{CONFIG_DOC}")
 
 
-def check_transfers(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_transfers(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     info = facts.get("transfers") or {}
     seen_in = int(info.get("iterations") or 0)
     total = stats.iterations + stats.warmup
@@ -196,7 +198,7 @@ def check_transfers(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Fin
         f"{PERFORMANCE_DOC}#avoid-data-transfer")
 
 
-def check_blas(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_blas(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     blas = facts.get("blas")
     if not blas or _gpu_params(facts) or on_gpu(stats):
         return None
@@ -220,7 +222,7 @@ def check_blas(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Finding 
         f"{PERFORMANCE_DOC}#using-cpu")
 
 
-def check_serial_iterator(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_serial_iterator(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     if facts.get("iterator") != "SerialIterator" or verdict is None:
         return None
     if verdict.kind != "input-bound" and not any(a.startswith("input-bound")
@@ -239,7 +241,7 @@ def check_serial_iterator(stats: RunStats, verdict: Any, facts: dict[str, Any]) 
         f"{PERFORMANCE_DOC}#load-datasets-concurrently")
 
 
-def check_warmup(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_warmup(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     warm_ms = stats.outside_ms.get("warm-up", 0.0)
     if not stats.warmup or not warm_ms or not stats.iterations or vd.is_replay(stats):
         return None  # (a replay run loads its first batch for real: not a warm-up cost)
@@ -269,7 +271,7 @@ def check_warmup(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Findin
         f"{PERFORMANCE_DOC}#auto-tuner")
 
 
-def check_gc(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_gc(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     """Garbage collection takes a share of the iterations, or makes some of them slow."""
     gc = facts.get("gc")
     if not isinstance(gc, dict) or not stats.iteration_total_ms:
@@ -308,7 +310,7 @@ def check_gc(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Finding | 
         GC_DOC)
 
 
-def check_slow_extension(stats: RunStats, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_slow_extension(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     """Slow iterations explained by an extension or an evaluation run inside them."""
     found = [s for s in slow_iterations(stats)
              if s.cause == "range" and (s.name.startswith("extension:") or
@@ -335,7 +337,7 @@ CHECKS: tuple[Callable[[Any, Any, dict[str, Any]], Finding | None], ...] = (
 )
 
 
-def check(stats: RunStats, verdict: Any = None) -> list[Finding]:
+def check(stats: RunStats, verdict: Verdict | None = None) -> list[Finding]:
     """Every finding for ``stats`` (the verdict is computed when not given)."""
     if not stats.iterations:
         return []

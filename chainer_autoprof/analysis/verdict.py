@@ -241,7 +241,7 @@ def _share(part: float, whole: float) -> float:
 
 # -- deciding ---------------------------------------------------------------------
 
-def decide(stats: RunStats, replay: Any = None) -> Verdict:
+def decide(stats: RunStats, replay: RunStats | None = None) -> Verdict:
     """The verdict for ``stats`` (and the replay run's stats, when given)."""
     if not stats.iterations:
         window = unreached(stats)
@@ -399,7 +399,7 @@ def us_per_function(stats: RunStats, fig: dict[str, float]) -> float | None:
 # -- one builder per kind ------------------------------------------------------------
 
 def _extension(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
-               replay: Any) -> Verdict:
+               replay: RunStats | None) -> Verdict:
     ext = sorted(extension_ms(stats).items(), key=lambda kv: -kv[1])
     v = Verdict("extension-bound",
                 f"extension-bound: {fmt.pct(fig['extension_share'])} of the training loop runs "
@@ -446,7 +446,7 @@ def dry_queues(stats: RunStats) -> list[tuple[str, float, int, int]]:
 
 
 def _input(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
-           replay: Any) -> Verdict:
+           replay: RunStats | None) -> Verdict:
     facts = facts_of(stats)
     iterator = facts.get("iterator")
     share = fig["data_own_share"]
@@ -494,7 +494,8 @@ def _input(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
     return v
 
 
-def _gc(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None, replay: Any) -> Verdict:
+def _gc(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
+        replay: RunStats | None) -> Verdict:
     v = Verdict("gc-bound",
                 f"gc-bound: garbage collection takes {fmt.pct(fig['gc_share'])} of the "
                 f"iteration time (threshold {fmt.pct(GC_SHARE)})")
@@ -532,7 +533,8 @@ def _calls_line(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None)
     return line
 
 
-def _host(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None, replay: Any) -> Verdict:
+def _host(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
+          replay: RunStats | None) -> Verdict:
     share = fig["compute_own_share"]
     if gpu is not None:
         title = (f"host-bound: the GPU waits for the host, whose forward/backward/update "
@@ -566,7 +568,7 @@ def _host(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None, repla
 
 
 def _compute(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
-             replay: Any) -> Verdict:
+             replay: RunStats | None) -> Verdict:
     v = Verdict("compute-bound",
                 f"compute-bound: forward/backward/update take {fmt.pct(fig['compute_share'])} "
                 "of the iteration time")
@@ -593,7 +595,7 @@ def _compute(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
 
 
 def _gpu_bound(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
-               replay: Any) -> Verdict:
+               replay: RunStats | None) -> Verdict:
     assert gpu is not None and gpu.busy_share is not None
     busy = gpu.busy_share
     if gpu.busy_exact:
@@ -846,7 +848,7 @@ def sync_overhead(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | Non
 
 # -- the replay comparison --------------------------------------------------------------
 
-def compare_replay(normal: Any, replay: Any) -> list[str]:
+def compare_replay(normal: RunStats, replay: RunStats) -> list[str]:
     """Lines comparing a normal run with its replay run (data made free)."""
     if not normal.iterations or not replay.iterations:
         return ["replay comparison: a run without counted iterations"]
@@ -865,7 +867,7 @@ def compare_replay(normal: Any, replay: Any) -> list[str]:
     return lines
 
 
-def pick_replay(first: Any, second: Any) -> tuple[Any, Any] | None:
+def pick_replay(first: RunStats, second: RunStats) -> tuple[RunStats, RunStats] | None:
     """(normal, replay) when exactly one of two runs is a replay run."""
     a, b = is_replay(first), is_replay(second)
     if a == b:

@@ -9,7 +9,15 @@ everything else gets a precise type.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple, Union
+
+if TYPE_CHECKING:  # NumPy is not imported at start-up (the .pth hook imports this package)
+    import numpy as np
+    from numpy.typing import NDArray
+
+    #: Recorded ranges, ``(n, 4)`` int64 rows: (name index, t0 ns, t1 ns,
+    #: depth | iteration << DEPTH_BITS), a thread's block as the recorder hands it on.
+    RangeRows = NDArray[np.int64]
 
 #: Positional arguments of a patched call: the user's (or Chainer's) values, arbitrary.
 Args = Tuple[Any, ...]
@@ -22,3 +30,6 @@ AnyFunction = Callable[..., Any]
 JsonValue = Union[None, bool, int, float, str, List["JsonValue"], Dict[str, "JsonValue"]]
 #: A JSON object.
 JsonObject = Dict[str, JsonValue]
+#: The facts the patches note about a run (libraries' settings, batch size, iterator...),
+#: kept in the run record: JSON values whose shape each reader checks where it reads them.
+Facts = Dict[str, Any]

@@ -27,11 +27,17 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import ctypes
+    from types import FrameType
+
+    from ..sinks.recorder import Recorder
 
 _finish: Callable[[], None] | None = None    # the agent's end: summary and trace
 _finished: Callable[[], bool] | None = None  # whether that end has begun
-_recorder: Any = None                        # its aggregation must not be cut in half
+_recorder: Recorder | None = None                        # its aggregation must not be cut in half
 _installed = False
 _finishing = False
 _kill_pending = False
@@ -39,7 +45,7 @@ _closed = False  # the agent's atexit work is over
 
 
 def install(finish: Callable[[], None], finished: Callable[[], bool],
-            recorder: Any = None) -> bool:
+            recorder: Recorder | None = None) -> bool:
     """Take over SIGTERM for the agent when nobody else handles it (main thread only).
 
     ``finish`` ends the agent (idempotent), ``finished`` says whether that has
@@ -78,7 +84,7 @@ def uninstall() -> None:
     _installed = False
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     global _kill_pending
     if _finish is None or _closed:
         _die()
@@ -145,7 +151,7 @@ def keep_interrupt_status() -> Callable[[], None]:
     return restore
 
 
-def _interrupt_flag() -> Any:
+def _interrupt_flag() -> ctypes.c_int | None:
     """CPython's ``_Py_UnhandledKeyboardInterrupt`` (``None`` where it cannot be reached)."""
     try:
         import ctypes  # only at exit after a KeyboardInterrupt: never loaded otherwise

@@ -39,7 +39,9 @@ from ..common import log, outputs
 from ..common.one_line import one_line
 
 if TYPE_CHECKING:
+    from ..common.typedefs import RangeRows
     from ..report.partial import PartialWriter
+    from ..sinks.recorder import Recorder
 
 #: Bytes of metadata and states a file may gather before it is rewritten.
 STATE_BYTES = 8 << 20
@@ -48,7 +50,7 @@ STATE_BYTES = 8 << 20
 class Flusher:
     """Writes the recorder's ranges to this process's partial trace file."""
 
-    def __init__(self, recorder: Any, trace_path: Callable[[], str], limit: int,
+    def __init__(self, recorder: Recorder, trace_path: Callable[[], str], limit: int,
                  meta: Callable[[], dict[str, Any]],
                  gc_details: (Callable[[int], tuple[list[tuple[int, int, int, int]], int]]
                               | None) = None,
@@ -156,9 +158,9 @@ class Flusher:
         chunks.append(self._state(partial, where, stalls))
         return chunks
 
-    def _new_rows(self, parts: list[tuple[int, Any]]) -> dict[int, Any]:
+    def _new_rows(self, parts: list[tuple[int, RangeRows]]) -> dict[int, RangeRows]:
         """Per thread, the rows not written yet (in end order)."""
-        out: dict[int, list[Any]] = {}
+        out: dict[int, list[RangeRows]] = {}
         for tid, rows in parts:
             if not len(rows):
                 continue

@@ -35,13 +35,16 @@ import sys
 import threading
 from collections import deque
 from time import monotonic
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..common import log, names
 from . import where
 from .dump_server import DumpServer
 from .flusher import Flusher
 from .last_resort import LastResort
+
+if TYPE_CHECKING:
+    from ..runtime.events import Tracer
 
 #: ``auto``: a stall is AUTO_FACTOR x the longest pause without progress seen so far,
 #: and at least AUTO_MIN_S ...
@@ -56,7 +59,7 @@ KEEP_STALLS = 20
 class Monitor:
     """The watchdog thread, the background flushing and the dump server of one process."""
 
-    def __init__(self, tracer: Any, stall: float | str | None, flusher: Flusher | None,
+    def __init__(self, tracer: Tracer, stall: float | str | None, flusher: Flusher | None,
                  flush_interval: float = 0.0,
                  notes: Callable[[], list[str]] | None = None,
                  progress: Callable[[], int] | None = None,

@@ -24,12 +24,15 @@ import functools
 import os
 import sys
 import threading
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..common import log, rank
 from ..common.paths import trace_file
 from ..common.settings import BY_NAME, INTERNAL_PREFIX, to_environ_value
 from ..common.shared_paths import differs_per_rank, per_rank_template
+
+if TYPE_CHECKING:
+    from ..common.settings import Config
 
 #: The pid of the first process where the agent started (children see it).
 ROOT_PID_VAR = INTERNAL_PREFIX + "ROOT_PID"
@@ -44,7 +47,7 @@ _launcher_said = False  # the launcher's variables gave the rank at the start (s
 
 
 # -- who profiles ------------------------------------------------------------------
-def profiles_rank(cfg: Any, number: int | None) -> bool:
+def profiles_rank(cfg: Config, number: int | None) -> bool:
     """Whether rank ``number`` is one of the ranks ``cfg.ranks`` selects (all when unset)."""
     return cfg.ranks is None or number is None or number in cfg.ranks
 
@@ -56,7 +59,7 @@ def is_child(environ: Mapping[str, str] | None = None, pid: int | None = None) -
     return bool(root) and root != str(os.getpid() if pid is None else pid)
 
 
-def admit(cfg: Any) -> bool:
+def admit(cfg: Config) -> bool:
     """Called before the agent is built: may this process profile?
 
     ``False`` for a child with ``children`` off and for a rank that
@@ -94,7 +97,7 @@ def restore_environ() -> None:
     _exported.clear()
 
 
-def export_settings(cfg: Any) -> None:
+def export_settings(cfg: Config) -> None:
     """Put the settings given to ``install()`` into the environment, for children.
 
     A spawn or forkserver child is a fresh interpreter: it starts the agent
@@ -113,7 +116,7 @@ def export_settings(cfg: Any) -> None:
 
 
 # -- forked children -----------------------------------------------------------------
-def rank_known(cfg: Any, number: int, size: int | None) -> None:
+def rank_known(cfg: Config, number: int, size: int | None) -> None:
     """A communicator told the rank after the start, no launcher having said it.
 
     Too late to refuse a trace path the ranks would share (the launcher's

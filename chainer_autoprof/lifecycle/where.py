@@ -17,11 +17,14 @@ import socket
 import sys
 import threading
 from time import perf_counter_ns, time_ns
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import wrapt
 
 from ..common import names, rank
+
+if TYPE_CHECKING:
+    from ..runtime.events import ThreadState, Tracer
 
 #: Name prefix of the agent's own threads (left out of the reports).
 THREAD_PREFIX = "chainer_autoprof"
@@ -33,7 +36,7 @@ _OURS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
          os.path.dirname(os.path.abspath(wrapt.__file__)) + os.sep, "<frozen runpy>")
 
 
-def snapshot(tracer: Any, reason: str, *, since_s: float | None = None,
+def snapshot(tracer: Tracer, reason: str, *, since_s: float | None = None,
              threshold_s: float | None = None, stacks: bool = True,
              notes: Iterable[str] = ()) -> dict[str, Any]:
     """Where each thread is (``reason``: stall, dump or flush), as JSON values.
@@ -87,8 +90,8 @@ def snapshot(tracer: Any, reason: str, *, since_s: float | None = None,
     }
 
 
-def _thread_order(main_tid: int | None, states: dict[int, Any],
-                  alive: dict[int, Any]) -> list[int]:
+def _thread_order(main_tid: int | None, states: dict[int, ThreadState],
+                  alive: dict[int, threading.Thread]) -> list[int]:
     """The main thread, the threads with open ranges, then every other live thread."""
     busy = [tid for tid, ts in states.items() if ts.stack and tid != main_tid]
     rest = [tid for tid in alive if tid != main_tid and tid not in busy]

@@ -26,6 +26,8 @@ from ..common import log
 from ..runtime import hotpath
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from ..common.typedefs import AnyFunction, Args, Kwargs
     from ..runtime.hotpath.protocol import SwitchLike
 
@@ -287,14 +289,14 @@ class Instrumentor:
 
     def __init__(self, impl: hotpath.Implementation = hotpath.PYTHON) -> None:
         self.patches: list[Patch] = []
-        self.module: Any = None  # the instrumented library, while applied
+        self.module: ModuleType | None = None  # the instrumented library, while applied
         self.impl = impl         # the hot path's implementation its wrappers use
 
-    def targets(self, module: Any) -> list[Patch]:
+    def targets(self, module: ModuleType) -> list[Patch]:
         """The patches for ``module`` (built, not yet applied)."""
         raise NotImplementedError
 
-    def unsupported(self, module: Any) -> str | None:
+    def unsupported(self, module: ModuleType) -> str | None:
         """Why ``module``'s version is not instrumented (``None``: it is)."""
         if not self.supported_majors:
             return None
@@ -309,7 +311,7 @@ class Instrumentor:
         return (f"{self.name} {version or '(unknown version)'} is not a version the "
                 f"agent knows ({known})")
 
-    def apply(self, module: Any) -> None:
+    def apply(self, module: ModuleType) -> None:
         """Build and apply every target (each one contains its own failure)."""
         self.module = module
         self.patches = self.targets(module)

@@ -51,7 +51,11 @@ from .steps import Steps
 if TYPE_CHECKING:
     from types import ModuleType
 
+    import chainer
+
     from ..common.typedefs import AnyFunction, Args, Kwargs
+    from ..runtime.events import ThreadState
+    from .replay import Replay
 
 
 def cut_short(exc: BaseException) -> bool:
@@ -87,7 +91,7 @@ class ChainerPatches(Instrumentor):
     supported_majors = (6, 7)
 
     def __init__(self, tracer: Tracer, link_depth: int = 0,
-                 replay: Any = None) -> None:
+                 replay: Replay | None = None) -> None:
         super().__init__(tracer.hotpath)
         self.tracer = tracer
         self.link_depth = link_depth
@@ -102,7 +106,7 @@ class ChainerPatches(Instrumentor):
         self.steps = Steps(tracer)  # a step of a loop without an updater, several optimizers
 
     # -- targets ----------------------------------------------------------
-    def targets(self, chainer: Any) -> list[Patch]:
+    def targets(self, chainer: ModuleType) -> list[Patch]:
         # Chainer's submodules, once Chainer itself is imported (never imported by us first)
         from chainer import _backprop, _backprop_utils, function_node, link, optimizer, variable
         from chainer.dataset import convert, iterator
@@ -164,7 +168,7 @@ class ChainerPatches(Instrumentor):
                              self._wrap_function_apply))
         return patches
 
-    def apply(self, chainer: Any) -> None:
+    def apply(self, chainer: ModuleType) -> None:
         super().apply(chainer)
         # ``chainer.grad`` and ``chainer.backward`` are re-exported at the top level: point
         # them at ours too.
@@ -190,7 +194,7 @@ class ChainerPatches(Instrumentor):
         cfg = self.config
         return bool(cfg.train) and bool(cfg.enable_backprop)
 
-    def _entry(self, link: Any, parent: LinkEntry | None) -> LinkEntry:
+    def _entry(self, link: chainer.Link, parent: LinkEntry | None) -> LinkEntry:
         table = parent.children if parent is not None else self.roots
         key = id(link)
 
@@ -224,7 +228,7 @@ class ChainerPatches(Instrumentor):
         table[key] = entry
         return entry
 
-    def _gpu_of(self, link: Any) -> int | None:
+    def _gpu_of(self, link: chainer.Link) -> int | None:
         """The GPU id holding ``link``'s arrays (and register it for sync)."""
         try:
             device = link.device
@@ -287,7 +291,7 @@ class ChainerPatches(Instrumentor):
         steps = self.steps
         module_function = not isinstance(patch.owner, type)  # _call_converter(converter, ...)
 
-        def open_data(ts: Any, source: Any) -> bool:
+        def open_data(ts: ThreadState, source: Any) -> bool:
             """``source``: the iterator or converter (what opens a step, when it opens one)."""
             if ts.quiet or ts.phase is not None:
                 return False
@@ -307,7 +311,8 @@ class ChainerPatches(Instrumentor):
         def source_of(instance: Any, args: Args) -> Any:
             return (args[0] if args else None) if module_function else instance
 
-        def close_data(ts: Any, instance: Any, result: Any, exc: BaseException | None) -> None:
+        def close_data(ts: ThreadState, instance: Any, result: Any,
+                       exc: BaseException | None) -> None:
             try:
                 tracer.end_phase(ts)
                 if exc is not None and ts.iter_busy and not ts.iter_counts:
@@ -354,7 +359,7 @@ class ChainerPatches(Instrumentor):
         forward = (names.FORWARD,)  # the outermost link opened the forward phase
         steps = self.steps
 
-        def outer_enter(instance: Any, ts: Any) -> Any:
+        def outer_enter(instance: Any, ts: ThreadState) -> Any:
             """The outermost link: the forward phase, or an inference range."""
             if ts.quiet:
                 return None
@@ -380,7 +385,7 @@ class ChainerPatches(Instrumentor):
                 return forward
             return None
 
-        def outer_exit(ts: Any, mode: Any) -> None:
+        def outer_exit(ts: ThreadState, mode: Any) -> None:
             if mode is forward:
                 tracer.end_phase(ts)
             else:
@@ -409,7 +414,7 @@ class ChainerPatches(Instrumentor):
                 patch.fail(exc)  # closed below, as after a call
             return ts
 
-        def exit(ts: Any, result: Any, exc: BaseException | None) -> None:
+        def exit(ts: ThreadState, result: Any, exc: BaseException | None) -> None:
             try:
                 if exc is not None and cut_short(exc) and ts.iter_busy:
                     tracer.confirm_iteration(ts)  # the step was stopped: it counts
@@ -432,7 +437,7 @@ class ChainerPatches(Instrumentor):
         state = tracer.state
         impl = self.impl
 
-        def loss_enter(ts: Any, args: Args, kwargs: Kwargs) -> Any:
+        def loss_enter(ts: ThreadState, args: Args, kwargs: Kwargs) -> Any:
             if not patch.on or ts.phase is not None:
                 return None
             try:
@@ -441,7 +446,7 @@ class ChainerPatches(Instrumentor):
                 patch.fail(exc)
             return ts
 
-        def loss_exit(ts: Any, result: Any, exc: BaseException | None) -> None:
+        def loss_exit(ts: ThreadState, result: Any, exc: BaseException | None) -> None:
             try:
                 tracer.end_phase(ts)
             except Exception as err:  # noqa: BLE001
@@ -517,7 +522,7 @@ class ChainerPatches(Instrumentor):
         def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             return instance
 
-        def exit(optimizer: Any, result: Any, exc: BaseException | None) -> None:
+        def exit(optimizer: chainer.Optimizer, result: Any, exc: BaseException | None) -> None:
             if exc is None:
                 steps.set_up(optimizer)
 

@@ -24,7 +24,10 @@ from typing import TYPE_CHECKING, Any, Callable
 from .base import Around, Hooks, Instrumentor, Patch
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from ..common.typedefs import Args, Kwargs
+    from ..runtime.events import Tracer
 
 
 def _multiprocess_ready(it: Any) -> tuple[int, int] | None:
@@ -59,13 +62,13 @@ class InputQueueProbe(Instrumentor):
     reported = False
     requires = ("chainer",)
 
-    def __init__(self, tracer: Any) -> None:
+    def __init__(self, tracer: Tracer) -> None:
         super().__init__()
         self.tracer = tracer
         self.stats: dict[str, dict[str, Any]] = {}
         self._last: Any = None  # weak reference to the last training iterator
 
-    def targets(self, chainer: Any) -> list[Patch]:
+    def targets(self, chainer: ModuleType) -> list[Patch]:
         # Chainer's submodules, once Chainer itself is imported (never imported by us first)
         from chainer.iterators import multiprocess_iterator, multithread_iterator
 

@@ -35,7 +35,12 @@ from ..common import log, names
 from .base import Around, Instrumentor, Patch
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
+    import chainer
+
     from ..common.typedefs import Args, Kwargs
+    from ..runtime.events import Tracer
 
 #: The training iteration (counted from 0) whose function calls are counted.
 #: The second one: the first may run lazy initialization, and the count runs
@@ -59,12 +64,12 @@ class Probes(Instrumentor):
     reported = False
     requires = ("chainer",)
 
-    def __init__(self, tracer: Any, count_iteration: int = COUNT_ITERATION) -> None:
+    def __init__(self, tracer: Tracer, count_iteration: int = COUNT_ITERATION) -> None:
         super().__init__(tracer.hotpath)
         self.tracer = tracer
         self.facts: dict[str, Any] = tracer.facts
         self.count_iteration = count_iteration
-        self.chainer: Any = None
+        self.chainer: Any = None  # the chainer module once applied (read only after)
         self.snapshot_done = False
         self.update_done = False
         self._count_hook: Any = None
@@ -73,7 +78,7 @@ class Probes(Instrumentor):
         self._last_transfer_iteration = -1
 
     # -- applying -------------------------------------------------------------
-    def targets(self, chainer: Any) -> list[Patch]:
+    def targets(self, chainer: ModuleType) -> list[Patch]:
         # Chainer's submodules, once Chainer itself is imported (never imported by us first)
         from chainer import optimizer
         from chainer.training import extension
@@ -90,7 +95,7 @@ class Probes(Instrumentor):
             patches += self._transfer_patches()
         return patches
 
-    def apply(self, chainer: Any) -> None:
+    def apply(self, chainer: ModuleType) -> None:
         """Wrap the probe targets; a probe that cannot be built leaves the checks out."""
         try:
             super().apply(chainer)
@@ -133,7 +138,7 @@ class Probes(Instrumentor):
 
         return Around(enter, exit)
 
-    def _after_training_update(self, optimizer: Any) -> None:
+    def _after_training_update(self, optimizer: chainer.Optimizer) -> None:
         if not self.snapshot_done:
             self.snapshot_done = True
             self._snapshot(optimizer)
@@ -154,7 +159,7 @@ class Probes(Instrumentor):
         if hook.functions or complete:
             hook.publish()
 
-    def _snapshot(self, optimizer: Any) -> None:
+    def _snapshot(self, optimizer: chainer.Optimizer) -> None:
         chainer = self.chainer
         facts = self.facts
         cfg = chainer.config
@@ -286,7 +291,7 @@ class Probes(Instrumentor):
 
 # -- function hooks (classes built once Chainer is imported) --------------------
 
-def _hook_classes(chainer: Any) -> tuple[type, type]:
+def _hook_classes(chainer: ModuleType) -> tuple[type, type]:
     base: Any = chainer.FunctionHook  # Chainer's class: no type to derive from
     config = chainer.config
 
@@ -303,7 +308,7 @@ def _hook_classes(chainer: Any) -> tuple[type, type]:
 
         name = _HOOK_NAME + "_count"
 
-        def __init__(self, tracer: Any, begun: int) -> None:
+        def __init__(self, tracer: Tracer, begun: int) -> None:
             self.tracer = tracer
             self.begun = begun
             self.functions = 0
@@ -438,7 +443,7 @@ def blas_facts() -> dict[str, Any]:
     return {"name": name, "optimized": optimized, "gflops": round(matmul_gflops(numpy), 2)}
 
 
-def _blas_name(numpy: Any) -> str | None:
+def _blas_name(numpy: ModuleType) -> str | None:
     config = getattr(numpy, "__config__", None)
     deps = getattr(config, "CONFIG", {}).get("Build Dependencies", {})
     blas = deps.get("blas") if isinstance(deps, dict) else None
@@ -451,7 +456,7 @@ def _blas_name(numpy: Any) -> str | None:
     return None
 
 
-def matmul_gflops(numpy: Any, n: int = MATMUL_SIZE, repeats: int = 3) -> float:
+def matmul_gflops(numpy: ModuleType, n: int = MATMUL_SIZE, repeats: int = 3) -> float:
     """GFLOP/s of the best of ``repeats`` float32 ``n x n`` matmuls."""
     a = numpy.ones((n, n), numpy.float32)
     b = numpy.ones((n, n), numpy.float32)

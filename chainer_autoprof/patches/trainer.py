@@ -20,9 +20,10 @@ from .base import Around, Patch
 
 if TYPE_CHECKING:
     from ..common.typedefs import Args, Kwargs
+    from ..runtime.events import RangeInfo, ThreadState, Tracer
 
 
-def wrap_trainer_run(tracer: Any, patch: Patch) -> Around:
+def wrap_trainer_run(tracer: Tracer, patch: Patch) -> Around:
     """Everything inside ``Trainer.run`` but outside an update is quiet."""
     state = tracer.state
 
@@ -32,14 +33,14 @@ def wrap_trainer_run(tracer: Any, patch: Patch) -> Around:
         ts.in_trainer += 1
         return ts
 
-    def exit(ts: Any, result: Any, exc: BaseException | None) -> None:
+    def exit(ts: ThreadState, result: Any, exc: BaseException | None) -> None:
         ts.quiet -= 1
         ts.in_trainer -= 1
 
     return Around(enter, exit)
 
 
-def wrap_trainer_extend(tracer: Any, patch: Patch, extension_cls: type) -> Around:
+def wrap_trainer_extend(tracer: Tracer, patch: Patch, extension_cls: type) -> Around:
     """Give function extensions an extension range of their own."""
     impl = tracer.hotpath
 
@@ -65,7 +66,7 @@ def _ours(ext: Any) -> bool:
     return getattr(ext, "_chainer_autoprof_switch", None) is not None
 
 
-def _extension_call(tracer: Any, patch: Patch, info: Any) -> tuple[Any, Any]:
+def _extension_call(tracer: Tracer, patch: Patch, info: RangeInfo) -> tuple[Any, Any]:
     """The hooks of a function extension's call: quiet, and its extension range."""
     state, begin, end = tracer.state, tracer.begin, tracer.end
 
@@ -92,7 +93,7 @@ def _extension_call(tracer: Any, patch: Patch, info: Any) -> tuple[Any, Any]:
     return enter, exit
 
 
-def wrap_mpu_gather_grads(tracer: Any, patch: Patch) -> Around:
+def wrap_mpu_gather_grads(tracer: Tracer, patch: Patch) -> Around:
     """``multiprocess_parallel_updater.gather_grads``: the update phase begins.
 
     MultiprocessParallelUpdater workers never call an optimizer: their
@@ -117,7 +118,7 @@ def wrap_mpu_gather_grads(tracer: Any, patch: Patch) -> Around:
     return Around(enter)
 
 
-def wrap_mpu_scatter_params(tracer: Any, patch: Patch) -> Around:
+def wrap_mpu_scatter_params(tracer: Tracer, patch: Patch) -> Around:
     """``multiprocess_parallel_updater.scatter_params``: a worker's iteration ends."""
     state = tracer.state
 

@@ -32,6 +32,7 @@ from .summary import IDLE_LABELS, activity, describe_slow
 
 if TYPE_CHECKING:
     from ..analysis.stats import RunStats
+    from .tracefile import Trace
 
 #: Bars drawn at most in the per-iteration chart (more iterations are averaged in bins).
 MAX_BARS = 600
@@ -96,7 +97,7 @@ class IterationRow:
         return (self.t1 - self.t0) / 1e6
 
 
-def loop_tid(trace: Any) -> int | None:
+def loop_tid(trace: Trace) -> int | None:
     """The thread with the most iteration ranges."""
     counts: dict[int, int] = {}
     for r in trace.ranges:
@@ -107,7 +108,7 @@ def loop_tid(trace: Any) -> int | None:
     return max(counts, key=lambda tid: counts[tid])
 
 
-def iteration_rows(trace: Any) -> list[IterationRow]:
+def iteration_rows(trace: Trace) -> list[IterationRow]:
     """The loop thread's iterations in time order, each with its phase times."""
     tid = loop_tid(trace)
     if tid is None:
@@ -148,7 +149,7 @@ def iteration_rows(trace: Any) -> list[IterationRow]:
     return rows
 
 
-def _waits_at_iteration_end(trace: Any) -> bool:
+def _waits_at_iteration_end(trace: Trace) -> bool:
     """A GPU run at sync level 1 whose trace did not record the agent's waits: each one is the
     tail of its iteration, after the last phase (estimated so)."""
     meta: dict[str, Any] = trace.meta or {}
@@ -248,7 +249,7 @@ class _Span:
     note: str = ""
 
 
-def timeline(trace: Any, rows: Sequence[IterationRow],
+def timeline(trace: Trace, rows: Sequence[IterationRow],
              stats: RunStats | None = None) -> tuple[str, str]:
     """(heading, SVG) of the counted iteration closest to the median.
 
@@ -403,7 +404,7 @@ def links_table(stats: RunStats) -> str:
             + "</tbody></table>" + more)
 
 
-def verdict_html(verdict: Any) -> str:
+def verdict_html(verdict: Verdict) -> str:
     items = "".join(f"<li>{_e(line.strip())}</li>" for line in verdict.evidence)
     tries = "".join(f"<li>{_e(line)}</li>" for line in verdict.suggestions)
     also = (f'<p class="also">Also over threshold: {_e("; ".join(verdict.also))}</p>'
@@ -462,7 +463,7 @@ def key_figures(stats: RunStats, gpu: GpuEvidence | None = None) -> str:
     return "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>" for k, v in shown)
 
 
-def gpu_section(stats: RunStats, gpu: GpuEvidence | None, verdict: Any) -> str:
+def gpu_section(stats: RunStats, gpu: GpuEvidence | None, verdict: Verdict) -> str:
     """The GPU's phase times beside the host's, the agent's waits, the busy share."""
     if gpu is None:
         return '<p class="empty">The model ran on a GPU, but no iteration was counted.</p>'
@@ -563,7 +564,7 @@ def activity_html(stats: RunStats) -> str:
 
 # -- the page ---------------------------------------------------------------------------------
 
-def render(trace: Any, stats: RunStats, replay: Any = None) -> str:
+def render(trace: Trace, stats: RunStats, replay: RunStats | None = None) -> str:
     """The whole HTML page for ``trace`` (``stats`` computed from it)."""
     try:
         verdict = decide(stats, replay)

@@ -23,7 +23,7 @@ are estimated from the run's total and marked ``~``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..analysis.advice import Finding, check
 from ..analysis.gpu_evidence import Waits, busy_text, gather, on_gpu, waits
@@ -46,6 +46,9 @@ from ..analysis.window import unreached
 from ..common import figures, log
 from ..common.one_line import one_line
 from .stall import ended_abnormally
+
+if TYPE_CHECKING:
+    from ..analysis.stats import RunStats
 
 #: Extra summary sections: ``stats -> text or None``, appended in order.
 SECTIONS: list[Callable[[RunStats], str | None]] = []
@@ -619,7 +622,7 @@ def format_advice(findings: list[Finding]) -> str:
     return "\n".join(lines)
 
 
-def verdict_section(stats: RunStats, replay: Any = None) -> str:
+def verdict_section(stats: RunStats, replay: RunStats | None = None) -> str:
     """The verdict and the advice, as printed at the end of the summary."""
     verdict = decide(stats, replay)
     text = format_verdict(verdict)

@@ -25,9 +25,12 @@ import sys
 from collections import deque
 from threading import get_ident, get_native_id
 from time import perf_counter_ns
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..common import names
+
+if TYPE_CHECKING:
+    from .events import Tracer
 
 #: Modules whose frames may hold a range half begun or half ended.
 AGENT_INTERNALS = ("chainer_autoprof.runtime.", "chainer_autoprof.sinks.")
@@ -50,7 +53,7 @@ class GcTotals(TypedDict):
 class GcRanges:
     """The ``gc.callbacks`` entry of one tracer: ranges and per-generation counts."""
 
-    def __init__(self, tracer: Any, keep: int = KEEP_DETAILS) -> None:
+    def __init__(self, tracer: Tracer, keep: int = KEEP_DETAILS) -> None:
         self.tracer = tracer
         self.infos = [tracer.info(names.gc_text(g), names.GC) for g in range(3)]
         for info in self.infos:  # never wait for a GPU inside the collector
