@@ -31,7 +31,7 @@ import json
 import os
 import threading
 from time import time_ns
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
@@ -82,7 +82,7 @@ class Flusher:
     def path(self) -> str | None:
         return None if self.writer is None else self.writer.path
 
-    def flush(self, where: dict[str, Any] | None, stalls: list[dict[str, Any]]) -> str | None:
+    def flush(self, where: Mapping[str, Any] | None, stalls: list[dict[str, Any]]) -> str | None:
         """Write what is new; returns the file's path (``None``: nothing recorded yet, failed)."""
         with self._lock:
             if self.stopped is not None:
@@ -111,7 +111,7 @@ class Flusher:
         gone = f"; {one_line(path)} deleted" if removed else ""
         log.warning(f"{head}: {self.stopped}{gone} (the final trace is still written at exit)")
 
-    def _flush(self, where: dict[str, Any] | None, stalls: list[dict[str, Any]]) -> str | None:
+    def _flush(self, where: Mapping[str, Any] | None, stalls: list[dict[str, Any]]) -> str | None:
         # the writer builds on the reporting modules: loaded when the first write happens
         from ..report import partial
 
@@ -135,7 +135,7 @@ class Flusher:
         self.rows += count
         return self.writer.path
 
-    def _rewrite(self, partial: Any, where: dict[str, Any] | None,
+    def _rewrite(self, partial: Any, where: Mapping[str, Any] | None,
                  stalls: list[dict[str, Any]]) -> str:
         """The newest ranges only: everything the recorder still keeps, and what it buffers."""
         self.last = {}
@@ -148,7 +148,7 @@ class Flusher:
         self.rows = sum(len(r) for r in rows.values())
         return writer.path
 
-    def _records(self, partial: Any, rows: dict[int, Any], where: dict[str, Any] | None,
+    def _records(self, partial: Any, rows: dict[int, RangeRows], where: Mapping[str, Any] | None,
                  stalls: list[dict[str, Any]], full: bool) -> list[bytes]:
         """The records of one write: what is new of the header, the rows, gc details, the state."""
         chunks = self._header(partial, full)
@@ -211,7 +211,7 @@ class Flusher:
         details, self.gc_mark = self.gc_details(0 if full else self.gc_mark)
         return [partial.gc_record(details)] if details else []
 
-    def _state(self, partial: Any, where: dict[str, Any] | None,
+    def _state(self, partial: Any, where: Mapping[str, Any] | None,
                stalls: list[dict[str, Any]]) -> bytes:
         recorder = self.recorder
         state: dict[str, Any] = {"perf_ns": recorder.tracer.clock(),
