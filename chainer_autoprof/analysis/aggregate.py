@@ -286,7 +286,7 @@ class Aggregator:
         self._keep_tail(th, a, kind, it_pos)
         self._top_level(th, kind, index, t0, t1, depth, dur, is_iter, it_pos, it_counted)
 
-    def _phases(self, th: _ThreadAgg, kind: I64, dur: I64, is_iter: Mask) -> Any:
+    def _phases(self, th: _ThreadAgg, kind: I64, dur: I64, is_iter: Mask) -> I64:
         """(iterations in block, 4) phase sums; the phases of an open iteration are carried.
 
         A phase belongs to the range holding it: the next iteration or no-update range to end
@@ -320,7 +320,7 @@ class Aggregator:
         th.phase_ns = carried
         return sums
 
-    def _waits(self, th: _ThreadAgg, kind: I64, index: I64, dur: I64, is_iter: Mask) -> Any:
+    def _waits(self, th: _ThreadAgg, kind: I64, index: I64, dur: I64, is_iter: Mask) -> I64:
         """(iterations in block, 5) the agent's waits per place; an open iteration's are carried.
 
         A wait belongs, as a phase does, to the range holding it: the next iteration or
@@ -498,7 +498,7 @@ class Aggregator:
         self_ns = (d_lk - child[lk]) * ones
         cols = (ones, d_lk * ones, self_ns, bwd, d_lk * bwd)
 
-        def block(sel: Mask) -> Any:
+        def block(sel: Mask) -> I64:
             return np.column_stack([_bincount(ids[sel], col[sel], n_keys) for col in cols])
 
         if keep.any():
@@ -676,10 +676,11 @@ class Aggregator:
         return RunStats(**fields)
 
 
-def _wanted(kinds: I64) -> Any:
+def _wanted(kinds: I64) -> Mask:
     """Rows the slow-iteration details look at: phases, collections, named ranges."""
-    return ((kinds >= _K_PHASE0) | (kinds == _K_GC) | (kinds == _K_QUIET) | (kinds == _K_OTHER)
-            | (kinds == _K_NO_UPDATE))
+    wanted: Mask = ((kinds >= _K_PHASE0) | (kinds == _K_GC) | (kinds == _K_QUIET)
+                    | (kinds == _K_OTHER) | (kinds == _K_NO_UPDATE))
+    return wanted
 
 
 def _sum_by(keys: I64, values: I64) -> list[tuple[int, int]]:
@@ -689,14 +690,14 @@ def _sum_by(keys: I64, values: I64) -> list[tuple[int, int]]:
     return list(zip(uniq.tolist(), sums.tolist()))
 
 
-def _bincount(bins: I64, values: I64, size: int) -> Any:
+def _bincount(bins: I64, values: I64, size: int) -> I64:
     """Integer sums of ``values`` per bin (exact below 2**53 ns, about 104 days)."""
     if not len(bins):
         return np.zeros(size, dtype=np.int64)
     return np.rint(np.bincount(bins, weights=values, minlength=size)).astype(np.int64)
 
 
-def _grow(table: I64, rows: int) -> Any:
+def _grow(table: I64, rows: int) -> I64:
     """``table`` padded with zero rows to ``rows`` rows."""
     if len(table) >= rows:
         return table

@@ -70,7 +70,7 @@ from .outliers import OUTLIER_FACTOR, stutter
 from .window import unreached
 
 if TYPE_CHECKING:
-    from .stats import RunStats
+    from .stats import LinkStat, RunStats
 
 #: Data phase share of the counted iteration time at or above which a run is input-bound.
 #: tensorpack's tuning guide treats a data pipeline that cannot keep up as the
@@ -215,7 +215,7 @@ def link_calls_per_iteration(stats: RunStats) -> float:
     return sum(link.calls for link in stats.links) / stats.iterations if stats.iterations else 0.0
 
 
-def top_links(stats: RunStats, n: int = TOP_LINKS) -> list[Any]:
+def top_links(stats: RunStats, n: int = TOP_LINKS) -> list[LinkStat]:
     """Links with the most exclusive time (own forward + attributed backward)."""
     return sorted(stats.links, key=lambda link: -(link.self_ms + link.bwd_ms))[:n]
 

@@ -10,7 +10,7 @@ tracer's count of iterations begun, kept in the run's facts
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .stats import RunStats
@@ -36,7 +36,7 @@ class Unreached:
         return f"the run ended after {self.ran} iterations (0-{self.ran - 1})"
 
 
-def _integer(value: Any) -> int | None:
+def _integer(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
         else None
 

@@ -31,6 +31,7 @@ from .stall import ended_abnormally
 from .summary import IDLE_LABELS, activity, describe_slow
 
 if TYPE_CHECKING:
+    from ..analysis.advice import Finding
     from ..analysis.stats import RunStats
     from .tracefile import Trace
 
@@ -69,7 +70,7 @@ def css_color(category: str) -> str:
     return f"#{argb & 0xFFFFFF:06x}"
 
 
-def _e(text: Any) -> str:
+def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
@@ -418,7 +419,7 @@ def verdict_html(verdict: Verdict) -> str:
             + also + notes)
 
 
-def advice_html(findings: Sequence[Any]) -> str:
+def advice_html(findings: Sequence[Finding]) -> str:
     if not findings:
         return '<p class="empty">Nothing in this run\'s configuration to change.</p>'
     out = []
@@ -627,7 +628,7 @@ def _json(data: Any) -> str:
     return json.dumps(data).replace("</", "<\\/")
 
 
-def write_report(out_path: str, runs: Sequence[tuple[Any, Any]]) -> None:
+def write_report(out_path: str, runs: Sequence[tuple[Trace, RunStats]]) -> None:
     """Write the page for ``runs`` (``(trace, stats)`` pairs, one or two) to ``out_path``.
 
     The page shows the first run; when one of two runs is a replay run, it
