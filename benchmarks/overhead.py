@@ -129,7 +129,7 @@ class Server:
     def wait_ready(self) -> None:
         try:
             self.info = self._read().get("info", {})
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # a child that failed to start: its error is reported  # noqa: BLE001
             self.error = str(exc)
 
     def step(self, workload: str) -> float:
@@ -149,7 +149,7 @@ class Server:
                 self.proc.stdin.write("quit\n")
                 self.proc.stdin.close()
             self.proc.wait(timeout=60)
-        except Exception:  # noqa: BLE001
+        except Exception:  # a child that will not stop: killed  # noqa: BLE001
             self.proc.kill()
             self.proc.wait()
 
@@ -184,7 +184,7 @@ def run_cycles(servers: dict[str, list[Server]], cycles: int, rng: random.Random
             for i, server in enumerate(order):
                 try:
                     pending.append((server.cfg.name, server.step(w)))
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # one configuration failing: the others go on  # noqa: BLE001
                     server.error = server.error or str(exc)
                     failed.add(server.cfg.name)
                 if (i + 1) % BASELINE_EVERY == 0 or i == len(order) - 1:

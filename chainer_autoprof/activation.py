@@ -75,5 +75,5 @@ def activate() -> None:
         try:
             sys.stderr.write(f"chainer_autoprof: start-up activation failed "
                              f"({type(exc).__name__}: {exc}); the agent stays off\n")
-        except Exception:  # noqa: BLE001
+        except Exception:  # stderr itself failed: nowhere to say it  # noqa: BLE001
             pass

@@ -101,7 +101,7 @@ class Agent:
     def _add_sinks(self) -> None:
         try:
             self.nvtx = make_nvtx_sink(self.cfg.domain, self.hotpath)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.warning(f"NVTX unavailable ({exc}); ranges are recorded in-process only")
         if self.nvtx is not None:
             self.tracer.add_sink(self.nvtx)
@@ -227,12 +227,12 @@ class Agent:
             for patch in inst.patches:
                 if patch.status == "failed":
                     log.warning(f"could not instrument {patch.label}: {patch.reason}")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"could not instrument {inst.name} ({type(exc).__name__}: {exc}); "
                       "running uninstrumented")
             try:
                 inst.remove()
-            except Exception:  # noqa: BLE001
+            except Exception:  # undoing a half-applied set: the error is said above  # noqa: BLE001
                 pass
 
     def _applied(self, library: str) -> bool:
@@ -266,7 +266,7 @@ class Agent:
             else:
                 processes.close_at_worker_exit(self, self.at_exit)
                 self.monitor.start()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"could not reset after fork: {exc}")
 
     def switch_off(self) -> None:
@@ -297,7 +297,7 @@ class Agent:
         self._stop_watching()
         try:
             self.tracer.close()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"could not finish cleanly: {type(exc).__name__}: {exc}")
         gpu = self._finish_gpu()
         if self.recorder is not None:
@@ -316,7 +316,7 @@ class Agent:
                                    gpu=gpu)
                 final_written = stats is None or not self.cfg.trace or \
                     bool(stats.meta.get("trace_path"))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
                 log.error(f"no summary or trace ({type(exc).__name__}: {exc})")
             self.monitor.finish(final_written)
         try:
@@ -330,13 +330,13 @@ class Agent:
             if missed:
                 log.warning("never hit although iterations ran: " + ", ".join(missed)
                             + " (run with CHAINER_PROF_LOG=debug for the status report)")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"no status report: {exc}")
         try:  # other threads pop their NVTX ranges at their next instrumented call
             if not self.tracer.wait_for_threads(THREAD_UNWIND_WAIT_S):
                 log.info("ranges left open in NVTX by threads that made no instrumented call "
                          "at exit (the recorder's view ends them at exit)")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"could not wait for other threads: {type(exc).__name__}: {exc}")
 
     def _finish_gpu(self) -> Any:
@@ -350,7 +350,7 @@ class Agent:
             self.gc_ranges.remove()
         try:
             self.monitor.stop()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"could not stop the monitor: {type(exc).__name__}: {exc}")
 
     def uninstall(self) -> None:
@@ -359,7 +359,7 @@ class Agent:
         if self.gpu is not None:
             try:  # collection stops; no figures are reported
                 self.gpu.stop()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
                 log.error(f"GPU activity: {type(exc).__name__}: {exc}")
         for inst in reversed(self.instrumentors):
             if inst.module is not None:
@@ -368,13 +368,13 @@ class Agent:
         try:  # ranges still open on this thread end now: nothing would end them later
             self.tracer.close_thread(self.tracer.state())
             self.tracer.forget_thread()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"could not close open ranges: {type(exc).__name__}: {exc}")
         try:
             atexit.unregister(self.at_exit)
             exit_hooks.uninstall()
             tracebacks.uninstall_excepthook()
-        except Exception:  # noqa: BLE001
+        except Exception:  # uninstalling: each part undoes what it can  # noqa: BLE001
             pass
 
 
@@ -470,6 +470,6 @@ def activate_from_env() -> None:
         install()
     except SettingsError as exc:
         sys.stderr.write(f"chainer_autoprof: {exc}; the agent stays off\n")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
         sys.stderr.write(f"chainer_autoprof: could not start ({type(exc).__name__}: {exc}); "
                          "the agent stays off\n")

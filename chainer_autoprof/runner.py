@@ -148,7 +148,7 @@ def _report(exc: BaseException) -> None:
     hook = getattr(sys, "excepthook", None) or sys.__excepthook__
     try:
         hook(type(exc), exc, tb)
-    except Exception as hook_exc:  # noqa: BLE001
+    except Exception as hook_exc:  # our error: one line, the program goes on  # noqa: BLE001
         print("Error in sys.excepthook:", file=sys.stderr)
         sys.__excepthook__(type(hook_exc), hook_exc, hook_exc.__traceback__)
         print("\nOriginal exception was:", file=sys.stderr)
@@ -191,6 +191,6 @@ def exec_target(kind: Literal["path", "module"], target: str, args: list[str]) -
         _report(exc)
         _silence(exc)
         raise
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
         _report(exc)
         raise SystemExit(1) from None

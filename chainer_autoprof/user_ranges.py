@@ -43,7 +43,7 @@ class Annotation:
                 ts = tracer.state()
                 ts.user.append(None)  # the slot first: a failing begin still pairs with __exit__
                 ts.user[-1] = tracer.begin(tracer.info(self.name, names.USER), ts)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 _report(exc)
         return self
 
@@ -55,7 +55,7 @@ class Annotation:
                 ts = tracer.state()
                 if ts.user:
                     tracer.end_block(ts.user.pop(), ts)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 _report(err)
 
     def __call__(self, func: AnyFunction) -> AnyFunction:

@@ -383,7 +383,7 @@ def from_environ(environ: Mapping[str, str] | None = None,
         elif not isinstance(value, str):  # 7, True, (10, 20), a Path: checked as their text
             try:
                 value = to_environ_value(setting, value)
-            except Exception:  # noqa: BLE001
+            except Exception:  # any failure here is the one line raised below  # noqa: BLE001
                 raise SettingsError(f"{name}={value!r} is not valid: accepted: "
                                     f"{setting.accepted}") from None
         if isinstance(value, str):

@@ -91,7 +91,7 @@ class DumpServer:
         then: Callable[[], None] | None = None
         try:
             answer, then = self.handle(message)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error goes to the client as the answer  # noqa: BLE001
             answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         try:
             control.send(conn, answer, end=True)

@@ -105,7 +105,7 @@ def _finish_and_die() -> None:
     try:
         if _finish is not None:
             _finish()  # closes this (the main) thread's open ranges, summary, trace
-    except Exception:  # noqa: BLE001
+    except Exception:  # never the program's exit status  # noqa: BLE001
         pass
     finally:
         _die()
@@ -124,7 +124,7 @@ def _die() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1.0)  # the signal is normally delivered before kill() returns
-    except Exception:  # noqa: BLE001
+    except Exception:  # re-raising SIGTERM: its default action follows anyway  # noqa: BLE001
         pass
     os._exit(128 + signal.SIGTERM)
 
@@ -157,7 +157,7 @@ def _interrupt_flag() -> ctypes.c_int | None:
         import ctypes  # only at exit after a KeyboardInterrupt: never loaded otherwise
 
         return ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt")
-    except Exception:  # noqa: BLE001
+    except Exception:  # an interpreter without the flag  # noqa: BLE001
         return None
 
 

@@ -81,7 +81,7 @@ def report_run(recorder: Recorder, tracer: Tracer, cfg: Config, hits: int,
         try:
             sys.stderr.write(format_summary(stats, advice=bool(cfg.advice)) + "\n")
             sys.stderr.flush()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"no summary ({type(exc).__name__}: {exc})")
     return stats
 
@@ -192,7 +192,7 @@ def _write_trace(recorder: Recorder, tracer: Tracer, path: str, stats: RunStats,
         write_trace(path, pid=os.getpid(), start_ns=recorder.start_ns, infos=recorder.infos,
                     threads=threads, other=other, process_name=process_name(),
                     main_tid=other["main_tid"], event_args=event_args, tracks=tracks, top=top)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
         log.error(f"could not write the trace {path}: {type(exc).__name__}: {exc}")
         return None
     return path

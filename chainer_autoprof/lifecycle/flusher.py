@@ -89,7 +89,7 @@ class Flusher:
                 return None
             try:
                 return self._flush(where, stalls)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: the trace so far stops, said once  # noqa: BLE001
                 self._stop(exc)
                 return None
 

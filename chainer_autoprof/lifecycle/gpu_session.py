@@ -295,7 +295,7 @@ class GpuSession:
         assert collector is not None
         try:
             late = collector.stop(timeout_s)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # CUPTI's error: said in the report  # noqa: BLE001
             late = f"CUPTI could not stop ({type(exc).__name__}: {exc})"
         if late:
             self.notes.append(late)
@@ -321,7 +321,7 @@ class GpuSession:
             self._outcome = GpuOutcome(fig, activity_record(
                 fig, self._source(fig), self._counts(), self._notes(fig)), analysis,
                 list(self.notes))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: GPU figures left out, the run goes on  # noqa: BLE001
             self.broken = f"the GPU analysis failed ({type(exc).__name__}: {exc})"
             log.error(f"GPU activity: {self.broken}; no GPU figures")
 

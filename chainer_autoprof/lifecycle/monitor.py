@@ -146,7 +146,7 @@ class Monitor:
                     log.error(f"monitor: {type(exc).__name__}: {exc}")
                 try:
                     self._keep_last_resort()
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
                     log.error(f"monitor: {type(exc).__name__}: {exc}")
             try:
                 if self.flush_interval > 0 and now >= next_flush:
@@ -176,7 +176,7 @@ class Monitor:
     def _count(counter: Callable[[], int]) -> int:
         try:
             return int(counter())
-        except Exception:  # noqa: BLE001
+        except Exception:  # a counter's error: no progress seen this poll  # noqa: BLE001
             return 0
 
     def threshold(self) -> float:
@@ -256,7 +256,7 @@ class Monitor:
             return []
         try:
             return list(self.notes())
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # a note's error is shown as the note  # noqa: BLE001
             return [f"({type(exc).__name__}: {exc})"]
 
     # -- reports ------------------------------------------------------------------------------
@@ -316,7 +316,7 @@ def _print(text: str) -> None:
     try:
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
-    except Exception:  # noqa: BLE001
+    except Exception:  # a closed stderr must not break the program  # noqa: BLE001
         pass
 
 

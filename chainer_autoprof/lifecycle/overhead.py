@@ -31,7 +31,7 @@ def estimate(recorder: Recorder, granularity_level: int, hits: int,
     impl = implementation if implementation is not None else hotpath.PYTHON
     try:
         range_ns, call_ns = calibrate(granularity_level, impl)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # not measured: said in the summary  # noqa: BLE001
         return 0.0, f"{impl.describe()} hot path; not measured ({type(exc).__name__}: {exc})"
     ranges = recorder.agg.ranges
     quiet_calls = max(0, hits - ranges)

@@ -220,7 +220,7 @@ class Patch:
             if patch.on and patch.status == "patched" and patch.attr in cls.__dict__:
                 try:
                     patch._wrap_class(cls, only_own=True)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                     patch.fail(exc)
 
         __init_subclass__._chainer_autoprof = True  # type: ignore[attr-defined]
@@ -239,7 +239,7 @@ class Patch:
                     else:
                         setattr(cls, attr, original)
                 # else replaced since by someone else: theirs stays (ours calls straight through)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
                 log.warning(f"could not restore {attr} on {qualified_name(cls)}: {exc}")
         self._handles.clear()
         if self._hooked:

@@ -232,7 +232,7 @@ class ChainerPatches(Instrumentor):
         """The GPU id holding ``link``'s arrays (and register it for sync)."""
         try:
             device = link.device
-        except Exception:  # noqa: BLE001
+        except Exception:  # a link without a device: no GPU to sync  # noqa: BLE001
             return None
         cupy_device = getattr(device, "device", None)
         dev_id = getattr(cupy_device, "id", None)
@@ -266,7 +266,7 @@ class ChainerPatches(Instrumentor):
                 if ts.iter_busy:  # an implicit one left open: close it first
                     tracer.end_iteration(ts)
                 tracer.begin_iteration(ts, explicit=True)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(exc)
             return (ts, lifted)
 
@@ -276,7 +276,7 @@ class ChainerPatches(Instrumentor):
             if ts.iter_explicit:
                 try:
                     tracer.end_iteration(ts)
-                except Exception as err:  # noqa: BLE001
+                except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                     patch.fail(err)
 
         return Around(enter, exit)
@@ -304,7 +304,7 @@ class ChainerPatches(Instrumentor):
                 if ts.iter_busy or (not ts.by_updater and training()):
                     opened = True
                     tracer.begin_phase(ts, names.DATA, key)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(exc)
             return opened
 
@@ -320,7 +320,7 @@ class ChainerPatches(Instrumentor):
                         tracer.confirm_iteration(ts)  # the step was stopped: it counts
                     else:  # out of data: what the batches began reached no update
                         tracer.end_iteration(ts)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
             if is_iterator and type(result) is list:
                 facts["batch_size"] = len(result)
@@ -380,7 +380,7 @@ class ChainerPatches(Instrumentor):
                     if ts.iter_owed and ts.iter_opener == id(instance):
                         steps.begins_again(ts)  # the model that began the step: the next one
                     tracer.begin_phase(ts, names.FORWARD, id(instance))
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                     patch.fail(exc)  # closed after the call, as the phase it opened
                 return forward
             return None
@@ -410,7 +410,7 @@ class ChainerPatches(Instrumentor):
                 return None  # inside a phase, or an updater's thread outside it: no phase
             try:
                 tracer.begin_phase(ts, names.BACKWARD)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(exc)  # closed below, as after a call
             return ts
 
@@ -427,7 +427,7 @@ class ChainerPatches(Instrumentor):
                     ts.await_update = False
                     if exc is None and patch.on:
                         tracer.begin_phase(ts, names.UPDATE)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
 
         return Around(enter, exit)
@@ -442,14 +442,14 @@ class ChainerPatches(Instrumentor):
                 return None
             try:
                 tracer.begin_phase(ts, names.FORWARD)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(exc)
             return ts
 
         def loss_exit(ts: ThreadState, result: Any, exc: BaseException | None) -> None:
             try:
                 tracer.end_phase(ts)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
 
         def forward_phase(ts: ThreadState, lossfun: AnyFunction) -> AnyFunction:
@@ -492,7 +492,7 @@ class ChainerPatches(Instrumentor):
                 elif ts.phase is None:
                     opened_update = True
                     tracer.begin_phase(ts, names.UPDATE)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(exc)  # the user's own arguments; what was opened is closed below
                 call_args, call_kwargs = args, kwargs
             return (ts, outer, opened_update, awaiting, again), call_args, call_kwargs
@@ -510,7 +510,7 @@ class ChainerPatches(Instrumentor):
                         tracer.end_iteration(ts)
                     else:  # the step's last update ends it
                         steps.after_update(ts, again)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
 
         return Around(enter, exit, replace_args=True)
@@ -584,7 +584,7 @@ class ChainerPatches(Instrumentor):
                 ts.extension = instance
                 entered = True
                 tok = begin(info, ts)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(exc)
             return (ts, previous, tok) if entered else None
 
@@ -594,7 +594,7 @@ class ChainerPatches(Instrumentor):
             ts.extension = previous
             try:
                 end(tok, ts)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
 
         return Around(enter, exit)

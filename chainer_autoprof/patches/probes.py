@@ -99,7 +99,7 @@ class Probes(Instrumentor):
         """Wrap the probe targets; a probe that cannot be built leaves the checks out."""
         try:
             super().apply(chainer)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.warning(f"run-time checks unavailable ({type(exc).__name__}: {exc})")
             self.remove()
 
@@ -132,7 +132,7 @@ class Probes(Instrumentor):
                 return
             try:
                 self._after_training_update(st[0])
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
                 self.close()
 
@@ -175,7 +175,7 @@ class Probes(Instrumentor):
 
             facts["cuda"] = {"available": bool(cuda.available),
                              "cudnn_enabled": bool(cuda.cudnn_enabled)}
-        except Exception:  # noqa: BLE001
+        except Exception:  # the CUDA facts are optional  # noqa: BLE001
             pass
         target = getattr(optimizer, "target", None)
         if target is not None and hasattr(target, "params"):
@@ -197,7 +197,7 @@ class Probes(Instrumentor):
                 hook = self._hook_cls[1]()
                 if not _enter_hook(hook):
                     hook = None
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(exc)
             return (instance, hook) if hook is not None else None
 
@@ -207,7 +207,7 @@ class Probes(Instrumentor):
                 _exit_hook(hook)
                 if hook.eval_functions:
                     self._record_evaluation(instance, hook)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
 
         return Around(enter, exit)
@@ -267,7 +267,7 @@ class Probes(Instrumentor):
                         hit = var_on_gpu(instance) if test is None else test(obj)
                         if hit:
                             self._record_transfer(label, ts.phase, tracer.iterations)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                     patch.fail(exc)
                 return None
 
@@ -335,7 +335,7 @@ def _hook_classes(chainer: ModuleType) -> tuple[type, type]:
                     try:
                         check(in_data)
                         self.checks.append(perf_counter_ns() - t0)
-                    except Exception:  # noqa: BLE001
+                    except Exception:  # the function raises it itself when it runs  # noqa: BLE001
                         pass
                 self.publish(full=not n & (n + 1) or n + 1 == TIMED_CHECKS)
             else:

@@ -65,13 +65,13 @@ class Replay:
             if kept is not None and kept[0]() is not iterator:
                 kept = None
             advance = self._advancer(iterator) if kept is not None else None
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
             return self._fail(exc, wrapped, args, kwargs)
         if kept is None:
             batch = wrapped(*args, **kwargs)
             try:
                 self._keep_batch(iterator, batch)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 self._fail(exc)
             return batch
         if advance is None:
@@ -130,7 +130,7 @@ class Replay:
         try:
             self._converted[key] = (converter, result)
             self.info["converter"] = True
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
             self._fail(exc)
         return result
 

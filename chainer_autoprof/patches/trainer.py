@@ -78,7 +78,7 @@ def _extension_call(tracer: Tracer, patch: Patch, info: RangeInfo) -> tuple[Any,
         tok = None
         try:
             tok = begin(info, ts)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
             patch.fail(exc)
         return (ts, tok)
 
@@ -87,7 +87,7 @@ def _extension_call(tracer: Tracer, patch: Patch, info: RangeInfo) -> tuple[Any,
         ts.quiet -= 1
         try:
             end(tok, ts)
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
             patch.fail(err)
 
     return enter, exit
@@ -111,7 +111,7 @@ def wrap_mpu_gather_grads(tracer: Tracer, patch: Patch) -> Around:
                 tracer.confirm_iteration(ts)  # a worker's update: its iteration is one
             if ts.iter_busy and ts.phase is None and not ts.quiet:
                 tracer.begin_phase(ts, names.UPDATE)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
             patch.fail(exc)
         return None
 
@@ -131,7 +131,7 @@ def wrap_mpu_scatter_params(tracer: Tracer, patch: Patch) -> Around:
             try:
                 if ts.iter_busy and not ts.iter_explicit and not ts.quiet:
                     tracer.end_iteration(ts)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
 
     return Around(enter, exit)

@@ -218,7 +218,7 @@ class CupyEventTimer:
             pending.popleft()
             try:
                 ms = self._elapsed(start, stop)
-            except Exception:  # noqa: BLE001
+            except Exception:  # an event not complete or gone: the pair waits or drops  # noqa: BLE001
                 if not block and not start.done:  # start on another stream
                     pending.appendleft((key, start, stop, dev))
                     break
@@ -269,7 +269,7 @@ class CupyBackend:
         if self._available is None:
             try:
                 self._available = self._module().cuda.runtime.getDeviceCount() > 0
-            except Exception:  # noqa: BLE001
+            except Exception:  # no usable CUDA runtime: no GPU  # noqa: BLE001
                 self._available = False
         return self._available
 
@@ -297,7 +297,7 @@ class CupyBackend:
         fn = self._prof_start if which == "start" else self._prof_stop
         try:
             fn()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # the profiler API is optional: warned once  # noqa: BLE001
             if not self._warned:
                 self._warned = True
                 warnings.warn(
@@ -551,7 +551,7 @@ def device_names(ids: Iterable[int]) -> list[dict[str, Any]]:
                 props = cupy.cuda.runtime.getDeviceProperties(dev)
                 name = props.get("name", b"")
                 entry["name"] = name.decode() if isinstance(name, bytes) else str(name)
-            except Exception:  # noqa: BLE001
+            except Exception:  # a device's name is optional  # noqa: BLE001
                 pass
         out.append(entry)
     return out

@@ -490,7 +490,7 @@ class Tracer:
             size = len(stack)
             try:
                 self.end(stack[-1][0], ts)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # the first error is raised after every range is ended  # noqa: BLE001
                 error = error or exc
             if len(stack) == size:  # a sync or sink failed before popping: drop it
                 stack.pop()
@@ -645,7 +645,7 @@ class Tracer:
                             and _mask(sink) >> info.category_index & 1:
                         try:
                             sink.end(info, t0, t1, ts)
-                        except Exception:  # noqa: BLE001
+                        except Exception:  # one sink's error: the others still end the range  # noqa: BLE001
                             pass
         finally:
             with self._closing_lock:

@@ -154,7 +154,7 @@ class CuptiCollector:
         dropped = ctypes.c_size_t(0)
         try:  # context NULL, stream 0: the global queue; the count goes to *dropped
             cupti.activity_get_num_dropped_records(0, 0, ctypes.addressof(dropped))
-        except Exception:  # noqa: BLE001
+        except Exception:  # the dropped count is optional  # noqa: BLE001
             return
         self.dropped_records += int(dropped.value)
 
@@ -190,7 +190,7 @@ class CuptiCollector:
             except Exception:  # noqa: BLE001
                 pass  # CUPTI hands buffers over when they fill, and at the end
             self._pair()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # CUPTI's error: GPU activity off, said once  # noqa: BLE001
             reason = describe_error(exc)
             self._disable()
             self._cupti = None
@@ -208,7 +208,7 @@ class CuptiCollector:
         try:
             cupti.activity_flush_all(flag)
             self._pair()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # counted, never reaches the callback's caller  # noqa: BLE001
             self.callback_errors += 1
             self.last_error = describe_error(exc)
 
@@ -250,7 +250,7 @@ class CuptiCollector:
             kind = self._enabled.pop()
             try:
                 cupti.activity_disable(kind)
-            except Exception:  # noqa: BLE001
+            except Exception:  # CUPTI may be gone at exit: disable what it can  # noqa: BLE001
                 pass
 
     @property
@@ -275,7 +275,7 @@ def _quiet(cupti: Any, table: str, switch: str, names: Iterable[str]) -> None:
             continue
         try:
             off(int(cbid), 0)
-        except Exception:  # noqa: BLE001
+        except Exception:  # CUPTI may be gone at exit: unsubscribe what it can  # noqa: BLE001
             pass
 
 

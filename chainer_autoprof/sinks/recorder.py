@@ -163,7 +163,7 @@ class Recorder:
                         info = found
                         break
                 append(info, t0, t1, ts)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: the watch stops, reported below  # noqa: BLE001
                 sync.watch(None)
                 log.error(f"recorder: {type(exc).__name__}: {exc}; the agent's waits for the "
                           "GPU are not recorded")
@@ -317,7 +317,7 @@ class Recorder:
             timer = self.tracer.sync.backend.event_timer()
             self.gpu = GpuPhaseTimer(timer, ts.tid, self._iter_info, skip, self.max_kept)
             self.tracer.add_sink(self.gpu)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # no GPU phase timer: the run goes on without it  # noqa: BLE001
             self.gpu = None
             log.warning(f"no GPU phase timing ({type(exc).__name__}: {exc})")
 
@@ -353,7 +353,7 @@ class Recorder:
         if self.gpu is not None:
             try:
                 self.gpu.finish()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
                 log.warning(f"GPU phase times incomplete ({type(exc).__name__}: {exc})")
 
     def reset_after_fork(self, tracer: Tracer) -> None:

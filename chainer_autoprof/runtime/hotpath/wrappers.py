@@ -39,7 +39,7 @@ def switch_of(obj: Any) -> Any:
     """The switch of a wrapper of ours (made by either implementation), else None."""
     try:
         return getattr(obj, "_chainer_autoprof_switch", None) if callable(obj) else None
-    except Exception:  # noqa: BLE001
+    except Exception:  # any object: an odd __getattr__ is not ours  # noqa: BLE001
         return None
 
 
@@ -108,7 +108,7 @@ def around(original: AnyFunction, switch: SwitchLike, enter: AnyFunction, exit: 
             instance, rest = None, args
         try:
             state = enter(instance, rest, kwargs)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
             _contain(fail, exc)
             state = None
         if state is None:
@@ -119,7 +119,7 @@ def around(original: AnyFunction, switch: SwitchLike, enter: AnyFunction, exit: 
                 state, new_args, call_kwargs = state
                 if type(new_args) is not tuple or type(call_kwargs) is not dict:
                     raise TypeError("enter() must return (state, tuple, dict)")
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 _contain(fail, exc)
                 return original(*args, **kwargs)
             call_args = (instance, *new_args) if method else new_args
@@ -132,12 +132,12 @@ def around(original: AnyFunction, switch: SwitchLike, enter: AnyFunction, exit: 
         except BaseException as exc:
             try:
                 exit(state, None, exc)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 _contain(fail, err)
             raise
         try:
             exit(state, result, None)
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
             _contain(fail, err)
         return result
 
@@ -193,7 +193,7 @@ def link_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunction, c
             info = entry.info
             if info is not None:
                 tok = begin(info, ts)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
             _contain(fail, exc)  # what was opened is closed below, as after a call
         except BaseException:
             if pushed:
@@ -207,24 +207,24 @@ def link_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunction, c
             if pushed:
                 try:
                     links.pop()
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                     _contain(fail, exc)
             if tok is not None:
                 try:
                     end(tok, ts)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                     _contain(fail, exc)
             if mode is not None:
                 try:
                     outer_exit(ts, mode)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                     _contain(fail, exc)
         if attribute_backward and pushed and isinstance(out, variable_cls):
             try:  # the innermost link that returned it owns its backward
                 node = getattr(getattr(out, "_node", None), "_creator_node", None)
                 if node is not None and getattr(node, LINK_ATTR, None) is None:
                     setattr(node, LINK_ATTR, entry.index)  # type: ignore[union-attr]  # pushed: set
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 _contain(fail, exc)
         return out
 
@@ -270,7 +270,7 @@ def apply_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunction, 
             if links:  # the innermost link being called owns its backward
                 setattr(node, LINK_ATTR, links[-1].index)
             tok = begin(info, ts)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
             _contain(fail, exc)
         if tok is None:
             return original(*args, **kwargs)
@@ -279,7 +279,7 @@ def apply_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunction, 
         finally:
             try:
                 end(tok, ts)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 _contain(fail, exc)
 
     return finish(original, wrapper, switch)
@@ -333,7 +333,7 @@ def backprop_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunctio
                 ts.bwd_link = ts.bwd_link_tok = None
             if function_ranges:
                 tok = begin(_function_info(infos, new_info, func), ts)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
             _contain(fail, exc)
         if tok is None:
             return original(*args, **kwargs)
@@ -342,7 +342,7 @@ def backprop_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunctio
         finally:
             try:
                 end(tok, ts)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 _contain(fail, exc)
 
     return finish(original, wrapper, switch)
