@@ -27,7 +27,10 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Hashable, Iterable
-from typing import Any, Protocol, Tuple, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Tuple, runtime_checkable
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 __all__ = [
     "DEFAULT_MAX_PENDING",
@@ -160,6 +163,17 @@ def _imported_cupy() -> Any:
     return sys.modules.get("cupy")
 
 
+class CudaEvent(Protocol):
+    """What the timer uses of a ``cupy.cuda.Event``."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def record(self) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+
 class CupyEventTimer:
     """:class:`EventTimer` built on ``cupy.cuda.Event`` (polled via ``done``).
 
@@ -167,35 +181,35 @@ class CupyEventTimer:
     Not thread-safe: use one timer per thread.
     """
 
-    def __init__(self, cupy: Any, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+    def __init__(self, cupy: ModuleType, max_pending: int = DEFAULT_MAX_PENDING) -> None:
         cuda = cupy.cuda
-        self._Event = cuda.Event
-        self._get_device = cuda.runtime.getDevice
-        self._elapsed = cuda.get_elapsed_time
+        self._Event: Callable[[], CudaEvent] = cuda.Event
+        self._get_device: Callable[[], int] = cuda.runtime.getDevice
+        self._elapsed: Callable[[CudaEvent, CudaEvent], float] = cuda.get_elapsed_time
         self.max_pending = max(1, int(max_pending))
         # (key, start_event, end_event, device_id)
-        self._pending: deque[tuple[Hashable, Any, Any, int]] = deque()
+        self._pending: deque[tuple[Hashable, CudaEvent, CudaEvent, int]] = deque()
         self._ready: list[Result] = []
-        self._pool: dict[int, list[Any]] = {}
+        self._pool: dict[int, list[CudaEvent]] = {}
         self.dropped = 0
 
     @property
     def pending(self) -> int:
         return len(self._pending)
 
-    def _new_event(self, dev: int) -> Any:
+    def _new_event(self, dev: int) -> CudaEvent:
         pool = self._pool.get(dev)
         if pool:
             return pool.pop()
         return self._Event()
 
-    def begin(self, key: Hashable) -> tuple[Hashable, Any, int]:
+    def begin(self, key: Hashable) -> tuple[Hashable, CudaEvent, int]:
         dev = self._get_device()
         ev = self._new_event(dev)
         ev.record()
         return (key, ev, dev)
 
-    def end(self, token: tuple[Hashable, Any, int]) -> None:
+    def end(self, token: tuple[Hashable, CudaEvent, int]) -> None:
         key, start, dev = token
         ev = self._new_event(dev)
         ev.record()
