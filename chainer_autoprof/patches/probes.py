@@ -295,7 +295,7 @@ def _hook_classes(chainer: ModuleType) -> tuple[type, type]:
     base: Any = chainer.FunctionHook  # Chainer's class: no type to derive from
     config = chainer.config
 
-    class CountHook(base):  # type: ignore[misc]  # Chainer's FunctionHook, untyped
+    class CountHook(base):  # type: ignore[misc, no-any-unimported]  # Chainer's, at run time
         """Counts functions applied inside one training iteration; times type checks.
 
         Over the iteration it takes this thread's CPU time from the first call
@@ -355,7 +355,7 @@ def _hook_classes(chainer: ModuleType) -> tuple[type, type]:
             if self.functions > 1 and cpu > 0:
                 facts["function_cpu_us"] = round(cpu / (self.functions - 1) / 1e3, 3)
 
-    class EvalHook(base):  # type: ignore[misc]  # (same)
+    class EvalHook(base):  # type: ignore[misc, no-any-unimported]  # (same)
         """Counts functions applied with ``train`` off, and those that build a graph."""
 
         name = _HOOK_NAME + "_eval"
