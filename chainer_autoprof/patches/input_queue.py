@@ -26,11 +26,13 @@ from .base import Around, Hooks, Instrumentor, Patch
 if TYPE_CHECKING:
     from types import ModuleType
 
+    import chainer
+
     from ..common.typedefs import Args, Kwargs
     from ..runtime.events import Tracer
 
 
-def _multiprocess_ready(it: Any) -> tuple[int, int] | None:
+def _multiprocess_ready(it: chainer.dataset.Iterator) -> tuple[int, int] | None:
     """(ready, capacity) of a MultiprocessIterator, ``None`` before its first batch."""
     loop = getattr(it, "_prefetch_loop", None)
     comm = getattr(it, "_comm", None)
@@ -39,7 +41,7 @@ def _multiprocess_ready(it: Any) -> tuple[int, int] | None:
     return len(comm._batch_queue), int(getattr(it, "n_prefetch", 1) or 1)
 
 
-def _multithread_ready(it: Any) -> tuple[int, int] | None:
+def _multithread_ready(it: chainer.dataset.Iterator) -> tuple[int, int] | None:
     """(ready, capacity) of a MultithreadIterator, ``None`` before its first batch."""
     pending = getattr(it, "_next", None)
     if pending is None:
@@ -131,7 +133,7 @@ class InputQueueProbe(Instrumentor):
         return [text]
 
 
-def _class_name(it: Any) -> str:
+def _class_name(it: chainer.dataset.Iterator) -> str:
     """The probed base class an iterator is (subclasses count as their base)."""
     for cls in type(it).__mro__:
         if cls.__name__ in READERS:
