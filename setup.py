@@ -94,7 +94,7 @@ class optional_build_ext(build_ext):  # noqa: N801
         out = Path(self.get_ext_fullpath(ext.name))
         try:
             _native_build().compile_to(out)
-        except Exception as exc:  # BuildError, or anything else: never a failed install
+        except Exception as exc:  # BuildError, or anything else: never a failed install  # noqa: BLE001
             if out.exists():
                 out.unlink()  # a stale one from an earlier build must not be installed
             sys.stderr.write(f"chainer_autoprof: native hot path not built ({exc}); "
@@ -142,6 +142,8 @@ setup(
         "test": [
             "pytest>=7",
             "ruff>=0.17,<0.18",
+            # the package's types ([tool.mypy] in pyproject.toml; mypy 2 runs on Python 3.10+)
+            "mypy==2.4.1; python_version >= '3.10'",
             "nvidia-nvtx>=13",  # NVTX headers the tests' NVTX recorder is compiled against
             "mpi4py>=4",  # MPI tests (they skip where no MPI runtime is installed)
             "hypothesis>=6.100,<7",  # property-based tests of the state machine and the readers

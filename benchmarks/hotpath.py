@@ -133,8 +133,9 @@ def switch(name: str) -> Callable[[], None]:
     if name.startswith("agent:"):
         parts = name.split(":")
         granularity, *extras = parts[1].split("+")
-        settings: dict[str, Any] = dict(granularity=granularity, summary="recorder" in extras,
-                                        advice=False, log="error")
+        settings: dict[str, Any] = {"granularity": granularity,
+                                    "summary": "recorder" in extras, "advice": False,
+                                    "log": "error"}
         if len(parts) > 2:
             settings["native"] = parts[2] == "native"
         saved = {key: os.environ.get(key) for key in GPU_TIMER_ENV}
@@ -212,7 +213,7 @@ def build_control() -> Path:
     out.parent.mkdir(exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     proc = subprocess.run([os.environ.get("CC", "gcc"), "-shared", "-fPIC", "-O2", "-o",
-                           str(tmp), str(CONTROL)], capture_output=True, text=True)
+                           str(tmp), str(CONTROL)], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"could not build {CONTROL.name} (valgrind's headers: the valgrind "
                          f"package): {proc.stderr.strip().splitlines()[-1:]}")
@@ -296,7 +297,7 @@ def count(names: list[str], env: dict[str, str], layout: int, package: Path, see
              sys.executable, str(Path(__file__).resolve()), "--package", str(package),
              "--seed", str(seed), "--rounds", str(rounds), "--configs", ",".join(names),
              "--child"],
-            env=env, capture_output=True, text=True)
+            env=env, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"callgrind run: exit {proc.returncode}\n{proc.stderr[-3000:]}")
         totals = _dumps(out)

@@ -8,14 +8,18 @@ is imported at start-up by the ``.pth`` hook.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .common.version import __version__
+
+if TYPE_CHECKING:
+    from .agent import Agent
+    from .user_ranges import Annotation
 
 __all__ = ["__version__", "annotate", "install", "uninstall"]
 
 
-def install(**settings: Any):
+def install(**settings: Any) -> Agent | None:
     """Start the agent; keyword settings override ``CHAINER_PROF_*`` variables.
 
     Returns the agent (``None`` when switched off by ``enable=False``).  A
@@ -33,7 +37,7 @@ def uninstall() -> None:
     _uninstall()
 
 
-def annotate(name: str):
+def annotate(name: str) -> Annotation:
     """A user range ``name`` in the agent's domain: context manager and decorator."""
     from .user_ranges import Annotation  # likewise
 

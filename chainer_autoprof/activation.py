@@ -38,7 +38,7 @@ def launcher_process() -> bool:
         return True
     if argv[0] != "-m":
         return False
-    orig = getattr(sys, "orig_argv", None) or []
+    orig: list[str] = getattr(sys, "orig_argv", None) or []
     for i, arg in enumerate(orig[1:], 1):
         if arg == "-m":
             return i + 1 < len(orig) and orig[i + 1] == LAUNCHER_MODULE
@@ -71,9 +71,9 @@ def activate() -> None:
         from .agent import activate_from_env  # likewise: the .pth line imports this module
 
         activate_from_env()
-    except Exception as exc:  # interpreter start-up must never fail because of us
+    except Exception as exc:  # interpreter start-up must never fail because of us  # noqa: BLE001
         try:
             sys.stderr.write(f"chainer_autoprof: start-up activation failed "
                              f"({type(exc).__name__}: {exc}); the agent stays off\n")
-        except Exception:
+        except Exception:  # stderr itself failed: nowhere to say it  # noqa: BLE001
             pass

@@ -20,7 +20,7 @@ import importlib.util
 import os
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import wrapt
 
@@ -43,6 +43,9 @@ from .runtime.policies import CaptureWindow, SyncPolicy
 from .sinks.clock import ClockSink
 from .sinks.nvtx import NvtxSink, make_nvtx_sink
 from .sinks.recorder import Recorder
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 _lock = threading.RLock()
 _agent: Agent | None = None
@@ -90,7 +93,7 @@ class Agent:
             if cfg.gc else None
         self.gpu = self._gpu_session()
         self.monitor = self._monitor()
-        self.chainer: Any = None
+        self.chainer: ModuleType | None = None
         self.active = True
         self.closed = False
         self.version_ok: bool | None = None
@@ -98,7 +101,7 @@ class Agent:
     def _add_sinks(self) -> None:
         try:
             self.nvtx = make_nvtx_sink(self.cfg.domain, self.hotpath)
-        except Exception as exc:
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.warning(f"NVTX unavailable ({exc}); ranges are recorded in-process only")
         if self.nvtx is not None:
             self.tracer.add_sink(self.nvtx)
@@ -149,6 +152,7 @@ class Agent:
         # the run's metadata lives with the end of the run: loaded at the first background write
         from .lifecycle.finish import partial_metadata
 
+        assert self.recorder is not None  # a trace so far is written only with a recorder
         return partial_metadata(self.cfg, self.tracer, self.recorder)
 
     @property
@@ -164,8 +168,10 @@ class Agent:
     # -- hooks ----------------------------------------------------------------
     def start(self) -> None:
         for library in dict.fromkeys(inst.library for inst in self.instrumentors):
-            wrapt.register_post_import_hook(
-                lambda module, library=library: self._on_import(library, module), library)
+            def imported(module: ModuleType, library: str = library) -> None:
+                self._on_import(library, module)
+
+            wrapt.register_post_import_hook(imported, library)
         if self.gpu is not None:  # CUPTI from CuPy's import on: before any kernel it launches
             wrapt.register_post_import_hook(lambda module: self._start_gpu(), "cupy")
         if self.recorder is not None:
@@ -193,7 +199,7 @@ class Agent:
         if self.active and self.gpu is not None:
             self.gpu.start()
 
-    def _on_import(self, library: str, module: Any) -> None:
+    def _on_import(self, library: str, module: ModuleType) -> None:
         """Post-import hook: apply the library's patch sets; never fail its import."""
         if not self.active:
             return
@@ -205,7 +211,7 @@ class Agent:
                 self.all_patches(), chainer_imported=True, trained=False,
                 implementation=self.hotpath.describe()))
 
-    def _instrument(self, inst: Instrumentor, module: Any) -> None:
+    def _instrument(self, inst: Instrumentor, module: ModuleType) -> None:
         if any(not self._applied(lib) for lib in inst.requires):
             return  # e.g. ChainerMN while Chainer runs uninstrumented
         why = inst.unsupported(module)
@@ -221,12 +227,12 @@ class Agent:
             for patch in inst.patches:
                 if patch.status == "failed":
                     log.warning(f"could not instrument {patch.label}: {patch.reason}")
-        except Exception as exc:
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"could not instrument {inst.name} ({type(exc).__name__}: {exc}); "
                       "running uninstrumented")
             try:
                 inst.remove()
-            except Exception:
+            except Exception:  # undoing a half-applied set: the error is said above  # noqa: BLE001
                 pass
 
     def _applied(self, library: str) -> bool:
@@ -260,7 +266,7 @@ class Agent:
             else:
                 processes.close_at_worker_exit(self, self.at_exit)
                 self.monitor.start()
-        except Exception as exc:
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"could not reset after fork: {exc}")
 
     def switch_off(self) -> None:
@@ -291,7 +297,7 @@ class Agent:
         self._stop_watching()
         try:
             self.tracer.close()
-        except Exception as exc:
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"could not finish cleanly: {type(exc).__name__}: {exc}")
         gpu = self._finish_gpu()
         if self.recorder is not None:
@@ -310,7 +316,7 @@ class Agent:
                                    gpu=gpu)
                 final_written = stats is None or not self.cfg.trace or \
                     bool(stats.meta.get("trace_path"))
-            except Exception as exc:
+            except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
                 log.error(f"no summary or trace ({type(exc).__name__}: {exc})")
             self.monitor.finish(final_written)
         try:
@@ -324,13 +330,13 @@ class Agent:
             if missed:
                 log.warning("never hit although iterations ran: " + ", ".join(missed)
                             + " (run with CHAINER_PROF_LOG=debug for the status report)")
-        except Exception as exc:
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"no status report: {exc}")
         try:  # other threads pop their NVTX ranges at their next instrumented call
             if not self.tracer.wait_for_threads(THREAD_UNWIND_WAIT_S):
                 log.info("ranges left open in NVTX by threads that made no instrumented call "
                          "at exit (the recorder's view ends them at exit)")
-        except Exception as exc:
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"could not wait for other threads: {type(exc).__name__}: {exc}")
 
     def _finish_gpu(self) -> Any:
@@ -344,7 +350,7 @@ class Agent:
             self.gc_ranges.remove()
         try:
             self.monitor.stop()
-        except Exception as exc:
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"could not stop the monitor: {type(exc).__name__}: {exc}")
 
     def uninstall(self) -> None:
@@ -353,7 +359,7 @@ class Agent:
         if self.gpu is not None:
             try:  # collection stops; no figures are reported
                 self.gpu.stop()
-            except Exception as exc:
+            except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
                 log.error(f"GPU activity: {type(exc).__name__}: {exc}")
         for inst in reversed(self.instrumentors):
             if inst.module is not None:
@@ -362,17 +368,17 @@ class Agent:
         try:  # ranges still open on this thread end now: nothing would end them later
             self.tracer.close_thread(self.tracer.state())
             self.tracer.forget_thread()
-        except Exception as exc:
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"could not close open ranges: {type(exc).__name__}: {exc}")
         try:
             atexit.unregister(self.at_exit)
             exit_hooks.uninstall()
             tracebacks.uninstall_excepthook()
-        except Exception:
+        except Exception:  # uninstalling: each part undoes what it can  # noqa: BLE001
             pass
 
 
-def _replay(cfg: Config, tracer: Any) -> Any:
+def _replay(cfg: Config, tracer: Tracer) -> Any:
     """The replay experiment's data hooks (``CHAINER_PROF_REPLAY_BATCH=1``), else ``None``."""
     if not cfg.replay_batch:
         return None
@@ -383,7 +389,7 @@ def _replay(cfg: Config, tracer: Any) -> Any:
     return Replay(tracer.facts)
 
 
-def _probes(cfg: Config, tracer: Any) -> Any:
+def _probes(cfg: Config, tracer: Tracer) -> Any:
     """Run-time facts for the advice, when advice is printed or a trace is written."""
     if not (cfg.advice or cfg.trace):
         return None
@@ -464,6 +470,6 @@ def activate_from_env() -> None:
         install()
     except SettingsError as exc:
         sys.stderr.write(f"chainer_autoprof: {exc}; the agent stays off\n")
-    except Exception as exc:
+    except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
         sys.stderr.write(f"chainer_autoprof: could not start ({type(exc).__name__}: {exc}); "
                          "the agent stays off\n")

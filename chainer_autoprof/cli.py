@@ -18,7 +18,7 @@ import os
 import re
 import sys
 import textwrap
-from typing import Sequence
+from typing import Literal, Sequence
 
 from .common.settings import BY_NAME, PREFIX, SETTINGS, Setting, SettingsError, from_environ
 from .common.version import __version__
@@ -50,7 +50,7 @@ class LaunchArgs:
 
     def __init__(self) -> None:
         self.action = "run"  # run | help | version
-        self.kind = "path"  # path | module
+        self.kind: Literal["path", "module"] = "path"
         self.target = ""
         self.args: list[str] = []
         self.flags: dict[str, str] = {}  # setting name -> value text, in the order given
@@ -204,7 +204,7 @@ def settings_environ(flags: dict[str, str], environ: dict[str, str]) -> dict[str
     except SettingsError as exc:
         from_flags = {BY_NAME[name].env: BY_NAME[name].flag for name in flags}
 
-        def name_it(match: re.Match) -> str:
+        def name_it(match: re.Match[str]) -> str:
             return from_flags.get(match.group(0), match.group(0))
 
         raise UsageError(_ENV_NAME.sub(name_it, str(exc))) from None
@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if from_environ().enable:
         try:
             _install_agent()
-        except Exception as exc:  # never keep the script from running
+        except Exception as exc:  # never keep the script from running  # noqa: BLE001
             sys.stderr.write(f"chainer_autoprof: could not start ({type(exc).__name__}: "
                              f"{exc}); running without the agent\n")
     exec_target(args.kind, args.target, args.args)

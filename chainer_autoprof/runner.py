@@ -48,7 +48,7 @@ def _install_main() -> types.ModuleType:
     if old is not None:
         _displaced_mains.append(old)
     main = types.ModuleType("__main__")
-    main.__builtins__ = builtins
+    main.__builtins__ = builtins  # type: ignore[attr-defined]  # set by the interpreter, untyped
     main.__annotations__ = {}
     sys.modules["__main__"] = main
     return main
@@ -97,7 +97,7 @@ def run_path(path: str, argv: list[str]) -> None:
         code = compile(data, filename, "exec", dont_inherit=True)
         main.__loader__ = SourceFileLoader("__main__", filename)
     main.__file__ = filename
-    main.__cached__ = None
+    main.__cached__ = None  # type: ignore[attr-defined]  # (same)
     try:
         exec(code, main.__dict__)
     finally:  # python forgets these once the script is done
@@ -148,7 +148,7 @@ def _report(exc: BaseException) -> None:
     hook = getattr(sys, "excepthook", None) or sys.__excepthook__
     try:
         hook(type(exc), exc, tb)
-    except Exception as hook_exc:
+    except Exception as hook_exc:  # our error: one line, the program goes on  # noqa: BLE001
         print("Error in sys.excepthook:", file=sys.stderr)
         sys.__excepthook__(type(hook_exc), hook_exc, hook_exc.__traceback__)
         print("\nOriginal exception was:", file=sys.stderr)
@@ -191,6 +191,6 @@ def exec_target(kind: Literal["path", "module"], target: str, args: list[str]) -
         _report(exc)
         _silence(exc)
         raise
-    except BaseException as exc:
+    except BaseException as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
         _report(exc)
         raise SystemExit(1) from None

@@ -7,10 +7,13 @@ Not named ``annotate``: a submodule of that name would replace the package's
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from . import agent
 from .common import log, names
+
+if TYPE_CHECKING:
+    from .common.typedefs import AnyFunction
 
 
 def _report(exc: Exception) -> None:
@@ -40,7 +43,7 @@ class Annotation:
                 ts = tracer.state()
                 ts.user.append(None)  # the slot first: a failing begin still pairs with __exit__
                 ts.user[-1] = tracer.begin(tracer.info(self.name, names.USER), ts)
-            except Exception as exc:
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 _report(exc)
         return self
 
@@ -52,10 +55,10 @@ class Annotation:
                 ts = tracer.state()
                 if ts.user:
                     tracer.end_block(ts.user.pop(), ts)
-            except Exception as err:
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 _report(err)
 
-    def __call__(self, func: Callable) -> Callable:
+    def __call__(self, func: AnyFunction) -> AnyFunction:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with self:

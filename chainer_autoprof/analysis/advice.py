@@ -13,12 +13,18 @@ fails the tests (:func:`..common.log.contained`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..common import figures as fmt
 from ..common import log
 from . import verdict as vd
+from .gpu_evidence import on_gpu
 from .outliers import OUTLIER_FACTOR, slow_iterations, stutter
+
+if TYPE_CHECKING:
+    from ..common.typedefs import Facts
+    from .stats import RunStats
+    from .verdict import Verdict
 
 PERFORMANCE_DOC = "https://docs.chainer.org/en/stable/performance.html"
 GC_DOC = "https://docs.python.org/3/library/gc.html#gc.freeze"
@@ -40,17 +46,17 @@ class Finding:
     link: str
 
 
-def _config(facts: dict[str, Any]) -> dict[str, Any]:
+def _config(facts: Facts) -> dict[str, Any]:
     return facts.get("config") or {}
 
 
-def _gpu_params(facts: dict[str, Any]) -> int:
+def _gpu_params(facts: Facts) -> int:
     return int((facts.get("params") or {}).get("gpu") or 0)
 
 
 # -- the checks ------------------------------------------------------------------------
 
-def check_type_check(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_type_check(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     if not _config(facts).get("type_check"):
         return None
     calls = vd.functions_per_iteration(stats)
@@ -76,7 +82,7 @@ def check_type_check(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding
         f"{PERFORMANCE_DOC}#fine-tune-configuration")
 
 
-def check_autotune(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_autotune(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     conv = facts.get("conv_links") or {}
     cfg = _config(facts)
     cuda = facts.get("cuda") or {}
@@ -94,7 +100,7 @@ def check_autotune(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding |
         f"{PERFORMANCE_DOC}#auto-tuner")
 
 
-def check_cudnn(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_cudnn(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     if not _gpu_params(facts):
         return None
     cuda = facts.get("cuda") or {}
@@ -123,7 +129,7 @@ def check_cudnn(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | No
         f"{PERFORMANCE_DOC}#using-gpu")
 
 
-def _conv_gpu_share(stats: Any) -> str:
+def _conv_gpu_share(stats: RunStats) -> str:
     """The convolutions' share of the links' GPU time, where the run tells it (sync level 3
     link ranges, or an activity record)."""
     links, how = vd.gpu_links(stats, n=len(stats.links) or vd.TOP_LINKS)
@@ -135,7 +141,7 @@ def _conv_gpu_share(stats: Any) -> str:
             f"time ({fmt.ms(conv)} per iteration; {how})")
 
 
-def check_eval_backprop(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_eval_backprop(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     found = [e for e in facts.get("evaluation") or () if e.get("graph_functions")]
     if not found:
         return None
@@ -157,7 +163,7 @@ def check_eval_backprop(stats: Any, verdict: Any, facts: dict[str, Any]) -> Find
         f"{PERFORMANCE_DOC}#fine-tune-configuration")
 
 
-def check_float64_gpu(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_float64_gpu(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     params = facts.get("params") or {}
     examples = params.get("float64_gpu_examples")
     if not params.get("gpu") or not examples:
@@ -173,7 +179,7 @@ def check_float64_gpu(stats: Any, verdict: Any, facts: dict[str, Any]) -> Findin
         f"{CONFIG_DOC}")
 
 
-def check_transfers(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_transfers(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     info = facts.get("transfers") or {}
     seen_in = int(info.get("iterations") or 0)
     total = stats.iterations + stats.warmup
@@ -192,9 +198,9 @@ def check_transfers(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding 
         f"{PERFORMANCE_DOC}#avoid-data-transfer")
 
 
-def check_blas(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_blas(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     blas = facts.get("blas")
-    if not blas or _gpu_params(facts) or vd.on_gpu(stats):
+    if not blas or _gpu_params(facts) or on_gpu(stats):
         return None
     optimized = blas.get("optimized")
     gflops = blas.get("gflops")
@@ -216,7 +222,7 @@ def check_blas(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | Non
         f"{PERFORMANCE_DOC}#using-cpu")
 
 
-def check_serial_iterator(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_serial_iterator(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     if facts.get("iterator") != "SerialIterator" or verdict is None:
         return None
     if verdict.kind != "input-bound" and not any(a.startswith("input-bound")
@@ -235,7 +241,7 @@ def check_serial_iterator(stats: Any, verdict: Any, facts: dict[str, Any]) -> Fi
         f"{PERFORMANCE_DOC}#load-datasets-concurrently")
 
 
-def check_warmup(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_warmup(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     warm_ms = stats.outside_ms.get("warm-up", 0.0)
     if not stats.warmup or not warm_ms or not stats.iterations or vd.is_replay(stats):
         return None  # (a replay run loads its first batch for real: not a warm-up cost)
@@ -265,7 +271,7 @@ def check_warmup(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | N
         f"{PERFORMANCE_DOC}#auto-tuner")
 
 
-def check_gc(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_gc(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     """Garbage collection takes a share of the iterations, or makes some of them slow."""
     gc = facts.get("gc")
     if not isinstance(gc, dict) or not stats.iteration_total_ms:
@@ -304,7 +310,7 @@ def check_gc(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
         GC_DOC)
 
 
-def check_slow_extension(stats: Any, verdict: Any, facts: dict[str, Any]) -> Finding | None:
+def check_slow_extension(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
     """Slow iterations explained by an extension or an evaluation run inside them."""
     found = [s for s in slow_iterations(stats)
              if s.cause == "range" and (s.name.startswith("extension:") or
@@ -331,7 +337,7 @@ CHECKS: tuple[Callable[[Any, Any, dict[str, Any]], Finding | None], ...] = (
 )
 
 
-def check(stats: Any, verdict: Any = None) -> list[Finding]:
+def check(stats: RunStats, verdict: Verdict | None = None) -> list[Finding]:
     """Every finding for ``stats`` (the verdict is computed when not given)."""
     if not stats.iterations:
         return []
@@ -342,7 +348,7 @@ def check(stats: Any, verdict: Any = None) -> list[Finding]:
     for fn in CHECKS:
         try:
             finding = fn(stats, verdict, facts)
-        except Exception as exc:  # our bug, or a fact of a shape it does not expect
+        except Exception as exc:  # our bug, or a fact of a shape it does not expect  # noqa: BLE001
             log.warning(log.contained(f"advice check {fn.__name__}", exc), once=True)
             finding = None
         if finding is not None:

@@ -42,7 +42,7 @@ millions of iterations.
 from __future__ import annotations
 
 from array import array
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -62,6 +62,12 @@ from .stats import (
     LinkStat,
     RunStats,
 )
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike, NDArray
+
+    I64 = NDArray[np.int64]  # the recorder's int64 rows and the columns cut from them
+    Mask = NDArray[np.bool_]
 
 # Kinds of a range name, for aggregation.
 _K_SKIP, _K_ITER, _K_LINK, _K_LINK_BWD, _K_QUIET, _K_OTHER, _K_GC = 0, 1, 2, 3, 4, 5, 6
@@ -92,7 +98,7 @@ class Series:
         self.skip = 0  # rows to pass over before the next kept one
         self.values = [array("d") for _ in range(width)]
 
-    def extend(self, rows: Any) -> None:
+    def extend(self, rows: ArrayLike) -> None:
         """Add the rows of a 2-D float array (one row per iteration)."""
         rows = np.asarray(rows, dtype=np.float64)
         k = len(rows)
@@ -131,13 +137,13 @@ class _ThreadAgg:
         self.counted = 0
         self.iter_total = 0
         self.phase_total = [0, 0, 0, 0, 0]
-        self.link_totals: Any = None     # int64 array (link keys, 5)
+        self.link_totals: I64 | None = None  # int64 array (link keys, 5)
         self.series: Series | None = None  # made at the first counted iteration
         self.gc_total = 0                # collection time inside counted iterations
         self.slowest: SlowestIterations | None = None  # made at the first slow candidate
         self.phase_ns = [0, 0, 0, 0]     # phases of the iteration still open
         self.child_ns: dict[int, int] = {}  # depth -> child link time of the open range there
-        self.links: Any = None           # link figures not yet assigned to an iteration
+        self.links: I64 | None = None        # link figures not yet assigned to an iteration
         self.last_top_end = start_ns
         self.gap_pending = 0
         self.named_pending: dict[str, int] = {}  # named ranges after the last iteration, by key
@@ -147,8 +153,8 @@ class _ThreadAgg:
         self.nested_held = 0             # ...and how many
         self.outside: dict[str, int] = {}
         self.iterations = 0
-        self.gc_pending: Any = None      # (t0, duration) of gc ranges not yet in an iteration
-        self.tail: Any = None            # rows of the open iteration (not links or functions)
+        self.gc_pending: I64 | None = None  # (t0, duration) of gc ranges not yet in an iteration
+        self.tail: I64 | None = None        # rows of the open iteration (not links or functions)
         self.wait_ns = [0] * len(PHASE_KEYS)     # waits of the iteration still open, per place
         self.wait_total = [0] * len(PHASE_KEYS)  # waits inside counted iterations, per place
         self.waits_seen = False
@@ -181,7 +187,7 @@ class Aggregator:
         self.wait_places: list[int] = []   # PHASE_KEYS index per wait name index (-1: outside)
         self.link_keys: list[str] = []
         self._link_key_index: dict[str, int] = {}
-        self._np_tables: Any = None
+        self._np_tables: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None
         self.threads: dict[int, _ThreadAgg] = {}
         self.max_kept = max_kept
         self.seen = 0                      # iterations seen, every thread, warm-up included
@@ -214,7 +220,7 @@ class Aggregator:
             self.link_ids[index] = lid
         self._np_tables = None
 
-    def _tables(self) -> tuple[Any, Any]:
+    def _tables(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         tables = self._np_tables
         n = min(len(self.kinds), len(self.link_ids))  # another thread may be adding a name
         if tables is None or len(tables[0]) != n:
@@ -223,7 +229,7 @@ class Aggregator:
         return tables
 
     # -- feeding --------------------------------------------------------------
-    def feed(self, tid: int, rows: Any) -> None:
+    def feed(self, tid: int, rows: ArrayLike) -> None:
         """Aggregate a block of rows of thread ``tid``, in end order.
 
         ``rows``: an int64 array of shape ``(n, 4)`` (or anything NumPy turns
@@ -280,7 +286,7 @@ class Aggregator:
         self._keep_tail(th, a, kind, it_pos)
         self._top_level(th, kind, index, t0, t1, depth, dur, is_iter, it_pos, it_counted)
 
-    def _phases(self, th: _ThreadAgg, kind: Any, dur: Any, is_iter: Any) -> Any:
+    def _phases(self, th: _ThreadAgg, kind: I64, dur: I64, is_iter: Mask) -> I64:
         """(iterations in block, 4) phase sums; the phases of an open iteration are carried.
 
         A phase belongs to the range holding it: the next iteration or no-update range to end
@@ -314,7 +320,7 @@ class Aggregator:
         th.phase_ns = carried
         return sums
 
-    def _waits(self, th: _ThreadAgg, kind: Any, index: Any, dur: Any, is_iter: Any) -> Any:
+    def _waits(self, th: _ThreadAgg, kind: I64, index: I64, dur: I64, is_iter: Mask) -> I64:
         """(iterations in block, 5) the agent's waits per place; an open iteration's are carried.
 
         A wait belongs, as a phase does, to the range holding it: the next iteration or
@@ -352,7 +358,7 @@ class Aggregator:
         th.wait_ns = carried
         return sums
 
-    def _gc(self, th: _ThreadAgg, kind: Any, t0: Any, dur: Any, it_pos: Any) -> Any:
+    def _gc(self, th: _ThreadAgg, kind: I64, t0: I64, dur: I64, it_pos: I64) -> Any:
         """Collection time inside each iteration of the block; later ones are carried."""
         n_it = len(it_pos)
         sums = np.zeros(n_it, dtype=np.int64)
@@ -375,7 +381,7 @@ class Aggregator:
         th.gc_pending = pending
         return sums
 
-    def _keep_tail(self, th: _ThreadAgg, a: Any, kind: Any, it_pos: Any) -> None:
+    def _keep_tail(self, th: _ThreadAgg, a: I64, kind: I64, it_pos: I64) -> None:
         """Keep the rows after the block's last iteration (no links, no functions)."""
         start = int(it_pos[-1]) + 1 if len(it_pos) else 0
         rest = a[start:]
@@ -385,8 +391,8 @@ class Aggregator:
         elif len(rest):
             th.tail = np.vstack([th.tail, rest])[-_TAIL_ROWS:]
 
-    def _slowest(self, th: _ThreadAgg, a: Any, kind: Any, it_pos: Any, it_counted: Any,
-                 table: Any, seq: Any) -> None:
+    def _slowest(self, th: _ThreadAgg, a: I64, kind: I64, it_pos: I64, it_counted: Mask,
+                 table: I64, seq: I64) -> None:
         """Offer the block's slowest counted iterations, with their details, to the keeper."""
         keeper = th.slowest
         if keeper is None:
@@ -401,7 +407,7 @@ class Aggregator:
             number = packed - 1 if packed > 0 else int(seq[j]) - 1
             keeper.add(int(table[j, 0]), self._details(th, a, kind, it_pos, j, table[j], number))
 
-    def _details(self, th: _ThreadAgg, a: Any, kind: Any, it_pos: Any, j: int, row: Any,
+    def _details(self, th: _ThreadAgg, a: I64, kind: I64, it_pos: I64, j: int, row: I64,
                  number: int) -> dict[str, Any]:
         """What ran inside iteration ``j`` of the block: phases, collections, named ranges."""
         p = int(it_pos[j])
@@ -434,16 +440,16 @@ class Aggregator:
             return "other"
 
         gc_rows = sorted(([self.gens[i] if i < len(self.gens) else 0, (t1 - t0) / 1e6,
-                           phase_of(t0, t1)] for i, t0, t1 in gcs), key=lambda r: -r[1])
+                           phase_of(t0, t1)] for i, t0, t1 in gcs), key=_longest_first)
         ranges = sorted(([self.names[i] if i < len(self.names) else "?", (t1 - t0) / 1e6,
-                          phase_of(t0, t1)] for i, t0, t1, _k in named), key=lambda r: -r[1])
+                          phase_of(t0, t1)] for i, t0, t1, _k in named), key=_longest_first)
         values = (row / 1e6).tolist()
         return {"iteration": number, "ms": values[0],
                 "phases": {key: values[1 + i] for i, key in enumerate(PHASE_KEYS)},
                 "gc_ms": values[6], "gc": gc_rows[:5], "ranges": ranges[:3]}
 
-    def _links(self, th: _ThreadAgg, a: Any, kind: Any, depth: Any, dur: Any, is_iter: Any,
-               it_pos: Any, it_counted: Any, link_ids_t: Any) -> None:
+    def _links(self, th: _ThreadAgg, a: I64, kind: I64, depth: I64, dur: I64, is_iter: Mask,
+               it_pos: I64, it_counted: Mask, link_ids_t: I64) -> None:
         """Link calls, inclusive/self time and attributed backward time, per counted iteration."""
         n = len(a)
         is_link = kind == _K_LINK
@@ -488,11 +494,11 @@ class Aggregator:
         ids = link_ids_t[a[lk, 0]]
         ones = is_link[lk].astype(np.int64)
         bwd = 1 - ones
-        d = dur[lk]
-        self_ns = (d - child[lk]) * ones
-        cols = (ones, d * ones, self_ns, bwd, d * bwd)
+        d_lk = dur[lk]
+        self_ns = (d_lk - child[lk]) * ones
+        cols = (ones, d_lk * ones, self_ns, bwd, d_lk * bwd)
 
-        def block(sel: Any) -> Any:
+        def block(sel: Mask) -> I64:
             return np.column_stack([_bincount(ids[sel], col[sel], n_keys) for col in cols])
 
         if keep.any():
@@ -502,15 +508,15 @@ class Aggregator:
             th.links = part if th.links is None else _grow(th.links, n_keys) + part
 
     @staticmethod
-    def _add_links(th: _ThreadAgg, part: Any) -> None:
+    def _add_links(th: _ThreadAgg, part: I64) -> None:
         if th.link_totals is None:
             th.link_totals = part.copy()
         else:
             n = max(len(th.link_totals), len(part))
             th.link_totals = _grow(th.link_totals, n) + _grow(part, n)
 
-    def _top_level(self, th: _ThreadAgg, kind: Any, index: Any, t0: Any, t1: Any, depth: Any,
-                   dur: Any, is_iter: Any, it_pos: Any, it_counted: Any) -> None:
+    def _top_level(self, th: _ThreadAgg, kind: I64, index: I64, t0: I64, t1: I64, depth: I64,
+                   dur: I64, is_iter: Mask, it_pos: I64, it_counted: Mask) -> None:
         """Wall-time accounting of the depth-0 ranges and the gaps between them.
 
         Only what runs between two iterations is between iterations: a gap or a named range
@@ -527,6 +533,7 @@ class Aggregator:
         warm_in = np.zeros(len(top) + 1, dtype=np.int64)
         held = np.zeros(len(top) + 1, dtype=np.int64)  # and how many
         if len(nested):
+            assert nested_counted is not None  # made above whenever nested is not empty
             owner = np.searchsorted(top, nested)
             counted_in += _bincount(owner, dur[nested] * nested_counted, len(top) + 1)
             warm_in += _bincount(owner, dur[nested] * ~nested_counted, len(top) + 1)
@@ -669,27 +676,28 @@ class Aggregator:
         return RunStats(**fields)
 
 
-def _wanted(kinds: Any) -> Any:
+def _wanted(kinds: I64) -> Mask:
     """Rows the slow-iteration details look at: phases, collections, named ranges."""
-    return ((kinds >= _K_PHASE0) | (kinds == _K_GC) | (kinds == _K_QUIET) | (kinds == _K_OTHER)
-            | (kinds == _K_NO_UPDATE))
+    wanted: Mask = ((kinds >= _K_PHASE0) | (kinds == _K_GC) | (kinds == _K_QUIET)
+                    | (kinds == _K_OTHER) | (kinds == _K_NO_UPDATE))
+    return wanted
 
 
-def _sum_by(keys: Any, values: Any) -> list[tuple[int, int]]:
+def _sum_by(keys: I64, values: I64) -> list[tuple[int, int]]:
     """``(key, sum of values)`` for each distinct key (small non-negative ints)."""
     uniq, inverse = np.unique(keys, return_inverse=True)
     sums = _bincount(inverse, values, len(uniq))
     return list(zip(uniq.tolist(), sums.tolist()))
 
 
-def _bincount(bins: Any, values: Any, size: int) -> Any:
+def _bincount(bins: I64, values: I64, size: int) -> I64:
     """Integer sums of ``values`` per bin (exact below 2**53 ns, about 104 days)."""
     if not len(bins):
         return np.zeros(size, dtype=np.int64)
     return np.rint(np.bincount(bins, weights=values, minlength=size)).astype(np.int64)
 
 
-def _grow(table: Any, rows: int) -> Any:
+def _grow(table: I64, rows: int) -> I64:
     """``table`` padded with zero rows to ``rows`` rows."""
     if len(table) >= rows:
         return table
@@ -721,3 +729,9 @@ def _kind_of(name: str, category: str) -> tuple[int, str]:
         return _K_WAIT, name
     return _K_OTHER, name
 
+
+
+def _longest_first(row: Sequence[Any]) -> float:
+    """Sort key of a ``[name, ms, phase]`` row: the longest first."""
+    ms: float = row[1]
+    return -ms

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from .gpu_attribution import AttributedOps, LaunchAttributor
 from .gpu_clock import ClockMap
 from .gpu_figures import GpuFigureBuilder, GpuFigures
 from .stats import MAX_KEPT_ITERATIONS
+
+if TYPE_CHECKING:
+    from ..common.typedefs import RangeRows
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ class GpuAnalysis:
     def map_thread(self, cupti_thread: int, tid: int) -> None:
         self._take(self.attributor.map_thread(cupti_thread, tid))
 
-    def feed_ranges(self, tid: int, rows: Any) -> None:
+    def feed_ranges(self, tid: int, rows: RangeRows) -> None:
         self._take(self.attributor.feed_ranges(tid, rows))
 
     def thread_finished(self, tid: int) -> None:

@@ -33,7 +33,7 @@ newest :attr:`max_ranges` ranges (a launch older than those is counted as such).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +42,9 @@ from ..common import names
 from ..common.gpu_records import ActivityBatch, ApiCalls, Columns, GpuOps
 from .gpu_clock import ClockMap
 from .stats import DEPTH_BITS, DEPTH_MASK, PHASE_KEYS
+
+if TYPE_CHECKING:
+    from ..common.typedefs import RangeRows
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -253,7 +256,7 @@ class LaunchAttributor:
         return self._tables
 
     # -- ranges -------------------------------------------------------------------------
-    def feed_ranges(self, tid: int, rows: Any) -> AttributedOps:
+    def feed_ranges(self, tid: int, rows: RangeRows) -> AttributedOps:
         """A block of thread ``tid``'s ranges, in end order (the recorder's int64 rows)."""
         a = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
         th = self.threads.get(tid)

@@ -60,7 +60,8 @@ class ClockMap:
         """CUPTI nanoseconds -> ``perf_counter_ns`` nanoseconds (int64 arrays)."""
         c = np.asarray(cupti_ns, dtype=np.int64)
         delta = (c - self.cupti0).astype(np.float64)
-        return self.perf0 + np.rint(delta * self.slope + self.offset).astype(np.int64)
+        perf: Int64Array = self.perf0 + np.rint(delta * self.slope + self.offset).astype(np.int64)
+        return perf
 
     def to_agent_one(self, cupti_ns: int) -> int:
         return int(self.to_agent(np.array([cupti_ns], dtype=np.int64))[0])

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .stats import PHASE_KEYS, median
+
+if TYPE_CHECKING:
+    from .stats import RunStats
 
 #: An iteration at least this many times the median iteration is slow.
 OUTLIER_FACTOR = 2.0
@@ -76,11 +79,11 @@ class SlowIteration:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-def _phase_medians(stats: Any) -> dict[str, float]:
+def _phase_medians(stats: RunStats) -> dict[str, float]:
     return {key: median(stats.phase_ms.get(key, [])) for key in PHASE_KEYS}
 
 
-def explain(details: dict[str, Any], stats: Any) -> SlowIteration:
+def explain(details: dict[str, Any], stats: RunStats) -> SlowIteration:
     """What made the iteration in ``details`` slow, against the median iteration of ``stats``."""
     med = stats.median()
     ms = float(details.get("ms", 0.0))
@@ -124,7 +127,7 @@ def explain(details: dict[str, Any], stats: Any) -> SlowIteration:
     return out
 
 
-def slow_iterations(stats: Any, factor: float = OUTLIER_FACTOR) -> list[SlowIteration]:
+def slow_iterations(stats: RunStats, factor: float = OUTLIER_FACTOR) -> list[SlowIteration]:
     """The kept iterations at least ``factor`` times the median, slowest first, each explained."""
     med = stats.median()
     if med <= 0 or not stats.iterations:
@@ -148,7 +151,7 @@ class Stutter:
     median_ms: float = 0.0
 
 
-def stutter(stats: Any, factor: float = OUTLIER_FACTOR) -> Stutter:
+def stutter(stats: RunStats, factor: float = OUTLIER_FACTOR) -> Stutter:
     """The slow iterations' share of the iteration time; how many of them collections explain."""
     values = stats.iteration_ms
     med = stats.median()

@@ -33,7 +33,7 @@ class MalformedError(ValueError):
     """A value that is not what the agent writes: ``str(err)`` is the one line to show."""
 
 
-def shown(value: Any) -> str:
+def shown(value: object) -> str:
     """``value`` as an error line shows it (cut to 40 characters)."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -44,7 +44,7 @@ class Kind:
 
     doc = "any JSON value"
 
-    def check(self, value: Any, where: str) -> Any:
+    def check(self, value: object, where: str) -> Any:
         """``value`` if it is of this kind, else :class:`MalformedError` naming ``where``."""
         return value
 
@@ -67,7 +67,7 @@ class Int(Kind):
         else:
             self.doc = f"integer >= {lo}"
 
-    def check(self, value: Any, where: str) -> int:
+    def check(self, value: object, where: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise MalformedError(f"{where} is {shown(value)}, not an integer")
         if not self.lo <= value <= self.hi:
@@ -85,7 +85,7 @@ class Number(Kind):
         self.lo, self.hi = lo, hi
         self.doc = "number >= 0" if lo == 0 else "number"
 
-    def check(self, value: Any, where: str) -> float:
+    def check(self, value: object, where: str) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise MalformedError(f"{where} is {shown(value)}, not a number")
         if not math.isfinite(value) or not self.lo <= value <= self.hi:
@@ -99,7 +99,7 @@ class Number(Kind):
 class Text(Kind):
     doc = "string"
 
-    def check(self, value: Any, where: str) -> str:
+    def check(self, value: object, where: str) -> str:
         if not isinstance(value, str):
             raise MalformedError(f"{where} is {shown(value)}, not a string")
         return value
@@ -111,7 +111,7 @@ class Text(Kind):
 class Bool(Kind):
     doc = "true/false"
 
-    def check(self, value: Any, where: str) -> bool:
+    def check(self, value: object, where: str) -> bool:
         if not isinstance(value, bool):
             raise MalformedError(f"{where} is {shown(value)}, not true/false")
         return value
@@ -122,7 +122,7 @@ class Object(Kind):
 
     doc = "object"
 
-    def check(self, value: Any, where: str) -> dict[str, Any]:
+    def check(self, value: object, where: str) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise MalformedError(f"{where} is {shown(value)}, not an object")
         return value
@@ -135,7 +135,7 @@ class ListOf(Kind):
         self.item = item
         self.doc = f"list of {item.doc}" if type(item) is not Kind else "list"
 
-    def check(self, value: Any, where: str) -> list[Any]:
+    def check(self, value: object, where: str) -> list[Any]:
         if not isinstance(value, list):
             raise MalformedError(f"{where} is {shown(value)}, not a list")
         check = self.item.check
@@ -149,7 +149,7 @@ class MapOf(Kind):
         self.item = item
         self.doc = f"{{{key}: {item.doc}}}"
 
-    def check(self, value: Any, where: str) -> dict[str, Any]:
+    def check(self, value: object, where: str) -> dict[str, Any]:
         check = self.item.check
         return {name: check(item, f"{where}.{name}")
                 for name, item in OBJECT.check(value, where).items()}
@@ -163,7 +163,7 @@ class Window(Kind):
 
     doc = "[START, STOP]"
 
-    def check(self, value: Any, where: str) -> list[int]:
+    def check(self, value: object, where: str) -> list[int]:
         pair = ListOf(Kind()).check(value, where)
         if len(pair) != 2:
             raise MalformedError(f"{where} is {shown(value)}, not [START, STOP]")
@@ -180,7 +180,7 @@ class Triple(Kind):
         self.what, self.first = what, first
         self.doc = f"[{what}, ms, phase]"
 
-    def check(self, value: Any, where: str) -> list[Any]:
+    def check(self, value: object, where: str) -> list[Any]:
         if not isinstance(value, list) or len(value) != 3:
             raise MalformedError(f"{where} is {shown(value)}, not [{self.what}, ms, phase]")
         self.first.check(value[0], f"{where}[0]")
@@ -196,7 +196,7 @@ class Checked(Kind):
         self.doc = doc
         self._check = check
 
-    def check(self, value: Any, where: str) -> Any:
+    def check(self, value: object, where: str) -> Any:
         return self._check(value, where)
 
 
@@ -304,7 +304,7 @@ class Section(Kind):
         #: Written in declared order (else in the writer's: facts, in the order they were seen).
         self.ordered = ordered
 
-    def check(self, value: Any, where: str) -> dict[str, Any]:
+    def check(self, value: object, where: str) -> dict[str, Any]:
         data = OBJECT.check(value, where)
         out: dict[str, Any] = {} if self.keep_only else dict(data)
         for f in self.fields:
@@ -349,7 +349,7 @@ class Section(Kind):
         return out if self.ordered else {key: out[key] for key in values}
 
 
-def _built(kind: Kind, value: Any, by: By, where: str, complete: bool) -> Any:
+def _built(kind: Kind, value: object, by: By, where: str, complete: bool) -> Any:
     """``value`` as a writer's object holds it: declared sections checked, through lists and
     maps of them; anything else as given."""
     if isinstance(kind, Section) and not kind.open and isinstance(value, Mapping):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..common import names
 
@@ -64,7 +64,7 @@ class Position:
         return inner is not None and inner[1] == names.COMM
 
 
-def position(snap: dict[str, Any]) -> Position:
+def position(snap: Mapping[str, Any]) -> Position:
     """The position of the training thread (the loop thread) in snapshot ``snap``."""
     threads = snap.get("threads") or []
     loop = next((t for t in threads if t.get("loop")), None) or \

@@ -81,7 +81,7 @@ class RunStats:
     sync_calls: int
     overhead_ms: float
     gpu_phase_ms: dict[str, list[float]] | None
-    meta: dict
+    meta: dict[str, Any]
     #: Exact total of the counted iterations (the lists may be a sample).
     iteration_total_ms: float = 0.0
     #: Exact per-phase totals over the counted iterations.

@@ -44,7 +44,7 @@ is the verdict and the others are listed under "also".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..common import figures as fmt
 
@@ -68,6 +68,9 @@ from .gpu_evidence import (
 )
 from .outliers import OUTLIER_FACTOR, stutter
 from .window import unreached
+
+if TYPE_CHECKING:
+    from .stats import LinkStat, RunStats
 
 #: Data phase share of the counted iteration time at or above which a run is input-bound.
 #: tensorpack's tuning guide treats a data pipeline that cannot keep up as the
@@ -162,62 +165,62 @@ class Verdict:
 
 # -- figures ---------------------------------------------------------------------
 
-def facts_of(stats: Any) -> dict[str, Any]:
+def facts_of(stats: RunStats) -> dict[str, Any]:
     """The run-time facts recorded by the probes (empty when none)."""
     facts = (stats.meta or {}).get("facts") if stats.meta else None
     return facts if isinstance(facts, dict) else {}
 
 
-def settings_of(stats: Any) -> dict[str, Any]:
+def settings_of(stats: RunStats) -> dict[str, Any]:
     settings = (stats.meta or {}).get("settings") if stats.meta else None
     return settings if isinstance(settings, dict) else {}
 
 
-def is_replay(stats: Any) -> bool:
+def is_replay(stats: RunStats) -> bool:
     """Whether ``stats`` comes from a replay-batch run."""
     return bool(settings_of(stats).get("replay_batch")) or "replay" in facts_of(stats)
 
 
-def extension_ms(stats: Any) -> dict[str, float]:
+def extension_ms(stats: RunStats) -> dict[str, float]:
     """Time between the counted iterations, per outside key (ms): extensions, inference,
     user ranges and ``idle`` (no range: the loop's own code, uninstrumented extensions)."""
     return {k: v for k, v in stats.outside_ms.items() if k not in _NOT_LOOP}
 
 
-def loop_ms(stats: Any) -> float:
+def loop_ms(stats: RunStats) -> float:
     """The training loop's wall time: counted iterations plus what ran between them."""
     between = sum(v for k, v in stats.outside_ms.items() if k not in _NOT_LOOP)
     return stats.iteration_total_ms + between
 
 
-def sync_ms(stats: Any) -> float | None:
+def sync_ms(stats: RunStats) -> float | None:
     """Milliseconds spent in the agent's synchronizations over the whole run, when recorded
     (compared with the counted iterations: warm-up waits make it an upper bound)."""
     value = (stats.meta or {}).get("sync_ms")
     return float(value) if value is not None else None
 
 
-def per_iteration(stats: Any, total_ms: float) -> float:
+def per_iteration(stats: RunStats, total_ms: float) -> float:
     return total_ms / stats.iterations if stats.iterations else 0.0
 
 
-def functions_per_iteration(stats: Any) -> int | None:
+def functions_per_iteration(stats: RunStats) -> int | None:
     """Function applications (forward and those of the backward pass) in one training
     iteration, counted by the probes, if known."""
     value = facts_of(stats).get("functions_per_iteration")
     return int(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
-def link_calls_per_iteration(stats: Any) -> float:
+def link_calls_per_iteration(stats: RunStats) -> float:
     return sum(link.calls for link in stats.links) / stats.iterations if stats.iterations else 0.0
 
 
-def top_links(stats: Any, n: int = TOP_LINKS) -> list[Any]:
+def top_links(stats: RunStats, n: int = TOP_LINKS) -> list[LinkStat]:
     """Links with the most exclusive time (own forward + attributed backward)."""
     return sorted(stats.links, key=lambda link: -(link.self_ms + link.bwd_ms))[:n]
 
 
-def gpu_links(stats: Any, n: int = TOP_LINKS) -> tuple[list[tuple[str, float]], str]:
+def gpu_links(stats: RunStats, n: int = TOP_LINKS) -> tuple[list[tuple[str, float]], str]:
     """The links with the most GPU time (ms per iteration), and how that time was obtained;
     empty when the run cannot tell (link times are host times below sync level 3)."""
     activity = gpu_activity(stats)
@@ -238,7 +241,7 @@ def _share(part: float, whole: float) -> float:
 
 # -- deciding ---------------------------------------------------------------------
 
-def decide(stats: Any, replay: Any = None) -> Verdict:
+def decide(stats: RunStats, replay: RunStats | None = None) -> Verdict:
     """The verdict for ``stats`` (and the replay run's stats, when given)."""
     if not stats.iterations:
         window = unreached(stats)
@@ -283,7 +286,7 @@ def decide(stats: Any, replay: Any = None) -> Verdict:
     return verdict
 
 
-def _figures(stats: Any, gpu: GpuEvidence | None) -> dict[str, float]:
+def _figures(stats: RunStats, gpu: GpuEvidence | None) -> dict[str, float]:
     """Shares and milliseconds; the host's figures leave the agent's waits out."""
     total = stats.iteration_total_ms
     fig = {"iteration_median_ms": stats.median(),
@@ -334,7 +337,7 @@ def _figures(stats: Any, gpu: GpuEvidence | None) -> dict[str, float]:
     return fig
 
 
-def _candidates(stats: Any, fig: dict[str, float],
+def _candidates(stats: RunStats, fig: dict[str, float],
                 gpu: GpuEvidence | None) -> list[tuple[str, float, float]]:
     """(kind, milliseconds behind it, share) of every kind over its threshold."""
     out: list[tuple[str, float, float]] = []
@@ -362,7 +365,7 @@ def _candidates(stats: Any, fig: dict[str, float],
     return out
 
 
-def _host_bound(stats: Any, fig: dict[str, float]) -> bool:
+def _host_bound(stats: RunStats, fig: dict[str, float]) -> bool:
     """A CPU run's many short calls."""
     us = us_per_function(stats, fig)
     calls = functions_per_iteration(stats) or 0
@@ -373,7 +376,7 @@ def _host_bound(stats: Any, fig: dict[str, float]) -> bool:
                                          and checks < HOST_CHECKS_PER_FUNCTION)
 
 
-def checks_per_function(stats: Any) -> float | None:
+def checks_per_function(stats: RunStats) -> float | None:
     """In the counted iteration: a call's mean host CPU time over its median type check's."""
     facts = facts_of(stats)
     call, check = facts.get("function_cpu_us"), facts.get("type_check_us")
@@ -382,7 +385,7 @@ def checks_per_function(stats: Any) -> float | None:
     return call / check
 
 
-def us_per_function(stats: Any, fig: dict[str, float]) -> float | None:
+def us_per_function(stats: RunStats, fig: dict[str, float]) -> float | None:
     """Host microseconds per function call: forward + backward + update per iteration,
     without their collections and the agent's waits, over the calls of an iteration."""
     calls = functions_per_iteration(stats)
@@ -395,8 +398,8 @@ def us_per_function(stats: Any, fig: dict[str, float]) -> float | None:
 
 # -- one builder per kind ------------------------------------------------------------
 
-def _extension(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None,
-               replay: Any) -> Verdict:
+def _extension(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
+               replay: RunStats | None) -> Verdict:
     ext = sorted(extension_ms(stats).items(), key=lambda kv: -kv[1])
     v = Verdict("extension-bound",
                 f"extension-bound: {fmt.pct(fig['extension_share'])} of the training loop runs "
@@ -416,7 +419,7 @@ def _extension(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None,
     return v
 
 
-def _stutter(stats: Any, fig: dict[str, float]) -> list[str]:
+def _stutter(stats: RunStats, fig: dict[str, float]) -> list[str]:
     """The slow iterations' line, when they hold :data:`OUTLIER_SHARE` of the time or more."""
     st = stutter(stats)
     fig["outlier_share"] = st.share
@@ -431,7 +434,7 @@ def _stutter(stats: Any, fig: dict[str, float]) -> list[str]:
     return [line]
 
 
-def dry_queues(stats: Any) -> list[tuple[str, float, int, int]]:
+def dry_queues(stats: RunStats) -> list[tuple[str, float, int, int]]:
     """(iterator, share of fetches with an empty queue, fetches, capacity) of dry input queues."""
     out = []
     for name, q in sorted((facts_of(stats).get("input_queue") or {}).items()):
@@ -442,8 +445,8 @@ def dry_queues(stats: Any) -> list[tuple[str, float, int, int]]:
     return out
 
 
-def _input(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None,
-           replay: Any) -> Verdict:
+def _input(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
+           replay: RunStats | None) -> Verdict:
     facts = facts_of(stats)
     iterator = facts.get("iterator")
     share = fig["data_own_share"]
@@ -491,7 +494,8 @@ def _input(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None,
     return v
 
 
-def _gc(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None, replay: Any) -> Verdict:
+def _gc(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
+        replay: RunStats | None) -> Verdict:
     v = Verdict("gc-bound",
                 f"gc-bound: garbage collection takes {fmt.pct(fig['gc_share'])} of the "
                 f"iteration time (threshold {fmt.pct(GC_SHARE)})")
@@ -511,7 +515,7 @@ def _gc(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None, replay: Any)
     return v
 
 
-def _calls_line(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None) -> str | None:
+def _calls_line(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None) -> str | None:
     calls = functions_per_iteration(stats)
     us = us_per_function(stats, fig)
     if not calls or us is None:
@@ -529,7 +533,8 @@ def _calls_line(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None) -> s
     return line
 
 
-def _host(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None, replay: Any) -> Verdict:
+def _host(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
+          replay: RunStats | None) -> Verdict:
     share = fig["compute_own_share"]
     if gpu is not None:
         title = (f"host-bound: the GPU waits for the host, whose forward/backward/update "
@@ -562,8 +567,8 @@ def _host(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None, replay: An
     return v
 
 
-def _compute(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None,
-             replay: Any) -> Verdict:
+def _compute(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
+             replay: RunStats | None) -> Verdict:
     v = Verdict("compute-bound",
                 f"compute-bound: forward/backward/update take {fmt.pct(fig['compute_share'])} "
                 "of the iteration time")
@@ -589,8 +594,8 @@ def _compute(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None,
     return v
 
 
-def _gpu_bound(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None,
-               replay: Any) -> Verdict:
+def _gpu_bound(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
+               replay: RunStats | None) -> Verdict:
     assert gpu is not None and gpu.busy_share is not None
     busy = gpu.busy_share
     if gpu.busy_exact:
@@ -631,7 +636,7 @@ def _gpu_bound(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None,
     return v
 
 
-def _gpu_times(stats: Any, gpu: GpuEvidence) -> list[str]:
+def _gpu_times(stats: RunStats, gpu: GpuEvidence) -> list[str]:
     """The GPU's time per phase beside the host's (CUDA events, medians)."""
     timed = [p for p in gpu.phases if p.gpu_ms is not None]
     if not timed:
@@ -642,7 +647,7 @@ def _gpu_times(stats: Any, gpu: GpuEvidence) -> list[str]:
                              f"{fmt.ms(p.host_ms)})" for p in timed)]
 
 
-def _host_side_of_gpu_bound(stats: Any, gpu: GpuEvidence) -> list[str]:
+def _host_side_of_gpu_bound(stats: RunStats, gpu: GpuEvidence) -> list[str]:
     """Where the host's time goes while the GPU sets the pace."""
     out = []
     if gpu.sync_level == 0:
@@ -664,7 +669,7 @@ def _host_side_of_gpu_bound(stats: Any, gpu: GpuEvidence) -> list[str]:
     return out
 
 
-def gpu_suggestions(stats: Any, focus: str | None) -> list[str]:
+def gpu_suggestions(stats: RunStats, focus: str | None) -> list[str]:
     """What to try on a GPU-bound run, each only where the run shows it applies."""
     facts = facts_of(stats)
     out = []
@@ -695,14 +700,14 @@ def gpu_suggestions(stats: Any, focus: str | None) -> list[str]:
     return out
 
 
-def cupy_major(stats: Any) -> int | None:
+def cupy_major(stats: RunStats) -> int | None:
     """The major version of the CuPy the run used, if recorded."""
     version = str(((stats.meta or {}).get("versions") or {}).get("cupy") or "")
     head = version.split(".", 1)[0]
     return int(head) if head.isdigit() else None
 
 
-def cudnn_fix(stats: Any) -> str:
+def cudnn_fix(stats: RunStats) -> str:
     """How to get cuDNN for this run's stack (CuPy 14 has none)."""
     major = cupy_major(stats)
     if major is not None and major >= 14:
@@ -717,7 +722,7 @@ def cudnn_fix(stats: Any) -> str:
             "use_cudnn at 'auto'")
 
 
-def _not_enough(stats: Any, fig: dict[str, float], gpu: GpuEvidence) -> Verdict:
+def _not_enough(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence) -> Verdict:
     v = Verdict("unknown", "not enough evidence to tell GPU-bound from host-bound: "
                 + gpu.reason)
     if gpu.busy_share is not None:
@@ -736,7 +741,7 @@ def _not_enough(stats: Any, fig: dict[str, float], gpu: GpuEvidence) -> Verdict:
     return v
 
 
-def _gpu_support(stats: Any, gpu: GpuEvidence) -> list[str]:
+def _gpu_support(stats: RunStats, gpu: GpuEvidence) -> list[str]:
     """The GPU figures behind a host-side verdict on a GPU: why it is not GPU-bound."""
     out = []
     if gpu.busy_exact and gpu.busy_share is not None:
@@ -774,7 +779,7 @@ def _gpu_support(stats: Any, gpu: GpuEvidence) -> list[str]:
     return out
 
 
-def _balanced(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None) -> Verdict:
+def _balanced(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None) -> Verdict:
     title = "no single bottleneck: no share passes its threshold"
     if gpu is not None:
         title = "no single bottleneck: the GPU waits for the host, and no part of the host's " \
@@ -796,7 +801,7 @@ _BUILDERS = {"extension-bound": _extension, "input-bound": _input, "gc-bound": _
              "host-bound": _host, "compute-bound": _compute, "GPU-bound": _gpu_bound}
 
 
-def _notes(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None) -> list[str]:
+def _notes(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None) -> list[str]:
     notes = []
     if is_replay(stats):
         replay = facts_of(stats).get("replay") or {}
@@ -822,7 +827,7 @@ def _notes(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None) -> list[s
     return notes
 
 
-def sync_overhead(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None) -> list[str]:
+def sync_overhead(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None) -> list[str]:
     """The agent's synchronization as its overhead (never the run's bottleneck)."""
     if stats.sync_level < 1 or fig["wait_ms"] <= 0:
         return []
@@ -843,7 +848,7 @@ def sync_overhead(stats: Any, fig: dict[str, float], gpu: GpuEvidence | None) ->
 
 # -- the replay comparison --------------------------------------------------------------
 
-def compare_replay(normal: Any, replay: Any) -> list[str]:
+def compare_replay(normal: RunStats, replay: RunStats) -> list[str]:
     """Lines comparing a normal run with its replay run (data made free)."""
     if not normal.iterations or not replay.iterations:
         return ["replay comparison: a run without counted iterations"]
@@ -862,7 +867,7 @@ def compare_replay(normal: Any, replay: Any) -> list[str]:
     return lines
 
 
-def pick_replay(first: Any, second: Any) -> tuple[Any, Any] | None:
+def pick_replay(first: RunStats, second: RunStats) -> tuple[RunStats, RunStats] | None:
     """(normal, replay) when exactly one of two runs is a replay run."""
     a, b = is_replay(first), is_replay(second)
     if a == b:

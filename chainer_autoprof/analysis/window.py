@@ -10,7 +10,10 @@ tracer's count of iterations begun, kept in the run's facts
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .stats import RunStats
 
 
 @dataclass(frozen=True)
@@ -33,12 +36,12 @@ class Unreached:
         return f"the run ended after {self.ran} iterations (0-{self.ran - 1})"
 
 
-def _integer(value: Any) -> int | None:
+def _integer(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
         else None
 
 
-def unreached(stats: Any) -> Unreached | None:
+def unreached(stats: RunStats) -> Unreached | None:
     """The capture window of ``stats``'s run, when the run ended before it began; else None."""
     meta = getattr(stats, "meta", None) or {}
     settings = meta.get("settings")

@@ -33,7 +33,7 @@ def _emit(level: str, msg: str, once: bool) -> None:
     try:
         sys.stderr.write(f"chainer_autoprof: {msg}\n")
         sys.stderr.flush()
-    except Exception:  # a closed stderr must not break the program
+    except Exception:  # a closed stderr must not break the program  # noqa: BLE001
         pass
 
 

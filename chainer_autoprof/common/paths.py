@@ -37,7 +37,7 @@ def expand_path(template: str, pid: int | None = None,
     """
     env = os.environ if environ is None else environ
 
-    def sub(match: re.Match) -> str:
+    def sub(match: re.Match[str]) -> str:
         var, code = match.group(1), match.group(2)
         if var is not None:
             return env.get(var, "")

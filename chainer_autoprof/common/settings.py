@@ -45,11 +45,11 @@ def parse_bool(text: str) -> bool:
     raise ValueError("1/0, true/false, yes/no or on/off")
 
 
-def _int_range(lo: int, hi: int | None, blank_unset: bool = False) -> Callable[[str], Any]:
+def _int_range(lo: int, hi: int | None, blank_unset: bool = False) -> Callable[[str], int | None]:
     """An integer in ``lo..hi``; with ``blank_unset`` an empty value means unset (``None``)."""
     accepted = f"an integer from {lo} to {hi}" if hi is not None else f"an integer >= {lo}"
 
-    def parse(text: str) -> Any:
+    def parse(text: str) -> int | None:
         if blank_unset and not text.strip():
             return None
         try:
@@ -280,6 +280,33 @@ class Config:
 
     __slots__ = (*(s.name for s in SETTINGS), "effective_sync_level", "explicit")
 
+    # One line per setting of SETTINGS, typed as its parser returns it (for mypy;
+    # tests/test_config_types.py checks the two lists agree).
+    enable: bool
+    sync: bool
+    sync_level: int | None
+    granularity: str
+    link_depth: int
+    domain: str
+    log: str
+    summary: bool
+    trace: str | None
+    iterations: tuple[int, int] | None
+    exit_after_window: bool
+    warmup: int
+    record_limit: int
+    advice: bool
+    replay_batch: bool
+    native: bool
+    children: bool
+    ranks: frozenset[int] | None
+    stall: float | str | None
+    flush_interval: float
+    gc: bool
+    gpu_activity: bool
+    effective_sync_level: int
+    explicit: frozenset[str]
+
     def __init__(self, values: Mapping[str, Any], explicit: frozenset[str] = frozenset()) -> None:
         for s in SETTINGS:
             setattr(self, s.name, values.get(s.name, s.default))
@@ -356,7 +383,7 @@ def from_environ(environ: Mapping[str, str] | None = None,
         elif not isinstance(value, str):  # 7, True, (10, 20), a Path: checked as their text
             try:
                 value = to_environ_value(setting, value)
-            except Exception:
+            except Exception:  # any failure here is the one line raised below  # noqa: BLE001
                 raise SettingsError(f"{name}={value!r} is not valid: accepted: "
                                     f"{setting.accepted}") from None
         if isinstance(value, str):

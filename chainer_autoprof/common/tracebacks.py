@@ -62,7 +62,7 @@ def _excepthook(kind: type[BaseException], value: BaseException,
             value.__traceback__ = tb
             drop_own_frames(value)
             tb = value.__traceback__
-    except Exception:
+    except Exception:  # noqa: BLE001
         pass  # printed as it was
     (_previous or sys.__excepthook__)(kind, value, tb)
 

@@ -80,7 +80,7 @@ class DumpServer:
                     return
                 try:
                     self._answer(conn)
-                except Exception as exc:  # a bad client must not end the service
+                except Exception as exc:  # a bad client must not end the service  # noqa: BLE001
                     log.debug(f"dump request failed: {type(exc).__name__}: {exc}")
 
     def _answer(self, conn: socket.socket) -> None:
@@ -91,7 +91,7 @@ class DumpServer:
         then: Callable[[], None] | None = None
         try:
             answer, then = self.handle(message)
-        except Exception as exc:
+        except Exception as exc:  # our error goes to the client as the answer  # noqa: BLE001
             answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         try:
             control.send(conn, answer, end=True)

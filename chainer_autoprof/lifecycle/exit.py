@@ -27,11 +27,17 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import ctypes
+    from types import FrameType
+
+    from ..sinks.recorder import Recorder
 
 _finish: Callable[[], None] | None = None    # the agent's end: summary and trace
 _finished: Callable[[], bool] | None = None  # whether that end has begun
-_recorder: Any = None                        # its aggregation must not be cut in half
+_recorder: Recorder | None = None                        # its aggregation must not be cut in half
 _installed = False
 _finishing = False
 _kill_pending = False
@@ -39,7 +45,7 @@ _closed = False  # the agent's atexit work is over
 
 
 def install(finish: Callable[[], None], finished: Callable[[], bool],
-            recorder: Any = None) -> bool:
+            recorder: Recorder | None = None) -> bool:
     """Take over SIGTERM for the agent when nobody else handles it (main thread only).
 
     ``finish`` ends the agent (idempotent), ``finished`` says whether that has
@@ -78,7 +84,7 @@ def uninstall() -> None:
     _installed = False
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     global _kill_pending
     if _finish is None or _closed:
         _die()
@@ -99,7 +105,7 @@ def _finish_and_die() -> None:
     try:
         if _finish is not None:
             _finish()  # closes this (the main) thread's open ranges, summary, trace
-    except Exception:
+    except Exception:  # never the program's exit status  # noqa: BLE001
         pass
     finally:
         _die()
@@ -118,7 +124,7 @@ def _die() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1.0)  # the signal is normally delivered before kill() returns
-    except Exception:
+    except Exception:  # re-raising SIGTERM: its default action follows anyway  # noqa: BLE001
         pass
     os._exit(128 + signal.SIGTERM)
 
@@ -145,13 +151,13 @@ def keep_interrupt_status() -> Callable[[], None]:
     return restore
 
 
-def _interrupt_flag() -> Any:
+def _interrupt_flag() -> ctypes.c_int | None:
     """CPython's ``_Py_UnhandledKeyboardInterrupt`` (``None`` where it cannot be reached)."""
     try:
         import ctypes  # only at exit after a KeyboardInterrupt: never loaded otherwise
 
         return ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt")
-    except Exception:
+    except Exception:  # an interpreter without the flag  # noqa: BLE001
         return None
 
 

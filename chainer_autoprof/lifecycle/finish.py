@@ -13,7 +13,7 @@ import socket
 import sys
 import threading
 from time import perf_counter_ns, time_ns
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -33,8 +33,12 @@ from ..sinks.recorder import Recorder
 from . import overhead, processes
 from .gpu_session import GpuOutcome
 
+if TYPE_CHECKING:
+    from ..common.typedefs import RangeRows
+    from ..runtime.events import Tracer
 
-def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int,
+
+def report_run(recorder: Recorder, tracer: Tracer, cfg: Config, hits: int,
                trace_path: Callable[[], str] | None = None,
                extra_meta: dict[str, Any] | None = None,
                event_args: dict[tuple[int, int], dict[str, Any]] | None = None,
@@ -77,12 +81,12 @@ def report_run(recorder: Recorder, tracer: Any, cfg: Config, hits: int,
         try:
             sys.stderr.write(format_summary(stats, advice=bool(cfg.advice)) + "\n")
             sys.stderr.flush()
-        except Exception as exc:
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"no summary ({type(exc).__name__}: {exc})")
     return stats
 
 
-def metadata(cfg: Config, tracer: Any, recorder: Recorder, end_ns: int,
+def metadata(cfg: Config, tracer: Tracer, recorder: Recorder, end_ns: int,
              extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The run record at exit, but for the statistics' figures (the summary's ``meta``)."""
     values = _run_values(cfg, tracer, recorder, _clock(recorder.start_ns, end_ns))
@@ -90,7 +94,7 @@ def metadata(cfg: Config, tracer: Any, recorder: Recorder, end_ns: int,
     return record.build(By.EXIT, values, complete=False)
 
 
-def partial_metadata(cfg: Config, tracer: Any, recorder: Recorder) -> dict[str, Any]:
+def partial_metadata(cfg: Config, tracer: Tracer, recorder: Recorder) -> dict[str, Any]:
     """The run record of the trace so far, while the run goes on (its reader adds the rest)."""
     values = _run_values(cfg, tracer, recorder, _clock(recorder.start_ns, None))
     values.update(main_tid=threading.main_thread().native_id, process_name=process_name(),
@@ -125,7 +129,7 @@ def _clock(start_ns: int, end_ns: int | None) -> dict[str, int]:
     return clock
 
 
-def _run_values(cfg: Config, tracer: Any, recorder: Recorder,
+def _run_values(cfg: Config, tracer: Tracer, recorder: Recorder,
                 clock: dict[str, int]) -> dict[str, Any]:
     """The run's own fields of the record, as the final trace and the trace so far hold them."""
     settings: dict[str, Any] = {}
@@ -163,13 +167,13 @@ def _run_values(cfg: Config, tracer: Any, recorder: Recorder,
     }
 
 
-def _write_trace(recorder: Recorder, tracer: Any, path: str, stats: RunStats,
+def _write_trace(recorder: Recorder, tracer: Tracer, path: str, stats: RunStats,
                  event_args: dict[tuple[int, int], dict[str, Any]] | None,
                  gpu: GpuOutcome | None = None) -> str | None:
     """Write the trace file at ``path``; returns it (``None`` on failure, said once)."""
     try:
         other = final_record(stats, recorder.dropped)
-        per_thread: dict[int, list] = {}
+        per_thread: dict[int, list[RangeRows]] = {}
         for tid, block in recorder.retained:
             per_thread.setdefault(tid, []).append(block)
         thread_names = dict(tracer.ended_names)
@@ -188,7 +192,7 @@ def _write_trace(recorder: Recorder, tracer: Any, path: str, stats: RunStats,
         write_trace(path, pid=os.getpid(), start_ns=recorder.start_ns, infos=recorder.infos,
                     threads=threads, other=other, process_name=process_name(),
                     main_tid=other["main_tid"], event_args=event_args, tracks=tracks, top=top)
-    except Exception as exc:
+    except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
         log.error(f"could not write the trace {path}: {type(exc).__name__}: {exc}")
         return None
     return path

@@ -31,12 +31,17 @@ import json
 import os
 import threading
 from time import time_ns
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
 from ..common import log, outputs
 from ..common.one_line import one_line
+
+if TYPE_CHECKING:
+    from ..common.typedefs import RangeRows
+    from ..report.partial import PartialWriter
+    from ..sinks.recorder import Recorder
 
 #: Bytes of metadata and states a file may gather before it is rewritten.
 STATE_BYTES = 8 << 20
@@ -45,9 +50,10 @@ STATE_BYTES = 8 << 20
 class Flusher:
     """Writes the recorder's ranges to this process's partial trace file."""
 
-    def __init__(self, recorder: Any, trace_path: Callable[[], str], limit: int,
+    def __init__(self, recorder: Recorder, trace_path: Callable[[], str], limit: int,
                  meta: Callable[[], dict[str, Any]],
-                 gc_details: Callable[[int], tuple[list, int]] | None = None,
+                 gc_details: (Callable[[int], tuple[list[tuple[int, int, int, int]], int]]
+                              | None) = None,
                  run_stats: Callable[[], dict[str, Any]] | None = None) -> None:
         self.recorder = recorder
         #: The file this process's final trace goes to now (:func:`.processes.trace_path`).
@@ -62,7 +68,7 @@ class Flusher:
         self._reset()
 
     def _reset(self) -> None:
-        self.writer: Any = None
+        self.writer: PartialWriter | None = None
         self.mark = 0                  # ranges ever retained, as of the last write
         self.gc_mark = 0
         self.last: dict[int, tuple[int, int]] = {}  # tid -> (t1 of the last row, rows at that t1)
@@ -76,14 +82,14 @@ class Flusher:
     def path(self) -> str | None:
         return None if self.writer is None else self.writer.path
 
-    def flush(self, where: dict[str, Any] | None, stalls: list[dict[str, Any]]) -> str | None:
+    def flush(self, where: Mapping[str, Any] | None, stalls: list[dict[str, Any]]) -> str | None:
         """Write what is new; returns the file's path (``None``: nothing recorded yet, failed)."""
         with self._lock:
             if self.stopped is not None:
                 return None
             try:
                 return self._flush(where, stalls)
-            except Exception as exc:
+            except Exception as exc:  # our error: the trace so far stops, said once  # noqa: BLE001
                 self._stop(exc)
                 return None
 
@@ -105,7 +111,7 @@ class Flusher:
         gone = f"; {one_line(path)} deleted" if removed else ""
         log.warning(f"{head}: {self.stopped}{gone} (the final trace is still written at exit)")
 
-    def _flush(self, where: dict[str, Any] | None, stalls: list[dict[str, Any]]) -> str | None:
+    def _flush(self, where: Mapping[str, Any] | None, stalls: list[dict[str, Any]]) -> str | None:
         # the writer builds on the reporting modules: loaded when the first write happens
         from ..report import partial
 
@@ -129,18 +135,20 @@ class Flusher:
         self.rows += count
         return self.writer.path
 
-    def _rewrite(self, partial: Any, where: dict[str, Any] | None,
+    def _rewrite(self, partial: Any, where: Mapping[str, Any] | None,
                  stalls: list[dict[str, Any]]) -> str:
         """The newest ranges only: everything the recorder still keeps, and what it buffers."""
         self.last = {}
         blocks, self.mark = self.recorder.retained_since(0)
         rows = self._new_rows(blocks + self.recorder.pending_blocks())
         self.names, self.threads, self.meta_text, self.gc_mark = 0, {}, "", 0
-        self.writer.rewrite(self._records(partial, rows, where, stalls, full=True))
+        writer = self.writer
+        assert writer is not None  # made by the first write, which comes first
+        writer.rewrite(self._records(partial, rows, where, stalls, full=True))
         self.rows = sum(len(r) for r in rows.values())
-        return self.writer.path
+        return writer.path
 
-    def _records(self, partial: Any, rows: dict[int, Any], where: dict[str, Any] | None,
+    def _records(self, partial: Any, rows: dict[int, RangeRows], where: Mapping[str, Any] | None,
                  stalls: list[dict[str, Any]], full: bool) -> list[bytes]:
         """The records of one write: what is new of the header, the rows, gc details, the state."""
         chunks = self._header(partial, full)
@@ -150,9 +158,9 @@ class Flusher:
         chunks.append(self._state(partial, where, stalls))
         return chunks
 
-    def _new_rows(self, parts: list[tuple[int, Any]]) -> dict[int, Any]:
+    def _new_rows(self, parts: list[tuple[int, RangeRows]]) -> dict[int, RangeRows]:
         """Per thread, the rows not written yet (in end order)."""
-        out: dict[int, list[Any]] = {}
+        out: dict[int, list[RangeRows]] = {}
         for tid, rows in parts:
             if not len(rows):
                 continue
@@ -203,7 +211,7 @@ class Flusher:
         details, self.gc_mark = self.gc_details(0 if full else self.gc_mark)
         return [partial.gc_record(details)] if details else []
 
-    def _state(self, partial: Any, where: dict[str, Any] | None,
+    def _state(self, partial: Any, where: Mapping[str, Any] | None,
                stalls: list[dict[str, Any]]) -> bytes:
         recorder = self.recorder
         state: dict[str, Any] = {"perf_ns": recorder.tracer.clock(),
@@ -212,7 +220,8 @@ class Flusher:
                                  "dropped": recorder.dropped + self.lost}
         if state["dropped"] and self.run_stats is not None:
             state["run_stats"] = self.run_stats()
-        return partial.json_record(b"STAT", state)
+        record: bytes = partial.json_record(b"STAT", state)
+        return record
 
     def discard(self) -> None:
         """The final trace is written: the partial file goes."""

@@ -37,7 +37,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Deque, Protocol
 
 from ..analysis.gpu_analysis import GpuAnalysis, Limits
 from ..analysis.gpu_clock import fit
@@ -45,6 +45,10 @@ from ..analysis.gpu_figures import GpuActivityRecord, GpuFigures, activity_recor
 from ..common import figures, log
 from ..common.gpu_records import ActivityBatch, ClockPairs, NameTable
 from ..runtime import gpu_activity
+
+if TYPE_CHECKING:
+    from ..common.typedefs import RangeRows
+    from ..runtime.events import ThreadState, Tracer
 
 #: Seconds between two drains of the queues.
 DRAIN_INTERVAL_S = 0.25
@@ -92,7 +96,7 @@ def start_cupti(on_batch: Callable[[ActivityBatch], None], names: NameTable) -> 
 class Recorder(Protocol):
     """What the session asks of the recorder (:class:`~..sinks.recorder.Recorder`)."""
 
-    gpu_handover: Callable[[tuple[int, Any]], None] | None
+    gpu_handover: Callable[[tuple[int, RangeRows | None]], None] | None
     infos: list[tuple[str, str, int]]
 
 
@@ -110,7 +114,7 @@ class GpuOutcome:
 class GpuSession:
     """One run's GPU activity (see the module docstring)."""
 
-    def __init__(self, recorder: Recorder, tracer: Any, *, record_limit: int,
+    def __init__(self, recorder: Recorder, tracer: Tracer, *, record_limit: int,
                  warmup_skip: int, window: bool, main_tid: int | None,
                  start_collector: StartCollector = start_cupti,
                  limits: Limits | None = None) -> None:
@@ -129,7 +133,7 @@ class GpuSession:
         self.why_off = ""
         #: The recorder's blocks and CUPTI's batches, in the order they arrived (a buffer comes
         #: after the ranges its launches lie in: fed in this order, each finds them kept).
-        self._queue: Deque[tuple[int, Any] | ActivityBatch] = deque()
+        self._queue: Deque[tuple[int, RangeRows | None] | ActivityBatch] = deque()
         self._queued_batches = 0
         self._threads: Deque[tuple[int, int]] = deque()
         self._lock = threading.Lock()
@@ -152,7 +156,7 @@ class GpuSession:
         """Be told of every new thread state (before any exists)."""
         self.tracer.on_new_thread = self._thread_started
 
-    def _thread_started(self, ts: Any) -> None:
+    def _thread_started(self, ts: ThreadState) -> None:
         self._threads.append((threading.get_ident() & THREAD_ID_MASK, ts.tid))
 
     def _on_batch(self, batch: ActivityBatch) -> None:
@@ -171,7 +175,7 @@ class GpuSession:
             return
         try:
             got = self._start_collector(self._on_batch, self.names)
-        except Exception as exc:  # a bug of ours: no GPU activity, the program runs
+        except Exception as exc:  # a bug of ours: no GPU activity, the program runs  # noqa: BLE001
             got = f"could not start ({type(exc).__name__}: {exc})"
         if isinstance(got, str):
             self._off(got)
@@ -208,7 +212,7 @@ class GpuSession:
                 return True
             try:
                 self._drain()
-            except Exception as exc:  # our bug: no GPU figures, nothing else changes
+            except Exception as exc:  # our bug: no GPU figures, nothing else changes  # noqa: BLE001
                 self.broken = f"the GPU analysis failed ({type(exc).__name__}: {exc})"
                 self.analysis = None
                 log.error(f"GPU activity: {self.broken}; no GPU figures")
@@ -291,7 +295,7 @@ class GpuSession:
         assert collector is not None
         try:
             late = collector.stop(timeout_s)
-        except Exception as exc:
+        except Exception as exc:  # CUPTI's error: said in the report  # noqa: BLE001
             late = f"CUPTI could not stop ({type(exc).__name__}: {exc})"
         if late:
             self.notes.append(late)
@@ -317,7 +321,7 @@ class GpuSession:
             self._outcome = GpuOutcome(fig, activity_record(
                 fig, self._source(fig), self._counts(), self._notes(fig)), analysis,
                 list(self.notes))
-        except Exception as exc:
+        except Exception as exc:  # our error: GPU figures left out, the run goes on  # noqa: BLE001
             self.broken = f"the GPU analysis failed ({type(exc).__name__}: {exc})"
             log.error(f"GPU activity: {self.broken}; no GPU figures")
 
@@ -328,7 +332,7 @@ class GpuSession:
             self.stop(timeout_s)
             if self._outcome is None:
                 self.say_why_not()
-        except Exception as exc:  # our bug: the rest of the exit goes on
+        except Exception as exc:  # our bug: the rest of the exit goes on  # noqa: BLE001
             log.error(f"GPU activity: {type(exc).__name__}: {exc}; no GPU figures")
             return None
         return self._outcome

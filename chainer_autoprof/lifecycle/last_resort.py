@@ -175,7 +175,7 @@ class LastResort:
                 return
             try:
                 self.keep(self.wanted, monotonic())
-            except Exception:  # never the program's problem
+            except Exception:  # never the program's problem  # noqa: BLE001
                 pass
 
     def keep(self, timeout: int | None, now: float) -> None:

@@ -35,13 +35,17 @@ import sys
 import threading
 from collections import deque
 from time import monotonic
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..common import log, names
 from . import where
 from .dump_server import DumpServer
 from .flusher import Flusher
 from .last_resort import LastResort
+
+if TYPE_CHECKING:
+    from ..runtime.events import Tracer
+    from .where import Where
 
 #: ``auto``: a stall is AUTO_FACTOR x the longest pause without progress seen so far,
 #: and at least AUTO_MIN_S ...
@@ -56,7 +60,7 @@ KEEP_STALLS = 20
 class Monitor:
     """The watchdog thread, the background flushing and the dump server of one process."""
 
-    def __init__(self, tracer: Any, stall: float | str | None, flusher: Flusher | None,
+    def __init__(self, tracer: Tracer, stall: float | str | None, flusher: Flusher | None,
                  flush_interval: float = 0.0,
                  notes: Callable[[], list[str]] | None = None,
                  progress: Callable[[], int] | None = None,
@@ -138,17 +142,17 @@ class Monitor:
             if self.stall is not None:
                 try:
                     self.check(now)
-                except Exception as exc:  # the watch must never take the program down
+                except Exception as exc:  # the watch must never take the program down  # noqa: BLE001
                     log.error(f"monitor: {type(exc).__name__}: {exc}")
                 try:
                     self._keep_last_resort()
-                except Exception as exc:
+                except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
                     log.error(f"monitor: {type(exc).__name__}: {exc}")
             try:
                 if self.flush_interval > 0 and now >= next_flush:
                     next_flush = now + self.flush_interval
                     self.flush()
-            except Exception as exc:  # the watch must never take the program down
+            except Exception as exc:  # the watch must never take the program down  # noqa: BLE001
                 log.error(f"monitor: {type(exc).__name__}: {exc}")
 
     def _keep_last_resort(self) -> None:
@@ -172,7 +176,7 @@ class Monitor:
     def _count(counter: Callable[[], int]) -> int:
         try:
             return int(counter())
-        except Exception:
+        except Exception:  # a counter's error: no progress seen this poll  # noqa: BLE001
             return 0
 
     def threshold(self) -> float:
@@ -236,7 +240,7 @@ class Monitor:
                               threshold_s=threshold, notes=self._notes())
         snap["since_progress_s"] = round(since, 3)
         snap["threshold_rule"] = self.rule()
-        loop = next((t for t in snap["threads"] if t.get("loop")), None) or {}
+        loop: Mapping[str, Any] = next((t for t in snap["threads"] if t.get("loop")), {})
         age = _iteration_age(loop)
         if age is not None:  # exact, where the watch saw the iteration begin a poll late
             snap["since_iteration_s"] = round(max(now - self.iteration_seen, age), 3)
@@ -252,11 +256,11 @@ class Monitor:
             return []
         try:
             return list(self.notes())
-        except Exception as exc:
+        except Exception as exc:  # a note's error is shown as the note  # noqa: BLE001
             return [f"({type(exc).__name__}: {exc})"]
 
     # -- reports ------------------------------------------------------------------------------
-    def report(self, snap: dict[str, Any], show: bool = True) -> tuple[str, str | None]:
+    def report(self, snap: Where, show: bool = True) -> tuple[str, str | None]:
         """Write the trace so far with ``snap``, print the report (``show``); (text, trace path)."""
         # the wording loads with the first report, not at start-up
         from ..report.stall import format_report
@@ -270,7 +274,7 @@ class Monitor:
             _print(text)
         return text, path
 
-    def flush(self, snap: dict[str, Any] | None = None) -> str | None:
+    def flush(self, snap: Where | None = None) -> str | None:
         """Write the trace so far (``snap``: where each thread is; taken now when not given)."""
         if self.flusher is None:
             return None
@@ -287,7 +291,7 @@ class Monitor:
         snap = where.snapshot(self.tracer, "dump", since_s=since, notes=self._notes())
         if self.stall is not None and self.count:
             snap["since_progress_s"] = round(now - self.changed, 3)
-        loop = next((t for t in snap["threads"] if t.get("loop")), None) or {}
+        loop: Mapping[str, Any] = next((t for t in snap["threads"] if t.get("loop")), {})
         age = _iteration_age(loop)
         if age is not None:
             snap["since_iteration_s"] = round(max(since or 0.0, age), 3)
@@ -312,7 +316,7 @@ def _print(text: str) -> None:
     try:
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
-    except Exception:
+    except Exception:  # a closed stderr must not break the program  # noqa: BLE001
         pass
 
 
@@ -322,7 +326,7 @@ def _clock(seconds: float) -> str:
     return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
-def _iteration_age(thread: dict[str, Any]) -> float | None:
+def _iteration_age(thread: Mapping[str, Any]) -> float | None:
     """Seconds the thread's open iteration range has been open (``None``: none, or not timed)."""
     ages = [r["open_s"] for r in thread.get("open", ()) if r["category"] == names.ITERATION]
     return ages[0] if ages and ages[0] is not None else None

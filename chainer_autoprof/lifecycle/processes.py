@@ -24,12 +24,15 @@ import functools
 import os
 import sys
 import threading
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..common import log, rank
 from ..common.paths import trace_file
 from ..common.settings import BY_NAME, INTERNAL_PREFIX, to_environ_value
 from ..common.shared_paths import differs_per_rank, per_rank_template
+
+if TYPE_CHECKING:
+    from ..common.settings import Config
 
 #: The pid of the first process where the agent started (children see it).
 ROOT_PID_VAR = INTERNAL_PREFIX + "ROOT_PID"
@@ -44,7 +47,7 @@ _launcher_said = False  # the launcher's variables gave the rank at the start (s
 
 
 # -- who profiles ------------------------------------------------------------------
-def profiles_rank(cfg: Any, number: int | None) -> bool:
+def profiles_rank(cfg: Config, number: int | None) -> bool:
     """Whether rank ``number`` is one of the ranks ``cfg.ranks`` selects (all when unset)."""
     return cfg.ranks is None or number is None or number in cfg.ranks
 
@@ -56,7 +59,7 @@ def is_child(environ: Mapping[str, str] | None = None, pid: int | None = None) -
     return bool(root) and root != str(os.getpid() if pid is None else pid)
 
 
-def admit(cfg: Any) -> bool:
+def admit(cfg: Config) -> bool:
     """Called before the agent is built: may this process profile?
 
     ``False`` for a child with ``children`` off and for a rank that
@@ -94,7 +97,7 @@ def restore_environ() -> None:
     _exported.clear()
 
 
-def export_settings(cfg: Any) -> None:
+def export_settings(cfg: Config) -> None:
     """Put the settings given to ``install()`` into the environment, for children.
 
     A spawn or forkserver child is a fresh interpreter: it starts the agent
@@ -113,7 +116,7 @@ def export_settings(cfg: Any) -> None:
 
 
 # -- forked children -----------------------------------------------------------------
-def rank_known(cfg: Any, number: int, size: int | None) -> None:
+def rank_known(cfg: Config, number: int, size: int | None) -> None:
     """A communicator told the rank after the start, no launcher having said it.
 
     Too late to refuse a trace path the ranks would share (the launcher's
@@ -153,7 +156,7 @@ def close_at_worker_exit(owner: Any, close: Callable[[], None]) -> None:
         return
     try:
         util.register_after_fork(owner, functools.partial(_register_exit_finalizer, close))
-    except Exception:
+    except Exception:  # an optional hook: without it the worker's trace is not closed early  # noqa: BLE001
         pass
 
 
@@ -179,7 +182,7 @@ def tag_rank(nvtx: Any, number: int) -> None:
             _rank_range = (domain, range_id)
         if first:
             atexit.register(_end_rank_range)
-    except Exception as exc:
+    except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
         log.warning(f"could not tag NVTX with the rank ({type(exc).__name__}: {exc})")
 
 
@@ -191,7 +194,7 @@ def _end_rank_range() -> None:
             _rank_range = None
             try:
                 domain.end_range(range_id)
-            except Exception:
+            except Exception:  # ending the rank's NVTX range at exit: best effort  # noqa: BLE001
                 pass
 
 

@@ -17,11 +17,16 @@ import socket
 import sys
 import threading
 from time import perf_counter_ns, time_ns
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, TypedDict
 
 import wrapt
 
 from ..common import names, rank
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from ..runtime.events import ThreadState, Tracer
 
 #: Name prefix of the agent's own threads (left out of the reports).
 THREAD_PREFIX = "chainer_autoprof"
@@ -33,9 +38,66 @@ _OURS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
          os.path.dirname(os.path.abspath(wrapt.__file__)) + os.sep, "<frozen runpy>")
 
 
-def snapshot(tracer: Any, reason: str, *, since_s: float | None = None,
+class Frame(TypedDict):
+    """One frame of a thread's stack."""
+
+    file: str
+    line: int | None
+    func: str
+    code: str
+
+
+class OpenRange(TypedDict):
+    """A range open on a thread: its name, category and seconds open (``None``: untimed)."""
+
+    name: str
+    category: str
+    open_s: float | None
+
+
+class _Thread(TypedDict):
+    tid: int
+    name: str
+    main: bool
+    open: list[OpenRange]
+
+
+class ThreadWhere(_Thread, total=False):
+    """One thread's position (``stack`` only with stacks; ``loop`` on the training thread)."""
+
+    stack: list[Frame]
+    loop: bool
+
+
+class _Where(TypedDict):
+
+    reason: str
+    pid: int
+    host: str
+    rank: int | None
+    world_size: int | None
+    parent_pid: int
+    unix_ns: int
+    perf_ns: int
+    iteration: int | None
+    in_iteration: bool
+    since_iteration_s: float | None
+    threshold_s: float | None
+    threads: list[ThreadWhere]
+    notes: list[str]
+
+
+class Where(_Where, total=False):
+    """Where each thread is: a stall report, a dump's answer, the trace so far's state
+    (the watch adds the seconds since the last progress and its threshold's rule)."""
+
+    since_progress_s: float
+    threshold_rule: str | None
+
+
+def snapshot(tracer: Tracer, reason: str, *, since_s: float | None = None,
              threshold_s: float | None = None, stacks: bool = True,
-             notes: Iterable[str] = ()) -> dict[str, Any]:
+             notes: Iterable[str] = ()) -> Where:
     """Where each thread is (``reason``: stall, dump or flush), as JSON values.
 
     ``since_s``: seconds since the last iteration began, as the watchdog saw
@@ -47,20 +109,20 @@ def snapshot(tracer: Any, reason: str, *, since_s: float | None = None,
     alive = {t.native_id: t for t in threading.enumerate() if t.native_id is not None}
     states = {ts.tid: ts for ts in list(tracer.states.values())}
     main = threading.main_thread()
-    threads: list[dict[str, Any]] = []
+    threads: list[ThreadWhere] = []
     for tid in _thread_order(main.native_id, states, alive):
         thread = alive.get(tid)
         if thread is None or thread.name.startswith(THREAD_PREFIX):
             continue  # ended (its state stays in the table), or one of ours
         ts = states.get(tid)
         stack = list(ts.stack) if ts is not None else []
-        opened = [{"name": info.name, "category": info.category,
+        opened: list[OpenRange] = [{"name": info.name, "category": info.category,
                    "open_s": round((perf_now - t0) / 1e9, 3) if t0 else None}
                   for info, t0 in stack]
-        entry: dict[str, Any] = {"tid": tid, "name": thread.name, "main": thread is main,
+        entry: ThreadWhere = {"tid": tid, "name": thread.name, "main": thread is main,
                                  "open": opened}
         if stacks:
-            entry["stack"] = _frames(frames.get(thread.ident))
+            entry["stack"] = _frames(frames.get(thread.ident))  # type: ignore[arg-type]  # None: no frame
         threads.append(entry)
     loop = next((t for t in threads if any(r["category"] == names.ITERATION for r in t["open"])),
                 next((t for t in threads if t["main"]), None))
@@ -87,17 +149,17 @@ def snapshot(tracer: Any, reason: str, *, since_s: float | None = None,
     }
 
 
-def _thread_order(main_tid: int | None, states: dict[int, Any],
-                  alive: dict[int, Any]) -> list[int]:
+def _thread_order(main_tid: int | None, states: dict[int, ThreadState],
+                  alive: dict[int, threading.Thread]) -> list[int]:
     """The main thread, the threads with open ranges, then every other live thread."""
     busy = [tid for tid, ts in states.items() if ts.stack and tid != main_tid]
     rest = [tid for tid in alive if tid != main_tid and tid not in busy]
     return ([main_tid] if main_tid is not None else []) + sorted(busy) + sorted(rest)
 
 
-def _frames(frame: Any) -> list[dict[str, Any]]:
+def _frames(frame: FrameType | None) -> list[Frame]:
     """The innermost :data:`FRAMES` frames of the program and its libraries, innermost last."""
-    out: list[dict[str, Any]] = []
+    out: list[Frame] = []
     while frame is not None and len(out) < FRAMES:
         code = frame.f_code
         filename = code.co_filename
@@ -110,8 +172,8 @@ def _frames(frame: Any) -> list[dict[str, Any]]:
     return out
 
 
-def compact(snap: dict[str, Any]) -> dict[str, Any]:
+def compact(snap: Mapping[str, Any]) -> dict[str, Any]:
     """``snap`` without the stacks (what a trace keeps of each stall report)."""
-    out = dict(snap)
+    out: dict[str, Any] = dict(snap)
     out["threads"] = [{k: v for k, v in t.items() if k != "stack"} for t in snap["threads"]]
     return out

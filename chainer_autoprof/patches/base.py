@@ -20,10 +20,16 @@ once, and the wrapped call goes on untouched.
 from __future__ import annotations
 
 import types
-from typing import Any, Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 from ..common import log
 from ..runtime import hotpath
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from ..common.typedefs import AnyFunction, Args, Kwargs
+    from ..runtime.hotpath.protocol import SwitchLike
 
 __all__ = ["Around", "Body", "Hot", "Instrumentor", "Patch", "qualified_name"]
 
@@ -40,7 +46,7 @@ class Around:
 
     __slots__ = ("enter", "exit", "replace_args")
 
-    def __init__(self, enter: Callable[[Any, tuple, dict], Any],
+    def __init__(self, enter: Callable[[Any, Args, Kwargs], Any],
                  exit: Callable[[Any, Any, BaseException | None], Any] | None = None,
                  replace_args: bool = False) -> None:
         self.enter = enter
@@ -64,7 +70,7 @@ class Body:
 
     __slots__ = ("body",)
 
-    def __init__(self, body: Callable[[Callable, Any, tuple, dict], Any]) -> None:
+    def __init__(self, body: Callable[[AnyFunction, Any, Args, Kwargs], Any]) -> None:
         self.body = body
 
 
@@ -103,7 +109,7 @@ class Patch:
         self.status = "pending"
         self.reason = ""
         self.impl: hotpath.Implementation = hotpath.PYTHON
-        self.switch: Any = self.impl.switch()  # on / hits, read by the wrappers
+        self.switch: SwitchLike = self.impl.switch()  # on / hits, read by the wrappers
         self.owners: list[str] = []   # classes (or the module) whose attribute is wrapped
         # (owner, attribute, installed wrapper, original): one per attribute we replaced
         self._handles: list[tuple[Any, str, Any, Any]] = []
@@ -171,13 +177,13 @@ class Patch:
                 for cls in _all_subclasses(self.owner):
                     try:
                         self._wrap_class(cls, only_own=True)
-                    except Exception as exc:  # one odd subclass must not cost the rest
+                    except Exception as exc:  # one odd subclass must not cost the rest  # noqa: BLE001
                         missed.append(f"{qualified_name(cls)} ({type(exc).__name__}: {exc})")
                 if missed:
                     self.reason = "not wrapped: " + "; ".join(missed)
                 self._hook_future_subclasses()
             self.status = "patched"
-        except Exception as exc:  # contain: never break the user's import
+        except Exception as exc:  # contain: never break the user's import  # noqa: BLE001
             self.remove()
             self.status, self.reason = "failed", f"{type(exc).__name__}: {exc}"
 
@@ -206,7 +212,7 @@ class Patch:
         previous = base.__dict__.get("__init_subclass__")
         self._prev_init_subclass = previous
 
-        def __init_subclass__(cls, **kwargs):  # noqa: N807
+        def __init_subclass__(cls: Any, /, **kwargs: Any) -> None:  # noqa: N807
             if previous is not None:
                 previous.__func__(cls, **kwargs)
             else:
@@ -214,7 +220,7 @@ class Patch:
             if patch.on and patch.status == "patched" and patch.attr in cls.__dict__:
                 try:
                     patch._wrap_class(cls, only_own=True)
-                except Exception as exc:
+                except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                     patch.fail(exc)
 
         __init_subclass__._chainer_autoprof = True  # type: ignore[attr-defined]
@@ -233,7 +239,7 @@ class Patch:
                     else:
                         setattr(cls, attr, original)
                 # else replaced since by someone else: theirs stays (ours calls straight through)
-            except Exception as exc:
+            except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
                 log.warning(f"could not restore {attr} on {qualified_name(cls)}: {exc}")
         self._handles.clear()
         if self._hooked:
@@ -251,7 +257,7 @@ class Patch:
 
 def _all_subclasses(cls: type) -> list[type]:
     seen: list[type] = []
-    todo = list(type.__subclasses__(cls))
+    todo: list[type] = list(type.__subclasses__(cls))
     while todo:
         sub = todo.pop()
         if sub in seen:
@@ -283,14 +289,14 @@ class Instrumentor:
 
     def __init__(self, impl: hotpath.Implementation = hotpath.PYTHON) -> None:
         self.patches: list[Patch] = []
-        self.module: Any = None  # the instrumented library, while applied
+        self.module: ModuleType | None = None  # the instrumented library, while applied
         self.impl = impl         # the hot path's implementation its wrappers use
 
-    def targets(self, module: Any) -> list[Patch]:
+    def targets(self, module: ModuleType) -> list[Patch]:
         """The patches for ``module`` (built, not yet applied)."""
         raise NotImplementedError
 
-    def unsupported(self, module: Any) -> str | None:
+    def unsupported(self, module: ModuleType) -> str | None:
         """Why ``module``'s version is not instrumented (``None``: it is)."""
         if not self.supported_majors:
             return None
@@ -305,7 +311,7 @@ class Instrumentor:
         return (f"{self.name} {version or '(unknown version)'} is not a version the "
                 f"agent knows ({known})")
 
-    def apply(self, module: Any) -> None:
+    def apply(self, module: ModuleType) -> None:
         """Build and apply every target (each one contains its own failure)."""
         self.module = module
         self.patches = self.targets(module)
@@ -320,7 +326,7 @@ class Instrumentor:
         self.module = None
 
 
-def _body_wrapper(original: Any, switch: Any, body: Callable, method: bool) -> Callable:
+def _body_wrapper(original: Any, switch: Any, body: AnyFunction, method: bool) -> AnyFunction:
     """A plain-function wrapper running ``body`` (an experiment's own Python wrapper)."""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -40,13 +40,22 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..common import names
 from ..runtime.events import RangeInfo, ThreadState, Tracer
 from . import trainer as trainer_patches
 from .base import Around, Body, Hooks, Hot, Instrumentor, Patch
 from .steps import Steps
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import chainer
+
+    from ..common.typedefs import AnyFunction, Args, Kwargs
+    from ..runtime.events import ThreadState
+    from .replay import Replay
 
 
 def cut_short(exc: BaseException) -> bool:
@@ -64,7 +73,7 @@ class LinkEntry:
 
     __slots__ = ("__weakref__", "bwd_info", "children", "depth", "index", "info", "path", "ref")
 
-    def __init__(self, ref: weakref.ref, path: str, depth: int, index: int) -> None:
+    def __init__(self, ref: weakref.ref[Any], path: str, depth: int, index: int) -> None:
         self.ref = ref
         self.path = path
         self.depth = depth
@@ -82,7 +91,7 @@ class ChainerPatches(Instrumentor):
     supported_majors = (6, 7)
 
     def __init__(self, tracer: Tracer, link_depth: int = 0,
-                 replay: Any = None) -> None:
+                 replay: Replay | None = None) -> None:
         super().__init__(tracer.hotpath)
         self.tracer = tracer
         self.link_depth = link_depth
@@ -97,7 +106,7 @@ class ChainerPatches(Instrumentor):
         self.steps = Steps(tracer)  # a step of a loop without an updater, several optimizers
 
     # -- targets ----------------------------------------------------------
-    def targets(self, chainer: Any) -> list[Patch]:
+    def targets(self, chainer: ModuleType) -> list[Patch]:
         # Chainer's submodules, once Chainer itself is imported (never imported by us first)
         from chainer import _backprop, _backprop_utils, function_node, link, optimizer, variable
         from chainer.dataset import convert, iterator
@@ -130,6 +139,7 @@ class ChainerPatches(Instrumentor):
               lambda p: trainer_patches.wrap_trainer_extend(self.tracer, p,
                                                            extension.Extension)),
         ]
+        mpu: ModuleType | None
         try:
             # Chainer's, like the rest (it is missing from some builds)
             from chainer.training.updaters import multiprocess_parallel_updater as mpu
@@ -158,7 +168,7 @@ class ChainerPatches(Instrumentor):
                              self._wrap_function_apply))
         return patches
 
-    def apply(self, chainer: Any) -> None:
+    def apply(self, chainer: ModuleType) -> None:
         super().apply(chainer)
         # ``chainer.grad`` and ``chainer.backward`` are re-exported at the top level: point
         # them at ours too.
@@ -184,14 +194,14 @@ class ChainerPatches(Instrumentor):
         cfg = self.config
         return bool(cfg.train) and bool(cfg.enable_backprop)
 
-    def _entry(self, link: Any, parent: LinkEntry | None) -> LinkEntry:
+    def _entry(self, link: chainer.Link, parent: LinkEntry | None) -> LinkEntry:
         table = parent.children if parent is not None else self.roots
         key = id(link)
 
         number = next(self._numbers)
         entries = self.entries
 
-        def forget(_ref: Any, table: dict = table, key: int = key) -> None:
+        def forget(_ref: Any, table: dict[int, Any] = table, key: int = key) -> None:
             table.pop(key, None)
             entries.pop(number, None)  # links made on the fly must not pile up
 
@@ -218,15 +228,16 @@ class ChainerPatches(Instrumentor):
         table[key] = entry
         return entry
 
-    def _gpu_of(self, link: Any) -> int | None:
+    def _gpu_of(self, link: chainer.Link) -> int | None:
         """The GPU id holding ``link``'s arrays (and register it for sync)."""
         try:
             device = link.device
-        except Exception:
+        except Exception:  # a link without a device: no GPU to sync  # noqa: BLE001
             return None
         cupy_device = getattr(device, "device", None)
         dev_id = getattr(cupy_device, "id", None)
-        if isinstance(dev_id, int) and getattr(device, "xp", None).__name__ == "cupy":
+        xp = getattr(device, "xp", None)
+        if isinstance(dev_id, int) and getattr(xp, "__name__", None) == "cupy":
             self.tracer.sync.add_devices((dev_id,))
             return dev_id
         return None
@@ -241,7 +252,7 @@ class ChainerPatches(Instrumentor):
         tracer = self.tracer
         state = tracer.state
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             ts = state()
             if ts.iter_explicit:
                 return None
@@ -255,7 +266,7 @@ class ChainerPatches(Instrumentor):
                 if ts.iter_busy:  # an implicit one left open: close it first
                     tracer.end_iteration(ts)
                 tracer.begin_iteration(ts, explicit=True)
-            except Exception as exc:
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(exc)
             return (ts, lifted)
 
@@ -265,7 +276,7 @@ class ChainerPatches(Instrumentor):
             if ts.iter_explicit:
                 try:
                     tracer.end_iteration(ts)
-                except Exception as err:
+                except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                     patch.fail(err)
 
         return Around(enter, exit)
@@ -280,7 +291,7 @@ class ChainerPatches(Instrumentor):
         steps = self.steps
         module_function = not isinstance(patch.owner, type)  # _call_converter(converter, ...)
 
-        def open_data(ts: Any, source: Any) -> bool:
+        def open_data(ts: ThreadState, source: Any) -> bool:
             """``source``: the iterator or converter (what opens a step, when it opens one)."""
             if ts.quiet or ts.phase is not None:
                 return False
@@ -293,14 +304,15 @@ class ChainerPatches(Instrumentor):
                 if ts.iter_busy or (not ts.by_updater and training()):
                     opened = True
                     tracer.begin_phase(ts, names.DATA, key)
-            except Exception as exc:
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(exc)
             return opened
 
-        def source_of(instance: Any, args: tuple) -> Any:
+        def source_of(instance: Any, args: Args) -> Any:
             return (args[0] if args else None) if module_function else instance
 
-        def close_data(ts: Any, instance: Any, result: Any, exc: BaseException | None) -> None:
+        def close_data(ts: ThreadState, instance: Any, result: Any,
+                       exc: BaseException | None) -> None:
             try:
                 tracer.end_phase(ts)
                 if exc is not None and ts.iter_busy and not ts.iter_counts:
@@ -308,7 +320,7 @@ class ChainerPatches(Instrumentor):
                         tracer.confirm_iteration(ts)  # the step was stopped: it counts
                     else:  # out of data: what the batches began reached no update
                         tracer.end_iteration(ts)
-            except Exception as err:
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
             if is_iterator and type(result) is list:
                 facts["batch_size"] = len(result)
@@ -316,7 +328,7 @@ class ChainerPatches(Instrumentor):
 
         if replay is not None:
             # The experiment replaces the call itself: a Python wrapper (a frame of ours).
-            def body(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+            def body(wrapped: AnyFunction, instance: Any, args: Args, kwargs: Kwargs) -> Any:
                 ts = state()
                 if not open_data(ts, source_of(instance, args)):
                     return wrapped(*args, **kwargs)
@@ -330,7 +342,7 @@ class ChainerPatches(Instrumentor):
 
             return Body(body)
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             ts = state()
             return (ts, instance) if open_data(ts, source_of(instance, args)) else None
 
@@ -347,7 +359,7 @@ class ChainerPatches(Instrumentor):
         forward = (names.FORWARD,)  # the outermost link opened the forward phase
         steps = self.steps
 
-        def outer_enter(instance: Any, ts: Any) -> Any:
+        def outer_enter(instance: Any, ts: ThreadState) -> Any:
             """The outermost link: the forward phase, or an inference range."""
             if ts.quiet:
                 return None
@@ -368,12 +380,12 @@ class ChainerPatches(Instrumentor):
                     if ts.iter_owed and ts.iter_opener == id(instance):
                         steps.begins_again(ts)  # the model that began the step: the next one
                     tracer.begin_phase(ts, names.FORWARD, id(instance))
-                except Exception as exc:
+                except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                     patch.fail(exc)  # closed after the call, as the phase it opened
                 return forward
             return None
 
-        def outer_exit(ts: Any, mode: Any) -> None:
+        def outer_exit(ts: ThreadState, mode: Any) -> None:
             if mode is forward:
                 tracer.end_phase(ts)
             else:
@@ -392,17 +404,17 @@ class ChainerPatches(Instrumentor):
         tracer = self.tracer
         state = tracer.state
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             ts = state()
             if ts.quiet or ts.phase is not None or (ts.by_updater and not ts.iter_busy):
                 return None  # inside a phase, or an updater's thread outside it: no phase
             try:
                 tracer.begin_phase(ts, names.BACKWARD)
-            except Exception as exc:
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(exc)  # closed below, as after a call
             return ts
 
-        def exit(ts: Any, result: Any, exc: BaseException | None) -> None:
+        def exit(ts: ThreadState, result: Any, exc: BaseException | None) -> None:
             try:
                 if exc is not None and cut_short(exc) and ts.iter_busy:
                     tracer.confirm_iteration(ts)  # the step was stopped: it counts
@@ -415,7 +427,7 @@ class ChainerPatches(Instrumentor):
                     ts.await_update = False
                     if exc is None and patch.on:
                         tracer.begin_phase(ts, names.UPDATE)
-            except Exception as err:
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
 
         return Around(enter, exit)
@@ -425,33 +437,33 @@ class ChainerPatches(Instrumentor):
         state = tracer.state
         impl = self.impl
 
-        def loss_enter(ts: Any, args: tuple, kwargs: dict) -> Any:
+        def loss_enter(ts: ThreadState, args: Args, kwargs: Kwargs) -> Any:
             if not patch.on or ts.phase is not None:
                 return None
             try:
                 tracer.begin_phase(ts, names.FORWARD)
-            except Exception as exc:
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(exc)
             return ts
 
-        def loss_exit(ts: Any, result: Any, exc: BaseException | None) -> None:
+        def loss_exit(ts: ThreadState, result: Any, exc: BaseException | None) -> None:
             try:
                 tracer.end_phase(ts)
-            except Exception as err:
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
 
-        def forward_phase(ts: ThreadState, lossfun: Callable) -> Callable:
+        def forward_phase(ts: ThreadState, lossfun: AnyFunction) -> AnyFunction:
             """The loss function as the forward phase (its call is made from C natively)."""
             switch = impl.switch()
 
-            def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+            def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
                 return loss_enter(ts, args, kwargs)
 
             return impl.around(lossfun, switch, enter, loss_exit, patch.fail)
 
         steps = self.steps
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             ts = state()
             if ts.quiet:
                 return None
@@ -480,7 +492,7 @@ class ChainerPatches(Instrumentor):
                 elif ts.phase is None:
                     opened_update = True
                     tracer.begin_phase(ts, names.UPDATE)
-            except Exception as exc:
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(exc)  # the user's own arguments; what was opened is closed below
                 call_args, call_kwargs = args, kwargs
             return (ts, outer, opened_update, awaiting, again), call_args, call_kwargs
@@ -498,7 +510,7 @@ class ChainerPatches(Instrumentor):
                         tracer.end_iteration(ts)
                     else:  # the step's last update ends it
                         steps.after_update(ts, again)
-            except Exception as err:
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
 
         return Around(enter, exit, replace_args=True)
@@ -507,10 +519,10 @@ class ChainerPatches(Instrumentor):
         """``Optimizer.setup``: the optimizers a step of a loop without an updater may wait for."""
         steps = self.steps
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             return instance
 
-        def exit(optimizer: Any, result: Any, exc: BaseException | None) -> None:
+        def exit(optimizer: chainer.Optimizer, result: Any, exc: BaseException | None) -> None:
             if exc is None:
                 steps.set_up(optimizer)
 
@@ -529,7 +541,7 @@ class ChainerPatches(Instrumentor):
         tracer = self.tracer
         state, end = tracer.state, tracer.end
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             ts = state()
             if ts.phase != names.BACKWARD:
                 return None
@@ -550,9 +562,9 @@ class ChainerPatches(Instrumentor):
     def _wrap_extension(self, patch: Patch) -> Hooks:
         tracer = self.tracer
         state, begin, end = tracer.state, tracer.begin, tracer.end
-        cache: dict[tuple[str, type], RangeInfo] = {}
+        cache: dict[tuple[Any, type], RangeInfo] = {}  # (the extension's name, its class)
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             ts = state()
             if ts.extension is instance:  # super().__call__ of the same extension
                 return None
@@ -572,7 +584,7 @@ class ChainerPatches(Instrumentor):
                 ts.extension = instance
                 entered = True
                 tok = begin(info, ts)
-            except Exception as exc:
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(exc)
             return (ts, previous, tok) if entered else None
 
@@ -582,7 +594,7 @@ class ChainerPatches(Instrumentor):
             ts.extension = previous
             try:
                 end(tok, ts)
-            except Exception as err:
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
 
         return Around(enter, exit)

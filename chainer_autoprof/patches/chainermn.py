@@ -27,11 +27,14 @@ synchronizing collective is kept as the clock reference for ``merge``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..common import names, rank
 from ..runtime.events import Tracer
 from .base import Around, Instrumentor, Patch
+
+if TYPE_CHECKING:
+    from ..common.typedefs import Args, Kwargs
 
 #: Communicator methods that get a ``comm:<method>`` range.
 COMM_METHODS = (
@@ -127,7 +130,7 @@ class ChainerMNPatches(Instrumentor):
         note_end = rank.note_collective_end
         op = info.name
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             ts = state()
             stack = ts.stack
             if stack and stack[-1][0].category == comm_category:
@@ -140,7 +143,7 @@ class ChainerMNPatches(Instrumentor):
                 end(tok, ts)  # at sync level 2 or more, after the GPU has finished
                 if synchronizing and rank.clock_reference() is None:
                     note_end(op, clock())
-            except Exception as err:
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
 
         return Around(enter, exit)
@@ -148,7 +151,7 @@ class ChainerMNPatches(Instrumentor):
     def _wrap_create_communicator(self, patch: Patch) -> Around:
         on_rank = self.on_rank
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             return True
 
         def exit(st: Any, comm: Any, exc: BaseException | None) -> None:
@@ -157,7 +160,7 @@ class ChainerMNPatches(Instrumentor):
                     number, size = _world_rank(comm)
                     if number is not None:
                         on_rank(number, size)
-                except Exception as err:
+                except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                     patch.fail(err)
 
         return Around(enter, exit)
@@ -170,9 +173,9 @@ def _world_rank(comm: Any) -> tuple[int | None, int | None]:
 
         world = MPI.COMM_WORLD
         return world.Get_rank(), world.Get_size()
-    except Exception:
+    except Exception:  # no MPI: the rank stays unknown  # noqa: BLE001
         pass
     try:
         return int(comm.rank), int(comm.size)
-    except Exception:
+    except Exception:  # a communicator without rank/size: unknown  # noqa: BLE001
         return None, None

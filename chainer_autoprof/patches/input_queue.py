@@ -19,12 +19,20 @@ stall report.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .base import Around, Hooks, Instrumentor, Patch
 
+if TYPE_CHECKING:
+    from types import ModuleType
 
-def _multiprocess_ready(it: Any) -> tuple[int, int] | None:
+    import chainer
+
+    from ..common.typedefs import Args, Kwargs
+    from ..runtime.events import Tracer
+
+
+def _multiprocess_ready(it: chainer.dataset.Iterator) -> tuple[int, int] | None:
     """(ready, capacity) of a MultiprocessIterator, ``None`` before its first batch."""
     loop = getattr(it, "_prefetch_loop", None)
     comm = getattr(it, "_comm", None)
@@ -33,7 +41,7 @@ def _multiprocess_ready(it: Any) -> tuple[int, int] | None:
     return len(comm._batch_queue), int(getattr(it, "n_prefetch", 1) or 1)
 
 
-def _multithread_ready(it: Any) -> tuple[int, int] | None:
+def _multithread_ready(it: chainer.dataset.Iterator) -> tuple[int, int] | None:
     """(ready, capacity) of a MultithreadIterator, ``None`` before its first batch."""
     pending = getattr(it, "_next", None)
     if pending is None:
@@ -56,13 +64,13 @@ class InputQueueProbe(Instrumentor):
     reported = False
     requires = ("chainer",)
 
-    def __init__(self, tracer: Any) -> None:
+    def __init__(self, tracer: Tracer) -> None:
         super().__init__()
         self.tracer = tracer
         self.stats: dict[str, dict[str, Any]] = {}
         self._last: Any = None  # weak reference to the last training iterator
 
-    def targets(self, chainer: Any) -> list[Patch]:
+    def targets(self, chainer: ModuleType) -> list[Patch]:
         # Chainer's submodules, once Chainer itself is imported (never imported by us first)
         from chainer.iterators import multiprocess_iterator, multithread_iterator
 
@@ -79,9 +87,9 @@ class InputQueueProbe(Instrumentor):
         stats = self.stats
         probed: dict[type, str] = {}  # iterator class -> the probed class it is
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> None:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> None:
             if state().quiet:
-                return None
+                return
             cls = type(instance)
             name = probed.get(cls)
             if name is None:
@@ -99,7 +107,7 @@ class InputQueueProbe(Instrumentor):
             last = self._last
             if last is None or last() is not instance:
                 self._last = weakref.ref(instance)
-            return None  # nothing to do after the fetch
+            return  # nothing to do after the fetch
 
         return Around(enter)
 
@@ -125,7 +133,7 @@ class InputQueueProbe(Instrumentor):
         return [text]
 
 
-def _class_name(it: Any) -> str:
+def _class_name(it: chainer.dataset.Iterator) -> str:
     """The probed base class an iterator is (subclasses count as their base)."""
     for cls in type(it).__mro__:
         if cls.__name__ in READERS:

@@ -27,12 +27,20 @@ from __future__ import annotations
 
 import sys
 from time import perf_counter_ns, thread_time_ns
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy
 
 from ..common import log, names
 from .base import Around, Instrumentor, Patch
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import chainer
+
+    from ..common.typedefs import Args, Kwargs
+    from ..runtime.events import Tracer
 
 #: The training iteration (counted from 0) whose function calls are counted.
 #: The second one: the first may run lazy initialization, and the count runs
@@ -56,12 +64,12 @@ class Probes(Instrumentor):
     reported = False
     requires = ("chainer",)
 
-    def __init__(self, tracer: Any, count_iteration: int = COUNT_ITERATION) -> None:
+    def __init__(self, tracer: Tracer, count_iteration: int = COUNT_ITERATION) -> None:
         super().__init__(tracer.hotpath)
         self.tracer = tracer
         self.facts: dict[str, Any] = tracer.facts
         self.count_iteration = count_iteration
-        self.chainer: Any = None
+        self.chainer: Any = None  # the chainer module once applied (read only after)
         self.snapshot_done = False
         self.update_done = False
         self._count_hook: Any = None
@@ -70,7 +78,7 @@ class Probes(Instrumentor):
         self._last_transfer_iteration = -1
 
     # -- applying -------------------------------------------------------------
-    def targets(self, chainer: Any) -> list[Patch]:
+    def targets(self, chainer: ModuleType) -> list[Patch]:
         # Chainer's submodules, once Chainer itself is imported (never imported by us first)
         from chainer import optimizer
         from chainer.training import extension
@@ -87,11 +95,11 @@ class Probes(Instrumentor):
             patches += self._transfer_patches()
         return patches
 
-    def apply(self, chainer: Any) -> None:
+    def apply(self, chainer: ModuleType) -> None:
         """Wrap the probe targets; a probe that cannot be built leaves the checks out."""
         try:
             super().apply(chainer)
-        except Exception as exc:
+        except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.warning(f"run-time checks unavailable ({type(exc).__name__}: {exc})")
             self.remove()
 
@@ -113,7 +121,7 @@ class Probes(Instrumentor):
     def _wrap_update(self, patch: Patch) -> Around:
         state = self.tracer.state
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             if self.update_done:
                 return None
             # not inside an extension, inference, a trainer's gap
@@ -124,13 +132,13 @@ class Probes(Instrumentor):
                 return
             try:
                 self._after_training_update(st[0])
-            except Exception as err:
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
                 self.close()
 
         return Around(enter, exit)
 
-    def _after_training_update(self, optimizer: Any) -> None:
+    def _after_training_update(self, optimizer: chainer.Optimizer) -> None:
         if not self.snapshot_done:
             self.snapshot_done = True
             self._snapshot(optimizer)
@@ -151,7 +159,7 @@ class Probes(Instrumentor):
         if hook.functions or complete:
             hook.publish()
 
-    def _snapshot(self, optimizer: Any) -> None:
+    def _snapshot(self, optimizer: chainer.Optimizer) -> None:
         chainer = self.chainer
         facts = self.facts
         cfg = chainer.config
@@ -167,7 +175,7 @@ class Probes(Instrumentor):
 
             facts["cuda"] = {"available": bool(cuda.available),
                              "cudnn_enabled": bool(cuda.cudnn_enabled)}
-        except Exception:
+        except Exception:  # the CUDA facts are optional  # noqa: BLE001
             pass
         target = getattr(optimizer, "target", None)
         if target is not None and hasattr(target, "params"):
@@ -180,7 +188,7 @@ class Probes(Instrumentor):
     def _wrap_extension(self, patch: Patch) -> Around:
         seen = self._seen_extensions
 
-        def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             if id(instance) in seen:
                 return None
             hook = None
@@ -189,7 +197,7 @@ class Probes(Instrumentor):
                 hook = self._hook_cls[1]()
                 if not _enter_hook(hook):
                     hook = None
-            except Exception as exc:
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(exc)
             return (instance, hook) if hook is not None else None
 
@@ -199,7 +207,7 @@ class Probes(Instrumentor):
                 _exit_hook(hook)
                 if hook.eval_functions:
                     self._record_evaluation(instance, hook)
-            except Exception as err:
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
 
         return Around(enter, exit)
@@ -251,7 +259,7 @@ class Probes(Instrumentor):
         tracer = self.tracer
 
         def make(patch: Patch) -> Around:
-            def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+            def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
                 try:
                     ts = state()
                     if ts.iter_busy and not ts.quiet and ts.phase != names.DATA:
@@ -259,7 +267,7 @@ class Probes(Instrumentor):
                         hit = var_on_gpu(instance) if test is None else test(obj)
                         if hit:
                             self._record_transfer(label, ts.phase, tracer.iterations)
-                except Exception as exc:
+                except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                     patch.fail(exc)
                 return None
 
@@ -283,11 +291,11 @@ class Probes(Instrumentor):
 
 # -- function hooks (classes built once Chainer is imported) --------------------
 
-def _hook_classes(chainer: Any) -> tuple[type, type]:
-    base = chainer.FunctionHook
+def _hook_classes(chainer: ModuleType) -> tuple[type, type]:
+    base: Any = chainer.FunctionHook  # Chainer's class: no type to derive from
     config = chainer.config
 
-    class CountHook(base):
+    class CountHook(base):  # type: ignore[misc, no-any-unimported]  # Chainer's, at run time
         """Counts functions applied inside one training iteration; times type checks.
 
         Over the iteration it takes this thread's CPU time from the first call
@@ -300,7 +308,7 @@ def _hook_classes(chainer: Any) -> tuple[type, type]:
 
         name = _HOOK_NAME + "_count"
 
-        def __init__(self, tracer: Any, begun: int) -> None:
+        def __init__(self, tracer: Tracer, begun: int) -> None:
             self.tracer = tracer
             self.begun = begun
             self.functions = 0
@@ -327,7 +335,7 @@ def _hook_classes(chainer: Any) -> tuple[type, type]:
                     try:
                         check(in_data)
                         self.checks.append(perf_counter_ns() - t0)
-                    except Exception:
+                    except Exception:  # the function raises it itself when it runs  # noqa: BLE001
                         pass
                 self.publish(full=not n & (n + 1) or n + 1 == TIMED_CHECKS)
             else:
@@ -347,7 +355,7 @@ def _hook_classes(chainer: Any) -> tuple[type, type]:
             if self.functions > 1 and cpu > 0:
                 facts["function_cpu_us"] = round(cpu / (self.functions - 1) / 1e3, 3)
 
-    class EvalHook(base):
+    class EvalHook(base):  # type: ignore[misc, no-any-unimported]  # (same)
         """Counts functions applied with ``train`` off, and those that build a graph."""
 
         name = _HOOK_NAME + "_eval"
@@ -435,7 +443,7 @@ def blas_facts() -> dict[str, Any]:
     return {"name": name, "optimized": optimized, "gflops": round(matmul_gflops(numpy), 2)}
 
 
-def _blas_name(numpy: Any) -> str | None:
+def _blas_name(numpy: ModuleType) -> str | None:
     config = getattr(numpy, "__config__", None)
     deps = getattr(config, "CONFIG", {}).get("Build Dependencies", {})
     blas = deps.get("blas") if isinstance(deps, dict) else None
@@ -448,7 +456,7 @@ def _blas_name(numpy: Any) -> str | None:
     return None
 
 
-def matmul_gflops(numpy: Any, n: int = MATMUL_SIZE, repeats: int = 3) -> float:
+def matmul_gflops(numpy: ModuleType, n: int = MATMUL_SIZE, repeats: int = 3) -> float:
     """GFLOP/s of the best of ``repeats`` float32 ``n x n`` matmuls."""
     a = numpy.ones((n, n), numpy.float32)
     b = numpy.ones((n, n), numpy.float32)

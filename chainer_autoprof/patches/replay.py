@@ -24,9 +24,12 @@ are meaningless.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..common import log
+
+if TYPE_CHECKING:
+    from ..common.typedefs import AnyFunction, Args, Kwargs
 
 #: Iterators whose epoch state the replay advances without loading.
 KNOWN_ITERATORS = ("SerialIterator", "MultithreadIterator", "MultiprocessIterator")
@@ -38,15 +41,15 @@ class Replay:
     def __init__(self, facts: dict[str, Any]) -> None:
         self.facts = facts
         self.on = True
-        self._batches: dict[int, tuple[Any, list]] = {}
+        self._batches: dict[int, tuple[Any, list[Any]]] = {}
         self._converted: dict[int, tuple[Any, Any]] = {}
         self._statemachine: Any = None
         self.info: dict[str, Any] = {"iterator": None, "iterator_mode": None,
                                      "converter": False, "replayed": 0}
         facts["replay"] = self.info
 
-    def call(self, kind: str, wrapped: Callable, instance: Any, args: tuple,
-             kwargs: dict) -> Any:
+    def call(self, kind: str, wrapped: AnyFunction, instance: Any, args: Args,
+             kwargs: Kwargs) -> Any:
         """The data call ``kind`` (``__next__``/``next``, ``__call__``, ``_call_converter``)."""
         if not self.on:
             return wrapped(*args, **kwargs)
@@ -56,19 +59,19 @@ class Replay:
         return self._convert(converter, wrapped, args, kwargs)
 
     # -- iterator ----------------------------------------------------------------
-    def _next(self, wrapped: Callable, iterator: Any, args: tuple, kwargs: dict) -> Any:
+    def _next(self, wrapped: AnyFunction, iterator: Any, args: Args, kwargs: Kwargs) -> Any:
         try:
             kept = self._batches.get(id(iterator))
             if kept is not None and kept[0]() is not iterator:
                 kept = None
             advance = self._advancer(iterator) if kept is not None else None
-        except Exception as exc:
+        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
             return self._fail(exc, wrapped, args, kwargs)
         if kept is None:
             batch = wrapped(*args, **kwargs)
             try:
                 self._keep_batch(iterator, batch)
-            except Exception as exc:
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 self._fail(exc)
             return batch
         if advance is None:
@@ -117,7 +120,7 @@ class Replay:
         return advance
 
     # -- converter -----------------------------------------------------------------
-    def _convert(self, converter: Any, wrapped: Callable, args: tuple, kwargs: dict) -> Any:
+    def _convert(self, converter: Any, wrapped: AnyFunction, args: Args, kwargs: Kwargs) -> Any:
         key = id(converter)
         kept = self._converted.get(key)
         if kept is not None and kept[0] is converter:
@@ -127,13 +130,13 @@ class Replay:
         try:
             self._converted[key] = (converter, result)
             self.info["converter"] = True
-        except Exception as exc:
+        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
             self._fail(exc)
         return result
 
     # -- errors ----------------------------------------------------------------------
-    def _fail(self, exc: BaseException, wrapped: Callable | None = None,
-              args: tuple = (), kwargs: dict | None = None) -> Any:
+    def _fail(self, exc: BaseException, wrapped: AnyFunction | None = None,
+              args: Args = (), kwargs: Kwargs | None = None) -> Any:
         if self.on:
             self.on = False
             self.info["error"] = f"{type(exc).__name__}: {exc}"

@@ -24,9 +24,12 @@ lookups, and a walk over the links of the models involved.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from ..runtime.events import ThreadState, Tracer
+
+if TYPE_CHECKING:
+    import chainer
 
 #: Outermost links a step remembers (those called beyond are not looked at).
 MAX_STEP_LINKS = 64
@@ -39,11 +42,11 @@ def _holds(outer: Any, inner: Any) -> bool:
         return False
     try:
         return any(link is inner for link in links())
-    except Exception:
+    except Exception:  # noqa: BLE001
         return False  # a link of the program's that cannot list its children: unrelated
 
 
-def related(link: Any, target: Any) -> bool:
+def related(link: chainer.Link, target: Any) -> bool:
     """Whether calling ``link`` involves ``target`` (one holds the other, or they are one)."""
     return link is target or _holds(link, target) or _holds(target, link)
 
@@ -53,17 +56,17 @@ class Steps:
 
     def __init__(self, tracer: Tracer) -> None:
         self.tracer = tracer
-        self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.not_waited: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.optimizers: weakref.WeakSet[chainer.Optimizer] = weakref.WeakSet()
+        self.not_waited: weakref.WeakSet[chainer.Optimizer] = weakref.WeakSet()
         #: Two optimizers or more were set up: steps need to know which links they call.
         self.many = False
 
-    def set_up(self, optimizer: Any) -> None:
+    def set_up(self, optimizer: chainer.Optimizer) -> None:
         """``optimizer.setup(link)`` returned."""
         self.optimizers.add(optimizer)
         self.many = len(self.optimizers) > 1
 
-    def called(self, ts: ThreadState, link: Any) -> None:
+    def called(self, ts: ThreadState, link: chainer.Link) -> None:
         """An outermost link was called on ``ts`` (only while :attr:`many`); held weakly (a
         step that never ends, as an evaluation's, keeps no model alive)."""
         seen = ts.step_links
@@ -73,7 +76,7 @@ class Steps:
             except TypeError:
                 pass  # a link that cannot be referenced weakly: not looked at
 
-    def updating(self, ts: ThreadState, optimizer: Any) -> bool:
+    def updating(self, ts: ThreadState, optimizer: chainer.Optimizer) -> bool:
         """``optimizer`` updates in the step open on ``ts``; whether it already did."""
         done = ts.step_optimizers
         key = id(optimizer)
@@ -83,7 +86,7 @@ class Steps:
             self.not_waited.discard(optimizer)
         return again
 
-    def owed(self, ts: ThreadState) -> list[Any]:
+    def owed(self, ts: ThreadState) -> list[chainer.Optimizer]:
         """The optimizers the step open on ``ts`` still waits for."""
         if not self.many or not ts.step_links:
             return []
@@ -99,7 +102,7 @@ class Steps:
                 owed.append(optimizer)
         return owed
 
-    def wait_no_longer(self, optimizers: Iterable[Any]) -> None:
+    def wait_no_longer(self, optimizers: Iterable[chainer.Optimizer]) -> None:
         """A step waited in vain for these: later steps end without them."""
         for optimizer in optimizers:
             self.not_waited.add(optimizer)

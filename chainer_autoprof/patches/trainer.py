@@ -13,34 +13,38 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..common import names
 from .base import Around, Patch
 
+if TYPE_CHECKING:
+    from ..common.typedefs import Args, Kwargs
+    from ..runtime.events import RangeInfo, ThreadState, Tracer
 
-def wrap_trainer_run(tracer: Any, patch: Patch) -> Around:
+
+def wrap_trainer_run(tracer: Tracer, patch: Patch) -> Around:
     """Everything inside ``Trainer.run`` but outside an update is quiet."""
     state = tracer.state
 
-    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
         ts = state()
         ts.quiet += 1
         ts.in_trainer += 1
         return ts
 
-    def exit(ts: Any, result: Any, exc: BaseException | None) -> None:
+    def exit(ts: ThreadState, result: Any, exc: BaseException | None) -> None:
         ts.quiet -= 1
         ts.in_trainer -= 1
 
     return Around(enter, exit)
 
 
-def wrap_trainer_extend(tracer: Any, patch: Patch, extension_cls: type) -> Around:
+def wrap_trainer_extend(tracer: Tracer, patch: Patch, extension_cls: type) -> Around:
     """Give function extensions an extension range of their own."""
     impl = tracer.hotpath
 
-    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
         ext = args[0] if args else kwargs.get("extension")
         if ext is None or isinstance(ext, extension_cls) or not callable(ext) \
                 or _ours(ext):
@@ -62,11 +66,11 @@ def _ours(ext: Any) -> bool:
     return getattr(ext, "_chainer_autoprof_switch", None) is not None
 
 
-def _extension_call(tracer: Any, patch: Patch, info: Any) -> tuple[Any, Any]:
+def _extension_call(tracer: Tracer, patch: Patch, info: RangeInfo) -> tuple[Any, Any]:
     """The hooks of a function extension's call: quiet, and its extension range."""
     state, begin, end = tracer.state, tracer.begin, tracer.end
 
-    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
         if not patch.on:
             return None
         ts = state()
@@ -74,7 +78,7 @@ def _extension_call(tracer: Any, patch: Patch, info: Any) -> tuple[Any, Any]:
         tok = None
         try:
             tok = begin(info, ts)
-        except Exception as exc:
+        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
             patch.fail(exc)
         return (ts, tok)
 
@@ -83,13 +87,13 @@ def _extension_call(tracer: Any, patch: Patch, info: Any) -> tuple[Any, Any]:
         ts.quiet -= 1
         try:
             end(tok, ts)
-        except Exception as err:
+        except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
             patch.fail(err)
 
     return enter, exit
 
 
-def wrap_mpu_gather_grads(tracer: Any, patch: Patch) -> Around:
+def wrap_mpu_gather_grads(tracer: Tracer, patch: Patch) -> Around:
     """``multiprocess_parallel_updater.gather_grads``: the update phase begins.
 
     MultiprocessParallelUpdater workers never call an optimizer: their
@@ -100,25 +104,25 @@ def wrap_mpu_gather_grads(tracer: Any, patch: Patch) -> Around:
     """
     state = tracer.state
 
-    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
         ts = state()
         try:
             if ts.iter_busy and not ts.quiet:
                 tracer.confirm_iteration(ts)  # a worker's update: its iteration is one
             if ts.iter_busy and ts.phase is None and not ts.quiet:
                 tracer.begin_phase(ts, names.UPDATE)
-        except Exception as exc:
+        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
             patch.fail(exc)
         return None
 
     return Around(enter)
 
 
-def wrap_mpu_scatter_params(tracer: Any, patch: Patch) -> Around:
+def wrap_mpu_scatter_params(tracer: Tracer, patch: Patch) -> Around:
     """``multiprocess_parallel_updater.scatter_params``: a worker's iteration ends."""
     state = tracer.state
 
-    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
         return True
 
     def exit(st: Any, result: Any, exc: BaseException | None) -> None:
@@ -127,7 +131,7 @@ def wrap_mpu_scatter_params(tracer: Any, patch: Patch) -> Around:
             try:
                 if ts.iter_busy and not ts.iter_explicit and not ts.quiet:
                     tracer.end_iteration(ts)
-            except Exception as err:
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
 
     return Around(enter, exit)

@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RecursionError:
         sys.stderr.write(f"chainer_autoprof report: {args.trace}: nested too deeply\n")
         return 2
-    except Exception as exc:  # a damage no check above knows yet: one line, never a traceback
+    except Exception as exc:  # a damage no check above knows yet: one line, never a traceback  # noqa: BLE001
         sys.stderr.write(f"chainer_autoprof report: cannot report on {args.trace} "
                          f"(internal error {type(exc).__name__}: {exc})\n")
         return 2

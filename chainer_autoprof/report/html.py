@@ -18,7 +18,7 @@ import html
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..analysis.advice import check
 from ..analysis.gpu_evidence import GpuEvidence, busy_text, on_gpu
@@ -29,6 +29,11 @@ from ..common import figures, log, names
 from ..common.outputs import atomic_text
 from .stall import ended_abnormally
 from .summary import IDLE_LABELS, activity, describe_slow
+
+if TYPE_CHECKING:
+    from ..analysis.advice import Finding
+    from ..analysis.stats import RunStats
+    from .tracefile import Trace
 
 #: Bars drawn at most in the per-iteration chart (more iterations are averaged in bins).
 MAX_BARS = 600
@@ -65,7 +70,7 @@ def css_color(category: str) -> str:
     return f"#{argb & 0xFFFFFF:06x}"
 
 
-def _e(text: Any) -> str:
+def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
@@ -93,7 +98,7 @@ class IterationRow:
         return (self.t1 - self.t0) / 1e6
 
 
-def loop_tid(trace: Any) -> int | None:
+def loop_tid(trace: Trace) -> int | None:
     """The thread with the most iteration ranges."""
     counts: dict[int, int] = {}
     for r in trace.ranges:
@@ -104,7 +109,7 @@ def loop_tid(trace: Any) -> int | None:
     return max(counts, key=lambda tid: counts[tid])
 
 
-def iteration_rows(trace: Any) -> list[IterationRow]:
+def iteration_rows(trace: Trace) -> list[IterationRow]:
     """The loop thread's iterations in time order, each with its phase times."""
     tid = loop_tid(trace)
     if tid is None:
@@ -145,7 +150,7 @@ def iteration_rows(trace: Any) -> list[IterationRow]:
     return rows
 
 
-def _waits_at_iteration_end(trace: Any) -> bool:
+def _waits_at_iteration_end(trace: Trace) -> bool:
     """A GPU run at sync level 1 whose trace did not record the agent's waits: each one is the
     tail of its iteration, after the last phase (estimated so)."""
     meta: dict[str, Any] = trace.meta or {}
@@ -245,8 +250,8 @@ class _Span:
     note: str = ""
 
 
-def timeline(trace: Any, rows: Sequence[IterationRow],
-             stats: Any = None) -> tuple[str, str]:
+def timeline(trace: Trace, rows: Sequence[IterationRow],
+             stats: RunStats | None = None) -> tuple[str, str]:
     """(heading, SVG) of the counted iteration closest to the median.
 
     On a GPU, a last row shows the GPU's phase spans (CUDA events) of that iteration; their
@@ -316,7 +321,7 @@ def timeline(trace: Any, rows: Sequence[IterationRow],
     return heading, svg
 
 
-def _gpu_row(stats: Any, counted: Sequence[IterationRow], it: IterationRow,
+def _gpu_row(stats: RunStats, counted: Sequence[IterationRow], it: IterationRow,
              phases: Sequence[_Span], row: int) -> list[_Span]:
     """The GPU's phase spans of iteration ``it`` (its CUDA events, else their medians)."""
     series = stats.gpu_phase_ms or {}
@@ -347,14 +352,14 @@ def _gpu_row(stats: Any, counted: Sequence[IterationRow], it: IterationRow,
     return out
 
 
-def wall_bar(stats: Any) -> str:
+def wall_bar(stats: RunStats) -> str:
     """One bar: the wall time split into iterations and what ran outside them."""
     parts = [("iterations", stats.iteration_total_ms)]
     parts += sorted(stats.outside_ms.items(), key=lambda kv: -kv[1])
     wall = max(stats.wall_ms, sum(v for _k, v in parts), 1e-9)
     width, left = CHART_WIDTH, 10
     plot_w = width - 2 * left
-    x = left
+    x: float = left
     body, legend = [], []
     ext_color = css_color(names.EXTENSION)
     for key, ms in parts:
@@ -374,7 +379,7 @@ def wall_bar(stats: Any) -> str:
 
 # -- tables and text -----------------------------------------------------------------------
 
-def links_table(stats: Any) -> str:
+def links_table(stats: RunStats) -> str:
     if not stats.links:
         return ('<p class="empty">No link ranges in this trace (recorded at granularity '
                 f'{_e(stats.meta.get("granularity", "?"))}; run with '
@@ -400,7 +405,7 @@ def links_table(stats: Any) -> str:
             + "</tbody></table>" + more)
 
 
-def verdict_html(verdict: Any) -> str:
+def verdict_html(verdict: Verdict) -> str:
     items = "".join(f"<li>{_e(line.strip())}</li>" for line in verdict.evidence)
     tries = "".join(f"<li>{_e(line)}</li>" for line in verdict.suggestions)
     also = (f'<p class="also">Also over threshold: {_e("; ".join(verdict.also))}</p>'
@@ -414,7 +419,7 @@ def verdict_html(verdict: Any) -> str:
             + also + notes)
 
 
-def advice_html(findings: Sequence[Any]) -> str:
+def advice_html(findings: Sequence[Finding]) -> str:
     if not findings:
         return '<p class="empty">Nothing in this run\'s configuration to change.</p>'
     out = []
@@ -426,7 +431,7 @@ def advice_html(findings: Sequence[Any]) -> str:
     return "".join(out)
 
 
-def key_figures(stats: Any, gpu: GpuEvidence | None = None) -> str:
+def key_figures(stats: RunStats, gpu: GpuEvidence | None = None) -> str:
     meta = stats.meta or {}
     shown = [("iterations", f"{stats.iterations} counted + {stats.warmup} warm-up")]
     if stats.iterations:
@@ -459,7 +464,7 @@ def key_figures(stats: Any, gpu: GpuEvidence | None = None) -> str:
     return "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>" for k, v in shown)
 
 
-def gpu_section(stats: Any, gpu: GpuEvidence | None, verdict: Any) -> str:
+def gpu_section(stats: RunStats, gpu: GpuEvidence | None, verdict: Verdict) -> str:
     """The GPU's phase times beside the host's, the agent's waits, the busy share."""
     if gpu is None:
         return '<p class="empty">The model ran on a GPU, but no iteration was counted.</p>'
@@ -493,7 +498,7 @@ def gpu_section(stats: Any, gpu: GpuEvidence | None, verdict: Any) -> str:
     return table + text
 
 
-def activity_html(stats: Any) -> str:
+def activity_html(stats: RunStats) -> str:
     """The GPU's own time from its kernel activity (CUPTI): busy and idle by cause, GPU time
     by phase, the top links and kernels by GPU time; empty without GPU activity."""
     fig = activity(stats)
@@ -560,12 +565,12 @@ def activity_html(stats: Any) -> str:
 
 # -- the page ---------------------------------------------------------------------------------
 
-def render(trace: Any, stats: Any, replay: Any = None) -> str:
+def render(trace: Trace, stats: RunStats, replay: RunStats | None = None) -> str:
     """The whole HTML page for ``trace`` (``stats`` computed from it)."""
     try:
         verdict = decide(stats, replay)
         findings = check(stats, verdict)
-    except Exception as exc:  # our bug or damaged facts: the rest of the page stands
+    except Exception as exc:  # our bug or damaged facts: the rest of the page stands  # noqa: BLE001
         verdict = Verdict("unknown", "no verdict", [log.contained("the verdict", exc)])
         findings = []
     rows = iteration_rows(trace)
@@ -623,7 +628,7 @@ def _json(data: Any) -> str:
     return json.dumps(data).replace("</", "<\\/")
 
 
-def write_report(out_path: str, runs: Sequence[tuple[Any, Any]]) -> None:
+def write_report(out_path: str, runs: Sequence[tuple[Trace, RunStats]]) -> None:
     """Write the page for ``runs`` (``(trace, stats)`` pairs, one or two) to ``out_path``.
 
     The page shows the first run; when one of two runs is a replay run, it

@@ -89,7 +89,7 @@ class Input:
     label: str = ""
 
     @property
-    def sort_key(self) -> tuple:
+    def sort_key(self) -> tuple[int, bool, int, str]:
         return (self.rank if self.rank is not None else 1 << 30, self.child, self.pid or 0,
                 self.path)
 
@@ -299,7 +299,8 @@ def last_position(inp: Input) -> dict[str, Any] | None:
     stall report (``None`` for a run that ended normally without a stall)."""
     partial = inp.meta.get("partial")
     if isinstance(partial, dict) and isinstance(partial.get("where"), dict):
-        return partial["where"]
+        where: dict[str, Any] = partial["where"]
+        return where
     stalls = inp.meta.get("stalls") or (partial or {}).get("stalls") or []
     return stalls[-1] if stalls and isinstance(stalls[-1], dict) else None
 

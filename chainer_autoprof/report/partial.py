@@ -32,7 +32,7 @@ from __future__ import annotations
 import io
 import json
 import struct
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
@@ -46,6 +46,9 @@ from .trace_events import (
     process_events,
     write_container,
 )
+
+if TYPE_CHECKING:
+    from ..common.typedefs import RangeRows
 
 MAGIC = b"CHAINER_AUTOPROF_PARTIAL 1\n"
 SUFFIX = ".partial"
@@ -70,7 +73,7 @@ def json_record(kind: bytes, value: Any) -> bytes:
     return _record(kind, json.dumps(value, default=str, separators=(",", ":")).encode())
 
 
-def rows_records(tid: int, rows: Any) -> list[bytes]:
+def rows_records(tid: int, rows: RangeRows) -> list[bytes]:
     """ROWS records of one thread's ``(n, 4)`` int64 rows."""
     rows = np.ascontiguousarray(rows, dtype="<i8").reshape(-1, 4)
     out = []
@@ -171,7 +174,7 @@ def read_partial(path: str, limit: int | None = None,
     state: dict[str, Any] = {}
     infos: dict[int, tuple[str, str, int]] = {}
     thread_names: dict[int, str] = {}
-    blocks: dict[int, list[Any]] = {}
+    blocks: dict[int, list[RangeRows]] = {}
     gc_args: dict[tuple[int, int], dict[str, int]] = {}
     for kind, payload in records(data):
         if kind == b"META":
@@ -222,8 +225,8 @@ def read_partial(path: str, limit: int | None = None,
     return trace
 
 
-def _dense_names(infos: dict[int, tuple[str, str, int]], per_thread: dict[int, Any]
-                 ) -> tuple[list[tuple[str, str, int]], dict[int, Any]]:
+def _dense_names(infos: dict[int, tuple[str, str, int]], per_thread: dict[int, RangeRows]
+                 ) -> tuple[list[tuple[str, str, int]], dict[int, RangeRows]]:
     """The names by index 0..n-1, and each thread's rows with their names' new indexes (rows
     of a name never written left out): a damaged index never sizes a list."""
     keys = np.array(sorted(infos), dtype=np.int64)
@@ -239,7 +242,7 @@ def _dense_names(infos: dict[int, tuple[str, str, int]], per_thread: dict[int, A
     return names, out
 
 
-def _keep_newest(per_thread: dict[int, Any], limit: int | None) -> int:
+def _keep_newest(per_thread: dict[int, RangeRows], limit: int | None) -> int:
     """Keep the newest ``limit`` rows of all threads (by end); returns how many were dropped."""
     total = sum(len(rows) for rows in per_thread.values())
     if not limit or total <= limit:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..analysis.stall import OddOneOut, Position, odd_one_out, position
 from ..common.one_line import one_line
@@ -33,7 +33,7 @@ def _seconds(s: float | None) -> str:
     return f"{s:.1f} s" if s >= 10 else f"{s:.2f} s"
 
 
-def _where_process(snap: dict[str, Any]) -> str:
+def _where_process(snap: Mapping[str, Any]) -> str:
     text = f"pid {snap.get('pid')}"
     if snap.get("host"):
         text += f" on {snap['host']}"
@@ -43,7 +43,7 @@ def _where_process(snap: dict[str, Any]) -> str:
     return text
 
 
-def _iteration(snap: dict[str, Any]) -> str:
+def _iteration(snap: Mapping[str, Any]) -> str:
     number = snap.get("iteration")
     if number is None:
         return "before the first iteration"
@@ -52,7 +52,7 @@ def _iteration(snap: dict[str, Any]) -> str:
     return f"after iteration {number}"
 
 
-def headline(snap: dict[str, Any]) -> str:
+def headline(snap: Mapping[str, Any]) -> str:
     """The first line of a report."""
     where = f"{_where_process(snap)}, {_iteration(snap)}"
     since = snap.get("since_iteration_s")
@@ -73,7 +73,7 @@ def headline(snap: dict[str, Any]) -> str:
     return f"chainer_autoprof: report on request: {where}{last}"
 
 
-def format_report(snap: dict[str, Any], trace_path: str | None = None) -> str:
+def format_report(snap: Mapping[str, Any], trace_path: str | None = None) -> str:
     """The stall or dump report: each thread's open ranges and innermost frames."""
     lines = [headline(snap)]
     for thread in snap.get("threads") or ():
@@ -107,7 +107,7 @@ def format_report(snap: dict[str, Any], trace_path: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def where_line(snap: dict[str, Any]) -> str:
+def where_line(snap: Mapping[str, Any]) -> str:
     """Where the training thread was, in one line."""
     pos = position(snap)
     text = _iteration(snap)
@@ -122,7 +122,7 @@ def where_line(snap: dict[str, Any]) -> str:
     return text
 
 
-def ended_abnormally(meta: dict[str, Any]) -> list[str]:
+def ended_abnormally(meta: Mapping[str, Any]) -> list[str]:
     """The lines a summary of a partial trace starts with (none for a finished run)."""
     state = meta.get("partial")
     if not isinstance(state, dict):
@@ -194,7 +194,7 @@ def describe_odd(found: OddOneOut) -> str:
             f"{'is' if len(found.others) == 1 else 'are'} in {found.others_in}")
 
 
-def side_by_side(snaps: Sequence[dict[str, Any]], title: str = "where each process is") -> str:
+def side_by_side(snaps: Sequence[Mapping[str, Any]], title: str = "where each process is") -> str:
     """One line per process (ranks in order), then the odd one out if there is one."""
     positions = sorted((position(s) for s in snaps),
                        key=lambda p: (p.rank is None, p.rank if p.rank is not None else 0,

@@ -23,7 +23,7 @@ are estimated from the run's total and marked ``~``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..analysis.advice import Finding, check
 from ..analysis.gpu_evidence import Waits, busy_text, gather, on_gpu, waits
@@ -46,6 +46,9 @@ from ..analysis.window import unreached
 from ..common import figures, log
 from ..common.one_line import one_line
 from .stall import ended_abnormally
+
+if TYPE_CHECKING:
+    from ..analysis.stats import RunStats
 
 #: Extra summary sections: ``stats -> text or None``, appended in order.
 SECTIONS: list[Callable[[RunStats], str | None]] = []
@@ -133,7 +136,7 @@ def format_summary(stats: RunStats, advice: bool = True, title: str | None = Non
     for section in sections:
         try:
             text = section(stats)
-        except Exception as exc:  # our bug: the rest of the summary stands
+        except Exception as exc:  # our bug: the rest of the summary stands  # noqa: BLE001
             text = "  (" + log.contained(getattr(section, "__qualname__", "section"), exc) + ")"
         if text:
             lines += text.rstrip("\n").split("\n")
@@ -338,7 +341,7 @@ def _gpu_lines(stats: RunStats) -> list[str]:
     if stats.iterations and on_gpu(stats):
         try:
             ev = gather(stats)
-        except Exception as exc:  # our bug: the rest of the summary stands
+        except Exception as exc:  # our bug: the rest of the summary stands  # noqa: BLE001
             return [*lines, "  (" + log.contained("the GPU's busy share", exc) + ")"]
         if ev.busy_share is not None and not ev.busy_exact:  # measured: the activity's line
             behind = ", ".join(p.phase for p in ev.behind)
@@ -480,7 +483,7 @@ def _agent_lines(stats: RunStats) -> list[str]:
         if on_gpu(stats):
             try:
                 ev = gather(stats)
-            except Exception as exc:  # our bug: the rest of the summary stands
+            except Exception as exc:  # our bug: the rest of the summary stands  # noqa: BLE001
                 line += " (" + log.contained("the synchronization's cost", exc) + ")"
             else:
                 if ev.sync_cost_ms is not None:
@@ -565,7 +568,7 @@ def _gpu_sentence(stats: RunStats) -> str | None:
     GPU time."""
     try:
         ev = gather(stats)
-    except Exception as exc:  # our bug: the plain sentence stands
+    except Exception as exc:  # our bug: the plain sentence stands  # noqa: BLE001
         log.warning(log.contained("the GPU sentence", exc))
         return None
     fig = activity(stats)
@@ -619,7 +622,7 @@ def format_advice(findings: list[Finding]) -> str:
     return "\n".join(lines)
 
 
-def verdict_section(stats: RunStats, replay: Any = None) -> str:
+def verdict_section(stats: RunStats, replay: RunStats | None = None) -> str:
     """The verdict and the advice, as printed at the end of the summary."""
     verdict = decide(stats, replay)
     text = format_verdict(verdict)

@@ -47,7 +47,19 @@ import json
 import math
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Dict, Generic, Iterable, Iterator, Mapping, Sequence, TextIO, Tuple, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    Generic,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+    TextIO,
+    Tuple,
+    TypeVar,
+)
 
 import numpy as np
 
@@ -62,6 +74,9 @@ from ..analysis.shapes import (
 )
 from ..analysis.stats import DEPTH_BITS, DEPTH_MASK
 from ..common import names
+
+if TYPE_CHECKING:
+    from ..common.typedefs import RangeRows
 
 T = TypeVar("T")
 
@@ -226,7 +241,7 @@ class ThreadRanges:
 
     tid: int
     name: str
-    blocks: list[Any]
+    blocks: list[RangeRows]
 
 
 @dataclass
@@ -324,12 +339,13 @@ class Ranges(EventKind[Range]):
 RANGES = register(Ranges())
 
 
-def _rows_in_begin_order(blocks: list[Any]) -> Any:
+def _rows_in_begin_order(blocks: list[RangeRows]) -> RangeRows:
     """One thread's rows as an ``(n, 4)`` int64 array, in begin order (ties: outer first)."""
     if not blocks:
         return np.empty((0, 4), dtype=np.int64)
     rows = np.concatenate([np.asarray(b, dtype=np.int64).reshape(-1, 4) for b in blocks])
-    return rows[np.lexsort((rows[:, 3] & DEPTH_MASK, rows[:, 1]))]
+    ordered: RangeRows = rows[np.lexsort((rows[:, 3] & DEPTH_MASK, rows[:, 1]))]
+    return ordered
 
 
 # -- GPU activity -----------------------------------------------------------------------------

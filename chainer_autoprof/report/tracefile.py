@@ -180,7 +180,7 @@ def open_trace(path: str) -> dict[str, Any]:
     if raw.startswith(MAGIC):
         try:
             return read_partial(path, data=raw)
-        except Exception as exc:  # a damaged record of any kind: one line
+        except Exception as exc:  # a damaged record of any kind: one line  # noqa: BLE001
             raise TraceError(f"cannot read the partial trace {path}: "
                              f"{exc if str(exc) else type(exc).__name__}") from None
     try:

@@ -27,7 +27,10 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Hashable, Iterable
-from typing import Any, Protocol, Tuple, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Tuple, runtime_checkable
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 __all__ = [
     "DEFAULT_MAX_PENDING",
@@ -76,7 +79,8 @@ class EventTimer(Protocol):
     the oldest pair and increments ``dropped``.
     """
 
-    dropped: int
+    @property
+    def dropped(self) -> int: ...
 
     def begin(self, key: Hashable) -> Any: ...
 
@@ -159,6 +163,17 @@ def _imported_cupy() -> Any:
     return sys.modules.get("cupy")
 
 
+class CudaEvent(Protocol):
+    """What the timer uses of a ``cupy.cuda.Event``."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def record(self) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+
 class CupyEventTimer:
     """:class:`EventTimer` built on ``cupy.cuda.Event`` (polled via ``done``).
 
@@ -166,35 +181,35 @@ class CupyEventTimer:
     Not thread-safe: use one timer per thread.
     """
 
-    def __init__(self, cupy: Any, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+    def __init__(self, cupy: ModuleType, max_pending: int = DEFAULT_MAX_PENDING) -> None:
         cuda = cupy.cuda
-        self._Event = cuda.Event
-        self._get_device = cuda.runtime.getDevice
-        self._elapsed = cuda.get_elapsed_time
+        self._Event: Callable[[], CudaEvent] = cuda.Event
+        self._get_device: Callable[[], int] = cuda.runtime.getDevice
+        self._elapsed: Callable[[CudaEvent, CudaEvent], float] = cuda.get_elapsed_time
         self.max_pending = max(1, int(max_pending))
         # (key, start_event, end_event, device_id)
-        self._pending: deque[tuple[Hashable, Any, Any, int]] = deque()
+        self._pending: deque[tuple[Hashable, CudaEvent, CudaEvent, int]] = deque()
         self._ready: list[Result] = []
-        self._pool: dict[int, list[Any]] = {}
+        self._pool: dict[int, list[CudaEvent]] = {}
         self.dropped = 0
 
     @property
     def pending(self) -> int:
         return len(self._pending)
 
-    def _new_event(self, dev: int) -> Any:
+    def _new_event(self, dev: int) -> CudaEvent:
         pool = self._pool.get(dev)
         if pool:
             return pool.pop()
         return self._Event()
 
-    def begin(self, key: Hashable) -> tuple[Hashable, Any, int]:
+    def begin(self, key: Hashable) -> tuple[Hashable, CudaEvent, int]:
         dev = self._get_device()
         ev = self._new_event(dev)
         ev.record()
         return (key, ev, dev)
 
-    def end(self, token: tuple[Hashable, Any, int]) -> None:
+    def end(self, token: tuple[Hashable, CudaEvent, int]) -> None:
         key, start, dev = token
         ev = self._new_event(dev)
         ev.record()
@@ -217,7 +232,7 @@ class CupyEventTimer:
             pending.popleft()
             try:
                 ms = self._elapsed(start, stop)
-            except Exception:
+            except Exception:  # an event not complete or gone: the pair waits or drops  # noqa: BLE001
                 if not block and not start.done:  # start on another stream
                     pending.appendleft((key, start, stop, dev))
                     break
@@ -268,7 +283,7 @@ class CupyBackend:
         if self._available is None:
             try:
                 self._available = self._module().cuda.runtime.getDeviceCount() > 0
-            except Exception:
+            except Exception:  # no usable CUDA runtime: no GPU  # noqa: BLE001
                 self._available = False
         return self._available
 
@@ -296,7 +311,7 @@ class CupyBackend:
         fn = self._prof_start if which == "start" else self._prof_stop
         try:
             fn()
-        except Exception as e:
+        except Exception as e:  # the profiler API is optional: warned once  # noqa: BLE001
             if not self._warned:
                 self._warned = True
                 warnings.warn(
@@ -332,8 +347,10 @@ class LazyEventTimer:
         self._real: EventTimer | None = None
 
     def _resolve(self) -> EventTimer | None:
-        if self._real is None and self._backend._bind() is not None:
-            self._real = self._backend._real.event_timer(self._max_pending)
+        if self._real is None:
+            backend = self._backend._bind()
+            if backend is not None:
+                self._real = backend.event_timer(self._max_pending)
         return self._real
 
     @property
@@ -548,7 +565,7 @@ def device_names(ids: Iterable[int]) -> list[dict[str, Any]]:
                 props = cupy.cuda.runtime.getDeviceProperties(dev)
                 name = props.get("name", b"")
                 entry["name"] = name.decode() if isinstance(name, bytes) else str(name)
-            except Exception:
+            except Exception:  # a device's name is optional  # noqa: BLE001
                 pass
         out.append(entry)
     return out

@@ -186,7 +186,7 @@ class _ThreadEnd:
         if tracer is not None:
             try:
                 tracer.thread_ended(self.ts)
-            except Exception:
+            except Exception:  # noqa: BLE001
                 pass  # a thread's teardown: nowhere to report to
 
 
@@ -298,7 +298,7 @@ class Tracer:
     def _new_state(self) -> ThreadState:
         """A new state for this thread, registered in :attr:`states`."""
         ts = ThreadState()
-        guard = getattr(self._local, "end", None)
+        guard: _ThreadEnd | None = getattr(self._local, "end", None)
         if guard is not None and self.states.get(ts.tid) is guard.ts:
             # made meanwhile, by a call nested in this one (a finalizer run by the collector):
             # that one stays, or replacing its guard would end it while the thread runs on
@@ -315,7 +315,7 @@ class Tracer:
         if told is not None:
             try:
                 told(ts)
-            except Exception:
+            except Exception:  # noqa: BLE001
                 pass  # an observer's error never reaches the program's call
         return ts
 
@@ -490,7 +490,7 @@ class Tracer:
             size = len(stack)
             try:
                 self.end(stack[-1][0], ts)
-            except Exception as exc:
+            except Exception as exc:  # the first error is raised after every range is ended  # noqa: BLE001
                 error = error or exc
             if len(stack) == size:  # a sync or sink failed before popping: drop it
                 stack.pop()
@@ -645,7 +645,7 @@ class Tracer:
                             and _mask(sink) >> info.category_index & 1:
                         try:
                             sink.end(info, t0, t1, ts)
-                        except Exception:
+                        except Exception:  # one sink's error: the others still end the range  # noqa: BLE001
                             pass
         finally:
             with self._closing_lock:

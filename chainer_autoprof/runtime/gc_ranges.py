@@ -25,9 +25,12 @@ import sys
 from collections import deque
 from threading import get_ident, get_native_id
 from time import perf_counter_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..common import names
+
+if TYPE_CHECKING:
+    from .events import Tracer
 
 #: Modules whose frames may hold a range half begun or half ended.
 AGENT_INTERNALS = ("chainer_autoprof.runtime.", "chainer_autoprof.sinks.")
@@ -36,17 +39,28 @@ AGENT_INTERNALS = ("chainer_autoprof.runtime.", "chainer_autoprof.sinks.")
 KEEP_DETAILS = 10_000
 
 
+class GcTotals(TypedDict):
+    """Per-generation counts of the collections seen (the run record's ``gc`` fact)."""
+
+    collections: list[int]
+    collected: list[int]
+    uncollectable: list[int]
+    ms: list[float]
+    ranges: list[int]
+    unranged: int
+
+
 class GcRanges:
     """The ``gc.callbacks`` entry of one tracer: ranges and per-generation counts."""
 
-    def __init__(self, tracer: Any, keep: int = KEEP_DETAILS) -> None:
+    def __init__(self, tracer: Tracer, keep: int = KEEP_DETAILS) -> None:
         self.tracer = tracer
         self.infos = [tracer.info(names.gc_text(g), names.GC) for g in range(3)]
         for info in self.infos:  # never wait for a GPU inside the collector
             info.sync = False
         #: (serial, tid, t0 ns as recorded, collected, uncollectable) of each range emitted
         self.details: deque[tuple[int, int, int, int, int]] = deque(maxlen=keep)
-        self.totals = {"collections": [0, 0, 0], "collected": [0, 0, 0],
+        self.totals: GcTotals = {"collections": [0, 0, 0], "collected": [0, 0, 0],
                        "uncollectable": [0, 0, 0], "ms": [0.0, 0.0, 0.0],
                        "ranges": [0, 0, 0], "unranged": 0}
         self.emitted = 0  # details ever appended (the deque keeps the newest)
@@ -67,16 +81,16 @@ class GcRanges:
         except ValueError:
             pass
 
-    def _callback(self, phase: str, info: dict) -> None:
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
         try:
             if phase == "start":
                 self._start(info)
             else:
                 self._stop(info)
-        except Exception:
+        except Exception:  # noqa: BLE001
             self._open = None  # never let an error of ours reach the collector
 
-    def _start(self, info: dict) -> None:
+    def _start(self, info: dict[str, int]) -> None:
         now = perf_counter_ns()
         thread = get_ident()
         ts = self.tracer.states.get(get_native_id())
@@ -91,7 +105,7 @@ class GcRanges:
         token = self.tracer.begin(self.infos[info["generation"]], ts)
         self._open = (token, ts, thread, now)
 
-    def _stop(self, info: dict) -> None:
+    def _stop(self, info: dict[str, int]) -> None:
         opened = self._open
         self._open = None
         generation = info["generation"]

@@ -133,7 +133,7 @@ class CuptiCollector:
             self.incomplete += unfinished
             self._count_dropped()
             self.on_batch(batch)
-        except Exception as exc:  # CUPTI's thread must never see our error
+        except Exception as exc:  # CUPTI's thread must never see our error  # noqa: BLE001
             self.callback_errors += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
 
@@ -154,7 +154,7 @@ class CuptiCollector:
         dropped = ctypes.c_size_t(0)
         try:  # context NULL, stream 0: the global queue; the count goes to *dropped
             cupti.activity_get_num_dropped_records(0, 0, ctypes.addressof(dropped))
-        except Exception:
+        except Exception:  # the dropped count is optional  # noqa: BLE001
             return
         self.dropped_records += int(dropped.value)
 
@@ -166,7 +166,7 @@ class CuptiCollector:
         except ImportError as exc:
             return (f"cupti-python is not installed ({exc}): pip install "
                     "chainer-autoprof[cupti]")
-        except Exception as exc:  # e.g. its CUDA bindings cannot load
+        except Exception as exc:  # e.g. its CUDA bindings cannot load  # noqa: BLE001
             return f"cupti-python cannot be imported ({type(exc).__name__}: {exc})"
         self._cupti = cupti
         try:
@@ -187,10 +187,10 @@ class CuptiCollector:
             _quiet(cupti, "driver_api_trace_cbid", "activity_enable_driver_api", QUIET_DRIVER)
             try:
                 cupti.activity_flush_period(FLUSH_PERIOD_MS)
-            except Exception:
+            except Exception:  # noqa: BLE001
                 pass  # CUPTI hands buffers over when they fill, and at the end
             self._pair()
-        except Exception as exc:
+        except Exception as exc:  # CUPTI's error: GPU activity off, said once  # noqa: BLE001
             reason = describe_error(exc)
             self._disable()
             self._cupti = None
@@ -208,7 +208,7 @@ class CuptiCollector:
         try:
             cupti.activity_flush_all(flag)
             self._pair()
-        except Exception as exc:
+        except Exception as exc:  # counted, never reaches the callback's caller  # noqa: BLE001
             self.callback_errors += 1
             self.last_error = describe_error(exc)
 
@@ -250,7 +250,7 @@ class CuptiCollector:
             kind = self._enabled.pop()
             try:
                 cupti.activity_disable(kind)
-            except Exception:
+            except Exception:  # CUPTI may be gone at exit: disable what it can  # noqa: BLE001
                 pass
 
     @property
@@ -275,7 +275,7 @@ def _quiet(cupti: Any, table: str, switch: str, names: Iterable[str]) -> None:
             continue
         try:
             off(int(cbid), 0)
-        except Exception:
+        except Exception:  # CUPTI may be gone at exit: unsubscribe what it can  # noqa: BLE001
             pass
 
 

@@ -7,7 +7,10 @@ the times, so without the recorder this one asks for them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..runtime.events import RangeInfo, Tracer
 
 
 class ClockSink:
@@ -15,8 +18,8 @@ class ClockSink:
 
     timed = True
 
-    def prepare(self, info: Any) -> None:
+    def prepare(self, info: RangeInfo) -> None:
         pass
 
-    def close(self, tracer: Any) -> None:
+    def close(self, tracer: Tracer) -> None:
         pass

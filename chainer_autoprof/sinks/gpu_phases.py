@@ -7,11 +7,15 @@ back without blocking (polled at each iteration end, drained at exit).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..analysis.aggregate import Series
 from ..analysis.stats import PHASE_KEYS
 from ..common import names
+
+if TYPE_CHECKING:
+    from ..runtime.device import EventTimer
+    from ..runtime.events import RangeInfo, ThreadState, Tracer
 
 
 class GpuPhaseTimer:
@@ -25,7 +29,8 @@ class GpuPhaseTimer:
 
     categories = frozenset({names.ITERATION, *names.PHASES})
 
-    def __init__(self, timer: Any, tid: int, iter_info: Any, skip: int, max_kept: int) -> None:
+    def __init__(self, timer: EventTimer, tid: int, iter_info: RangeInfo, skip: int,
+                 max_kept: int) -> None:
         self.timer = timer
         self.tid = tid
         self.iter_info = iter_info
@@ -36,7 +41,7 @@ class GpuPhaseTimer:
         self.series = Series(max_kept, 5)
         self.iterations = 0
 
-    def prepare(self, info: Any) -> None:
+    def prepare(self, info: RangeInfo) -> None:
         while len(self.codes) <= info.index:
             self.codes.append(0)
         if info.category == names.ITERATION:
@@ -44,14 +49,14 @@ class GpuPhaseTimer:
         elif info.category in names.PHASES:
             self.codes[info.index] = 2 + names.PHASES.index(info.category)
 
-    def begin(self, info: Any, ts: Any) -> None:
+    def begin(self, info: RangeInfo, ts: ThreadState) -> None:
         if ts.tid != self.tid:
             return
         index = info.index
         if index < len(self.codes) and self.codes[index]:
             self.stack.append((info, self.timer.begin(index)))
 
-    def end(self, info: Any, t0: int, t1: int, ts: Any) -> None:
+    def end(self, info: RangeInfo, t0: int, t1: int, ts: ThreadState) -> None:
         if ts.tid != self.tid:
             return
         stack = self.stack
@@ -86,6 +91,6 @@ class GpuPhaseTimer:
         keys = ("iteration", *PHASE_KEYS[:4])
         return {key: self.series.values[i].tolist() for i, key in enumerate(keys)}
 
-    def close(self, tracer: Any) -> None:
+    def close(self, tracer: Tracer) -> None:
         pass
 

@@ -39,7 +39,7 @@ import threading
 from collections import deque
 from itertools import chain
 from time import perf_counter_ns, thread_time_ns
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -48,6 +48,11 @@ from ..analysis.stats import DEPTH_BITS, MAX_KEPT_ITERATIONS, RunStats
 from ..common import log, names
 from ..common.settings import Config
 from .gpu_phases import GpuPhaseTimer
+
+if TYPE_CHECKING:
+
+    from ..common.typedefs import RangeRows
+    from ..runtime.events import RangeInfo, ThreadState, Tracer
 
 #: Ranges a thread buffers before they are aggregated.
 CHUNK_RANGES = 4096
@@ -59,7 +64,7 @@ ENV_TEST_EVENTS = "CHAINER_AUTOPROF_TEST_EVENTS"
 class Recorder:
     """Sink that records ranges in memory: running aggregates, and the newest for the trace."""
 
-    def __init__(self, cfg: Config, tracer: Any, chunk_ranges: int = CHUNK_RANGES,
+    def __init__(self, cfg: Config, tracer: Tracer, chunk_ranges: int = CHUNK_RANGES,
                  max_kept: int = MAX_KEPT_ITERATIONS) -> None:
         self.keep = bool(cfg.trace)  # keep ranges for a trace file
         self.tracer = tracer
@@ -79,7 +84,7 @@ class Recorder:
         self.end = self.native.end
         #: Told of each block ``(tid, rows)`` once aggregated, and ``(tid, None)`` when a thread
         #: ended (the GPU activity's queue: one append, the analysis runs on its own thread).
-        self.gpu_handover: Callable[[tuple[int, Any]], None] | None = None
+        self.gpu_handover: Callable[[tuple[int, RangeRows | None]], None] | None = None
         #: the wait rows' names, by the category of the range they lie in (made at the first
         #: wait on a GPU, so that a CPU run registers no name it never uses)
         self._wait_infos: dict[str, Any] | None = None
@@ -98,7 +103,7 @@ class Recorder:
         self.agg = Aggregator(start_ns, self.warm_skip, self.window, self.max_kept)
         for index, (name, category, _color) in enumerate(self.infos):
             self.agg.add_name(index, name, category)
-        self.retained: deque[tuple[int, Any]] = deque()
+        self.retained: deque[tuple[int, RangeRows]] = deque()
         self.retained_ranges = 0
         self.dropped = 0
         self.flush_ns = 0
@@ -112,13 +117,14 @@ class Recorder:
         self.fork_child = False
 
     # -- sink protocol ------------------------------------------------------
-    def prepare(self, info: Any) -> None:
+    def prepare(self, info: RangeInfo) -> None:
         while len(self.infos) <= info.index:
             self.infos.append(("", "", 0))
         self.infos[info.index] = (info.name, info.category, info.color)
         self.agg.add_name(info.index, info.name, info.category)
 
-    def _iteration_ended(self, buf: list, t0: int, t1: int, ts: Any) -> None:
+    def _iteration_ended(self, buf: list[tuple[int, int, int, int]], t0: int, t1: int,
+                         ts: ThreadState) -> None:
         number = self.tracer.iterations  # this iteration's number + 1
         buf.append((self._iter_info.index, t0, t1, len(ts.stack) | (number << DEPTH_BITS)))
         self.iterations_ended += 1
@@ -157,7 +163,7 @@ class Recorder:
                         info = found
                         break
                 append(info, t0, t1, ts)
-            except Exception as exc:
+            except Exception as exc:  # our error: the watch stops, reported below  # noqa: BLE001
                 sync.watch(None)
                 log.error(f"recorder: {type(exc).__name__}: {exc}; the agent's waits for the "
                           "GPU are not recorded")
@@ -177,11 +183,11 @@ class Recorder:
         return infos
 
     # -- aggregation ----------------------------------------------------------
-    def _flush_thread(self, ts: Any) -> None:
+    def _flush_thread(self, ts: ThreadState) -> None:
         if ts.record:
             self._absorb(ts.tid, None, ts)
 
-    def _absorb(self, tid: int, buf: Any, ts: Any = None) -> None:
+    def _absorb(self, tid: int, buf: Any, ts: ThreadState | None = None) -> None:
         """Aggregate ``buf``, or the buffer of ``ts`` taken under the lock: a thread that
         waits for the lock keeps its rows where another's flush (the exit's) finds them."""
         with self._lock:
@@ -201,7 +207,7 @@ class Recorder:
                 handover = self.gpu_handover
                 if handover is not None:
                     handover((tid, block))
-            except Exception as exc:  # our bug must not reach the training's call stack
+            except Exception as exc:  # our bug must not reach the training's call stack  # noqa: BLE001
                 log.error(f"recorder: {type(exc).__name__}: {exc}; some ranges are missing "
                           "from the summary and the trace")
             finally:
@@ -212,7 +218,7 @@ class Recorder:
             self.deferred = None
             deferred()
 
-    def _retain(self, tid: int, block: Any) -> None:
+    def _retain(self, tid: int, block: RangeRows) -> None:
         self.retained.append((tid, block))
         self.retained_ranges += len(block)
         excess = self.retained_ranges - self.record_limit
@@ -229,7 +235,7 @@ class Recorder:
             self.dropped += drop
             excess -= drop
 
-    def abandon(self, ts: Any, entries: list[tuple[Any, int]], end_ns: int) -> None:
+    def abandon(self, ts: ThreadState, entries: list[tuple[Any, int]], end_ns: int) -> None:
         """Ranges ``ts``'s thread will never end (it ended, or the process is ending):
         recorded as ending at ``end_ns``, innermost first (any thread may call this)."""
         if self.closed:
@@ -238,7 +244,7 @@ class Recorder:
         self._absorb(ts.tid, [(info.index, t0, max(t0, end_ns), depth)
                               for depth, (info, t0) in reversed(list(enumerate(entries)))])
 
-    def thread_ended(self, ts: Any) -> None:
+    def thread_ended(self, ts: ThreadState) -> None:
         """``ts``'s thread has ended: aggregate what it buffered; its figures may go."""
         if self.closed:
             return
@@ -255,7 +261,7 @@ class Recorder:
             if ts.record:
                 self._flush_thread(ts)
 
-    def pending_blocks(self) -> list[tuple[int, np.ndarray]]:
+    def pending_blocks(self) -> list[tuple[int, RangeRows]]:
         """Per thread, a copy ``(n, 4)`` int64 of the ranges buffered, not yet aggregated.
 
         Nothing is consumed, and any thread may ask (a copy is taken in one step
@@ -273,7 +279,7 @@ class Recorder:
                     blocks.append((ts.tid, block))
         return blocks
 
-    def retained_since(self, mark: int) -> tuple[list[tuple[int, Any]], int]:
+    def retained_since(self, mark: int) -> tuple[list[tuple[int, RangeRows]], int]:
         """The blocks kept for the trace after ``mark``, and the mark to pass next time.
 
         ``mark`` counts the ranges ever kept (0 at first); blocks kept since
@@ -283,7 +289,7 @@ class Recorder:
         with self._lock:
             total = self.retained_ranges + self.dropped
             wanted = total - mark
-            blocks: list[tuple[int, Any]] = []
+            blocks: list[tuple[int, RangeRows]] = []
             for tid, block in reversed(self.retained):
                 if wanted <= 0:
                     break
@@ -304,14 +310,14 @@ class Recorder:
         return self.busy_thread == threading.get_ident()
 
     # -- GPU ------------------------------------------------------------------
-    def _start_gpu_timer(self, ts: Any) -> None:
+    def _start_gpu_timer(self, ts: ThreadState) -> None:
         self.gpu_checked = True
         try:
             skip = max(0, self.warm_skip - self.iterations_ended)
             timer = self.tracer.sync.backend.event_timer()
             self.gpu = GpuPhaseTimer(timer, ts.tid, self._iter_info, skip, self.max_kept)
             self.tracer.add_sink(self.gpu)
-        except Exception as exc:
+        except Exception as exc:  # no GPU phase timer: the run goes on without it  # noqa: BLE001
             self.gpu = None
             log.warning(f"no GPU phase timing ({type(exc).__name__}: {exc})")
 
@@ -337,7 +343,7 @@ class Recorder:
                                **record.stats_fields(figures))
 
     # -- end of the process ---------------------------------------------------------
-    def close(self, tracer: Any) -> None:
+    def close(self, tracer: Tracer) -> None:
         """Aggregate what is left (once): the agent then pulls the results."""
         if self.closed:
             return
@@ -347,16 +353,16 @@ class Recorder:
         if self.gpu is not None:
             try:
                 self.gpu.finish()
-            except Exception as exc:
+            except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
                 log.warning(f"GPU phase times incomplete ({type(exc).__name__}: {exc})")
 
-    def reset_after_fork(self, tracer: Any) -> None:
+    def reset_after_fork(self, tracer: Tracer) -> None:
         """A forked child starts empty; it reports only if it trains."""
         self._reset(tracer.clock())
         self.fork_child = True
 
 
-def _block(buf: Any, take: bool) -> np.ndarray:
+def _block(buf: Any, take: bool) -> RangeRows:
     """A thread buffer's ranges as an ``(n, 4)`` int64 array: the list of tuples (Python hot
     path) or the ``RecordBuffer`` (native; ``take`` empties it in the same step)."""
     if type(buf) is list:

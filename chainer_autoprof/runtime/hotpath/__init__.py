@@ -39,6 +39,7 @@ from .wrappers import finish as finish_wrapper
 from .wrappers import switch_of as wrapper_switch
 
 if TYPE_CHECKING:
+    from ...common.typedefs import Args, Kwargs
     from ..events import RangeInfo, ThreadState
     from ..policies import CaptureWindow
 
@@ -97,7 +98,7 @@ class Implementation:
         return self.module.Switch()
 
     def around(self, original: Callable[..., Any], switch: SwitchLike,
-               enter: Callable[[Any, tuple, dict], Any],
+               enter: Callable[[Any, Args, Kwargs], Any],
                exit: Callable[[Any, Any, BaseException | None], Any] | None, fail: FailFn,
                method: bool = False, replace_args: bool = False,
                proxy: bool = False) -> Wrapper:

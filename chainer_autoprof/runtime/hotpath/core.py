@@ -120,7 +120,7 @@ class Core:
             if end is not None:
                 try:
                     end(info, t0, t0, ts)
-                except Exception:
+                except Exception:  # noqa: BLE001
                     pass  # already failing: the first error is the one reported
 
     def end(self, token: RangeInfo | None, ts: ThreadState | None = None) -> None:

@@ -30,6 +30,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, Tuple
 
 if TYPE_CHECKING:
+    from ...common.typedefs import Args, Kwargs
     from ..events import RangeInfo, ThreadState
     from ..policies import CaptureWindow
 
@@ -164,13 +165,14 @@ class HotPath(Protocol):
     def RecorderHook(self) -> RecorderHookFactory: ...  # noqa: N802
 
     def around(self, original: Callable[..., Any], switch: SwitchLike,
-               enter: Callable[[Any, tuple, dict], Any],
+               enter: Callable[[Any, Args, Kwargs], Any],
                exit: Callable[[Any, Any, BaseException | None], Any] | None, fail: FailFn,
                method: bool = False, replace_args: bool = False,
                proxy: bool = False) -> Wrapper: ...
 
     def link_wrapper(self, original: Callable[..., Any], switch: SwitchLike, fail: FailFn,
-                     core: CoreLike, *, roots: dict, make_entry: Callable[[Any, Any], Any],
+                     core: CoreLike, *, roots: dict[int, Any],
+                     make_entry: Callable[[Any, Any], Any],
                      outer_enter: Callable[[Any, ThreadState], Any],
                      outer_exit: Callable[[ThreadState, Any], None], entry_cls: type,
                      variable_cls: type, inner_links_matter: bool,

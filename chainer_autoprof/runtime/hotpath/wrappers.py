@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from .core import Core
 from .protocol import CoreLike, SwitchLike
+
+if TYPE_CHECKING:
+    from ...common.typedefs import AnyFunction
 
 #: The attribute naming the owning link's entry index on a FunctionNode.
 LINK_ATTR = "_chainer_autoprof_link"
@@ -36,7 +39,7 @@ def switch_of(obj: Any) -> Any:
     """The switch of a wrapper of ours (made by either implementation), else None."""
     try:
         return getattr(obj, "_chainer_autoprof_switch", None) if callable(obj) else None
-    except Exception:
+    except Exception:  # any object: an odd __getattr__ is not ours  # noqa: BLE001
         return None
 
 
@@ -44,7 +47,7 @@ def is_wrapper(obj: Any) -> bool:
     return switch_of(obj) is not None
 
 
-def finish(original: Callable, wrapper: Callable, switch: SwitchLike) -> Callable:
+def finish(original: AnyFunction, wrapper: AnyFunction, switch: SwitchLike) -> AnyFunction:
     """``wrapper`` made to look like ``original`` (name, doc, ``__wrapped__``), marked as ours."""
     # a function's own attributes too (``__isabstractmethod__``, ...); not an object's
     updated = ("__dict__",) if isinstance(original, types.FunctionType) else ()
@@ -62,7 +65,7 @@ class _Proxy:
 
     __slots__ = ("__wrapped__", "_chainer_autoprof_call", "_chainer_autoprof_switch")
 
-    def __init__(self, original: Any, call: Callable, switch: SwitchLike) -> None:
+    def __init__(self, original: Any, call: AnyFunction, switch: SwitchLike) -> None:
         object.__setattr__(self, "__wrapped__", original)
         object.__setattr__(self, "_chainer_autoprof_call", call)
         object.__setattr__(self, "_chainer_autoprof_switch", switch)
@@ -80,9 +83,9 @@ class _Proxy:
         return f"<chainer_autoprof wrapper of {self.__wrapped__!r}>"
 
 
-def around(original: Callable, switch: SwitchLike, enter: Callable, exit: Any,
+def around(original: AnyFunction, switch: SwitchLike, enter: AnyFunction, exit: Any,
            fail: Callable[[BaseException], Any], method: bool = False,
-           replace_args: bool = False, proxy: bool = False) -> Callable:
+           replace_args: bool = False, proxy: bool = False) -> AnyFunction:
     """A wrapper calling ``enter`` before and ``exit`` after the original.
 
     ``enter(instance, args, kwargs)`` (``instance`` None unless ``method``)
@@ -105,7 +108,7 @@ def around(original: Callable, switch: SwitchLike, enter: Callable, exit: Any,
             instance, rest = None, args
         try:
             state = enter(instance, rest, kwargs)
-        except Exception as exc:
+        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
             _contain(fail, exc)
             state = None
         if state is None:
@@ -116,7 +119,7 @@ def around(original: Callable, switch: SwitchLike, enter: Callable, exit: Any,
                 state, new_args, call_kwargs = state
                 if type(new_args) is not tuple or type(call_kwargs) is not dict:
                     raise TypeError("enter() must return (state, tuple, dict)")
-            except Exception as exc:
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 _contain(fail, exc)
                 return original(*args, **kwargs)
             call_args = (instance, *new_args) if method else new_args
@@ -129,12 +132,12 @@ def around(original: Callable, switch: SwitchLike, enter: Callable, exit: Any,
         except BaseException as exc:
             try:
                 exit(state, None, exc)
-            except Exception as err:
+            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 _contain(fail, err)
             raise
         try:
             exit(state, result, None)
-        except Exception as err:
+        except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
             _contain(fail, err)
         return result
 
@@ -143,10 +146,10 @@ def around(original: Callable, switch: SwitchLike, enter: Callable, exit: Any,
     return finish(original, wrapper, switch)
 
 
-def link_wrapper(original: Callable, switch: SwitchLike, fail: Callable, core: CoreLike, *,
-                 roots: dict, make_entry: Callable, outer_enter: Callable,
-                 outer_exit: Callable, entry_cls: type, variable_cls: type,
-                 inner_links_matter: bool, attribute_backward: bool) -> Callable:
+def link_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunction, core: CoreLike, *,
+                 roots: dict[int, Any], make_entry: AnyFunction, outer_enter: AnyFunction,
+                 outer_exit: AnyFunction, entry_cls: type, variable_cls: type,
+                 inner_links_matter: bool, attribute_backward: bool) -> AnyFunction:
     """The ``Link.__call__`` wrapper: the link call tree, its ranges, the backward owner.
 
     Per call: find the link's entry under its parent's (``make_entry`` on a
@@ -190,7 +193,7 @@ def link_wrapper(original: Callable, switch: SwitchLike, fail: Callable, core: C
             info = entry.info
             if info is not None:
                 tok = begin(info, ts)
-        except Exception as exc:
+        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
             _contain(fail, exc)  # what was opened is closed below, as after a call
         except BaseException:
             if pushed:
@@ -204,31 +207,31 @@ def link_wrapper(original: Callable, switch: SwitchLike, fail: Callable, core: C
             if pushed:
                 try:
                     links.pop()
-                except Exception as exc:
+                except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                     _contain(fail, exc)
             if tok is not None:
                 try:
                     end(tok, ts)
-                except Exception as exc:
+                except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                     _contain(fail, exc)
             if mode is not None:
                 try:
                     outer_exit(ts, mode)
-                except Exception as exc:
+                except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                     _contain(fail, exc)
         if attribute_backward and pushed and isinstance(out, variable_cls):
             try:  # the innermost link that returned it owns its backward
                 node = getattr(getattr(out, "_node", None), "_creator_node", None)
                 if node is not None and getattr(node, LINK_ATTR, None) is None:
-                    setattr(node, LINK_ATTR, entry.index)
-            except Exception as exc:
+                    setattr(node, LINK_ATTR, entry.index)  # type: ignore[union-attr]  # pushed: set
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 _contain(fail, exc)
         return out
 
     return finish(original, wrapper, switch)
 
 
-def _function_info(infos: dict, new_info: Callable, node: Any) -> Any:
+def _function_info(infos: dict[Any, Any], new_info: AnyFunction, node: Any) -> Any:
     label = node.label
     info = infos.get(label)
     if info is None:
@@ -238,10 +241,10 @@ def _function_info(infos: dict, new_info: Callable, node: Any) -> Any:
     return info
 
 
-def apply_wrapper(original: Callable, switch: SwitchLike, fail: Callable, core: CoreLike,
-                  new_info: Callable, default_label: Any, entry_cls: type,
+def apply_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunction, core: CoreLike,
+                  new_info: AnyFunction, default_label: Any, entry_cls: type,
                   entries: Any = None, backward: Any = None, function_ranges: bool = True,
-                  method: bool = True) -> Callable:
+                  method: bool = True) -> AnyFunction:
     """The ``FunctionNode.apply`` wrapper: a function range, and its owner for backward.
 
     ``new_info(label) -> (info, cache)`` makes the range of a label seen the first time (the
@@ -267,7 +270,7 @@ def apply_wrapper(original: Callable, switch: SwitchLike, fail: Callable, core: 
             if links:  # the innermost link being called owns its backward
                 setattr(node, LINK_ATTR, links[-1].index)
             tok = begin(info, ts)
-        except Exception as exc:
+        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
             _contain(fail, exc)
         if tok is None:
             return original(*args, **kwargs)
@@ -276,16 +279,16 @@ def apply_wrapper(original: Callable, switch: SwitchLike, fail: Callable, core: 
         finally:
             try:
                 end(tok, ts)
-            except Exception as exc:
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 _contain(fail, exc)
 
     return finish(original, wrapper, switch)
 
 
-def backprop_wrapper(original: Callable, switch: SwitchLike, fail: Callable, core: CoreLike,
-                     new_info: Callable, default_label: Any, entry_cls: type,
+def backprop_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunction, core: CoreLike,
+                     new_info: AnyFunction, default_label: Any, entry_cls: type,
                      entries: Any = None, backward: Any = None, function_ranges: bool = True,
-                     method: bool = False) -> Callable:
+                     method: bool = False) -> AnyFunction:
     """The ``backprop_step`` wrapper: link backward ranges, and function ranges.
 
     In the backward phase (``ts.phase == backward``): the node's owning link
@@ -330,7 +333,7 @@ def backprop_wrapper(original: Callable, switch: SwitchLike, fail: Callable, cor
                 ts.bwd_link = ts.bwd_link_tok = None
             if function_ranges:
                 tok = begin(_function_info(infos, new_info, func), ts)
-        except Exception as exc:
+        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
             _contain(fail, exc)
         if tok is None:
             return original(*args, **kwargs)
@@ -339,7 +342,7 @@ def backprop_wrapper(original: Callable, switch: SwitchLike, fail: Callable, cor
         finally:
             try:
                 end(tok, ts)
-            except Exception as exc:
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 _contain(fail, exc)
 
     return finish(original, wrapper, switch)
