@@ -100,6 +100,10 @@ class Run:
         return lines
 
 
+#: What the exit's guards print when the summary or the trace could not be made.
+BROKEN_REPORT = "chainer_autoprof: no summary"
+
+
 def run_python(tmp: Path, args: list[str], env: dict[str, str] | None = None,
                nvtx: bool = True, count_device: bool = True, cwd: Path | None = None,
                timeout: float = 240, check: bool = False) -> Run:
@@ -115,6 +119,13 @@ def run_python(tmp: Path, args: list[str], env: dict[str, str] | None = None,
     proc = subprocess.run([sys.executable, *args], env=run_env, cwd=cwd or tmp,
                           capture_output=True, text=True, timeout=timeout)
     run = Run(proc, tmp, read_events(tmp / "nvtx.*.tsv") if nvtx else [])
+    if run_env.get(ENV_TEST_STRICT) == "1":
+        # strict: a check that raised ended the report early (the exit's guard keeps the
+        # program going with this one line); it fails the test that ran it
+        broken = [line for line in proc.stderr.splitlines() if line.startswith(BROKEN_REPORT)]
+        if broken:
+            raise AssertionError(f"the agent's report failed: {broken[0]}\nstderr:\n"
+                                 f"{proc.stderr}")
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\n"
                              f"stderr:\n{proc.stderr}")
