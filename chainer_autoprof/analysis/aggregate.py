@@ -713,8 +713,7 @@ def _kind_of(name: str, category: str) -> tuple[int, str]:
     if category == names.LINK:
         return _K_LINK, name
     if category == names.LINK_BACKWARD:
-        suffix = " backward"
-        return _K_LINK_BWD, name[:-len(suffix)] if name.endswith(suffix) else name
+        return _K_LINK_BWD, names.link_forward_text(name)
     if category == names.INFERENCE and name == names.NO_UPDATE:
         return _K_NO_UPDATE, name
     if category in (names.EXTENSION, names.INFERENCE):

@@ -135,8 +135,7 @@ def kind_of(name: str, category: str) -> tuple[int, str]:
     if category == names.LINK:
         return K_LINK, name
     if category == names.LINK_BACKWARD:
-        suffix = " backward"
-        return K_LINK_BWD, name[:-len(suffix)] if name.endswith(suffix) else name
+        return K_LINK_BWD, names.link_forward_text(name)
     if category == names.GC:
         return K_GC, name
     if category in (names.EXTENSION, names.INFERENCE):

@@ -84,7 +84,22 @@ def link_text(path: str, cls_name: str, device: str = "") -> str:
 
 
 def link_backward_text(forward_text: str) -> str:
-    return f"{forward_text} backward"
+    return f"{forward_text}{_BACKWARD_SUFFIX}"
+
+
+_BACKWARD_SUFFIX = " backward"
+
+
+def link_range_text(link_text: str, backward: bool) -> str:
+    """The name of a link's forward or backward range."""
+    return link_backward_text(link_text) if backward else link_text
+
+
+def link_forward_text(backward_text: str) -> str:
+    """The link's own range name from its backward range's (:func:`link_backward_text`)."""
+    if backward_text.endswith(_BACKWARD_SUFFIX):
+        return backward_text[:-len(_BACKWARD_SUFFIX)]
+    return backward_text
 
 
 def function_text(label: str, backward: bool) -> str:

@@ -71,6 +71,7 @@ from ..common.gpu_records import (
     GpuOps,
     NameTable,
 )
+from ..common.names import link_range_text
 from .trace_events import (
     CUDA_DRIVER,
     CUDA_RUNTIME,
@@ -241,7 +242,7 @@ def encode(records: AttributedOps, *, pid: int, start_ns: int, names: NameTable,
             args["launched by"] = range_names[r]
         link = int(attr.link[i])
         if 0 <= link < len(link_keys):
-            args["link"] = link_keys[link] + (" backward" if attr.backward[i] else "")
+            args["link"] = link_range_text(link_keys[link], bool(attr.backward[i]))
         gpid = gpu_pid(pid, device)
         events.append({"ph": "X", "cat": _OP_CATS.get(kind, CAT_KERNEL),
                        "name": op_name(ops, i, names), "pid": gpid, "tid": stream,

@@ -545,7 +545,8 @@ def activity_html(stats: RunStats) -> str:
         f'<tr><td class="name">{_e(k["name"])}</td>'
         f"<td>{figures.fixed(k['ms'] / n, 3, grouping=False)}</td>"
         f"<td>{figures.num(k['calls'] / n, grouping=False)}</td>"
-        f'<td class="name">{_e((k["link"] or "-") + (" backward" if k["backward"] else ""))}'
+        f'<td class="name">'
+        f'{_e(names.link_range_text(k["link"], k["backward"]) if k["link"] else "-")}'
         "</td></tr>" for k in fig.top_kernels)
     notes = "".join(f'<p class="gpunote">{_e(line)}</p>' for line in record.get("notes") or [])
     return (f'<div id="gpu-activity"><h3>GPU activity</h3>'

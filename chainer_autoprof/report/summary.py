@@ -43,7 +43,7 @@ from ..analysis.stats import (
 )
 from ..analysis.verdict import Verdict, decide, facts_of
 from ..analysis.window import unreached
-from ..common import figures, log
+from ..common import figures, log, names
 from ..common.one_line import one_line
 from .stall import ended_abnormally
 
@@ -324,7 +324,7 @@ def _kernel_lines(fig: GpuFigures) -> list[str]:
              f"    {'kernel':<50} {'GPU time':>10} {'calls':>7}  link"]
     for k in fig.top_kernels[:TOP_KERNELS]:
         name = k["name"] if len(k["name"]) <= 50 else k["name"][:47] + "..."
-        link = (k["link"] + (" backward" if k["backward"] else "")) if k["link"] else "-"
+        link = names.link_range_text(k["link"], k["backward"]) if k["link"] else "-"
         lines.append(f"    {name:<50} {fmt_ms(k['ms'] / n):>10} "
                      f"{figures.num(k['calls'] / n, grouping=False):>7}  {link}")
     return lines
