@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+from ..common.typedefs import GcTotals
 from .shapes import ANY, BOOL, INT, NON_NEGATIVE, TEXT, Field, Kind, ListOf, MapOf, Section
 
 
@@ -117,13 +118,7 @@ FACTS = Section([
 ], doc="run-time facts (analysis/facts.py)", ordered=False)
 
 # -- the same shapes for type checkers ----------------------------------------------------------
-class GcFacts(TypedDict, total=False):
-    collections: list[int]
-    collected: list[int]
-    uncollectable: list[int]
-    ms: list[float]
-    ranges: list[int]
-    unranged: int
+GcFacts = GcTotals
 
 
 class InputQueueFacts(TypedDict, total=False):

@@ -9,7 +9,7 @@ everything else gets a precise type.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple, TypedDict, Union
 
 if TYPE_CHECKING:  # NumPy is not imported at start-up (the .pth hook imports this package)
     import numpy as np
@@ -33,3 +33,15 @@ JsonObject = Dict[str, JsonValue]
 #: The facts the patches note about a run (libraries' settings, batch size, iterator...),
 #: kept in the run record: JSON values whose shape each reader checks where it reads them.
 Facts = Dict[str, Any]
+
+
+class GcTotals(TypedDict):
+    """Per-generation counts of the collections seen: the run record's ``gc`` fact, as
+    ``runtime/gc_ranges.py`` counts it and the advice reads it (``analysis/facts.py``)."""
+
+    collections: list[int]
+    collected: list[int]
+    uncollectable: list[int]
+    ms: list[float]
+    ranges: list[int]
+    unranged: int

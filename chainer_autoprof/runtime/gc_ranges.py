@@ -25,9 +25,10 @@ import sys
 from collections import deque
 from threading import get_ident, get_native_id
 from time import perf_counter_ns
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from ..common import names
+from ..common.typedefs import GcTotals
 
 if TYPE_CHECKING:
     from .events import Tracer
@@ -37,17 +38,6 @@ AGENT_INTERNALS = ("chainer_autoprof.runtime.", "chainer_autoprof.sinks.")
 #: Per-range details kept for the trace (the newest; older ones are dropped): about
 #: 150 bytes each.
 KEEP_DETAILS = 10_000
-
-
-class GcTotals(TypedDict):
-    """Per-generation counts of the collections seen (the run record's ``gc`` fact)."""
-
-    collections: list[int]
-    collected: list[int]
-    uncollectable: list[int]
-    ms: list[float]
-    ranges: list[int]
-    unranged: int
 
 
 class GcRanges:
