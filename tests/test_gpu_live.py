@@ -29,12 +29,26 @@ RECORDINGS = ("b512", "b16")
 _REPLAYS: dict[str, object] = {}
 
 
-@pytest.fixture(scope="module", params=RECORDINGS)
-def live(request, tmp_path_factory):
-    name = request.param
+def _replayed(name: str, tmp_path_factory):
+    """Each recording replayed once for the module."""
     if name not in _REPLAYS:
         _REPLAYS[name] = replay_live(name, tmp_path_factory.mktemp(f"live_{name}"))
     return _REPLAYS[name]
+
+
+@pytest.fixture(scope="module", params=RECORDINGS)
+def live(request, tmp_path_factory):
+    return _replayed(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def b512(tmp_path_factory):
+    return _replayed("b512", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def b16(tmp_path_factory):
+    return _replayed("b16", tmp_path_factory)
 
 
 def figures_of(run) -> GpuFigures:
@@ -72,10 +86,8 @@ def test_forward_time_per_link_agrees_with_the_recordings_external_ids(live):
         assert both[link] >= 0.99 * max(theirs[link], ours[link]), (live.name, link)
 
 
-def test_b512_conv2_and_conv3_and_a_gpu_that_sets_the_pace(live):
-    if live.name != "b512":
-        pytest.skip("batch 512 figures")
-    fig = figures_of(live)
+def test_b512_conv2_and_conv3_and_a_gpu_that_sets_the_pace(b512):
+    fig = figures_of(b512)
     per = {short(x["name"]): fig.per_iteration(x["fwd_ms"]) for x in fig.links}
     assert per["conv2"] == pytest.approx(5.9, rel=0.05)
     assert per["conv3"] == pytest.approx(2.9, rel=0.05)
@@ -83,10 +95,8 @@ def test_b512_conv2_and_conv3_and_a_gpu_that_sets_the_pace(live):
     assert short(fig.links[0]["name"]) == "conv2"
 
 
-def test_b16_busy_share_near_22_percent_and_a_gpu_that_waits_for_the_host(live):
-    if live.name != "b16":
-        pytest.skip("batch 16 figures")
-    fig = figures_of(live)
+def test_b16_busy_share_near_22_percent_and_a_gpu_that_waits_for_the_host(b16):
+    fig = figures_of(b16)
     assert fig.busy_share == pytest.approx(0.22, abs=0.05)  # 18.7% over this recording
     idle = fig.span_ms - fig.busy_ms
     assert fig.idle_ms["host"] > 0.6 * idle
