@@ -72,6 +72,7 @@ from ..common.gpu_records import (
     NameTable,
 )
 from ..common.names import link_range_text
+from ..common.typedefs import JsonObject
 from .trace_events import (
     CUDA_DRIVER,
     CUDA_RUNTIME,
@@ -149,7 +150,7 @@ def _us(ns: int) -> float:
     return round(ns / 1000.0, 3)
 
 
-def is_gpu_event(event: Mapping[str, Any]) -> bool:
+def is_gpu_event(event: Mapping[str, object]) -> bool:
     """Whether a trace event is one of these (a reader of the agent's ranges skips it)."""
     return kind_of(event) in GPU_KINDS or is_gpu_pid(event.get("pid"))
 
@@ -175,9 +176,9 @@ def tracks(events: Iterable[Mapping[str, Any]]) -> list[Track]:
 class GpuEvents:
     """The encoded events, and the arguments they add to the agent's own range events."""
 
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[JsonObject] = field(default_factory=list)
     #: (tid, range start ns) -> {"External id": n}: the writer's ``event_args``.
-    range_args: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    range_args: dict[tuple[int, int], JsonObject] = field(default_factory=dict)
 
 
 def op_name(ops: GpuOps, i: int, names: NameTable) -> str:
@@ -208,7 +209,7 @@ def encode(records: AttributedOps, *, pid: int, start_ns: int, names: NameTable,
     tracks: dict[int, set[int]] = {}
     flows_started: set[int] = set()
     events = out.events
-    api_events: list[dict[str, Any]] = []
+    api_events: list[JsonObject] = []
     for i in order.tolist():
         kind = int(ops.kind[i])
         device, stream, corr = int(ops.device[i]), int(ops.stream[i]), int(ops.correlation[i])
@@ -222,7 +223,7 @@ def encode(records: AttributedOps, *, pid: int, start_ns: int, names: NameTable,
             if ext < 0:
                 ext = ext_ids[key] = len(ext_ids) + 1
                 out.range_args[key] = {"External id": ext}
-        args: dict[str, Any] = {"device": device, "context": int(ops.context[i]),
+        args: JsonObject = {"device": device, "context": int(ops.context[i]),
                                 "stream": stream, "correlation": corr, "External id": ext}
         if kind == KERNEL:
             args["grid"] = [int(ops.grid_x[i]), int(ops.grid_y[i]), int(ops.grid_z[i])]
@@ -265,7 +266,7 @@ def encode(records: AttributedOps, *, pid: int, start_ns: int, names: NameTable,
                            "ts": _us(launch - start_ns), "cat": CAT_FLOW, "name": CAT_FLOW})
         events.append({"ph": "f", "id": corr, "pid": gpid, "tid": stream,
                        "ts": _us(t0 - start_ns), "cat": CAT_FLOW, "name": CAT_FLOW, "bp": "e"})
-    meta: list[dict[str, Any]] = []
+    meta: list[JsonObject] = []
     for device in sorted(tracks):
         gpid = gpu_pid(pid, device)
         meta.append({"ph": "M", "name": "process_name", "pid": gpid, "tid": 0,
@@ -284,21 +285,21 @@ def encode(records: AttributedOps, *, pid: int, start_ns: int, names: NameTable,
 
 
 def profiler_steps(iterations: Iterable[tuple[int, int, int, int]], *, pid: int,
-                   start_ns: int) -> list[dict[str, Any]]:
+                   start_ns: int) -> list[JsonObject]:
     """``ProfilerStep#N`` events over iterations ``(tid, t0 ns, t1 ns, number)``."""
     return [{"ph": "X", "cat": CAT_STEP, "name": f"{STEP_PREFIX}{number}", "pid": pid,
              "tid": tid, "ts": _us(t0 - start_ns), "dur": _us(max(0, t1 - t0)),
              "args": {}} for tid, t0, t1, number in iterations]
 
 
-def trace_fields(meta: Mapping[str, Any]) -> dict[str, Any]:
+def trace_fields(meta: Mapping[str, Any]) -> JsonObject:
     """Kineto's top-level fields from the agent's trace metadata (``otherData`` part)."""
     devices = meta.get("devices") or []
     clock = meta.get("clock") or {}
     process = meta.get("process") or {}
     rank = meta.get("rank")
     world = process.get("world_size")
-    out: dict[str, Any] = {
+    out: JsonObject = {
         "schemaVersion": 1,
         "deviceProperties": [{"id": int(d.get("id", i)), "name": str(d.get("name", ""))}
                              for i, d in enumerate(devices) if isinstance(d, Mapping)],
@@ -318,8 +319,8 @@ class GpuTrace:
     to the launching ranges (``event_args``), and Kineto's top-level fields."""
 
     tracks: list[Track]
-    range_args: dict[tuple[int, int], dict[str, Any]]
-    top: dict[str, Any]
+    range_args: dict[tuple[int, int], JsonObject]
+    top: JsonObject
     events: int
 
 
