@@ -55,6 +55,7 @@ from ..analysis.stats import median
 from ..common import names
 from ..common.outputs import atomic_text
 from ..common.paths import check_output
+from ..common.typedefs import JsonObject
 from . import trace_events
 from .stall import describe_odd, side_by_side
 from .trace_events import PROCESS_LABELS, PROCESS_NAME, PROCESS_SORT_INDEX, RANGES
@@ -112,7 +113,7 @@ class RankStats:
     def compute_ms(self) -> list[float]:
         return [it - c for it, c in zip(self.iteration_ms, self.comm_ms)]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {
             "label": self.label, "rank": self.rank, "host": self.host, "pid": self.pid,
             "child": self.child, "iterations": self.iterations,
@@ -227,10 +228,11 @@ def align(inputs: list[Input], method: str = "auto") -> None:
 
 
 # -- statistics ------------------------------------------------------------------------
-def rank_stats(inp: Input, events: list[Any], warmup: int | None) -> RankStats:
+def rank_stats(inp: Input, events: list[object], warmup: int | None) -> RankStats:
     """Per-iteration time and communication time of one input, from its ranges."""
-    iterations: dict[Any, list[tuple[int, int]]] = {}
-    comm: dict[Any, list[tuple[int, int]]] = {}
+    # by thread id (looked up with None where no thread iterated)
+    iterations: dict[int | None, list[tuple[int, int]]] = {}
+    comm: dict[int | None, list[tuple[int, int]]] = {}
     for n, ev in enumerate(events):
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
@@ -270,7 +272,7 @@ def rank_stats(inp: Input, events: list[Any], warmup: int | None) -> RankStats:
         comm_outside_ms=outside / 1e6)
 
 
-def straggler(stats: list[RankStats]) -> dict[str, Any] | None:
+def straggler(stats: list[RankStats]) -> JsonObject | None:
     """The rank the others wait for, and for how long (``None`` with fewer than two ranks)."""
     ranks = [s for s in stats if not s.child and s.iterations and s.rank is not None]
     if len(ranks) < 2:
@@ -351,7 +353,7 @@ def merge(paths: Sequence[str], output: str, method: str = "auto",
             i.stats.label = i.label
     snaps = [snap for snap in (last_position(i) for i in inputs if not i.child) if snap]
     found = odd_one_out([position(snap) for snap in snaps]) if len(snaps) > 1 else None
-    summary = {
+    summary: dict[str, object] = {
         "ranks": [s.as_dict() for s in stats],
         "straggler": straggler(stats),
         "where": {"positions": snaps,
