@@ -82,7 +82,8 @@ class Flusher:
     def path(self) -> str | None:
         return None if self.writer is None else self.writer.path
 
-    def flush(self, where: Mapping[str, object] | None, stalls: Sequence[Mapping[str, object]]) -> str | None:
+    def flush(self, where: Mapping[str, object] | None,
+              stalls: Sequence[Mapping[str, object]]) -> str | None:
         """Write what is new; returns the file's path (``None``: nothing recorded yet, failed)."""
         with self._lock:
             if self.stopped is not None:
@@ -111,7 +112,8 @@ class Flusher:
         gone = f"; {one_line(path)} deleted" if removed else ""
         log.warning(f"{head}: {self.stopped}{gone} (the final trace is still written at exit)")
 
-    def _flush(self, where: Mapping[str, object] | None, stalls: Sequence[Mapping[str, object]]) -> str | None:
+    def _flush(self, where: Mapping[str, object] | None,
+               stalls: Sequence[Mapping[str, object]]) -> str | None:
         # the writer builds on the reporting modules: loaded when the first write happens
         from ..report import partial
 
