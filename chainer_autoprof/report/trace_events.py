@@ -78,7 +78,7 @@ from ..common import names
 if TYPE_CHECKING:
     from typing import TypeGuard
 
-    from ..common.typedefs import JsonObject, JsonValue, RangeRows
+    from ..common.typedefs import JsonObject, JsonValue, RangeArgs, RangeRows
 
 #: What a kind reads back (covariant: ``EventKind[object]`` holds every kind).
 T = TypeVar("T", covariant=True)
@@ -257,7 +257,7 @@ class RangeTrack:
     #: Per thread, in track order.
     threads: Sequence[ThreadRanges]
     #: More arguments of the ranges they name by (thread id, start ns): what a collection freed.
-    extra_args: Mapping[tuple[int, int], Mapping[str, object]] | None = None
+    extra_args: RangeArgs | None = None
     #: Ranges written (set by the encoder).
     written: int = 0
 
