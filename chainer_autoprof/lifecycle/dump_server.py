@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Callable, Optional, Tuple
+from typing import Callable, Mapping, Optional, Tuple
 
 from ..common import control, log
 from ..common.outputs import FileId, close_if_ours, identity, still_ours
@@ -30,7 +30,7 @@ from ..common.typedefs import JsonObject
 REQUEST_TIMEOUT = 5.0
 
 #: What the handler gives: the answer, and what to do once it is sent (``None``: nothing).
-Answer = Tuple[JsonObject, Optional[Callable[[], None]]]
+Answer = Tuple[Mapping[str, object], Optional[Callable[[], None]]]
 
 
 class DumpServer:
