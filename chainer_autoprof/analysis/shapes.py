@@ -122,7 +122,7 @@ class Object(Kind):
 
     doc = "object"
 
-    def check(self, value: object, where: str) -> dict[str, Any]:
+    def check(self, value: object, where: str) -> dict[str, object]:
         if not isinstance(value, dict):
             raise MalformedError(f"{where} is {shown(value)}, not an object")
         return value

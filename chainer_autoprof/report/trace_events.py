@@ -334,7 +334,7 @@ class Ranges(EventKind[Range]):
         depth = _DEPTH.check(args.get("depth", 0), f"{where}: args.depth")
         iteration = args.get("iteration")
         if iteration is not None:
-            INT.check(iteration, f"{where}: args.iteration")
+            iteration = INT.check(iteration, f"{where}: args.iteration")
         t0 = round(ts * 1000)
         return Range(name, category, tid, t0, t0 + round(dur * 1000), depth, iteration)
 
