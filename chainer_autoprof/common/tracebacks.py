@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import types
-from typing import Callable, Optional
+from typing import Callable, Optional, Type
 
 #: The package's directory: a frame whose code lives here is the agent's.
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,7 +53,7 @@ def drop_own_frames(exc: BaseException) -> None:
 
 
 #: An exception hook (``sys.excepthook``'s signature).
-ExceptHook = Callable[[type[BaseException], BaseException, Optional[types.TracebackType]], object]
+ExceptHook = Callable[[Type[BaseException], BaseException, Optional[types.TracebackType]], object]
 
 _previous: ExceptHook | None = None
 

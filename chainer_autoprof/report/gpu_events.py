@@ -47,7 +47,7 @@ attribution turns into the same figures (``report`` on a saved trace).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -84,6 +84,7 @@ from .trace_events import (
     KERNELS,
     MAX_DEVICES,
     PROFILER_STEPS,
+    EventKind,
     GpuEventKind,
     MetadataKind,
     Track,
@@ -91,6 +92,9 @@ from .trace_events import (
     is_gpu_pid,
     kind_of,
 )
+
+if TYPE_CHECKING:
+    from ..common.typedefs import RangeRows
 
 __all__ = ["GPU_PID_BASE", "MAX_DEVICES", "GpuEvents", "activity_from_events", "encode",
            "for_trace", "gpu_pid", "is_gpu_event", "profiler_steps", "trace_fields", "tracks"]
@@ -159,7 +163,7 @@ def tracks(events: Iterable[Mapping[str, Any]]) -> list[Track]:
     """The encoded events as the trace writer's tracks: each through its kind of the codec
     (the GPU tracks' names as triples ``(pid, tid, value)`` of the metadata kinds)."""
     meta: dict[MetadataKind, list[tuple[int, int, Any]]] = {}
-    rest: dict[Any, list[Mapping[str, Any]]] = {}
+    rest: dict[EventKind[object], list[Mapping[str, Any]]] = {}
     for ev in events:
         kind = kind_of(ev)
         if isinstance(kind, MetadataKind):
@@ -325,7 +329,7 @@ class GpuTrace:
 
 
 def for_trace(analysis: GpuAnalysis, meta: Mapping[str, Any], *, pid: int, start_ns: int,
-              rows_by_thread: Mapping[int, Any], loop_tid: int | None,
+              rows_by_thread: Mapping[int, RangeRows], loop_tid: int | None,
               span: tuple[int, int] | None = None) -> GpuTrace:
     """The GPU events of ``analysis`` for a trace of process ``pid`` (the live agent's at
     exit, a replay's): the operations it kept (those launched inside ``span``, agent ns,
@@ -346,7 +350,7 @@ def for_trace(analysis: GpuAnalysis, meta: Mapping[str, Any], *, pid: int, start
 
 
 def figures_from_events(events: Mapping[str, Sequence[Mapping[str, Any]]],
-                        rows: tuple[Sequence[tuple[str, str]], Mapping[int, Any]],
+                        rows: tuple[Sequence[tuple[str, str]], Mapping[int, RangeRows]],
                         meta: Mapping[str, Any]) -> GpuFigures | None:
     """The GPU figures of a saved trace whose record holds none: its GPU events read back
     (``events``: :attr:`~.tracefile.Trace.events`) and attributed again to its ranges
@@ -371,7 +375,7 @@ def figures_from_events(events: Mapping[str, Sequence[Mapping[str, Any]]],
     return analysis.finish()
 
 
-def iteration_rows(analysis: GpuAnalysis, rows_by_thread: Mapping[int, Any],
+def iteration_rows(analysis: GpuAnalysis, rows_by_thread: Mapping[int, RangeRows],
                    loop_tid: int | None) -> list[tuple[int, int, int, int]]:
     """The loop thread's iterations ``(tid, t0, t1, number)`` from recorded rows (``None``:
     the thread with the most iterations)."""
@@ -379,7 +383,7 @@ def iteration_rows(analysis: GpuAnalysis, rows_by_thread: Mapping[int, Any],
     kinds = analysis.attributor.kinds
     iter_index = np.array([k == K_ITER for k in kinds], dtype=bool)
     if loop_tid is None and rows_by_thread and len(iter_index):
-        def iterations(rows: Any) -> int:
+        def iterations(rows: RangeRows) -> int:
             index = np.asarray(rows, dtype=np.int64).reshape(-1, 4)[:, 0]
             index = index[(index >= 0) & (index < len(iter_index))]
             return int(iter_index[index].sum())
