@@ -152,11 +152,11 @@ class EventKind(Generic[T]):
         """The JSON text of each event for ``items`` (the kind's own data)."""
         raise NotImplementedError
 
-    def decode(self, ev: dict[str, Any], where: str) -> T:
+    def decode(self, ev: dict[str, object], where: str) -> T:
         """What a reader takes from ``ev`` (checked: :class:`MalformedError` naming ``where``)."""
         raise NotImplementedError
 
-    def move(self, ev: dict[str, Any], where: str, pid: int, shift_us: float) -> dict[str, Any]:
+    def move(self, ev: dict[str, object], where: str, pid: int, shift_us: float) -> dict[str, object]:
         """``ev`` on process track ``pid`` (a GPU's track: that GPU's of ``pid``), its times
         ``shift_us`` later (``merge``)."""
         ev = dict(ev)
@@ -221,7 +221,7 @@ class MetadataKind(EventKind[object]):
 class ThreadName(MetadataKind):
     read = True
 
-    def decode(self, ev: dict[str, Any], where: str) -> tuple[int, str]:
+    def decode(self, ev: dict[str, object], where: str) -> tuple[int, str]:
         """``(tid, name)``."""
         tid = INT.check(ev.get("tid", 0), f"{where}: tid")
         args = _ARGS.check(ev.get("args") or {}, f"{where}: args")
@@ -322,7 +322,7 @@ class Ranges(EventKind[Range]):
                 yield (f'{prefixes[index]}{tid},"ts":{ts},"dur":{dur},"args":{{"depth":{depth},'
                        f'"color":"{colors[index]}"{extra}}}}}')
 
-    def decode(self, ev: dict[str, Any], where: str) -> Range:
+    def decode(self, ev: dict[str, object], where: str) -> Range:
         name = TEXT.check(ev.get("name", ""), f"{where}: name")
         category = TEXT.check(ev.get("cat", ""), f"{where}: cat")
         tid = INT.check(ev.get("tid", 0), f"{where}: tid")
@@ -376,7 +376,7 @@ def moved_pid(track: object, pid: int) -> int:
     return pid
 
 
-class GpuEventKind(EventKind[Dict[str, Any]]):
+class GpuEventKind(EventKind[Dict[str, object]]):
     """An event of the GPU activity (built by :mod:`.gpu_events`, written as it is): on a
     GPU's track (``on_gpu``) or on the launching thread's; read back as the checked event
     itself (``Trace.events[name]``)."""
@@ -393,7 +393,7 @@ class GpuEventKind(EventKind[Dict[str, Any]]):
         for ev in items:
             yield dumps(ev)
 
-    def decode(self, ev: dict[str, Any], where: str) -> dict[str, Any]:
+    def decode(self, ev: dict[str, object], where: str) -> dict[str, object]:
         TEXT.check(ev.get("name", ""), f"{where}: name")
         INT.check(ev.get("tid", 0), f"{where}: tid")
         if "ts" not in ev:
@@ -416,7 +416,7 @@ class FlowKind(GpuEventKind):
     """One end of a flow from a launching call to its GPU operation (``id``: the launch's
     correlation id; ``merge`` puts the process's number above it)."""
 
-    def move(self, ev: dict[str, Any], where: str, pid: int, shift_us: float) -> dict[str, Any]:
+    def move(self, ev: dict[str, object], where: str, pid: int, shift_us: float) -> dict[str, object]:
         ev = super().move(ev, where, pid, shift_us)
         own = INT.check(ev.get("id", 0), f"{where}: id") & ((1 << FLOW_ID_BITS) - 1)
         ev["id"] = (pid << FLOW_ID_BITS) | own
@@ -557,7 +557,7 @@ def decode(events: Sequence[object], pid: int | None = None) -> Decoded:
     return out
 
 
-def move(ev: dict[str, Any], n: int, pid: int, shift_us: float) -> dict[str, Any]:
+def move(ev: dict[str, object], n: int, pid: int, shift_us: float) -> dict[str, object]:
     """Event ``n`` of an input on merged process track ``pid``, ``shift_us`` later."""
     kind = kind_of(ev) or _ANY_KIND
     return kind.move(ev, f"event {n}", pid, shift_us)
