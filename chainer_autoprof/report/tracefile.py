@@ -135,7 +135,7 @@ class Trace:
             stats.gpu_activity = self.gpu_activity()
         return _unfinished(stats)
 
-    def gpu_activity(self) -> dict[str, Any] | None:
+    def gpu_activity(self) -> dict[str, object] | None:
         """The GPU figures of a trace whose record holds none (written by another tool, or
         edited): its GPU events attributed again to its ranges."""
         from . import gpu_events, gpu_replay  # they read Trace: loaded when needed
