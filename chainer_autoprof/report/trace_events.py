@@ -156,7 +156,8 @@ class EventKind(Generic[T]):
         """What a reader takes from ``ev`` (checked: :class:`MalformedError` naming ``where``)."""
         raise NotImplementedError
 
-    def move(self, ev: dict[str, object], where: str, pid: int, shift_us: float) -> dict[str, object]:
+    def move(self, ev: dict[str, object], where: str, pid: int,
+             shift_us: float) -> dict[str, object]:
         """``ev`` on process track ``pid`` (a GPU's track: that GPU's of ``pid``), its times
         ``shift_us`` later (``merge``)."""
         ev = dict(ev)
@@ -416,7 +417,8 @@ class FlowKind(GpuEventKind):
     """One end of a flow from a launching call to its GPU operation (``id``: the launch's
     correlation id; ``merge`` puts the process's number above it)."""
 
-    def move(self, ev: dict[str, object], where: str, pid: int, shift_us: float) -> dict[str, object]:
+    def move(self, ev: dict[str, object], where: str, pid: int,
+             shift_us: float) -> dict[str, object]:
         ev = super().move(ev, where, pid, shift_us)
         own = INT.check(ev.get("id", 0), f"{where}: id") & ((1 << FLOW_ID_BITS) - 1)
         ev["id"] = (pid << FLOW_ID_BITS) | own
