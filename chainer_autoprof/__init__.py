@@ -8,7 +8,7 @@ is imported at start-up by the ``.pth`` hook.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .common.version import __version__
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["__version__", "annotate", "install", "uninstall"]
 
 
-def install(**settings: Any) -> Agent | None:
+def install(**settings: object) -> Agent | None:
     """Start the agent; keyword settings override ``CHAINER_PROF_*`` variables.
 
     Returns the agent (``None`` when switched off by ``enable=False``).  A

@@ -20,7 +20,7 @@ import importlib.util
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 import wrapt
 
@@ -46,6 +46,11 @@ from .sinks.recorder import Recorder
 
 if TYPE_CHECKING:
     from types import ModuleType
+
+    from .lifecycle.gpu_session import GpuOutcome, GpuSession
+    from .patches.base import Patch
+    from .patches.probes import Probes
+    from .patches.replay import Replay
 
 _lock = threading.RLock()
 _agent: Agent | None = None
@@ -111,7 +116,7 @@ class Agent:
         elif self.cfg.stall is not None:  # stall reports say how long each range has been open
             self.tracer.add_sink(ClockSink())
 
-    def _gpu_session(self) -> Any:
+    def _gpu_session(self) -> GpuSession | None:
         """GPU activity (``CHAINER_PROF_GPU_ACTIVITY=1``), where a summary or a trace shows it:
         told of each new thread from now on, started when CuPy is imported."""
         if not self.cfg.gpu_activity or self.recorder is None:
@@ -148,7 +153,7 @@ class Agent:
         return sum(patch.hits for patch in list(self.patches.patches)
                    if patch.label == "Trainer.run")
 
-    def _partial_metadata(self) -> dict[str, Any]:
+    def _partial_metadata(self) -> Mapping[str, object]:
         # the run's metadata lives with the end of the run: loaded at the first background write
         from .lifecycle.finish import partial_metadata
 
@@ -239,7 +244,7 @@ class Agent:
         return any(inst.library == library and inst.module is not None
                    for inst in self.instrumentors)
 
-    def all_patches(self) -> list[Any]:
+    def all_patches(self) -> list[Patch]:
         """The targets of the sets that emit ranges (the status report, hit counts)."""
         return [patch for inst in self.instrumentors if inst.reported for patch in inst.patches]
 
@@ -339,7 +344,7 @@ class Agent:
         except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"could not wait for other threads: {type(exc).__name__}: {exc}")
 
-    def _finish_gpu(self) -> Any:
+    def _finish_gpu(self) -> GpuOutcome | None:
         """GPU activity stops (each wait bounded) and its analysis finishes: the outcome for
         the report, or ``None`` (why was said in one line)."""
         return self.gpu.finish() if self.gpu is not None else None
@@ -378,7 +383,7 @@ class Agent:
             pass
 
 
-def _replay(cfg: Config, tracer: Tracer) -> Any:
+def _replay(cfg: Config, tracer: Tracer) -> Replay | None:
     """The replay experiment's data hooks (``CHAINER_PROF_REPLAY_BATCH=1``), else ``None``."""
     if not cfg.replay_batch:
         return None
@@ -389,7 +394,7 @@ def _replay(cfg: Config, tracer: Tracer) -> Any:
     return Replay(tracer.facts)
 
 
-def _probes(cfg: Config, tracer: Tracer) -> Any:
+def _probes(cfg: Config, tracer: Tracer) -> Probes | None:
     """Run-time facts for the advice, when advice is printed or a trace is written."""
     if not (cfg.advice or cfg.trace):
         return None
@@ -413,7 +418,7 @@ def current() -> Agent | None:
     return _agent
 
 
-def install(**settings: Any) -> Agent | None:
+def install(**settings: object) -> Agent | None:
     """Install the agent with ``settings`` over the ``CHAINER_PROF_*`` environment.
 
     Idempotent: a second call returns the agent already installed (and does
@@ -438,7 +443,7 @@ def install(**settings: Any) -> Agent | None:
         return agent
 
 
-def _warn_ignored(current: Config, asked: Config, names: Any) -> None:
+def _warn_ignored(current: Config, asked: Config, names: Iterable[str]) -> None:
     """One line naming the settings a second ``install()`` asked for in vain."""
     changed = [f"{name}={getattr(asked, name)!r}" for name in names
                if getattr(asked, name) != getattr(current, name)]

@@ -7,13 +7,17 @@ Not named ``annotate``: a submodule of that name would replace the package's
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from . import agent
 from .common import log, names
 
 if TYPE_CHECKING:
-    from .common.typedefs import AnyFunction
+    from typing import ParamSpec
+
+    P = ParamSpec("P")
+
+R = TypeVar("R")
 
 
 def _report(exc: Exception) -> None:
@@ -47,7 +51,7 @@ class Annotation:
                 _report(exc)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         current = agent.current()
         if current is not None:
             try:
@@ -58,9 +62,9 @@ class Annotation:
             except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 _report(err)
 
-    def __call__(self, func: AnyFunction) -> AnyFunction:
+    def __call__(self, func: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             with self:
                 return func(*args, **kwargs)
 

@@ -13,7 +13,7 @@ fails the tests (:func:`..common.log.contained`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..common import figures as fmt
 from ..common import log
@@ -46,7 +46,7 @@ class Finding:
     link: str
 
 
-def _config(facts: Facts) -> dict[str, Any]:
+def _config(facts: Facts) -> Facts:
     return facts.get("config") or {}
 
 
@@ -330,7 +330,7 @@ def check_slow_extension(stats: RunStats, verdict: Verdict, facts: Facts) -> Fin
 
 
 #: Every check, in the order findings are printed.
-CHECKS: tuple[Callable[[Any, Any, dict[str, Any]], Finding | None], ...] = (
+CHECKS: tuple[Callable[[RunStats, Verdict, Facts], Finding | None], ...] = (
     check_serial_iterator, check_type_check, check_eval_backprop, check_transfers,
     check_cudnn, check_autotune, check_float64_gpu, check_blas, check_warmup, check_gc,
     check_slow_extension,

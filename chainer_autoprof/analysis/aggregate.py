@@ -358,7 +358,7 @@ class Aggregator:
         th.wait_ns = carried
         return sums
 
-    def _gc(self, th: _ThreadAgg, kind: I64, t0: I64, dur: I64, it_pos: I64) -> Any:
+    def _gc(self, th: _ThreadAgg, kind: I64, t0: I64, dur: I64, it_pos: I64) -> I64:
         """Collection time inside each iteration of the block; later ones are carried."""
         n_it = len(it_pos)
         sums = np.zeros(n_it, dtype=np.int64)

@@ -33,13 +33,13 @@ newest :attr:`max_ranges` ranges (a launch older than those is counted as such).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 import numpy.typing as npt
 
 from ..common import names
-from ..common.gpu_records import ActivityBatch, ApiCalls, Columns, GpuOps
+from ..common.gpu_records import ActivityBatch, ApiCalls, Columns, GpuOps, RowIndex
 from .gpu_clock import ClockMap
 from .stats import DEPTH_BITS, DEPTH_MASK, PHASE_KEYS
 
@@ -108,7 +108,7 @@ class AttributedOps:
     def empty(cls) -> AttributedOps:
         return cls(GpuOps.empty(), Attribution.empty())
 
-    def take(self, index: Any) -> AttributedOps:
+    def take(self, index: RowIndex) -> AttributedOps:
         return AttributedOps(self.ops.take(index), self.attr.take(index))
 
     @classmethod
@@ -167,7 +167,7 @@ class _Depth:
         if len(self.t0) > 1 and len(t0) and np.any(np.diff(self.t0) < 0):
             self.keep(np.argsort(self.t0, kind="stable"))
 
-    def keep(self, sel: Any) -> None:
+    def keep(self, sel: RowIndex) -> None:
         self.t0, self.t1 = self.t0[sel], self.t1[sel]
         self.index, self.ordinal, self.number = self.index[sel], self.ordinal[sel], self.number[sel]
 

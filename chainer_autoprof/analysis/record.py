@@ -440,13 +440,13 @@ def add(record: dict[str, Any], by: By, **values: Any) -> dict[str, Any]:
     return record
 
 
-def from_stats(stats: RunStats) -> dict[str, Any]:
+def from_stats(stats: RunStats) -> dict[str, object]:
     """The final trace's fields that are RunStats' figures."""
     return {f.name: getattr(stats, f.stats) for f in _STATS_FIELDS if f.stats}
 
 
 # -- reading -------------------------------------------------------------------------------------
-def check(meta: Any) -> dict[str, Any]:
+def check(meta: object) -> dict[str, Any]:
     """The record of a trace read back, checked (:class:`MalformedError`, one line).
 
     Returns a copy: each null field that has a default removed (readers take
@@ -456,7 +456,7 @@ def check(meta: Any) -> dict[str, Any]:
     return RECORD.check(meta, WHERE)
 
 
-def check_run_stats(data: Any) -> dict[str, Any]:
+def check_run_stats(data: object) -> dict[str, Any]:
     """A saved RunStats, checked, ready for :meth:`RunStats.from_dict`: each link reduced to
     the fields a ``LinkStat`` has, an absent field given its default."""
     out = RUN_STATS.check(data, f"{WHERE}.run_stats")

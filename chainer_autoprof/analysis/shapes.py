@@ -44,7 +44,7 @@ class Kind:
 
     doc = "any JSON value"
 
-    def check(self, value: object, where: str) -> Any:
+    def check(self, value: object, where: str) -> object:
         """``value`` if it is of this kind, else :class:`MalformedError` naming ``where``."""
         return value
 
@@ -122,7 +122,7 @@ class Object(Kind):
 
     doc = "object"
 
-    def check(self, value: object, where: str) -> dict[str, Any]:
+    def check(self, value: object, where: str) -> dict[str, object]:
         if not isinstance(value, dict):
             raise MalformedError(f"{where} is {shown(value)}, not an object")
         return value
@@ -135,7 +135,7 @@ class ListOf(Kind):
         self.item = item
         self.doc = f"list of {item.doc}" if type(item) is not Kind else "list"
 
-    def check(self, value: object, where: str) -> list[Any]:
+    def check(self, value: object, where: str) -> list[object]:
         if not isinstance(value, list):
             raise MalformedError(f"{where} is {shown(value)}, not a list")
         check = self.item.check
@@ -149,7 +149,7 @@ class MapOf(Kind):
         self.item = item
         self.doc = f"{{{key}: {item.doc}}}"
 
-    def check(self, value: object, where: str) -> dict[str, Any]:
+    def check(self, value: object, where: str) -> dict[str, object]:
         check = self.item.check
         return {name: check(item, f"{where}.{name}")
                 for name, item in OBJECT.check(value, where).items()}
@@ -170,7 +170,7 @@ class Window(Kind):
         start, stop = Int().check(pair[0], f"{where}[0]"), Int().check(pair[1], f"{where}[1]")
         if stop <= start:
             raise MalformedError(f"{where} is {shown(value)}: STOP is not after START")
-        return pair
+        return [start, stop]
 
 
 class Triple(Kind):
@@ -180,7 +180,7 @@ class Triple(Kind):
         self.what, self.first = what, first
         self.doc = f"[{what}, ms, phase]"
 
-    def check(self, value: object, where: str) -> list[Any]:
+    def check(self, value: object, where: str) -> list[object]:
         if not isinstance(value, list) or len(value) != 3:
             raise MalformedError(f"{where} is {shown(value)}, not [{self.what}, ms, phase]")
         self.first.check(value[0], f"{where}[0]")
@@ -192,11 +192,11 @@ class Triple(Kind):
 class Checked(Kind):
     """A kind checked by a function (for shapes no other kind says)."""
 
-    def __init__(self, doc: str, check: Callable[[Any, str], Any]) -> None:
+    def __init__(self, doc: str, check: Callable[[object, str], object]) -> None:
         self.doc = doc
         self._check = check
 
-    def check(self, value: object, where: str) -> Any:
+    def check(self, value: object, where: str) -> object:
         return self._check(value, where)
 
 
@@ -304,9 +304,9 @@ class Section(Kind):
         #: Written in declared order (else in the writer's: facts, in the order they were seen).
         self.ordered = ordered
 
-    def check(self, value: object, where: str) -> dict[str, Any]:
+    def check(self, value: object, where: str) -> dict[str, object]:
         data = OBJECT.check(value, where)
-        out: dict[str, Any] = {} if self.keep_only else dict(data)
+        out: dict[str, object] = {} if self.keep_only else dict(data)
         for f in self.fields:
             if f.name not in data:
                 if f.default is NEEDED:

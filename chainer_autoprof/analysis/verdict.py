@@ -44,7 +44,7 @@ is the verdict and the others are listed under "also".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..common import figures as fmt
 
@@ -70,6 +70,7 @@ from .outliers import OUTLIER_FACTOR, stutter
 from .window import unreached
 
 if TYPE_CHECKING:
+    from ..common.typedefs import Facts
     from .stats import LinkStat, RunStats
 
 #: Data phase share of the counted iteration time at or above which a run is input-bound.
@@ -165,13 +166,14 @@ class Verdict:
 
 # -- figures ---------------------------------------------------------------------
 
-def facts_of(stats: RunStats) -> dict[str, Any]:
+def facts_of(stats: RunStats) -> Facts:
     """The run-time facts recorded by the probes (empty when none)."""
     facts = (stats.meta or {}).get("facts") if stats.meta else None
     return facts if isinstance(facts, dict) else {}
 
 
-def settings_of(stats: RunStats) -> dict[str, Any]:
+def settings_of(stats: RunStats) -> Facts:
+    """The settings the run recorded (empty when none): JSON values, read like the facts."""
     settings = (stats.meta or {}).get("settings") if stats.meta else None
     return settings if isinstance(settings, dict) else {}
 

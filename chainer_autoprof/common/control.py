@@ -43,7 +43,10 @@ import struct
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from .typedefs import JsonObject
 
 #: The directory's name in ``$XDG_RUNTIME_DIR``; elsewhere ``chainer_autoprof-UID``.
 DIR_NAME = "chainer_autoprof"
@@ -362,7 +365,7 @@ def own_processes() -> dict[int, str]:
 
 
 # -- messages ---------------------------------------------------------------------------
-def send(conn: socket.socket, message: dict[str, Any], end: bool = False) -> None:
+def send(conn: socket.socket, message: Mapping[str, object], end: bool = False) -> None:
     """Send one JSON message (``end``: then close the sending side)."""
     data = json.dumps(message, default=str, separators=(",", ":")).encode() + b"\n"
     conn.sendall(data)
@@ -373,7 +376,7 @@ def send(conn: socket.socket, message: dict[str, Any], end: bool = False) -> Non
             pass
 
 
-def receive(conn: socket.socket, line: bool = False) -> dict[str, Any]:
+def receive(conn: socket.socket, line: bool = False) -> JsonObject:
     """Read one JSON message: up to a newline (``line``) or to the end of the connection."""
     chunks: list[bytes] = []
     size = 0
@@ -396,8 +399,8 @@ def receive(conn: socket.socket, line: bool = False) -> dict[str, Any]:
     return value
 
 
-def request(pid: int, message: dict[str, Any], timeout: float = 10.0,
-            path: str | None = None) -> dict[str, Any]:
+def request(pid: int, message: Mapping[str, object], timeout: float = 10.0,
+            path: str | None = None) -> JsonObject:
     """Send ``message`` to process ``pid``'s agent and return its answer.
 
     ``path``: its socket, where already found.  Raises :class:`ControlError`

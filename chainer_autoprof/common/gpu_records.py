@@ -39,12 +39,14 @@ import gzip
 import json
 import threading
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Iterable, Mapping, Sequence, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
 
 Int64Array = npt.NDArray[np.int64]
+#: What selects rows of columns: a boolean mask, integer positions or a slice.
+RowIndex = Union[npt.NDArray[np.bool_], npt.NDArray[np.intp], Int64Array, slice]
 
 #: GpuOps.kind
 KERNEL, MEMCPY, MEMSET = 0, 1, 2
@@ -107,7 +109,7 @@ class Columns:
                 out[name] = col
         return cls(**out)
 
-    def take(self: T, index: Any) -> T:
+    def take(self: T, index: RowIndex) -> T:
         """The rows ``index`` selects (a boolean mask, a slice or integer positions)."""
         return type(self)(**{name: getattr(self, name)[index] for name in self.columns()})
 

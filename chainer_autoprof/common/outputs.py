@@ -39,7 +39,10 @@ import stat
 import tempfile
 import uuid
 from contextlib import contextmanager
-from typing import IO, Any, BinaryIO, ContextManager, Iterator, TextIO, Tuple, cast
+from typing import TYPE_CHECKING, BinaryIO, ContextManager, Iterator, TextIO, Tuple, Union, cast
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 #: Prefix and suffix of the temporary files (dot files: hidden while they exist).
 TEMP_PREFIX = ".chainer_autoprof."
@@ -148,7 +151,7 @@ class _Owned(io.RawIOBase):
     def fileno(self) -> int:
         return self.fd
 
-    def write(self, b: Any) -> int:
+    def write(self, b: ReadableBuffer) -> int:
         if not still_ours(self.fd, self.ident):
             raise NotOursError(f"the descriptor of {self.name} was closed by the program")
         return os.write(self.fd, b)
@@ -246,7 +249,7 @@ def _through_link(path: str) -> tuple[str, FileId | None]:
 
 
 @contextmanager
-def atomic_file(path: str, binary: bool = False) -> Iterator[IO[Any]]:
+def atomic_file(path: str, binary: bool = False) -> Iterator[Union[TextIO, BinaryIO]]:
     """``with atomic_file(path) as out: out.write(...)``: ``path`` replaced when the block ends.
 
     Text is UTF-8 (``binary``: bytes).  An exception in the block removes the
@@ -268,7 +271,8 @@ def atomic_file(path: str, binary: bool = False) -> Iterator[IO[Any]]:
     raw = _Owned(fd, ident, tmp)
     try:
         buffered = io.BufferedWriter(raw, _WRITE_BUFFER)
-        out: IO[Any] = buffered if binary else io.TextIOWrapper(buffered, encoding="utf-8")
+        out: TextIO | BinaryIO = (buffered if binary else
+                                  io.TextIOWrapper(buffered, encoding="utf-8"))
         with out:
             yield out
             out.flush()

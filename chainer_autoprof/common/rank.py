@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping, TypedDict
 
 #: Launchers' rank variables: (rank variable, size variable, launcher), checked in order.
 LAUNCHER_VARS: tuple[tuple[str, str | None, str], ...] = (
@@ -41,7 +41,17 @@ class RankInfo:
 
 
 _noted: RankInfo | None = None  # learned from a communicator
-_clock_ref: dict[str, Any] | None = None
+class ClockReference(TypedDict):
+    """The clock readings at the end of the first synchronizing collective (the run record's
+    ``clock_reference``: how ``merge`` lines the ranks' clocks up)."""
+
+    method: str
+    op: str
+    perf_counter_ns: int
+    unix_time_ns: int
+
+
+_clock_ref: ClockReference | None = None
 _lock = threading.Lock()
 
 
@@ -101,7 +111,7 @@ def forget() -> None:
     _clock_ref = None
 
 
-def clock_reference() -> dict[str, Any] | None:
+def clock_reference() -> ClockReference | None:
     """The clock readings at the end of the first synchronizing collective, if any."""
     return _clock_ref
 

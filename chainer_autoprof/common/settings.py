@@ -179,8 +179,8 @@ class Setting:
     """One row of the settings table."""
 
     name: str
-    parse: Callable[[str], Any]
-    default: Any
+    parse: Callable[[str], object]
+    default: object
     doc: str
     metavar: str = "VALUE"
     env: str = field(default="", init=False)
@@ -307,13 +307,14 @@ class Config:
     effective_sync_level: int
     explicit: frozenset[str]
 
-    def __init__(self, values: Mapping[str, Any], explicit: frozenset[str] = frozenset()) -> None:
+    def __init__(self, values: Mapping[str, object],
+                 explicit: frozenset[str] = frozenset()) -> None:
         for s in SETTINGS:
             setattr(self, s.name, values.get(s.name, s.default))
         self.explicit = explicit
         self.effective_sync_level = _derive_sync_level(self)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {s.name: getattr(self, s.name) for s in SETTINGS}
 
     def __repr__(self) -> str:
@@ -351,14 +352,14 @@ def unknown_variable_message(name: str) -> str:
 
 
 def from_environ(environ: Mapping[str, str] | None = None,
-                 overrides: Mapping[str, Any] | None = None) -> Config:
+                 overrides: Mapping[str, object] | None = None) -> Config:
     """Parse the ``CHAINER_PROF_*`` variables (then ``overrides``) into a Config.
 
     Raises :class:`SettingsError` with one line naming the variable, the value
     and what is accepted.
     """
     env = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     raws: dict[str, str] = {}
     explicit: set[str] = set()
     for key in sorted(env):
@@ -387,11 +388,11 @@ def from_environ(environ: Mapping[str, str] | None = None,
                 raise SettingsError(f"{name}={value!r} is not valid: accepted: "
                                     f"{setting.accepted}") from None
         if isinstance(value, str):
-            raws[name] = value
+            raws[name] = text = value
             try:
-                value = setting.parse(value)
+                value = setting.parse(text)
             except ValueError as exc:
-                raise _bad_value(setting, value, str(exc)) from None
+                raise _bad_value(setting, text, str(exc)) from None
         values[name] = value
         explicit.add(name)
     _check_trace_per_process(values, raws, env)

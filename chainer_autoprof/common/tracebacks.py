@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import types
-from typing import Any, Callable
+from typing import Callable, Optional, Type
 
 #: The package's directory: a frame whose code lives here is the agent's.
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,7 +52,10 @@ def drop_own_frames(exc: BaseException) -> None:
         todo += [current.__cause__, current.__context__]
 
 
-_previous: Callable[..., Any] | None = None
+#: An exception hook (``sys.excepthook``'s signature).
+ExceptHook = Callable[[Type[BaseException], BaseException, Optional[types.TracebackType]], object]
+
+_previous: ExceptHook | None = None
 
 
 def _excepthook(kind: type[BaseException], value: BaseException,

@@ -9,7 +9,7 @@ everything else gets a precise type.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple, TypedDict, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Tuple, TypedDict, Union
 
 if TYPE_CHECKING:  # NumPy is not imported at start-up (the .pth hook imports this package)
     import numpy as np
@@ -30,6 +30,9 @@ AnyFunction = Callable[..., Any]
 JsonValue = Union[None, bool, int, float, str, List["JsonValue"], Dict[str, "JsonValue"]]
 #: A JSON object.
 JsonObject = Dict[str, JsonValue]
+#: More ``args`` of the trace's ranges, by (thread id, start ns): what a collection freed,
+#: the External id a GPU operation's launching range gets.
+RangeArgs = Mapping[Tuple[int, int], Mapping[str, object]]
 #: The facts the patches note about a run (libraries' settings, batch size, iterator...),
 #: kept in the run record: JSON values whose shape each reader checks where it reads them.
 Facts = Dict[str, Any]

@@ -20,22 +20,23 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Callable, Mapping, Optional, Tuple
 
 from ..common import control, log
 from ..common.outputs import FileId, close_if_ours, identity, still_ours
+from ..common.typedefs import JsonObject
 
 #: Seconds a client may take to send its request.
 REQUEST_TIMEOUT = 5.0
 
 #: What the handler gives: the answer, and what to do once it is sent (``None``: nothing).
-Answer = Tuple[Dict[str, Any], Optional[Callable[[], None]]]
+Answer = Tuple[Mapping[str, object], Optional[Callable[[], None]]]
 
 
 class DumpServer:
     """Serves dump requests on this process's control socket."""
 
-    def __init__(self, handle: Callable[[dict[str, Any]], Answer]) -> None:
+    def __init__(self, handle: Callable[[JsonObject], Answer]) -> None:
         self.handle = handle
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None

@@ -13,7 +13,7 @@ import socket
 import sys
 import threading
 from time import perf_counter_ns, time_ns
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
@@ -34,14 +34,14 @@ from . import overhead, processes
 from .gpu_session import GpuOutcome
 
 if TYPE_CHECKING:
-    from ..common.typedefs import RangeRows
+    from ..common.typedefs import JsonObject, RangeArgs, RangeRows
     from ..runtime.events import Tracer
 
 
 def report_run(recorder: Recorder, tracer: Tracer, cfg: Config, hits: int,
                trace_path: Callable[[], str] | None = None,
-               extra_meta: dict[str, Any] | None = None,
-               event_args: dict[tuple[int, int], dict[str, Any]] | None = None,
+               extra_meta: Mapping[str, object] | None = None,
+               event_args: RangeArgs | None = None,
                gpu: GpuOutcome | None = None) -> RunStats | None:
     """Statistics, trace file and summary of the run, once the tracer is closed.
 
@@ -87,7 +87,7 @@ def report_run(recorder: Recorder, tracer: Tracer, cfg: Config, hits: int,
 
 
 def metadata(cfg: Config, tracer: Tracer, recorder: Recorder, end_ns: int,
-             extra: dict[str, Any] | None = None) -> dict[str, Any]:
+             extra: Mapping[str, object] | None = None) -> dict[str, Any]:
     """The run record at exit, but for the statistics' figures (the summary's ``meta``)."""
     values = _run_values(cfg, tracer, recorder, _clock(recorder.start_ns, end_ns))
     values.update(extra or {})
@@ -130,9 +130,9 @@ def _clock(start_ns: int, end_ns: int | None) -> dict[str, int]:
 
 
 def _run_values(cfg: Config, tracer: Tracer, recorder: Recorder,
-                clock: dict[str, int]) -> dict[str, Any]:
+                clock: dict[str, int]) -> dict[str, object]:
     """The run's own fields of the record, as the final trace and the trace so far hold them."""
-    settings: dict[str, Any] = {}
+    settings: dict[str, object] = {}
     for s in SETTINGS:
         value = getattr(cfg, s.name)
         if isinstance(value, (tuple, frozenset, set)):
@@ -168,7 +168,7 @@ def _run_values(cfg: Config, tracer: Tracer, recorder: Recorder,
 
 
 def _write_trace(recorder: Recorder, tracer: Tracer, path: str, stats: RunStats,
-                 event_args: dict[tuple[int, int], dict[str, Any]] | None,
+                 event_args: RangeArgs | None,
                  gpu: GpuOutcome | None = None) -> str | None:
     """Write the trace file at ``path``; returns it (``None`` on failure, said once)."""
     try:
@@ -181,7 +181,7 @@ def _write_trace(recorder: Recorder, tracer: Tracer, path: str, stats: RunStats,
         threads = [ThreadRanges(tid, thread_names.get(tid, f"thread {tid}"), blocks)
                    for tid, blocks in per_thread.items()]
         tracks: list[Track] = []
-        top: dict[str, Any] | None = None
+        top: JsonObject | None = None
         if gpu is not None:
             built = gpu_events.for_trace(
                 gpu.analysis, other, pid=os.getpid(), start_ns=recorder.start_ns,
@@ -198,8 +198,7 @@ def _write_trace(recorder: Recorder, tracer: Tracer, path: str, stats: RunStats,
     return path
 
 
-def _joined(a: dict[tuple[int, int], dict[str, Any]] | None,
-            b: dict[tuple[int, int], dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
+def _joined(a: RangeArgs | None, b: RangeArgs) -> dict[tuple[int, int], dict[str, object]]:
     """Two sets of extra range arguments in one (a range named in both gets both's)."""
     out = {key: dict(args) for key, args in (a or {}).items()}
     for key, args in b.items():

@@ -31,7 +31,7 @@ import json
 import os
 import threading
 from time import time_ns
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -43,6 +43,18 @@ if TYPE_CHECKING:
     from ..report.partial import PartialWriter
     from ..sinks.recorder import Recorder
 
+
+
+class _Records(Protocol):
+    """What a write takes from :mod:`..report.partial` (imported at the first write)."""
+
+    def rows_records(self, tid: int, rows: RangeRows) -> list[bytes]: ...
+
+    def json_record(self, kind: bytes, value: object) -> bytes: ...
+
+    def gc_record(self, rows: Sequence[tuple[int, int, int, int]]) -> bytes: ...
+
+
 #: Bytes of metadata and states a file may gather before it is rewritten.
 STATE_BYTES = 8 << 20
 
@@ -51,10 +63,10 @@ class Flusher:
     """Writes the recorder's ranges to this process's partial trace file."""
 
     def __init__(self, recorder: Recorder, trace_path: Callable[[], str], limit: int,
-                 meta: Callable[[], dict[str, Any]],
+                 meta: Callable[[], Mapping[str, object]],
                  gc_details: (Callable[[int], tuple[list[tuple[int, int, int, int]], int]]
                               | None) = None,
-                 run_stats: Callable[[], dict[str, Any]] | None = None) -> None:
+                 run_stats: Callable[[], object] | None = None) -> None:
         self.recorder = recorder
         #: The file this process's final trace goes to now (:func:`.processes.trace_path`).
         self.trace_path = trace_path
@@ -82,7 +94,8 @@ class Flusher:
     def path(self) -> str | None:
         return None if self.writer is None else self.writer.path
 
-    def flush(self, where: Mapping[str, Any] | None, stalls: list[dict[str, Any]]) -> str | None:
+    def flush(self, where: Mapping[str, object] | None,
+              stalls: Sequence[Mapping[str, object]]) -> str | None:
         """Write what is new; returns the file's path (``None``: nothing recorded yet, failed)."""
         with self._lock:
             if self.stopped is not None:
@@ -111,7 +124,8 @@ class Flusher:
         gone = f"; {one_line(path)} deleted" if removed else ""
         log.warning(f"{head}: {self.stopped}{gone} (the final trace is still written at exit)")
 
-    def _flush(self, where: Mapping[str, Any] | None, stalls: list[dict[str, Any]]) -> str | None:
+    def _flush(self, where: Mapping[str, object] | None,
+               stalls: Sequence[Mapping[str, object]]) -> str | None:
         # the writer builds on the reporting modules: loaded when the first write happens
         from ..report import partial
 
@@ -135,8 +149,8 @@ class Flusher:
         self.rows += count
         return self.writer.path
 
-    def _rewrite(self, partial: Any, where: Mapping[str, Any] | None,
-                 stalls: list[dict[str, Any]]) -> str:
+    def _rewrite(self, partial: _Records, where: Mapping[str, object] | None,
+                 stalls: Sequence[Mapping[str, object]]) -> str:
         """The newest ranges only: everything the recorder still keeps, and what it buffers."""
         self.last = {}
         blocks, self.mark = self.recorder.retained_since(0)
@@ -148,8 +162,9 @@ class Flusher:
         self.rows = sum(len(r) for r in rows.values())
         return writer.path
 
-    def _records(self, partial: Any, rows: dict[int, RangeRows], where: Mapping[str, Any] | None,
-                 stalls: list[dict[str, Any]], full: bool) -> list[bytes]:
+    def _records(self, partial: _Records, rows: dict[int, RangeRows],
+                 where: Mapping[str, object] | None, stalls: Sequence[Mapping[str, object]],
+                 full: bool) -> list[bytes]:
         """The records of one write: what is new of the header, the rows, gc details, the state."""
         chunks = self._header(partial, full)
         for tid, part in rows.items():
@@ -179,7 +194,7 @@ class Flusher:
             out.setdefault(tid, []).append(new)
         return {tid: np.concatenate(parts) for tid, parts in out.items()}
 
-    def _header(self, partial: Any, full: bool) -> list[bytes]:
+    def _header(self, partial: _Records, full: bool) -> list[bytes]:
         chunks = []
         meta = self.meta()
         text = json.dumps(meta, default=str, sort_keys=True)
@@ -205,16 +220,16 @@ class Flusher:
             self.threads.update(new)
         return chunks
 
-    def _gc(self, partial: Any, full: bool) -> list[bytes]:
+    def _gc(self, partial: _Records, full: bool) -> list[bytes]:
         if self.gc_details is None:
             return []
         details, self.gc_mark = self.gc_details(0 if full else self.gc_mark)
         return [partial.gc_record(details)] if details else []
 
-    def _state(self, partial: Any, where: Mapping[str, Any] | None,
-               stalls: list[dict[str, Any]]) -> bytes:
+    def _state(self, partial: _Records, where: Mapping[str, object] | None,
+               stalls: Sequence[Mapping[str, object]]) -> bytes:
         recorder = self.recorder
-        state: dict[str, Any] = {"perf_ns": recorder.tracer.clock(),
+        state: dict[str, object] = {"perf_ns": recorder.tracer.clock(),
                                  "unix_ns": (where or {}).get("unix_ns") or time_ns(),
                                  "where": where, "stalls": list(stalls),
                                  "dropped": recorder.dropped + self.lost}

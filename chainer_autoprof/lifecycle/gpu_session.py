@@ -37,7 +37,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Deque, Protocol
+from typing import TYPE_CHECKING, Callable, Deque, Protocol, TypeVar
 
 from ..analysis.gpu_analysis import GpuAnalysis, Limits
 from ..analysis.gpu_clock import fit
@@ -400,9 +400,12 @@ class GpuSession:
         return out
 
 
-def _take(queue: Deque[Any]) -> list[Any]:
+T = TypeVar("T")
+
+
+def _take(queue: Deque[T]) -> list[T]:
     """What ``queue`` holds now (appends meanwhile stay for the next time)."""
-    out = []
+    out: list[T] = []
     for _ in range(len(queue)):
         out.append(queue.popleft())
     return out

@@ -36,7 +36,7 @@ import os
 import stat
 import threading
 from time import monotonic
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
 
 try:  # the room left in a pipe (Linux)
     import fcntl
@@ -44,6 +44,21 @@ try:  # the room left in a pipe (Linux)
 except ImportError:  # pragma: no cover - not on this platform
     fcntl = None  # type: ignore[assignment]
     termios = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from typing import ParamSpec
+
+    P = ParamSpec("P")
+
+R = TypeVar("R")
+
+
+class _SetTimer(Protocol):
+    """``faulthandler.dump_traceback_later``'s signature."""
+
+    def __call__(self, timeout: float, repeat: bool = ..., file: int = ...,
+                 exit: bool = ...) -> None: ...
+
 
 #: Bytes a pipe on stderr must have free for the stacks to be written without blocking.
 PIPE_ROOM = 32 << 10
@@ -94,10 +109,11 @@ class LastResort:
         self.forking = False
         self.program_uses = False           # the program called the timer's functions
         self._stderr: tuple[int, int] | None = None
-        self._set: Callable[..., Any] = faulthandler.dump_traceback_later
+        self._set: _SetTimer = faulthandler.dump_traceback_later
         self._cancel: Callable[[], None] = faulthandler.cancel_dump_traceback_later
-        self._wrappers: dict[str, Callable[..., Any]] = {}
-        self._originals: dict[str, Callable[..., Any]] = {}
+        # faulthandler's timer functions, by name: ours (noting the program's calls), its own
+        self._wrappers: dict[str, object] = {}
+        self._originals: dict[str, object] = {}
 
     # -- start and stop -------------------------------------------------------------------
     def start(self) -> None:
@@ -229,10 +245,10 @@ class LastResort:
         self.fired = None
 
 
-def _seen(original: Callable[..., Any], note: Callable[[], None]) -> Callable[..., Any]:
+def _seen(original: Callable[P, R], note: Callable[[], None]) -> Callable[P, R]:
     """``original``, noting each call (the program's own use of the timer)."""
 
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         note()
         return original(*args, **kwargs)
 

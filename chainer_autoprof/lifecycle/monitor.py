@@ -35,7 +35,7 @@ import sys
 import threading
 from collections import deque
 from time import monotonic
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable
 
 from ..common import log, names
 from . import where
@@ -44,8 +44,9 @@ from .flusher import Flusher
 from .last_resort import LastResort
 
 if TYPE_CHECKING:
+    from ..common.typedefs import JsonObject
     from ..runtime.events import Tracer
-    from .where import Where
+    from .where import ThreadWhere, Where
 
 #: ``auto``: a stall is AUTO_FACTOR x the longest pause without progress seen so far,
 #: and at least AUTO_MIN_S ...
@@ -76,7 +77,7 @@ class Monitor:
         self.trainer_runs = trainer_runs if trainer_runs is not None else (lambda: 0)
         self.server = DumpServer(self.on_request)
         self.last_resort = LastResort()
-        self.stalls: deque[dict[str, Any]] = deque(maxlen=KEEP_STALLS)
+        self.stalls: deque[dict[str, object]] = deque(maxlen=KEEP_STALLS)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._report_lock = threading.Lock()
@@ -240,8 +241,8 @@ class Monitor:
                               threshold_s=threshold, notes=self._notes())
         snap["since_progress_s"] = round(since, 3)
         snap["threshold_rule"] = self.rule()
-        loop: Mapping[str, Any] = next((t for t in snap["threads"] if t.get("loop")), {})
-        age = _iteration_age(loop)
+        loop = next((t for t in snap["threads"] if t.get("loop")), None)
+        age = _iteration_age(loop) if loop is not None else None
         if age is not None:  # exact, where the watch saw the iteration begin a poll late
             snap["since_iteration_s"] = round(max(now - self.iteration_seen, age), 3)
         self.in_stall = True
@@ -282,8 +283,8 @@ class Monitor:
             snap = where.snapshot(self.tracer, "flush", notes=self._notes())
         return self.flusher.flush(snap, list(self.stalls))
 
-    def on_request(self, message: dict[str, Any]) -> tuple[dict[str, Any],
-                                                           Callable[[], None] | None]:
+    def on_request(self, message: JsonObject) -> tuple[dict[str, object],
+                                                       Callable[[], None] | None]:
         """A ``dump`` request from the control socket (on the server thread): the answer, and
         the printing of the report on stderr, to run once the answer is sent."""
         now = monotonic()
@@ -291,8 +292,8 @@ class Monitor:
         snap = where.snapshot(self.tracer, "dump", since_s=since, notes=self._notes())
         if self.stall is not None and self.count:
             snap["since_progress_s"] = round(now - self.changed, 3)
-        loop: Mapping[str, Any] = next((t for t in snap["threads"] if t.get("loop")), {})
-        age = _iteration_age(loop)
+        loop = next((t for t in snap["threads"] if t.get("loop")), None)
+        age = _iteration_age(loop) if loop is not None else None
         if age is not None:
             snap["since_iteration_s"] = round(max(since or 0.0, age), 3)
         text, path = self.report(snap, show=False)
@@ -307,7 +308,7 @@ class Monitor:
         elif self.flusher is not None:
             self.flusher.keep_if_room()
 
-    def stall_records(self) -> list[dict[str, Any]]:
+    def stall_records(self) -> list[dict[str, object]]:
         """The stall reports so far (without stacks), for the final trace."""
         return list(self.stalls)
 
@@ -326,7 +327,7 @@ def _clock(seconds: float) -> str:
     return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
-def _iteration_age(thread: Mapping[str, Any]) -> float | None:
+def _iteration_age(thread: ThreadWhere) -> float | None:
     """Seconds the thread's open iteration range has been open (``None``: none, or not timed)."""
     ages = [r["open_s"] for r in thread.get("open", ()) if r["category"] == names.ITERATION]
     return ages[0] if ages and ages[0] is not None else None

@@ -143,7 +143,7 @@ def after_fork() -> None:
     _rank_range = None
 
 
-def close_at_worker_exit(owner: Any, close: Callable[[], None]) -> None:
+def close_at_worker_exit(owner: object, close: Callable[[], None]) -> None:
     """A ``multiprocessing`` child ends with ``os._exit``: run ``close`` in its finalizers.
 
     ``owner`` is the object the finalizer belongs to (``multiprocessing``
@@ -160,7 +160,7 @@ def close_at_worker_exit(owner: Any, close: Callable[[], None]) -> None:
         pass
 
 
-def _register_exit_finalizer(close: Callable[[], None], owner: Any) -> None:
+def _register_exit_finalizer(close: Callable[[], None], owner: object) -> None:
     util = sys.modules["multiprocessing.util"]  # the fork came from multiprocessing
     util.Finalize(owner, close, exitpriority=-100)
 
@@ -199,10 +199,10 @@ def _end_rank_range() -> None:
 
 
 # -- what a trace says of this process ---------------------------------------------------------
-def metadata() -> dict[str, Any]:
+def metadata() -> dict[str, object]:
     """This process's place in the job (``otherData.chainer_autoprof.process``)."""
     info = rank.current()
-    meta: dict[str, Any] = {
+    meta: dict[str, object] = {
         "mpi_rank": None if info is None else info.rank,
         "world_size": None if info is None else info.size,
         "rank_source": None if info is None else info.source,

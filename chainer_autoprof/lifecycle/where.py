@@ -17,7 +17,7 @@ import socket
 import sys
 import threading
 from time import perf_counter_ns, time_ns
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, TypedDict
+from typing import TYPE_CHECKING, Iterable, TypedDict
 
 import wrapt
 
@@ -172,8 +172,8 @@ def _frames(frame: FrameType | None) -> list[Frame]:
     return out
 
 
-def compact(snap: Mapping[str, Any]) -> dict[str, Any]:
+def compact(snap: Where) -> dict[str, object]:
     """``snap`` without the stacks (what a trace keeps of each stall report)."""
-    out: dict[str, Any] = dict(snap)
+    out: dict[str, object] = dict(snap)
     out["threads"] = [{k: v for k, v in t.items() if k != "stack"} for t in snap["threads"]]
     return out

@@ -24,7 +24,7 @@ lookups, and a walk over the links of the models involved.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from ..runtime.events import ThreadState, Tracer
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 MAX_STEP_LINKS = 64
 
 
-def _holds(outer: Any, inner: Any) -> bool:
+def _holds(outer: object, inner: object) -> bool:
     """Whether link ``inner`` is ``outer`` or one of its descendants."""
     links = getattr(outer, "links", None)
     if links is None:
@@ -46,7 +46,7 @@ def _holds(outer: Any, inner: Any) -> bool:
         return False  # a link of the program's that cannot list its children: unrelated
 
 
-def related(link: chainer.Link, target: Any) -> bool:
+def related(link: chainer.Link, target: object) -> bool:
     """Whether calling ``link`` involves ``target`` (one holds the other, or they are one)."""
     return link is target or _holds(link, target) or _holds(target, link)
 

@@ -47,7 +47,7 @@ attribution turns into the same figures (``report`` on a saved trace).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -72,6 +72,7 @@ from ..common.gpu_records import (
     NameTable,
 )
 from ..common.names import link_range_text
+from ..common.typedefs import JsonObject
 from .trace_events import (
     CUDA_DRIVER,
     CUDA_RUNTIME,
@@ -83,6 +84,7 @@ from .trace_events import (
     KERNELS,
     MAX_DEVICES,
     PROFILER_STEPS,
+    EventKind,
     GpuEventKind,
     MetadataKind,
     Track,
@@ -90,6 +92,9 @@ from .trace_events import (
     is_gpu_pid,
     kind_of,
 )
+
+if TYPE_CHECKING:
+    from ..common.typedefs import RangeRows
 
 __all__ = ["GPU_PID_BASE", "MAX_DEVICES", "GpuEvents", "activity_from_events", "encode",
            "for_trace", "gpu_pid", "is_gpu_event", "profiler_steps", "trace_fields", "tracks"]
@@ -149,7 +154,7 @@ def _us(ns: int) -> float:
     return round(ns / 1000.0, 3)
 
 
-def is_gpu_event(event: Mapping[str, Any]) -> bool:
+def is_gpu_event(event: Mapping[str, object]) -> bool:
     """Whether a trace event is one of these (a reader of the agent's ranges skips it)."""
     return kind_of(event) in GPU_KINDS or is_gpu_pid(event.get("pid"))
 
@@ -158,7 +163,7 @@ def tracks(events: Iterable[Mapping[str, Any]]) -> list[Track]:
     """The encoded events as the trace writer's tracks: each through its kind of the codec
     (the GPU tracks' names as triples ``(pid, tid, value)`` of the metadata kinds)."""
     meta: dict[MetadataKind, list[tuple[int, int, Any]]] = {}
-    rest: dict[Any, list[Mapping[str, Any]]] = {}
+    rest: dict[EventKind[object], list[Mapping[str, Any]]] = {}
     for ev in events:
         kind = kind_of(ev)
         if isinstance(kind, MetadataKind):
@@ -175,9 +180,9 @@ def tracks(events: Iterable[Mapping[str, Any]]) -> list[Track]:
 class GpuEvents:
     """The encoded events, and the arguments they add to the agent's own range events."""
 
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[JsonObject] = field(default_factory=list)
     #: (tid, range start ns) -> {"External id": n}: the writer's ``event_args``.
-    range_args: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    range_args: dict[tuple[int, int], JsonObject] = field(default_factory=dict)
 
 
 def op_name(ops: GpuOps, i: int, names: NameTable) -> str:
@@ -208,7 +213,7 @@ def encode(records: AttributedOps, *, pid: int, start_ns: int, names: NameTable,
     tracks: dict[int, set[int]] = {}
     flows_started: set[int] = set()
     events = out.events
-    api_events: list[dict[str, Any]] = []
+    api_events: list[JsonObject] = []
     for i in order.tolist():
         kind = int(ops.kind[i])
         device, stream, corr = int(ops.device[i]), int(ops.stream[i]), int(ops.correlation[i])
@@ -222,7 +227,7 @@ def encode(records: AttributedOps, *, pid: int, start_ns: int, names: NameTable,
             if ext < 0:
                 ext = ext_ids[key] = len(ext_ids) + 1
                 out.range_args[key] = {"External id": ext}
-        args: dict[str, Any] = {"device": device, "context": int(ops.context[i]),
+        args: JsonObject = {"device": device, "context": int(ops.context[i]),
                                 "stream": stream, "correlation": corr, "External id": ext}
         if kind == KERNEL:
             args["grid"] = [int(ops.grid_x[i]), int(ops.grid_y[i]), int(ops.grid_z[i])]
@@ -265,7 +270,7 @@ def encode(records: AttributedOps, *, pid: int, start_ns: int, names: NameTable,
                            "ts": _us(launch - start_ns), "cat": CAT_FLOW, "name": CAT_FLOW})
         events.append({"ph": "f", "id": corr, "pid": gpid, "tid": stream,
                        "ts": _us(t0 - start_ns), "cat": CAT_FLOW, "name": CAT_FLOW, "bp": "e"})
-    meta: list[dict[str, Any]] = []
+    meta: list[JsonObject] = []
     for device in sorted(tracks):
         gpid = gpu_pid(pid, device)
         meta.append({"ph": "M", "name": "process_name", "pid": gpid, "tid": 0,
@@ -284,21 +289,21 @@ def encode(records: AttributedOps, *, pid: int, start_ns: int, names: NameTable,
 
 
 def profiler_steps(iterations: Iterable[tuple[int, int, int, int]], *, pid: int,
-                   start_ns: int) -> list[dict[str, Any]]:
+                   start_ns: int) -> list[JsonObject]:
     """``ProfilerStep#N`` events over iterations ``(tid, t0 ns, t1 ns, number)``."""
     return [{"ph": "X", "cat": CAT_STEP, "name": f"{STEP_PREFIX}{number}", "pid": pid,
              "tid": tid, "ts": _us(t0 - start_ns), "dur": _us(max(0, t1 - t0)),
              "args": {}} for tid, t0, t1, number in iterations]
 
 
-def trace_fields(meta: Mapping[str, Any]) -> dict[str, Any]:
+def trace_fields(meta: Mapping[str, Any]) -> JsonObject:
     """Kineto's top-level fields from the agent's trace metadata (``otherData`` part)."""
     devices = meta.get("devices") or []
     clock = meta.get("clock") or {}
     process = meta.get("process") or {}
     rank = meta.get("rank")
     world = process.get("world_size")
-    out: dict[str, Any] = {
+    out: JsonObject = {
         "schemaVersion": 1,
         "deviceProperties": [{"id": int(d.get("id", i)), "name": str(d.get("name", ""))}
                              for i, d in enumerate(devices) if isinstance(d, Mapping)],
@@ -318,13 +323,13 @@ class GpuTrace:
     to the launching ranges (``event_args``), and Kineto's top-level fields."""
 
     tracks: list[Track]
-    range_args: dict[tuple[int, int], dict[str, Any]]
-    top: dict[str, Any]
+    range_args: dict[tuple[int, int], JsonObject]
+    top: JsonObject
     events: int
 
 
 def for_trace(analysis: GpuAnalysis, meta: Mapping[str, Any], *, pid: int, start_ns: int,
-              rows_by_thread: Mapping[int, Any], loop_tid: int | None,
+              rows_by_thread: Mapping[int, RangeRows], loop_tid: int | None,
               span: tuple[int, int] | None = None) -> GpuTrace:
     """The GPU events of ``analysis`` for a trace of process ``pid`` (the live agent's at
     exit, a replay's): the operations it kept (those launched inside ``span``, agent ns,
@@ -345,7 +350,7 @@ def for_trace(analysis: GpuAnalysis, meta: Mapping[str, Any], *, pid: int, start
 
 
 def figures_from_events(events: Mapping[str, Sequence[Mapping[str, Any]]],
-                        rows: tuple[Sequence[tuple[str, str]], Mapping[int, Any]],
+                        rows: tuple[Sequence[tuple[str, str]], Mapping[int, RangeRows]],
                         meta: Mapping[str, Any]) -> GpuFigures | None:
     """The GPU figures of a saved trace whose record holds none: its GPU events read back
     (``events``: :attr:`~.tracefile.Trace.events`) and attributed again to its ranges
@@ -370,7 +375,7 @@ def figures_from_events(events: Mapping[str, Sequence[Mapping[str, Any]]],
     return analysis.finish()
 
 
-def iteration_rows(analysis: GpuAnalysis, rows_by_thread: Mapping[int, Any],
+def iteration_rows(analysis: GpuAnalysis, rows_by_thread: Mapping[int, RangeRows],
                    loop_tid: int | None) -> list[tuple[int, int, int, int]]:
     """The loop thread's iterations ``(tid, t0, t1, number)`` from recorded rows (``None``:
     the thread with the most iterations)."""
@@ -378,7 +383,7 @@ def iteration_rows(analysis: GpuAnalysis, rows_by_thread: Mapping[int, Any],
     kinds = analysis.attributor.kinds
     iter_index = np.array([k == K_ITER for k in kinds], dtype=bool)
     if loop_tid is None and rows_by_thread and len(iter_index):
-        def iterations(rows: Any) -> int:
+        def iterations(rows: RangeRows) -> int:
             index = np.asarray(rows, dtype=np.int64).reshape(-1, 4)[:, 0]
             index = index[(index >= 0) & (index < len(iter_index))]
             return int(iter_index[index].sum())

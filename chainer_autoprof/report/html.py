@@ -18,7 +18,7 @@ import html
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ..analysis.advice import check
 from ..analysis.gpu_evidence import GpuEvidence, busy_text, on_gpu
@@ -153,7 +153,7 @@ def iteration_rows(trace: Trace) -> list[IterationRow]:
 def _waits_at_iteration_end(trace: Trace) -> bool:
     """A GPU run at sync level 1 whose trace did not record the agent's waits: each one is the
     tail of its iteration, after the last phase (estimated so)."""
-    meta: dict[str, Any] = trace.meta or {}
+    meta = trace.meta or {}
     facts = meta.get("facts")
     params = facts.get("params") if isinstance(facts, dict) else None
     gpu = bool(meta.get("devices")) or bool((params or {}).get("gpu"))
@@ -625,7 +625,7 @@ def render(trace: Trace, stats: RunStats, replay: RunStats | None = None) -> str
 """
 
 
-def _json(data: Any) -> str:
+def _json(data: object) -> str:
     return json.dumps(data).replace("</", "<\\/")
 
 

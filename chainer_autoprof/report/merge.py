@@ -46,7 +46,7 @@ import os
 import sys
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence, TypedDict
 
 from ..analysis import record
 from ..analysis.record import By, MalformedError
@@ -94,6 +94,62 @@ class Input:
                 self.path)
 
 
+class RankRow(TypedDict):
+    """One process's row of the merged summary (:meth:`RankStats.as_dict`)."""
+
+    label: str
+    rank: int | None
+    host: str
+    pid: int | None
+    child: bool
+    iterations: int
+    iteration_ms_median: float
+    iteration_ms_mean: float
+    comm_ms_per_iteration: float
+    comm_share: float
+    compute_ms_per_iteration: float
+    comm_outside_iterations_ms: float
+
+
+class Straggler(TypedDict):
+    """The rank the others wait for (:func:`straggler`)."""
+
+    rank: int | None
+    label: str
+    compute_ms_per_iteration: float
+    others_compute_ms_per_iteration: float
+    extra_compute_ms_per_iteration: float
+    held_back_ms_per_iteration: float
+    held_back_share: float
+    balanced: bool
+
+
+class Positions(TypedDict):
+    """Where each rank last was, and the rank(s) whose position differs."""
+
+    positions: Sequence[Mapping[str, object]]
+    odd_one_out: list[int | None]
+    odd_one_out_text: str
+
+
+class Alignment(TypedDict):
+    """How one input's clock was put on the merged timeline."""
+
+    path: str
+    label: str
+    method: str
+    offset_ns: int
+
+
+class MergeSummary(TypedDict):
+    """The summary across ranks: the merged record's ``summary``, and what ``merge`` prints."""
+
+    ranks: list[RankRow]
+    straggler: Straggler | None
+    where: Positions
+    alignment: list[Alignment]
+
+
 @dataclass
 class RankStats:
     """One process's iterations, from its own ranges (no alignment needed)."""
@@ -112,7 +168,7 @@ class RankStats:
     def compute_ms(self) -> list[float]:
         return [it - c for it, c in zip(self.iteration_ms, self.comm_ms)]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> RankRow:
         return {
             "label": self.label, "rank": self.rank, "host": self.host, "pid": self.pid,
             "child": self.child, "iterations": self.iterations,
@@ -227,10 +283,11 @@ def align(inputs: list[Input], method: str = "auto") -> None:
 
 
 # -- statistics ------------------------------------------------------------------------
-def rank_stats(inp: Input, events: list[Any], warmup: int | None) -> RankStats:
+def rank_stats(inp: Input, events: list[object], warmup: int | None) -> RankStats:
     """Per-iteration time and communication time of one input, from its ranges."""
-    iterations: dict[Any, list[tuple[int, int]]] = {}
-    comm: dict[Any, list[tuple[int, int]]] = {}
+    # by thread id (looked up with None where no thread iterated)
+    iterations: dict[int | None, list[tuple[int, int]]] = {}
+    comm: dict[int | None, list[tuple[int, int]]] = {}
     for n, ev in enumerate(events):
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
@@ -270,7 +327,7 @@ def rank_stats(inp: Input, events: list[Any], warmup: int | None) -> RankStats:
         comm_outside_ms=outside / 1e6)
 
 
-def straggler(stats: list[RankStats]) -> dict[str, Any] | None:
+def straggler(stats: list[RankStats]) -> Straggler | None:
     """The rank the others wait for, and for how long (``None`` with fewer than two ranks)."""
     ranks = [s for s in stats if not s.child and s.iterations and s.rank is not None]
     if len(ranks) < 2:
@@ -316,7 +373,7 @@ def _labels(inputs: list[Input]) -> None:
             inp.label = f"rank {inp.rank} child pid {inp.pid}" if inp.child else f"rank {inp.rank}"
 
 
-def merged_events(inputs: list[Input], zero_ns: int) -> Iterator[dict[str, Any]]:
+def merged_events(inputs: list[Input], zero_ns: int) -> Iterator[Mapping[str, object]]:
     """Every input's events on the merged timeline, one process track per input."""
     for inp in inputs:
         shift_us = (inp.start_perf + inp.offset_ns - zero_ns) / 1000.0
@@ -339,7 +396,7 @@ def merged_events(inputs: list[Input], zero_ns: int) -> Iterator[dict[str, Any]]
 
 
 def merge(paths: Sequence[str], output: str, method: str = "auto",
-          warmup: int | None = None) -> dict[str, Any]:
+          warmup: int | None = None) -> MergeSummary:
     """Merge ``paths`` into ``output``; returns the summary written with it."""
     inputs = [load_input(p, warmup) for p in paths]
     _labels(inputs)
@@ -351,7 +408,7 @@ def merge(paths: Sequence[str], output: str, method: str = "auto",
             i.stats.label = i.label
     snaps = [snap for snap in (last_position(i) for i in inputs if not i.child) if snap]
     found = odd_one_out([position(snap) for snap in snaps]) if len(snaps) > 1 else None
-    summary = {
+    summary: MergeSummary = {
         "ranks": [s.as_dict() for s in stats],
         "straggler": straggler(stats),
         "where": {"positions": snaps,
@@ -383,7 +440,7 @@ def merge(paths: Sequence[str], output: str, method: str = "auto",
     return summary
 
 
-def _texts(events: Iterator[dict[str, Any]], inputs: list[Input]) -> Iterator[str]:
+def _texts(events: Iterator[Mapping[str, object]], inputs: list[Input]) -> Iterator[str]:
     """Each merged event as strict JSON text (NaN and Infinity are not numbers there)."""
     for ev in events:
         try:
@@ -393,12 +450,12 @@ def _texts(events: Iterator[dict[str, Any]], inputs: list[Input]) -> Iterator[st
                              "Infinity") from None
 
 
-def _source(inputs: list[Input], ev: dict[str, Any]) -> str:
+def _source(inputs: list[Input], ev: Mapping[str, object]) -> str:
     """The input file a merged event came from."""
     return next((i.path for i in inputs if i.new_pid == ev.get("pid")), "an input")
 
 
-def format_summary(summary: dict[str, Any], output: str) -> str:
+def format_summary(summary: MergeSummary, output: str) -> str:
     """The merged summary as text."""
     rows = summary["ranks"]
     methods = sorted({a["method"] for a in summary["alignment"]} - {"reference"})

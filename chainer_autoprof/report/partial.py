@@ -32,7 +32,7 @@ from __future__ import annotations
 import io
 import json
 import struct
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
@@ -68,7 +68,7 @@ def _record(kind: bytes, payload: bytes) -> bytes:
     return _HEADER.pack(kind, len(payload)) + payload
 
 
-def json_record(kind: bytes, value: Any) -> bytes:
+def json_record(kind: bytes, value: object) -> bytes:
     """A META, NAME, THRD or STAT record."""
     return _record(kind, json.dumps(value, default=str, separators=(",", ":")).encode())
 
@@ -83,7 +83,7 @@ def rows_records(tid: int, rows: RangeRows) -> list[bytes]:
     return out
 
 
-def gc_record(rows: Any) -> bytes:
+def gc_record(rows: Sequence[tuple[int, int, int, int]]) -> bytes:
     """A GCAR record: ``(tid, t0, collected, uncollectable)`` rows."""
     return _record(b"GCAR", np.ascontiguousarray(rows, dtype="<i8").reshape(-1, 4).tobytes())
 

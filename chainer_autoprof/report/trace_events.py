@@ -76,9 +76,12 @@ from ..analysis.stats import DEPTH_BITS, DEPTH_MASK
 from ..common import names
 
 if TYPE_CHECKING:
-    from ..common.typedefs import RangeRows
+    from typing import TypeGuard
 
-T = TypeVar("T")
+    from ..common.typedefs import JsonObject, JsonValue, RangeArgs, RangeRows
+
+#: What a kind reads back (covariant: ``EventKind[object]`` holds every kind).
+T = TypeVar("T", covariant=True)
 
 #: category -> Chrome trace-viewer colour name (closest to the NVTX colour)
 CNAMES: dict[str, str] = {
@@ -149,11 +152,12 @@ class EventKind(Generic[T]):
         """The JSON text of each event for ``items`` (the kind's own data)."""
         raise NotImplementedError
 
-    def decode(self, ev: dict[str, Any], where: str) -> T:
+    def decode(self, ev: dict[str, object], where: str) -> T:
         """What a reader takes from ``ev`` (checked: :class:`MalformedError` naming ``where``)."""
         raise NotImplementedError
 
-    def move(self, ev: dict[str, Any], where: str, pid: int, shift_us: float) -> dict[str, Any]:
+    def move(self, ev: dict[str, object], where: str, pid: int,
+             shift_us: float) -> dict[str, object]:
         """``ev`` on process track ``pid`` (a GPU's track: that GPU's of ``pid``), its times
         ``shift_us`` later (``merge``)."""
         ev = dict(ev)
@@ -162,15 +166,15 @@ class EventKind(Generic[T]):
             ev["ts"] = round(_TS.check(ev["ts"], f"{where}: ts") + shift_us, 3)
         return ev
 
-    def owned(self, ev_pid: Any, pid: int) -> bool:
+    def owned(self, ev_pid: object, pid: int) -> bool:
         """Whether an event on track ``ev_pid`` belongs to process ``pid`` (its own track)."""
         return bool(ev_pid == pid)
 
 
-K = TypeVar("K", bound="EventKind[Any]")
+K = TypeVar("K", bound="EventKind[object]")
 
 #: Every kind, by ``(ph, key)``.
-KINDS: dict[tuple[str, str | None], EventKind[Any]] = {}
+KINDS: dict[tuple[str, str | None], EventKind[object]] = {}
 
 
 def register(kind: K) -> K:
@@ -182,7 +186,7 @@ def register(kind: K) -> K:
     return kind
 
 
-def kind_of(ev: Mapping[str, Any]) -> EventKind[Any] | None:
+def kind_of(ev: Mapping[str, object]) -> EventKind[object] | None:
     """The kind of event ``ev`` (``None``: none the agent knows, carried as it is)."""
     ph = ev.get("ph")
     if not isinstance(ph, str):
@@ -192,7 +196,7 @@ def kind_of(ev: Mapping[str, Any]) -> EventKind[Any] | None:
     return kind if kind is not None else KINDS.get((ph, None))
 
 
-class MetadataKind(EventKind[Any]):
+class MetadataKind(EventKind[object]):
     """A metadata event (``ph: "M"``): a name or an order for a process or thread track."""
 
     ph = "M"
@@ -203,10 +207,10 @@ class MetadataKind(EventKind[Any]):
         self.doc = doc
         self.args_doc = f"`{arg}`"
 
-    def event(self, pid: int, tid: int, value: Any) -> dict[str, Any]:
+    def event(self, pid: int, tid: int, value: JsonValue) -> JsonObject:
         return {"ph": "M", "name": self.name, "pid": pid, "tid": tid, "args": {self.arg: value}}
 
-    def encode(self, items: Iterable[tuple[int, Any] | tuple[int, int, Any]],
+    def encode(self, items: Iterable[tuple[int, JsonValue] | tuple[int, int, JsonValue]],
                timeline: Timeline) -> Iterator[str]:
         """``items``: ``(tid, value)`` pairs on the timeline's process track, or ``(pid, tid,
         value)`` triples on a track of its own (a GPU's)."""
@@ -218,7 +222,7 @@ class MetadataKind(EventKind[Any]):
 class ThreadName(MetadataKind):
     read = True
 
-    def decode(self, ev: dict[str, Any], where: str) -> tuple[int, str]:
+    def decode(self, ev: dict[str, object], where: str) -> tuple[int, str]:
         """``(tid, name)``."""
         tid = INT.check(ev.get("tid", 0), f"{where}: tid")
         args = _ARGS.check(ev.get("args") or {}, f"{where}: args")
@@ -254,7 +258,7 @@ class RangeTrack:
     #: Per thread, in track order.
     threads: Sequence[ThreadRanges]
     #: More arguments of the ranges they name by (thread id, start ns): what a collection freed.
-    extra_args: Mapping[tuple[int, int], Mapping[str, Any]] | None = None
+    extra_args: RangeArgs | None = None
     #: Ranges written (set by the encoder).
     written: int = 0
 
@@ -319,7 +323,7 @@ class Ranges(EventKind[Range]):
                 yield (f'{prefixes[index]}{tid},"ts":{ts},"dur":{dur},"args":{{"depth":{depth},'
                        f'"color":"{colors[index]}"{extra}}}}}')
 
-    def decode(self, ev: dict[str, Any], where: str) -> Range:
+    def decode(self, ev: dict[str, object], where: str) -> Range:
         name = TEXT.check(ev.get("name", ""), f"{where}: name")
         category = TEXT.check(ev.get("cat", ""), f"{where}: cat")
         tid = INT.check(ev.get("tid", 0), f"{where}: tid")
@@ -331,7 +335,7 @@ class Ranges(EventKind[Range]):
         depth = _DEPTH.check(args.get("depth", 0), f"{where}: args.depth")
         iteration = args.get("iteration")
         if iteration is not None:
-            INT.check(iteration, f"{where}: args.iteration")
+            iteration = INT.check(iteration, f"{where}: args.iteration")
         t0 = round(ts * 1000)
         return Range(name, category, tid, t0, t0 + round(dur * 1000), depth, iteration)
 
@@ -362,18 +366,18 @@ def gpu_pid(pid: int, device: int) -> int:
     return GPU_PID_BASE + pid * MAX_DEVICES + device % MAX_DEVICES
 
 
-def is_gpu_pid(track: Any) -> bool:
+def is_gpu_pid(track: object) -> TypeGuard[int]:
     return isinstance(track, int) and not isinstance(track, bool) and track >= GPU_PID_BASE
 
 
-def moved_pid(track: Any, pid: int) -> int:
+def moved_pid(track: object, pid: int) -> int:
     """Track ``track`` of a process, when that process becomes ``pid`` (``merge``)."""
     if is_gpu_pid(track):
         return gpu_pid(pid, (track - GPU_PID_BASE) % MAX_DEVICES)
     return pid
 
 
-class GpuEventKind(EventKind[Dict[str, Any]]):
+class GpuEventKind(EventKind[Dict[str, object]]):
     """An event of the GPU activity (built by :mod:`.gpu_events`, written as it is): on a
     GPU's track (``on_gpu``) or on the launching thread's; read back as the checked event
     itself (``Trace.events[name]``)."""
@@ -385,12 +389,12 @@ class GpuEventKind(EventKind[Dict[str, Any]]):
         self.on_gpu = on_gpu
         self.read = read
 
-    def encode(self, items: Iterable[Mapping[str, Any]], timeline: Timeline) -> Iterator[str]:
+    def encode(self, items: Iterable[Mapping[str, object]], timeline: Timeline) -> Iterator[str]:
         """``items``: the events (``pid``, ``ts`` already on ``timeline``)."""
         for ev in items:
             yield dumps(ev)
 
-    def decode(self, ev: dict[str, Any], where: str) -> dict[str, Any]:
+    def decode(self, ev: dict[str, object], where: str) -> dict[str, object]:
         TEXT.check(ev.get("name", ""), f"{where}: name")
         INT.check(ev.get("tid", 0), f"{where}: tid")
         if "ts" not in ev:
@@ -403,7 +407,7 @@ class GpuEventKind(EventKind[Dict[str, Any]]):
         _ARGS.check(ev.get("args") or {}, f"{where}: args")
         return ev
 
-    def owned(self, ev_pid: Any, pid: int) -> bool:
+    def owned(self, ev_pid: object, pid: int) -> bool:
         if not self.on_gpu:
             return bool(ev_pid == pid)
         return is_gpu_pid(ev_pid) and (ev_pid - GPU_PID_BASE) // MAX_DEVICES == pid
@@ -413,7 +417,8 @@ class FlowKind(GpuEventKind):
     """One end of a flow from a launching call to its GPU operation (``id``: the launch's
     correlation id; ``merge`` puts the process's number above it)."""
 
-    def move(self, ev: dict[str, Any], where: str, pid: int, shift_us: float) -> dict[str, Any]:
+    def move(self, ev: dict[str, object], where: str, pid: int,
+             shift_us: float) -> dict[str, object]:
         ev = super().move(ev, where, pid, shift_us)
         own = INT.check(ev.get("id", 0), f"{where}: id") & ((1 << FLOW_ID_BITS) - 1)
         ev["id"] = (pid << FLOW_ID_BITS) | own
@@ -456,7 +461,7 @@ GPU_KINDS: tuple[GpuEventKind, ...] = (KERNELS, GPU_MEMCPY, GPU_MEMSET, CUDA_RUN
 
 # -- one process's events, and the file around them ------------------------------------------------
 #: Another kind's events for one trace: the kind, and what its encoder takes.
-Track = Tuple[EventKind[Any], Any]
+Track = Tuple[EventKind[object], object]
 
 
 def process_events(timeline: Timeline, process_name: str, ranges: RangeTrack,
@@ -477,8 +482,8 @@ def in_track_order(threads: Iterable[ThreadRanges], main_tid: int | None) -> lis
     return sorted(threads, key=lambda t: (t.tid != main_tid, t.tid))
 
 
-def write_container(out: TextIO, record: Mapping[str, Any], events: Iterable[str],
-                    top: Mapping[str, Any] | None = None) -> None:
+def write_container(out: TextIO, record: Mapping[str, object], events: Iterable[str],
+                    top: Mapping[str, object] | None = None) -> None:
     """The trace object: ``top``'s members (other readers' top-level fields, e.g. Kineto's
     ``deviceProperties``), ``record`` as ``otherData.chainer_autoprof`` (strict JSON: a
     number that is not finite becomes null), then ``events`` (JSON texts), one per line."""
@@ -504,7 +509,7 @@ def write_container(out: TextIO, record: Mapping[str, Any], events: Iterable[str
 _BATCH = 4096
 
 
-def finite(value: Any) -> Any:
+def finite(value: object) -> object:
     """``value`` with every float that is not finite replaced by ``None`` (strict JSON)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
@@ -515,7 +520,7 @@ def finite(value: Any) -> Any:
     return value
 
 
-def dumps(ev: Mapping[str, Any]) -> str:
+def dumps(ev: Mapping[str, object]) -> str:
     """One event as compact strict JSON (``ValueError`` for NaN or Infinity)."""
     return json.dumps(ev, separators=(",", ":"), allow_nan=False)
 
@@ -528,10 +533,10 @@ class Decoded:
     ranges: list[Range] = field(default_factory=list)
     thread_names: dict[int, str] = field(default_factory=dict)
     #: What every other kind read back gave, by kind name.
-    events: dict[str, list[Any]] = field(default_factory=dict)
+    events: dict[str, list[object]] = field(default_factory=dict)
 
 
-def decode(events: Sequence[Any], pid: int | None = None) -> Decoded:
+def decode(events: Sequence[object], pid: int | None = None) -> Decoded:
     """Every event of process ``pid`` (all: ``None``) that readers read, checked
     (:class:`MalformedError` naming the event); other events and non-objects are skipped."""
     out = Decoded()
@@ -543,24 +548,24 @@ def decode(events: Sequence[Any], pid: int | None = None) -> Decoded:
             continue
         if pid is not None and not kind.owned(ev.get("pid"), pid):
             continue
-        item = kind.decode(ev, f"event {n}")
+        where = f"event {n}"
         if kind is RANGES:
-            out.ranges.append(item)
+            out.ranges.append(RANGES.decode(ev, where))
         elif kind is THREAD_NAME:
-            tid, name = item
+            tid, name = THREAD_NAME.decode(ev, where)
             out.thread_names[tid] = name
         else:
-            out.events.setdefault(kind.name, []).append(item)
+            out.events.setdefault(kind.name, []).append(kind.decode(ev, where))
     return out
 
 
-def move(ev: dict[str, Any], n: int, pid: int, shift_us: float) -> dict[str, Any]:
+def move(ev: dict[str, object], n: int, pid: int, shift_us: float) -> dict[str, object]:
     """Event ``n`` of an input on merged process track ``pid``, ``shift_us`` later."""
     kind = kind_of(ev) or _ANY_KIND
     return kind.move(ev, f"event {n}", pid, shift_us)
 
 
-_ANY_KIND: EventKind[Any] = EventKind()
+_ANY_KIND: EventKind[object] = EventKind()
 
 
 def markdown() -> str:

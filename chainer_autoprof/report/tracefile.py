@@ -17,7 +17,7 @@ import json
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from ..analysis import record
 from ..analysis.aggregate import Aggregator
@@ -39,6 +39,9 @@ from .trace_events import (
     write_container,
 )
 
+if TYPE_CHECKING:
+    from ..common.typedefs import RangeArgs
+
 __all__ = ["CNAMES", "Range", "ThreadRanges", "Trace", "TraceError", "open_trace", "read_trace",
            "stats_from_trace", "write_trace"]
 
@@ -48,10 +51,10 @@ __all__ = ["CNAMES", "Range", "ThreadRanges", "Trace", "TraceError", "open_trace
 # --------------------------------------------------------------------------
 
 def write_trace(path: str, *, pid: int, start_ns: int, infos: Sequence[tuple[str, str, int]],
-                threads: Iterable[ThreadRanges], other: Mapping[str, Any],
+                threads: Iterable[ThreadRanges], other: Mapping[str, object],
                 process_name: str, main_tid: int | None = None,
-                event_args: Mapping[tuple[int, int], Mapping[str, Any]] | None = None,
-                tracks: Sequence[Track] = (), top: Mapping[str, Any] | None = None) -> int:
+                event_args: RangeArgs | None = None,
+                tracks: Sequence[Track] = (), top: Mapping[str, object] | None = None) -> int:
     """Write the trace file atomically; returns the number of ranges written.
 
     ``infos[i]`` is ``(name, category, ARGB colour)`` of name index ``i``;
@@ -132,7 +135,7 @@ class Trace:
             stats.gpu_activity = self.gpu_activity()
         return _unfinished(stats)
 
-    def gpu_activity(self) -> dict[str, Any] | None:
+    def gpu_activity(self) -> dict[str, object] | None:
         """The GPU figures of a trace whose record holds none (written by another tool, or
         edited): its GPU events attributed again to its ranges."""
         from . import gpu_events, gpu_replay  # they read Trace: loaded when needed

@@ -35,11 +35,14 @@ import os
 import threading
 import weakref
 from time import monotonic, perf_counter_ns, sleep
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..common import names
 from . import hotpath
 from .policies import CaptureWindow, SyncPolicy
+
+if TYPE_CHECKING:
+    from ..common.typedefs import Facts
 
 #: Distinct range names kept (each with its attributes for every sink, built once).
 MAX_RANGE_NAMES = 4096
@@ -150,7 +153,15 @@ class ThreadState:
         self.record: Any = None     # the recorder sink's per-thread buffer
 
 
-class Sink(Protocol):
+class SinkBasics(Protocol):
+    """What every sink has (:class:`Sink`'s other parts, ``begin``/``end`` too, are looked up
+    with ``getattr``: a sink may leave them to its native part, or time only)."""
+
+    def prepare(self, info: RangeInfo) -> None: ...
+    def close(self, tracer: Tracer) -> None: ...
+
+
+class Sink(SinkBasics, Protocol):
     """Where ranges go.  ``prepare`` runs once per RangeInfo, off the hot path.
 
     Optional: ``categories`` (the categories of the ranges it is called for;
@@ -166,10 +177,8 @@ class Sink(Protocol):
     ``reset_after_fork``.
     """
 
-    def prepare(self, info: RangeInfo) -> None: ...
     def begin(self, info: RangeInfo, ts: ThreadState) -> None: ...
     def end(self, info: RangeInfo, t0: int, t1: int, ts: ThreadState) -> None: ...
-    def close(self, tracer: Tracer) -> None: ...
 
 
 class _ThreadEnd:
@@ -194,14 +203,14 @@ class Tracer:
     """Turns begin/end calls into sink calls, under the sync and window policies."""
 
     def __init__(self, granularity_level: int, sync: SyncPolicy,
-                 window: CaptureWindow | None = None, sinks: list[Any] | None = None,
+                 window: CaptureWindow | None = None, sinks: list[SinkBasics] | None = None,
                  clock: Callable[[], int] = perf_counter_ns,
                  implementation: hotpath.Implementation | None = None) -> None:
         self.granularity_level = granularity_level
         self.sync = sync
         self.window = window
         self.clock = clock
-        self.sinks: list[Any] = []
+        self.sinks: list[SinkBasics] = []
         self._timed = False  # a sink reads t0/t1: read the clock (else both are 0)
         self.infos: list[RangeInfo] = []
         self._by_key: dict[tuple[str, str], RangeInfo] = {}
@@ -210,12 +219,13 @@ class Tracer:
         self.states: dict[int, ThreadState] = {}
         self.ended_names: dict[int, str] = {}  # names of ended threads (the newest)
         self._torn_down: dict[tuple[int, int], float] = {}  # (tid, ident) -> when it ended
-        self._closing: dict[ThreadState, Any] | None = None  # threads still to unwind at exit
+        # threads still to unwind at exit: True, False (nothing open) or _POPPING
+        self._closing: dict[ThreadState, bool | str] | None = None
         self._unrecorded: dict[ThreadState, bool] = {}  # ...whose ranges the recorder awaits
         self._unwound = threading.Event()
         self.iterations = 0           # iterations begun in this process
         #: Run facts: batch_size... seen by patches; ``iterations`` begun (the record's copy).
-        self.facts: dict[str, Any] = {"iterations": 0}
+        self.facts: Facts = {"iterations": 0}
         #: Told of each thread's new state, on that thread, once (the GPU activity's thread map).
         self.on_new_thread: Callable[[ThreadState], None] | None = None
         self.pid = os.getpid()
@@ -233,7 +243,7 @@ class Tracer:
             self.add_sink(sink)
 
     # -- setup ------------------------------------------------------------
-    def add_sink(self, sink: Any) -> None:
+    def add_sink(self, sink: SinkBasics) -> None:
         self.sinks.append(sink)
         for info in self.infos:
             sink.prepare(info)
@@ -641,10 +651,11 @@ class Tracer:
             t1 = self.clock()
             for info, t0 in reversed(entries):
                 for sink in self.sinks:
-                    if getattr(sink, "end", None) and not hasattr(sink, "abandon") \
+                    end = getattr(sink, "end", None)
+                    if end and not hasattr(sink, "abandon") \
                             and _mask(sink) >> info.category_index & 1:
                         try:
-                            sink.end(info, t0, t1, ts)
+                            end(info, t0, t1, ts)
                         except Exception:  # one sink's error: the others still end the range  # noqa: BLE001
                             pass
         finally:
@@ -661,6 +672,6 @@ class Tracer:
         return self._unwound.wait(timeout)
 
 
-def _mask(sink: Any) -> int:
+def _mask(sink: SinkBasics) -> int:
     """The category mask of ``sink`` (its ``categories``; none declared: every category)."""
     return names.category_mask(getattr(sink, "categories", None))

@@ -25,13 +25,13 @@ import sys
 from collections import deque
 from threading import get_ident, get_native_id
 from time import perf_counter_ns
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..common import names
 from ..common.typedefs import GcTotals
 
 if TYPE_CHECKING:
-    from .events import Tracer
+    from .events import RangeInfo, ThreadState, Tracer
 
 #: Modules whose frames may hold a range half begun or half ended.
 AGENT_INTERNALS = ("chainer_autoprof.runtime.", "chainer_autoprof.sinks.")
@@ -54,7 +54,8 @@ class GcRanges:
                        "uncollectable": [0, 0, 0], "ms": [0.0, 0.0, 0.0],
                        "ranges": [0, 0, 0], "unranged": 0}
         self.emitted = 0  # details ever appended (the deque keeps the newest)
-        self._open: tuple[Any, Any, int, int] | None = None  # token, state, thread, start ns
+        # token, state, thread, start ns
+        self._open: tuple[RangeInfo | None, ThreadState | None, int, int] | None = None
         self._installed = False
 
     def install(self) -> None:
@@ -109,7 +110,7 @@ class GcRanges:
             return
         token, ts, _thread, start = opened
         totals["ms"][generation] += (perf_counter_ns() - start) / 1e6
-        if token is None:
+        if token is None or ts is None:  # no range was opened (then there is no state either)
             return
         stack = ts.stack
         if stack and stack[-1][0] is token:

@@ -36,7 +36,7 @@ class GpuPhaseTimer:
         self.iter_info = iter_info
         self.skip = skip
         self.codes: list[int] = []     # per name index: 0 untimed, 1 iteration, 2+ phase
-        self.stack: list[tuple[Any, Any]] = []
+        self.stack: list[tuple[RangeInfo, object]] = []  # (range, its timer token)
         self.pending = [0.0] * 4
         self.series = Series(max_kept, 5)
         self.iterations = 0

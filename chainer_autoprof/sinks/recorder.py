@@ -87,7 +87,7 @@ class Recorder:
         self.gpu_handover: Callable[[tuple[int, RangeRows | None]], None] | None = None
         #: the wait rows' names, by the category of the range they lie in (made at the first
         #: wait on a GPU, so that a CPU run registers no name it never uses)
-        self._wait_infos: dict[str, Any] | None = None
+        self._wait_infos: dict[str, RangeInfo] | None = None
         self._wait_outside: Any = None
         sync = getattr(tracer, "sync", None)
         # (the waits are timed with perf_counter_ns: the tracer's clock, unless a test's own)
@@ -170,7 +170,7 @@ class Recorder:
 
         return waited
 
-    def _wait_names(self) -> dict[str, Any]:
+    def _wait_names(self) -> dict[str, RangeInfo]:
         tracer = self.tracer
         infos = {}
         for place in names.WAIT_PLACES:
@@ -235,7 +235,7 @@ class Recorder:
             self.dropped += drop
             excess -= drop
 
-    def abandon(self, ts: ThreadState, entries: list[tuple[Any, int]], end_ns: int) -> None:
+    def abandon(self, ts: ThreadState, entries: list[tuple[RangeInfo, int]], end_ns: int) -> None:
         """Ranges ``ts``'s thread will never end (it ended, or the process is ending):
         recorded as ending at ``end_ns``, innermost first (any thread may call this)."""
         if self.closed:
@@ -300,7 +300,7 @@ class Recorder:
         blocks.reverse()
         return blocks, total
 
-    def stats_now(self, end_ns: int, meta: dict[str, Any] | None = None) -> RunStats:
+    def stats_now(self, end_ns: int, meta: dict[str, object] | None = None) -> RunStats:
         """The statistics aggregated so far, asked from another thread while the program runs."""
         with self._lock:
             return self._result(end_ns, meta)
@@ -323,12 +323,12 @@ class Recorder:
 
     # -- results ----------------------------------------------------------------
     def run_stats(self, end_ns: int, overhead: tuple[float, str] = (0.0, ""),
-                  meta: dict[str, Any] | None = None) -> RunStats:
+                  meta: dict[str, object] | None = None) -> RunStats:
         """The statistics of everything aggregated so far."""
         return self._result(end_ns, meta, overhead_ms=overhead[0], overhead_method=overhead[1],
                             gpu_phase_ms=self.gpu.result() if self.gpu is not None else None)
 
-    def _result(self, end_ns: int, meta: dict[str, Any] | None, **figures: Any) -> RunStats:
+    def _result(self, end_ns: int, meta: dict[str, object] | None, **figures: object) -> RunStats:
         """RunStats of what is aggregated: the run record's figures (:mod:`..analysis.record`)
         as this run has them, the rest (``figures``) at their defaults unless given."""
         # the record's declaration loads when statistics are first asked for: start-up stays

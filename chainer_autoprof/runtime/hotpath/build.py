@@ -23,7 +23,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
 #: The C files of the extension, compiled together (``module.c`` holds its init).
@@ -123,7 +123,7 @@ def compile_to(out: Path, include_dirs: tuple[str, ...] = ()) -> None:
             raise BuildError(f"{cmd[0]} failed: {first}")
 
 
-def _outputs() -> Any:
+def _outputs() -> ModuleType:
     """``chainer_autoprof/common/outputs.py``, where every file the package writes is replaced:
     loaded by path, as this file is (``setup.py`` builds before the package is importable)."""
     spec = importlib.util.spec_from_file_location(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from time import perf_counter_ns
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from .protocol import BeginFn, EndFn, SinkEntry
 
@@ -102,7 +102,7 @@ class Core:
             raise
         return info
 
-    def _undo_begin(self, info: RangeInfo, ts: ThreadState, failed: Any) -> None:
+    def _undo_begin(self, info: RangeInfo, ts: ThreadState, failed: object) -> None:
         """A sink failed to begin ``info``: end it in the sinks that began it, and forget it.
 
         The caller gets the error (its hook turns off) and never ends this range,
