@@ -278,10 +278,8 @@ def test_trace_so_far_never_replaces_what_is_not_a_regular_file(tmp_path):
     os.mkfifo(tmp_path / "run.json.partial")
     script = write_script(tmp_path, "train.py", KILLED.replace("while True:",
                                                                "while n < 40:"))
-    run = subprocess.run([sys.executable, "-m", "chainer_autoprof", "--summary", "0",
-                          "--trace", "run.json", "--flush-interval", "0.1", str(script)],
-                         env=clean_env(), cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120)
+    run = cli(tmp_path, "--summary", "0", "--trace", "run.json", "--flush-interval", "0.1",
+              str(script))
     assert run.returncode == 0, run.stderr
     assert stat.S_ISFIFO(os.lstat(tmp_path / "run.json.partial").st_mode)
     lines = run.stderr.splitlines()
@@ -292,9 +290,7 @@ def test_trace_so_far_never_replaces_what_is_not_a_regular_file(tmp_path):
 
 def test_bad_stall_setting_is_one_line(tmp_path):
     script = write_script(tmp_path, "train.py", "print('ran')\n")
-    launcher = subprocess.run([sys.executable, "-m", "chainer_autoprof", "--stall", "soon",
-                               str(script)], env=clean_env(), cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60)
+    launcher = cli(tmp_path, "--stall", "soon", str(script), timeout=60)
     assert launcher.returncode == 2
     assert launcher.stdout == ""
     assert launcher.stderr.strip().splitlines() == [
@@ -373,9 +369,7 @@ INFERENCE_AFTER = program("stall_inference_after")
 @pytest.mark.parametrize("loop", ["trainer", "manual"])
 def test_healthy_inference_after_training_is_no_stall(tmp_path, loop):
     script = write_script(tmp_path, "infer.py", INFERENCE_AFTER)
-    run = subprocess.run([sys.executable, "-m", "chainer_autoprof", "--summary", "0",
-                          "--stall", "1", str(script), loop], env=clean_env(), cwd=tmp_path,
-                         capture_output=True, text=True, timeout=180)
+    run = cli(tmp_path, "--summary", "0", "--stall", "1", str(script), loop, timeout=180)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("inference calls ")
     assert int(run.stdout.split()[-1]) > 50  # it ran inference all along
@@ -391,9 +385,7 @@ LONG_EVALUATION = program("stall_long_evaluation")
 def test_auto_does_not_report_a_long_evaluation_that_makes_progress(tmp_path):
     """``--stall auto`` used to report every evaluation longer than 60 s."""
     script = write_script(tmp_path, "evaluate.py", LONG_EVALUATION)
-    run = subprocess.run([sys.executable, "-m", "chainer_autoprof", "--summary", "0",
-                          "--stall", "auto", str(script)], env=clean_env(), cwd=tmp_path,
-                         capture_output=True, text=True, timeout=400)
+    run = cli(tmp_path, "--summary", "0", "--stall", "auto", str(script), timeout=400)
     assert run.returncode == 0, run.stderr
     assert run.stdout == "finished\n"
     assert run.stderr == "", run.stderr
@@ -549,9 +541,7 @@ FORK_AND_OWN_TIMER = program("stall_fork_and_own_timer")
 @pytest.mark.parametrize("mode", ["fork", "own"])
 def test_the_last_resort_never_harms_forks_or_the_programs_own_timer(tmp_path, mode):
     script = write_script(tmp_path, "train.py", FORK_AND_OWN_TIMER)
-    run = subprocess.run([sys.executable, "-m", "chainer_autoprof", "--summary", "0",
-                          "--stall", "1", str(script), mode], env=clean_env(), cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+    run = cli(tmp_path, "--summary", "0", "--stall", "1", str(script), mode)
     assert run.returncode == 0, run.stderr
     assert run.stdout == "child ended\nfinished\n"
     if mode == "own":
