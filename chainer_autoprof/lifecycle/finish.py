@@ -24,18 +24,17 @@ from ..common import log, rank
 from ..common.one_line import command_line
 from ..common.settings import SETTINGS, Config, to_environ_value
 from ..common.version import __version__
-from ..report import gpu_events
 from ..report.summary import format_summary
 from ..report.trace_events import Track
 from ..report.tracefile import ThreadRanges, write_trace
 from ..runtime.device import device_names
 from ..sinks.recorder import Recorder
 from . import overhead, processes
-from .gpu_session import GpuOutcome
 
 if TYPE_CHECKING:
     from ..common.typedefs import JsonObject, RangeArgs, RangeRows
     from ..runtime.events import Tracer
+    from .gpu_session import GpuOutcome
 
 
 def report_run(recorder: Recorder, tracer: Tracer, cfg: Config, hits: int,
@@ -183,6 +182,9 @@ def _write_trace(recorder: Recorder, tracer: Tracer, path: str, stats: RunStats,
         tracks: list[Track] = []
         top: JsonObject | None = None
         if gpu is not None:
+            # GPU activity's encoding loads only in a run that has it (every process exits here)
+            from ..report import gpu_events
+
             built = gpu_events.for_trace(
                 gpu.analysis, other, pid=os.getpid(), start_ns=recorder.start_ns,
                 rows_by_thread={tid: np.concatenate(blocks) for tid, blocks in per_thread.items()},
