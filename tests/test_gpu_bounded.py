@@ -223,11 +223,11 @@ def test_a_million_kernels_through_the_live_path_keep_memory_and_the_trace_bound
     print("1M kernels through the live path: peak per 100,000 kernels "
           + ", ".join(f"{p / 1e6:.1f}" for p in peaks) + f" MB, {peak / 1e6:.1f} MB with the "
           f"exit; {seconds:.1f} s, trace {size / 1e6:.1f} MB")
-    # the bounded stores fill over the first few hundred thousand kernels, then memory stays:
-    # the later windows' median (a window whose drain came late holds more in the queues, up to
-    # their bound, once) and every window under the cap below
-    later = sorted(peaks[5:])
-    assert later[len(later) // 2] < 1.1 * max(peaks[2:5]) + 5e6
+    # the bounded stores fill over the first few hundred thousand kernels, then memory stays: the
+    # last half million kernels peak no higher than the first half million, but for what one
+    # drain's passing work adds when it finds more queued (up to 15 MB here, with the timing); a
+    # store that grew by 40 bytes a kernel would add 20 MB
+    assert max(peaks[5:]) < max(peaks[:5]) + 20e6
     assert max(peaks) < 120e6
     assert outcome is not None and session.dropped_ops == session.dropped_ranges == 0
     fig = outcome.figures
