@@ -20,6 +20,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -27,7 +28,7 @@ from typing import Iterator
 import pytest
 from support import clean_env, program, write_script
 
-from chainer_autoprof.common import outputs
+from chainer_autoprof.common import control, outputs
 from chainer_autoprof.lifecycle.dump_server import DumpServer
 
 TRAIN = program("user_files_train")
@@ -318,6 +319,56 @@ def test_the_dump_server_never_closes_a_number_the_program_reused(tmp_path):
             os.close(number)
         os.close(user_file)
     assert (tmp_path / "mine.log").read_text() == "still mine\n"
+
+
+def test_a_stop_while_the_server_listens_anew_leaves_nothing_listening(tmp_path, monkeypatch):
+    """The program closed the socket and the server is making its new one when the agent stops
+    (the program exits): stop() returns, and the new socket is closed and its file removed, not
+    left listening with a thread serving it."""
+    made: list[control.Listening] = []
+    relistening, go_on = threading.Event(), threading.Event()
+    listen = control.listen
+
+    def slow_second_listen(backlog: int = 8) -> control.Listening:
+        listening = listen(backlog)
+        made.append(listening)
+        if len(made) == 2:  # the server listening anew: hold it there until stop() has run
+            relistening.set()
+            go_on.wait(10)
+        return listening
+
+    monkeypatch.setattr(control, "listen", slow_second_listen)
+    server = DumpServer(lambda message: ({"ok": True}, None))
+    assert server.start()
+    serving = server._thread
+    number = made[0].sock.fileno()
+    user_file = os.open(tmp_path / "mine.log", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.dup2(user_file, number)  # the program's file at the socket's number
+        deadline = time.monotonic() + 5
+        while not relistening.is_set():  # a request wakes the blocked accept()
+            assert time.monotonic() < deadline, "the server did not listen anew"
+            with contextlib.suppress(OSError), \
+                    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                client.settimeout(5)
+                client.connect(made[0].path)
+                client.sendall(b"{}\n")
+                client.recv(1000)
+            relistening.wait(0.05)
+        server.stop()
+        go_on.set()
+        assert serving is not None
+        serving.join(5)
+        assert not serving.is_alive()
+        assert not [t for t in threading.enumerate() if t.name == "chainer_autoprof dump server"]
+        assert made[1].sock.fileno() == -1, "the new socket was left open"
+        assert not os.path.exists(made[1].path), "the new socket's file was left behind"
+        assert os.path.samestat(os.fstat(number), os.fstat(user_file))  # the program's, open
+    finally:
+        go_on.set()
+        with contextlib.suppress(OSError):
+            os.close(number)
+        os.close(user_file)
 
 
 def test_a_whole_file_write_stops_when_its_descriptor_is_the_programs(tmp_path):

@@ -44,9 +44,17 @@ class DumpServer:
         self._listening: control.Listening | None = None
         self._ident: FileId | None = None  # the socket's identity while it is ours
         self.address = ""
+        # start, stop and listening anew (from the serving thread) change the fields above
+        # together: a stop() never sees a thread not yet started, nor undoes a new listener
+        self._lock = threading.Lock()
 
     def start(self) -> bool:
         """Listen (``False``, said in one line, where the socket cannot be made)."""
+        with self._lock:
+            self._stopping = False
+        return self._listen()
+
+    def _listen(self) -> bool:
         try:
             listening = control.listen()
         except control.ControlError as exc:
@@ -54,15 +62,20 @@ class DumpServer:
             return False
         for note in listening.notes:  # e.g. another user holds the usual directory
             log.warning(f"control socket: {note}")
-        self._listening = listening
         sock = listening.sock
-        self.address = listening.path
-        self._sock = sock
-        self._ident = identity(sock.fileno())
-        self._stopping = False
-        self._thread = threading.Thread(target=self._serve, args=(sock,),
-                                        name="chainer_autoprof dump server", daemon=True)
-        self._thread.start()
+        with self._lock:  # published whole, its thread started: stop() joins only a started one
+            if self._stopping:  # stop() came while we made it
+                sock.close()
+                control.unlisten(listening)
+                return False
+            self._listening = listening
+            self.address = listening.path
+            self._ident = identity(sock.fileno())
+            thread = threading.Thread(target=self._serve, args=(sock,),
+                                      name="chainer_autoprof dump server", daemon=True)
+            thread.start()
+            self._thread = thread
+            self._sock = sock
         return True
 
     def _serve(self, sock: socket.socket) -> None:
@@ -104,37 +117,38 @@ class DumpServer:
         """The program closed the socket (its number may be a file of its own now): forget
         it without closing, and listen on a new one."""
         sock.detach()
-        if self._sock is sock and not self._stopping:
+        with self._lock:
+            if self._sock is not sock or self._stopping:
+                return
             self._sock = None
-            self.start()
-
-    def _close(self, sock: socket.socket) -> None:
-        """Close ``sock`` if its number is still ours, else only forget it."""
-        close_if_ours(sock.detach(), self._ident)
+        self._listen()
 
     def stop(self) -> None:
         """Stop serving and close the socket (at exit, on uninstall)."""
-        sock, self._sock = self._sock, None
+        with self._lock:
+            self._stopping = True  # also ends a listening anew under way
+            sock, self._sock = self._sock, None
+            thread, ident, address = self._thread, self._ident, self.address
+            listening, self._listening = self._listening, None
         if sock is None:
             return
-        self._stopping = True
         try:  # wake the accept() with a connection of our own
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as wake:
                 wake.settimeout(1.0)
-                wake.connect(self.address)
+                wake.connect(address)
         except OSError:
             pass
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2.0)
-        self._close(sock)
-        listening, self._listening = self._listening, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2.0)
+        close_if_ours(sock.detach(), ident)
         if listening is not None:
             control.unlisten(listening)
 
     def forget(self) -> None:
         """In a forked child: the inherited socket is the parent's (close our copy only)."""
+        self._lock = threading.Lock()  # the parent's serving thread may have held it at the fork
         sock, self._sock = self._sock, None
         self._thread = None
         self._listening = None  # the parent's file stays the parent's
         if sock is not None:
-            self._close(sock)
+            close_if_ours(sock.detach(), self._ident)
