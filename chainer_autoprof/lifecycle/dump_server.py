@@ -130,18 +130,17 @@ class DumpServer:
             sock, self._sock = self._sock, None
             thread, ident, address = self._thread, self._ident, self.address
             listening, self._listening = self._listening, None
-        if sock is None:
-            return
-        try:  # wake the accept() with a connection of our own
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as wake:
-                wake.settimeout(1.0)
-                wake.connect(address)
-        except OSError:
-            pass
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=2.0)
-        close_if_ours(sock.detach(), ident)
-        if listening is not None:
+        if sock is not None:
+            try:  # wake the accept() with a connection of our own
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as wake:
+                    wake.settimeout(1.0)
+                    wake.connect(address)
+            except OSError:
+                pass
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=2.0)
+            close_if_ours(sock.detach(), ident)
+        if listening is not None:  # also the file of a socket the program closed
             control.unlisten(listening)
 
     def forget(self) -> None:
