@@ -294,6 +294,28 @@ for step in range(20):
     assert summary_verdict(run.stderr) == "extension-bound"
 
 
+@pytest.mark.parametrize("annotated", [False, True])
+def test_time_between_iterations_with_no_range_is_not_blamed_on_extensions(tmp_path, annotated):
+    """A manual loop's own code between iterations (here a wait) makes the run extension-bound;
+    with no extension, the advice points at that code, not at running extensions less often;
+    a range of the user's own around it is named and advised like an extension."""
+    wait = ('    with chainer_autoprof.annotate("log"):\n        time.sleep(0.02)\n'
+            if annotated else "    time.sleep(0.02)\n")
+    body = ("import chainer_autoprof\n"
+            "it = chainer.iterators.SerialIterator(train, 16)\nfor step in range(20):\n"
+            "    optimizer.update(model, *concat_examples(next(it)))\n" + wait)
+    run, _, stats = run_script(tmp_path, body)
+    assert summary_verdict(run.stderr) == "extension-bound"
+    verdict = run.stderr.split("Verdict:")[1].split("\n\n")[0]
+    if annotated:
+        assert set(vd.extension_ms(stats)) >= {"user:log"}
+        assert "run user:log less often" in verdict, verdict
+    else:
+        assert set(vd.extension_ms(stats)) == {"idle"}
+        assert "less often" not in verdict
+        assert "the loop's own code" in verdict and "annotate" in verdict
+
+
 # -- item 9: a capture window the run never reached ----------------------------------------------
 
 def test_a_window_never_reached_says_how_far_the_run_got(tmp_path):

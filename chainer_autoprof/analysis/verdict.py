@@ -414,8 +414,14 @@ def _extension(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
                  if name == "idle" else name)
         v.evidence.append(f"{label}: {fmt.ms(ms)} ({fmt.pct(ms / fig['loop_ms'])} of the loop)")
     named = [name for name, _ms_ in ext if name != "idle"]
-    top = named[0] if named else "the extensions"
-    v.suggestions.append(f"run {top} less often (a larger trigger interval, e.g. "
+    if not named:  # no extension to run less often: the loop's own code takes the time
+        v.suggestions.append("nothing the agent sees runs between iterations: look at the "
+                             "loop's own code there (converting or moving the batch outside "
+                             "the updater, logging, waits) or an extension it does not "
+                             "instrument; chainer_autoprof.annotate(name) around it names it "
+                             "here")
+        return v
+    v.suggestions.append(f"run {named[0]} less often (a larger trigger interval, e.g. "
                          "trainer.extend(ext, trigger=(N, 'epoch'))) or make it cheaper "
                          "(evaluate on a subset, snapshot less often)")
     return v
