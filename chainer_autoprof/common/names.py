@@ -83,11 +83,11 @@ def link_text(path: str, cls_name: str, device: str = "") -> str:
     return f"{text} @{device}" if device else text
 
 
+_BACKWARD_SUFFIX = " backward"
+
+
 def link_backward_text(forward_text: str) -> str:
     return f"{forward_text}{_BACKWARD_SUFFIX}"
-
-
-_BACKWARD_SUFFIX = " backward"
 
 
 def link_range_text(link_text: str, backward: bool) -> str:

@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from ..sinks.recorder import Recorder
 
 
-
 class _Records(Protocol):
     """What a write takes from :mod:`..report.partial` (imported at the first write)."""
 
@@ -230,9 +229,9 @@ class Flusher:
                stalls: Sequence[Mapping[str, object]]) -> bytes:
         recorder = self.recorder
         state: dict[str, object] = {"perf_ns": recorder.tracer.clock(),
-                                 "unix_ns": (where or {}).get("unix_ns") or time_ns(),
-                                 "where": where, "stalls": list(stalls),
-                                 "dropped": recorder.dropped + self.lost}
+                                    "unix_ns": (where or {}).get("unix_ns") or time_ns(),
+                                    "where": where, "stalls": list(stalls),
+                                    "dropped": recorder.dropped + self.lost}
         if state["dropped"] and self.run_stats is not None:
             state["run_stats"] = self.run_stats()
         record: bytes = partial.json_record(b"STAT", state)

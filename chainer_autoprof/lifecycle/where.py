@@ -70,7 +70,6 @@ class ThreadWhere(_Thread, total=False):
 
 
 class _Where(TypedDict):
-
     reason: str
     pid: int
     host: str
@@ -116,11 +115,12 @@ def snapshot(tracer: Tracer, reason: str, *, since_s: float | None = None,
             continue  # ended (its state stays in the table), or one of ours
         ts = states.get(tid)
         stack = list(ts.stack) if ts is not None else []
-        opened: list[OpenRange] = [{"name": info.name, "category": info.category,
-                   "open_s": round((perf_now - t0) / 1e9, 3) if t0 else None}
-                  for info, t0 in stack]
+        opened: list[OpenRange] = [
+            {"name": info.name, "category": info.category,
+             "open_s": round((perf_now - t0) / 1e9, 3) if t0 else None}
+            for info, t0 in stack]
         entry: ThreadWhere = {"tid": tid, "name": thread.name, "main": thread is main,
-                                 "open": opened}
+                              "open": opened}
         if stacks:
             entry["stack"] = _frames(frames.get(thread.ident))  # type: ignore[arg-type]  # None: no frame
         threads.append(entry)
