@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..common import figures as fmt
+from . import whatif
 
 # the GPU evidence's thresholds, re-exported so that every threshold reads ``verdict.NAME``
 from .gpu_evidence import BEHIND_MARGIN as BEHIND_MARGIN
@@ -113,6 +114,9 @@ OUTLIER_SHARE = 0.10
 GC_MIN_MS = 100.0
 #: An input queue empty at this share of the training fetches or more has run dry.
 QUEUE_DRY_SHARE = 0.5
+#: The GPU busy and the host's own work each at this share of the iteration or more: both
+#: are saturated (host- and GPU-bound), and speeding up one alone buys little.
+BOTH_SHARE = 0.9
 
 # -- advice thresholds (chainer_autoprof.advice) ----------------------------------------
 #: An estimated cost under this share of the time it is part of is not reported.
@@ -279,7 +283,7 @@ def decide(stats: RunStats, replay: RunStats | None = None) -> Verdict:
                         if k != "compute-bound"]
     verdict.figures = fig
     verdict.gpu = gpu
-    if gpu is not None and verdict.kind not in ("GPU-bound", "unknown"):
+    if gpu is not None and verdict.kind not in ("GPU-bound", "host- and GPU-bound", "unknown"):
         verdict.evidence += _gpu_support(stats, gpu)
     verdict.stutter = _stutter(stats, fig)
     verdict.notes += _notes(stats, fig, gpu)
@@ -348,10 +352,12 @@ def _candidates(stats: RunStats, fig: dict[str, float],
     if gpu is not None:
         if gpu.limit == "gpu" and gpu.busy_share is not None:
             # the host's phase times hold its waits for the GPU: no host-side kind applies
-            out.append(("GPU-bound", gpu.busy_share * stats.iteration_total_ms,
-                        gpu.busy_share))
-            return out
-        if gpu.limit is None:
+            both = _both_share(fig, gpu)
+            kind = "host- and GPU-bound" if both is not None else "GPU-bound"
+            out.append((kind, gpu.busy_share * stats.iteration_total_ms, gpu.busy_share))
+        if gpu.limit != "host":
+            # ... but data loading the GPU waited for is input time at every sync level
+            out += _input_over_iteration(stats, fig)
             return out
     if not stats.has_phases:
         return out
@@ -365,6 +371,28 @@ def _candidates(stats: RunStats, fig: dict[str, float],
         kind = "host-bound" if gpu is not None or _host_bound(stats, fig) else "compute-bound"
         out.append((kind, fig["compute_net_share"] * host_total, fig["compute_own_share"]))
     return out
+
+
+def _input_over_iteration(stats: RunStats, fig: dict[str, float]) -> list[tuple[str, float,
+                                                                               float]]:
+    """Input-bound where the GPU sets the pace or the evidence cannot tell: the data phase's
+    own time (at sync 0 the part the GPU spent on it) over the whole iteration."""
+    if not stats.has_phases or fig["iteration_mean_ms"] <= 0:
+        return []
+    share = fig["data_own_ms_per_iteration"] / fig["iteration_mean_ms"]
+    if share < INPUT_SHARE:
+        return []
+    fig["data_own_share"] = share
+    return [("input-bound", fig["data_own_ms_per_iteration"] * stats.iterations, share)]
+
+
+def _both_share(fig: dict[str, float], gpu: GpuEvidence) -> float | None:
+    """The host's own share of the iteration when it and the GPU are both saturated."""
+    if gpu.busy_share is None or gpu.busy_share < BOTH_SHARE or fig["iteration_mean_ms"] <= 0:
+        return None
+    host = sum(fig[f"{k}_own_ms_per_iteration"] for k in _KEYS) / fig["iteration_mean_ms"]
+    fig["host_busy_share"] = host
+    return host if host >= BOTH_SHARE else None
 
 
 def _host_bound(stats: RunStats, fig: dict[str, float]) -> bool:
@@ -476,7 +504,11 @@ def _input(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
                           f"({capacity} prefetched at most)")
     mean = per_iteration(stats, fig["host_ms"])
     rest = mean - data_ms
-    if rest > 0:
+    wf = whatif.model(stats)
+    free = wf.get(whatif.INPUT_FREE) if wf is not None else None
+    if free is not None:  # the step replayed with free data: the GPU's time stays
+        v.evidence.append(free.text())
+    elif rest > 0:
         v.evidence.append(f"without the data phase an iteration would take about "
                           f"{fmt.ms(rest)} ({fmt.factor(mean / rest)} faster)")
     if iterator == "SerialIterator":
@@ -644,6 +676,29 @@ def _gpu_bound(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
     return v
 
 
+def _both(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
+          replay: RunStats | None) -> Verdict:
+    """Host and GPU both saturated: each side's figures, and which one pays off first."""
+    v = _gpu_bound(stats, fig, gpu, replay)
+    assert gpu is not None and gpu.busy_share is not None
+    busy = ("" if gpu.busy_exact else "at least ") + fmt.pct(gpu.busy_share)
+    host = fig.get("host_busy_share", 0.0)
+    wf = whatif.model(stats)
+    first = whatif.pays_off_first(wf) if wf is not None else None
+    v.kind = "host- and GPU-bound"
+    v.title = (f"host- and GPU-bound: the GPU is busy {busy} of each iteration and the host's "
+               f"own work takes {fmt.pct(host)} (threshold {fmt.pct(BOTH_SHARE)} each): "
+               "each side waits little for the other, so speeding up one alone buys little")
+    if first is not None and wf is not None:
+        side = "the host" if first.lever == whatif.HOST_2X else "the GPU"
+        v.title += f"; {side} pays off first"
+        v.evidence[:0] = [p.text() for p in (wf.get(whatif.GPU_2X), wf.get(whatif.HOST_2X))
+                          if p is not None]
+    v.evidence.insert(0, f"host's own work {fmt.ms(host * fig['iteration_mean_ms'])} per "
+                         f"iteration ({fmt.pct(host)}; the agent's waits left out)")
+    return v
+
+
 def _gpu_times(stats: RunStats, gpu: GpuEvidence) -> list[str]:
     """The GPU's time per phase beside the host's (CUDA events, medians)."""
     timed = [p for p in gpu.phases if p.gpu_ms is not None]
@@ -806,7 +861,8 @@ def _balanced(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None) -
 
 
 _BUILDERS = {"extension-bound": _extension, "input-bound": _input, "gc-bound": _gc,
-             "host-bound": _host, "compute-bound": _compute, "GPU-bound": _gpu_bound}
+             "host-bound": _host, "compute-bound": _compute, "GPU-bound": _gpu_bound,
+             "host- and GPU-bound": _both}
 
 
 def _notes(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None) -> list[str]:

@@ -26,10 +26,10 @@ and the HTML report alike.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence, TypeVar
+from typing import Dict, Mapping, Protocol, Sequence, TypeVar
 
 from ..common import figures
-from .gpu_evidence import BEHIND_MARGIN, gather, gpu_activity, on_gpu, waits
+from .gpu_evidence import BEHIND_MARGIN, GpuEvidence, gather, gpu_activity, on_gpu, waits
 from .stats import PHASE_KEYS, RunStats, median, percentile
 
 #: Iterations simulated; the period is read over the second half (the steady state).
@@ -46,7 +46,7 @@ INPUT_FREE = "input free"
 HOST_2X = "host 2x faster"
 GPU_2X = "GPU 2x faster"
 
-Times = dict[str, float]
+Times = Dict[str, float]
 
 
 @dataclass
@@ -242,20 +242,27 @@ def timeline(stats: RunStats) -> Timeline | None:
     return tl
 
 
-def _gpu_times(stats: RunStats, ev: object, host: Times,
+def _gpu_times(stats: RunStats, ev: GpuEvidence | None, host: Times,
                estimated: Times) -> tuple[Times, Times, Times, str]:
     """The GPU's time per phase (point, low, high) and where it came from."""
-    zero = {k: 0.0 for k in PHASE_KEYS}
+    zero = dict.fromkeys(PHASE_KEYS, 0.0)
     if ev is None:
         return zero, dict(zero), dict(zero), ""
-    from .gpu_evidence import GpuEvidence  # (the type only)
-    assert isinstance(ev, GpuEvidence)
     exact = _activity_times(stats)
     if exact is not None:
-        return exact, dict(exact), dict(exact), "CUPTI kernel activity (kernel time launched " \
-            "in each phase)"
+        return exact, dict(exact), dict(exact), ("CUPTI kernel activity (kernel time launched "
+                                                 "in each phase)")
     point, low, high = dict(zero), dict(zero), dict(zero)
     n = stats.iterations
+    short = gpu_activity(stats)
+    if short and "busy_share" in short:
+        # only the busy share: the GPU's time shared over the phases as their spans are
+        spans = {p.phase: (p.gpu_ms if p.gpu_ms is not None else p.host_ms) for p in ev.phases}
+        whole = sum(spans.values())
+        busy = short["busy_share"] * stats.median()
+        shared = {k: busy * spans.get(k, 0.0) / whole if whole > 0 else 0.0 for k in PHASE_KEYS}
+        return shared, dict(shared), dict(shared), \
+            f"the measured busy share ({short.get('source') or 'GPU activity'})"
     if stats.sync_level <= 1 and ev.per_phase:
         first = True
         for p in ev.phases:
@@ -419,7 +426,6 @@ F = TypeVar("F", bound=HasCost)
 def advice_prediction(wf: WhatIf, key: str, stats: RunStats) -> Prediction | None:
     """The lever a piece of advice pulls (by its key), predicted; ``None`` when it has none
     the model can play."""
-    from .verdict import facts_of, functions_per_iteration  # (the facts' readers)
     if key == "serial_iterator":
         return wf.get(INPUT_FREE) or wf.predict(INPUT_FREE, _input_free)
     if key == "cudnn":
@@ -429,10 +435,11 @@ def advice_prediction(wf: WhatIf, key: str, stats: RunStats) -> Prediction | Non
                                                              link_halved(wf.timeline, convs[0]))
         return None
     if key == "type_check":
-        facts = facts_of(stats)
-        calls, check = functions_per_iteration(stats), facts.get("type_check_us")
+        facts = (stats.meta or {}).get("facts") or {}
+        calls, check = facts.get("functions_per_iteration"), facts.get("type_check_us")
         compute = sum(wf.timeline.host.get(k, 0.0) for k in ("forward", "backward", "update"))
-        if not calls or not isinstance(check, (int, float)) or compute <= 0:
+        if not isinstance(calls, (int, float)) or not isinstance(check, (int, float)) \
+                or calls <= 0 or compute <= 0:
             return None
         share = min(1.0, calls * check / 1000.0 / compute)
         return wf.predict("type checks off", host_saving(
@@ -443,7 +450,8 @@ def advice_prediction(wf: WhatIf, key: str, stats: RunStats) -> Prediction | Non
         if per_iteration <= 0 or host <= 0:
             return None
         share = min(1.0, per_iteration / host)
-        return wf.predict("no garbage collection", host_saving({k: share for k in PHASE_KEYS}))
+        return wf.predict("no garbage collection",
+                          host_saving(dict.fromkeys(PHASE_KEYS, share)))
     return None
 
 
