@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 from ..common import figures as fmt
 from ..common import log
 from . import verdict as vd
+from . import whatif
 from .gpu_evidence import on_gpu
 from .outliers import OUTLIER_FACTOR, slow_iterations, stutter
 
@@ -353,4 +354,8 @@ def check(stats: RunStats, verdict: Verdict | None = None) -> list[Finding]:
             finding = None
         if finding is not None:
             findings.append(finding)
-    return findings
+    try:
+        return whatif.with_predictions(stats, findings)
+    except Exception as exc:  # our bug: the findings stand without  # noqa: BLE001
+        log.warning(log.contained("the advice's what-if costs", exc), once=True)
+        return findings

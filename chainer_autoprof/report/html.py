@@ -27,6 +27,7 @@ from ..analysis.stats import PHASE_KEYS, percentile
 from ..analysis.verdict import Verdict, decide, pick_replay
 from ..common import figures, log, names
 from ..common.outputs import atomic_text
+from . import whatif_view
 from .stall import ended_abnormally
 from .summary import IDLE_LABELS, activity, describe_slow
 
@@ -611,6 +612,7 @@ def render(trace: Trace, stats: RunStats, replay: RunStats | None = None) -> str
 <section id="verdict" class="verdict kind-{_e(verdict.kind)}"><h2>Verdict</h2>
 {verdict_html(verdict)}</section>
 <section id="advice"><h2>Advice</h2>{advice_html(findings)}</section>
+{whatif_view.chart_html(stats)}
 {gpu_html}
 <section id="wall"><h2>Where the wall time went</h2>{wall_bar(stats)}</section>
 <section id="phases"><h2>Phase times per iteration</h2>{phase_chart(rows)}</section>

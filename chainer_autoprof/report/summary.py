@@ -45,6 +45,7 @@ from ..analysis.verdict import Verdict, decide, facts_of
 from ..analysis.window import unreached
 from ..common import figures, log, names
 from ..common.one_line import one_line
+from . import whatif_view
 from .stall import ended_abnormally
 
 if TYPE_CHECKING:
@@ -626,6 +627,9 @@ def verdict_section(stats: RunStats, replay: RunStats | None = None) -> str:
     """The verdict and the advice, as printed at the end of the summary."""
     verdict = decide(stats, replay)
     text = format_verdict(verdict)
+    levers = whatif_view.summary_text(stats)
+    if levers:
+        text += "\n" + levers
     findings = check(stats, verdict)
     if findings:
         text += "\n\n" + format_advice(findings)
