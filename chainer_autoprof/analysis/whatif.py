@@ -172,7 +172,7 @@ class WhatIf:
         low, point, high = (v * scale for v in values)
         low, high = min(low, point, high), max(low, point, high)
         return Prediction(lever, self.now_ms or self.measured_ms, point,
-                          low * (1.0 - self.band), high * (1.0 + self.band))
+                          low / (1.0 + self.band), high * (1.0 + self.band))
 
     def replay_text(self) -> str:
         """How close the replay of the unchanged timeline comes to the measured median."""
@@ -219,6 +219,9 @@ def timeline(stats: RunStats) -> Timeline | None:
     estimated = {} if stats.waits_recorded else {k: v / n for k, v in w.by_key.items()}
     behind = {p.phase for p in ev.behind} if ev is not None else set()
     gpu_iteration = ev.gpu_iteration_ms if ev is not None else None
+    record = stats.gpu_activity if isinstance(stats.gpu_activity, Mapping) else {}
+    if gpu_iteration is None and record.get("iterations") and record.get("span_ms"):
+        gpu_iteration = float(record["span_ms"]) / float(record["iterations"])
     ran_ahead = (stats.sync_level == 0 and gpu_iteration is not None
                  and stats.median() < gpu_iteration * (1.0 - BEHIND_MARGIN))
     blocked = stats.sync_level == 0 and bool(behind) and not ran_ahead
