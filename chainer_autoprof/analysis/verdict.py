@@ -357,7 +357,7 @@ def _candidates(stats: RunStats, fig: dict[str, float],
             out.append((kind, gpu.busy_share * stats.iteration_total_ms, gpu.busy_share))
         if gpu.limit != "host":
             # ... but data loading the GPU waited for is input time at every sync level
-            out += _input_over_iteration(stats, fig)
+            out += _input_over_iteration(stats, fig, gpu)
             return out
     if not stats.has_phases:
         return out
@@ -373,11 +373,15 @@ def _candidates(stats: RunStats, fig: dict[str, float],
     return out
 
 
-def _input_over_iteration(stats: RunStats, fig: dict[str, float]) -> list[tuple[str, float,
-                                                                               float]]:
+def _input_over_iteration(stats: RunStats, fig: dict[str, float],
+                          gpu: GpuEvidence) -> list[tuple[str, float, float]]:
     """Input-bound where the GPU sets the pace or the evidence cannot tell: the data phase's
-    own time (at sync 0 the part the GPU spent on it) over the whole iteration."""
+    own time (at sync 0 the part the GPU spent on it) over the whole iteration.  At sync 0
+    without the data phase's span the host may have waited there for the GPU: no claim."""
     if not stats.has_phases or fig["iteration_mean_ms"] <= 0:
+        return []
+    data = gpu.phase("data")
+    if gpu.sync_level == 0 and (data is None or data.gpu_ms is None):
         return []
     share = fig["data_own_ms_per_iteration"] / fig["iteration_mean_ms"]
     if share < INPUT_SHARE:
