@@ -20,7 +20,7 @@ from support import REPO, clean_env
 from verdict_workloads import run_workload
 from waiting_gpu import run_waiting
 
-from chainer_autoprof.analysis import advice
+from chainer_autoprof.analysis import advice, whatif
 from chainer_autoprof.analysis import verdict as vd
 from chainer_autoprof.common import figures
 from chainer_autoprof.report import html as html_report
@@ -210,6 +210,31 @@ def test_gpu_page_shows_the_gpu_beside_the_host(tmp_path):
         assert "waiting for the GPU (agent)" in legend
         figures_text = browser.evaluate("document.querySelector('dl.figures').textContent")
         assert "GPU busy" in figures_text and figures.pct(verdict.gpu.busy_share) in figures_text
+
+
+@needs_browser
+def test_whatif_chart_shows_now_against_each_lever(tmp_path):
+    """The what-if predictions as bars beside the iteration now: one per lever of the
+    summary, each with its line (the summary's, word for word) as its tooltip."""
+    trace = GPU_TRACES / "gpu_bound_b512_sync2_phase.json"
+    wf = whatif.model(read_trace(str(trace)).stats())
+    assert wf is not None and wf.predictions
+    out = tmp_path / "whatif.html"
+    report(str(trace), "--html", str(out))
+    with Browser() as browser:
+        browser.open(out)
+        assert browser.problems() == []
+        bars = browser.evaluate("Array.from(document.querySelectorAll('#whatif rect.whatif-bar'))"
+                                ".map(r => [r.dataset.lever, r.dataset.tip, "
+                                "r.getBoundingClientRect().width])")
+        assert [b[0] for b in bars] == ["now"] + [p.lever for p in wf.predictions]
+        assert [b[1] for b in bars[1:]] == [p.text() for p in wf.predictions]
+        # bar lengths in proportion: the sync-0 prediction's shorter than now's
+        sync0 = next(b for b in bars if b[0] == whatif.SYNC0)
+        assert 0 < sync0[2] < bars[0][2]
+        items = browser.evaluate("Array.from(document.querySelectorAll('#whatif li'))"
+                                 ".map(li => li.textContent)")
+        assert items == [p.text() for p in wf.predictions]
 
 
 @needs_browser
