@@ -18,6 +18,7 @@ from support import clean_env
 from traces import check_trace_file, nest_per_track
 
 from chainer_autoprof.analysis import verdict as vd
+from chainer_autoprof.analysis import whatif
 from chainer_autoprof.analysis.gpu_figures import IDLE_KEYS, GpuFigures
 from chainer_autoprof.common.gpu_records import KERNEL
 from chainer_autoprof.report import gpu_events, trace_events
@@ -154,6 +155,27 @@ def test_the_verdict_rests_on_the_measured_busy_share(live):
     else:
         assert v.kind == "host-bound"
         assert "waiting for the host to launch" in said
+
+
+def test_the_what_if_model_replays_the_run_from_its_kernel_activity(live):
+    """With CUPTI the GPU's time per phase is measured: the unchanged replay gives the run's
+    median, and the levers' bands stay narrow where nothing is left open."""
+    wf = whatif.model(live.stats)
+    assert wf is not None and wf.timeline.gpu_source.startswith("CUPTI kernel activity")
+    median = live.stats.median()
+    assert abs(wf.replay_ms - median) <= 0.05 * median, wf.replay_text()
+    gpu2 = wf.get(whatif.GPU_2X)
+    host2 = wf.get(whatif.HOST_2X)
+    assert gpu2 is not None and host2 is not None
+    if live.name == "b512":
+        # 12 iterations whose host never blocked: the levers start where the run settles,
+        # the GPU's pace (31.4 ms of kernel time per iteration measured there)
+        assert wf.timeline.ran_ahead and 29.0 < wf.now_ms < 35.0
+        assert gpu2.predicted_ms < 0.6 * gpu2.now_ms and host2.gain_ms < 0.02 * host2.now_ms
+        assert wf.timeline.links[0][0].startswith("predictor/conv2")
+    else:
+        assert host2.predicted_ms < 0.6 * host2.now_ms and gpu2.gain_ms < 0.02 * gpu2.now_ms
+        assert host2.high_ms < 0.7 * host2.now_ms  # the GPU's share measured, not open
 
 
 # -- the trace ------------------------------------------------------------------------------------

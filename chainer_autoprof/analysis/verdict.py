@@ -352,7 +352,7 @@ def _candidates(stats: RunStats, fig: dict[str, float],
     if gpu is not None:
         if gpu.limit == "gpu" and gpu.busy_share is not None:
             # the host's phase times hold its waits for the GPU: no host-side kind applies
-            both = _both_share(fig, gpu)
+            both = _both_share(stats, fig, gpu)
             kind = "host- and GPU-bound" if both is not None else "GPU-bound"
             out.append((kind, gpu.busy_share * stats.iteration_total_ms, gpu.busy_share))
         if gpu.limit != "host":
@@ -390,12 +390,19 @@ def _input_over_iteration(stats: RunStats, fig: dict[str, float],
     return [("input-bound", fig["data_own_ms_per_iteration"] * stats.iterations, share)]
 
 
-def _both_share(fig: dict[str, float], gpu: GpuEvidence) -> float | None:
-    """The host's own share of the iteration when it and the GPU are both saturated."""
-    if gpu.busy_share is None or gpu.busy_share < BOTH_SHARE or fig["iteration_mean_ms"] <= 0:
+def _both_share(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence) -> float | None:
+    """The host's own share of the iteration when it and the GPU are both saturated.  The
+    iteration is the GPU's when longer (a short run at sync 0 whose host ran ahead of the
+    GPU measured the host's pace, not the one the run settles at)."""
+    activity = stats.gpu_activity or {}
+    span = (activity.get("span_ms") or 0.0) / activity["iterations"] \
+        if activity.get("iterations") else 0.0
+    pace = max(fig["iteration_mean_ms"], gpu.gpu_iteration_ms or 0.0, span)
+    if gpu.busy_share is None or gpu.busy_share < BOTH_SHARE or pace <= 0:
         return None
-    host = sum(fig[f"{k}_own_ms_per_iteration"] for k in _KEYS) / fig["iteration_mean_ms"]
+    host = sum(fig[f"{k}_own_ms_per_iteration"] for k in _KEYS) / pace
     fig["host_busy_share"] = host
+    fig["host_own_ms"] = host * pace
     return host if host >= BOTH_SHARE else None
 
 
@@ -698,7 +705,7 @@ def _both(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
         v.title += f"; {side} pays off first"
         v.evidence[:0] = [p.text() for p in (wf.get(whatif.GPU_2X), wf.get(whatif.HOST_2X))
                           if p is not None]
-    v.evidence.insert(0, f"host's own work {fmt.ms(host * fig['iteration_mean_ms'])} per "
+    v.evidence.insert(0, f"host's own work {fmt.ms(fig['host_own_ms'])} per "
                          f"iteration ({fmt.pct(host)}; the agent's waits left out)")
     return v
 
