@@ -11,11 +11,14 @@ work runs behind the host's) or the host (the GPU waits for it).  Then the kinds
 
 * ``GPU-bound``: the GPU is busy (has work queued) :data:`GPU_BOUND_SHARE` of the iteration
   or more, by CUDA event spans, the agent's waits or an exact activity record;
+  ``host- and GPU-bound`` when the GPU's busy share and the host's own work are both
+  :data:`BOTH_SHARE` or more (the what-if model says which side pays off first);
 * ``extension-bound``: what runs between iterations (extensions such as
   evaluation, snapshots and reports, inference, the loop's own code) takes
   :data:`EXTENSION_SHARE` of the training loop's wall time or more;
 * ``input-bound``: the data phase takes :data:`INPUT_SHARE` of the iteration
-  time or more (on a GPU, only the part of it the GPU spent waiting for it);
+  time or more (on a GPU, only the part of it the GPU spent waiting for it), at every sync
+  level;
 * ``gc-bound``: garbage collections inside the counted iterations take
   :data:`GC_SHARE` of the iteration time or more;
 * ``host-bound``: forward/backward/update dominate and either the GPU waits for the host,

@@ -278,6 +278,9 @@ def _gpu_times(stats: RunStats, ev: GpuEvidence | None, host: Times,
                 low[p.phase] = span - host[p.phase] / 2.0 if stats.sync_level == 1 and first \
                     else span
                 first = False
+        if first:  # no phase the GPU ran behind in: each phase's GPU time is open
+            return point, low, high, ("CUDA event spans: the GPU kept up in every phase, its "
+                                      "time there open up to the span")
         return point, low, high, "CUDA event spans of the phases the GPU ran behind in"
     if stats.sync_level >= 2 and ev.wait_source != "none":
         recorded = stats.wait_phase_total_ms or {}
