@@ -21,7 +21,7 @@ from support import REPO, clean_env
 from chainer_autoprof.analysis import advice, whatif
 from chainer_autoprof.analysis import verdict as vd
 from chainer_autoprof.analysis.stats import PHASE_KEYS, RunStats
-from chainer_autoprof.common import figures
+from chainer_autoprof.common import figures, log
 from chainer_autoprof.report.summary import format_summary, format_verdict
 from chainer_autoprof.report.tracefile import read_trace
 
@@ -243,6 +243,20 @@ def test_the_summary_prints_the_levers_after_the_verdict():
     assert head > next(i for i, line in enumerate(lines) if line.startswith("Verdict:"))
     assert LINE.match(lines[head + 1].strip())
     assert lines[head + 1].strip().startswith("what-if sync level 0: 36.8 ms -> ")
+
+
+def test_the_summarys_debug_output_says_how_close_the_replay_came(capsys):
+    stats = stats_of(synced(SYNCED[0]))
+    wf = model_of(stats)
+    log.set_level("debug")
+    try:
+        format_summary(stats)
+    finally:
+        log.set_level("warning")
+    said = capsys.readouterr().err
+    assert (f"what-if model: the timeline replayed unchanged gives {figures.ms(wf.replay_ms)} "
+            f"per iteration against the measured median {figures.ms(stats.median())} "
+            f"({'+' if wf.replay_error >= 0 else ''}{figures.pct(wf.replay_error)})" in said), said
 
 
 def test_report_on_a_trace_of_an_earlier_version():

@@ -18,9 +18,10 @@ def summary_text(stats: RunStats) -> str:
     """The levers' lines under a heading (empty when the model has nothing to say); the
     replay's error goes to the debug log."""
     wf = whatif.model(stats)
+    if wf is not None:
+        log.debug(wf.replay_text())
     if wf is None or not wf.predictions:
         return ""
-    log.debug(wf.replay_text())
     head = ("What-if (this run's step replayed with one change; band: the iterations' "
             f"spread {figures.pct(wf.spread)} and the replay's error "
             f"{figures.pct(abs(wf.replay_error))}):")
