@@ -189,6 +189,22 @@ def test_input_free_at_sync_2_keeps_the_gpus_time():
     assert 30.0 < p.predicted_ms < 45.0, p.text()
 
 
+def test_input_free_at_sync_0_leaves_the_gpus_pace():
+    """At sync 0 the next batch loads while the GPU still runs: with a slow input pipeline
+    (57 ms of loading, the GPU idle meanwhile: the data phase's span equals it) in front of
+    31 ms of GPU work, free data leaves the GPU's 31 ms, not the host's 11 ms."""
+    host = {"data": 57.0, "forward": 5.0, "backward": 5.0, "update": 0.5, "other": 0.5}
+    spans = {"iteration": 68.0, "data": 57.0, "forward": 11.0, "backward": 20.0,
+             "update": 0.2}
+    stats = record(0, host, spans)
+    wf = model_of(stats)
+    assert abs(wf.replay_error) < 0.05
+    assert not wf.timeline.ran_ahead and vd.decide(stats).kind == "input-bound"
+    p = wf.get(whatif.INPUT_FREE)
+    assert p is not None
+    assert 30.0 <= p.predicted_ms <= 33.0 and p.low_ms <= 31.0 <= p.high_ms, p.text()
+
+
 def test_input_bound_at_every_sync_level():
     """A data phase over the threshold is input-bound at sync 0 to 3, whatever the GPU
     evidence says (at sync 2 it used to be "not enough evidence")."""

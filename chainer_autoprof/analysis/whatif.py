@@ -224,7 +224,9 @@ def timeline(stats: RunStats) -> Timeline | None:
         gpu_iteration = float(record["span_ms"]) / float(record["iterations"])
     ran_ahead = (stats.sync_level == 0 and gpu_iteration is not None
                  and stats.median() < gpu_iteration * (1.0 - BEHIND_MARGIN))
-    blocked = stats.sync_level == 0 and bool(behind) and not ran_ahead
+    # the GPU set the pace at sync 0: the host blocked on it somewhere in its phases
+    blocked = (stats.sync_level == 0 and bool(behind) and not ran_ahead
+               and ev is not None and ev.limit == "gpu")
     host, host_low, host_high = {}, {}, {}
     for key in PHASE_KEYS:
         series = _series(stats, key)
