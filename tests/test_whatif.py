@@ -144,9 +144,10 @@ FACTS = {"params": {"count": 4, "size": 1000, "dtypes": {"float32": 4}, "gpu": 4
 
 def record(sync_level: int, host: dict[str, float], gpu: dict[str, float] | None = None,
            sync_ms: float | None = None, n: int = 20, jitter: float = 0.0,
-           facts: dict | None = None) -> RunStats:
-    """``n`` iterations of these host phase times (ms), CUDA event spans, the run's total
-    wait; ``jitter`` spreads the iterations (each phase scaled by 1 +- jitter)."""
+           facts: dict | None = None, waits: dict[str, float] | None = None) -> RunStats:
+    """``n`` iterations of these host phase times (ms, the agent's waits included), CUDA
+    event spans, the run's total wait or the waits recorded per phase; ``jitter`` spreads
+    the iterations (each phase scaled by 1 +- jitter)."""
     scales = [1.0 + jitter * ((i % 5) - 2) / 2.0 for i in range(n)]
     phase_ms = {k: [host.get(k, 0.0) * s for s in scales] for k in PHASE_KEYS}
     iteration_ms = [sum(phase_ms[k][i] for k in PHASE_KEYS) for i in range(n)]
@@ -160,7 +161,10 @@ def record(sync_level: int, host: dict[str, float], gpu: dict[str, float] | None
         sync_calls=2 * n if sync_level else 0, overhead_ms=1.0,
         gpu_phase_ms={k: [v] * n for k, v in gpu.items()} if gpu else None, meta=meta,
         iteration_total_ms=sum(iteration_ms),
-        phase_total_ms={k: sum(v) for k, v in phase_ms.items()})
+        phase_total_ms={k: sum(v) for k, v in phase_ms.items()},
+        wait_phase_ms={k: [(waits or {}).get(k, 0.0)] * n for k in PHASE_KEYS} if waits else {},
+        wait_phase_total_ms={k: (waits or {}).get(k, 0.0) * n for k in PHASE_KEYS}
+        if waits else {}, waits_recorded=bool(waits))
 
 
 #: A slow input pipeline at sync level 2 in front of a GPU that needs 20 ms per step: data
@@ -179,6 +183,23 @@ def test_the_band_follows_the_spread_of_the_iterations():
     a, b = steady.get(whatif.HOST_2X), jittery.get(whatif.HOST_2X)
     assert a is not None and b is not None
     assert (b.high_ms - b.low_ms) > (a.high_ms - a.low_ms)
+
+
+def test_recorded_waits_at_sync_2_bound_the_gpus_time():
+    """Waits recorded where they happened (this version's traces): at sync level 2 the GPU
+    was busy at least while the host waited at a phase's end and at most the whole phase;
+    without the joins the step takes about the GPU's time, the host's own being shorter."""
+    host = {"data": 2.0, "forward": 10.0, "backward": 20.0, "update": 1.0, "other": 0.5}
+    waits = {"forward": 7.0, "backward": 15.0, "update": 0.5}
+    wf = model_of(record(2, host, waits=waits))
+    assert abs(wf.replay_error) < 0.05
+    assert wf.timeline.host["forward"] == pytest.approx(3.0)
+    assert wf.timeline.gpu_low["backward"] == pytest.approx(15.0)
+    assert wf.timeline.gpu_high["backward"] == pytest.approx(20.0)
+    p = wf.get(whatif.SYNC0)
+    assert p is not None
+    assert 22.5 + 0.5 <= p.predicted_ms <= 31.0 < wf.measured_ms  # the GPU's time, bounded
+    assert p.low_ms <= 22.5 + 0.5 and p.high_ms >= 31.0
 
 
 def test_input_free_at_sync_2_keeps_the_gpus_time():
