@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 import pytest
+from gpu_live_replay import idle_shares
 from traces import check_trace_file, nest_per_track
 
 from chainer_autoprof.analysis.gpu_clock import fit
@@ -124,7 +125,8 @@ def test_a_saved_trace_gives_back_the_same_figures(name, tmp_path):
 def test_holistic_trace_analysis_reads_the_trace(name, tmp_path):
     """HolisticTraceAnalysis loads the trace, finds the counted iterations by their
     ProfilerStep marks, runs its temporal and idle-time breakdowns, and over the same span
-    its GPU busy share is within 5 points of ours."""
+    its GPU busy share is within 5 points of ours, and so is each idle category's share
+    (host wait, kernel wait, other: the agent's split follows HTA's rules)."""
     hta = pytest.importorskip(
         "hta.trace_analysis",
         reason="HolisticTraceAnalysis is not installed (it comes with the test extra: "
@@ -145,6 +147,14 @@ def test_holistic_trace_analysis_reads_the_trace(name, tmp_path):
     assert abs(row["compute_time(us)"] / row["kernel_time(us)"] - figures.busy_share) < 0.05
     assert set(idle["stream"]) == {7} and idle["idle_time"].sum() == pytest.approx(
         row["idle_time(us)"], rel=0.01)
+    # the idle time splits alike: host wait, kernel wait (launch latency), other
+    hta_idle = {r["idle_category"]: r["idle_time"]
+                for r in idle[["idle_category", "idle_time"]].to_dict("records")}
+    shares = idle_shares(figures.idle_ms, hta_idle)
+    for category, (theirs, ours) in shares.items():
+        assert abs(theirs - ours) < 0.05, (category, shares)
+    dominant = "host_wait" if name == "b16" else "kernel_wait"
+    assert shares[dominant][1] > 0.9
     print(f"{name}: HTA busy {hta_active:.4f} (compute "
           f"{row['compute_time(us)'] / row['kernel_time(us)']:.4f}), ours busy "
           f"{figures.busy_share:.4f} active {figures.active_share:.4f}; HTA idle "

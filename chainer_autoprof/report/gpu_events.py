@@ -37,10 +37,11 @@ Top-level fields (:func:`trace_fields`): ``schemaVersion``, ``deviceProperties``
 ``distributedInfo`` (the rank HolisticTraceAnalysis keys traces by),
 ``baseTimeNanoseconds`` (the Unix time of ``ts`` 0).
 
-Bounded: the events come from the operations the analysis kept (the newest
-``record_limit``): at most four events per operation, plus one per iteration and the
-metadata.  :func:`activity_from_events` reads them back as an
-:class:`~..common.gpu_records.ActivityBatch` on the agent's clock, which the same
+Bounded: the events come from the operations the analysis kept (at most
+``record_limit``, whole iterations first:
+:class:`~..analysis.gpu_analysis.AttributedKeeper`): at most four events per operation,
+plus one per iteration and the metadata.  :func:`activity_from_events` reads them back as
+an :class:`~..common.gpu_records.ActivityBatch` on the agent's clock, which the same
 attribution turns into the same figures (``report`` on a saved trace).
 """
 
@@ -51,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..analysis.gpu_analysis import GpuAnalysis
+from ..analysis.gpu_analysis import COUNTED, WARMUP, GpuAnalysis
 from ..analysis.gpu_attribution import K_ITER, AttributedOps
 from ..analysis.gpu_clock import fit
 from ..analysis.gpu_figures import GpuFigures
@@ -334,8 +335,9 @@ def for_trace(analysis: GpuAnalysis, meta: Mapping[str, Any], *, pid: int, start
     """The GPU events of ``analysis`` for a trace of process ``pid`` (the live agent's at
     exit, a replay's): the operations it kept (those launched inside ``span``, agent ns,
     when given), ``ProfilerStep#N`` over the loop thread's iterations among
-    ``rows_by_thread`` (the recorder's rows), and the top-level fields from ``meta`` (the
-    run record)."""
+    ``rows_by_thread`` (the recorder's rows; when the keeper dropped operations of
+    iterations, over those it kept whole only: each step holds all its kernels), and the
+    top-level fields from ``meta`` (the run record)."""
     records = analysis.records()
     if span is not None and len(records):
         launch = records.attr.api_start
@@ -343,6 +345,10 @@ def for_trace(analysis: GpuAnalysis, meta: Mapping[str, Any], *, pid: int, start
     encoded = encode(records, pid=pid, start_ns=start_ns, names=analysis.names,
                      range_names=analysis.range_names, link_keys=analysis.link_keys)
     iterations = iteration_rows(analysis, rows_by_thread, loop_tid)
+    keeper = analysis.keeper
+    if keeper.dropped_by[WARMUP] or keeper.dropped_by[COUNTED]:
+        whole = keeper.complete_iterations()  # a ProfilerStep only where all its work is
+        iterations = [it for it in iterations if (it[0], it[2]) in whole]
     if span is not None:
         iterations = [it for it in iterations if it[1] >= span[0] and it[2] <= span[1]]
     events = encoded.events + profiler_steps(iterations, pid=pid, start_ns=start_ns)
