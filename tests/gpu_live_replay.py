@@ -280,7 +280,7 @@ def idle_shares(ours: dict[str, float], hta: dict[str, float]
     """Each HTA idle category's share of the idle time, HTA's and the agent's (its causes
     that make the category; copies are no idle time to HTA)."""
     mine = {k: sum(ours.get(c, 0.0) for c in causes) for k, causes in HTA_IDLE.items()}
-    total_mine, total_hta = sum(mine.values()), sum(hta.values())
+    total_mine, total_hta = sum(mine.values()) or 1.0, sum(hta.values()) or 1.0
     return {k: (hta.get(k, 0.0) / total_hta, mine[k] / total_mine) for k in HTA_IDLE}
 
 
