@@ -247,6 +247,8 @@ def test_holistic_trace_analysis_reads_the_live_trace(live, tmp_path):
     shares = idle_shares(fig.idle_ms, hta["idle"])
     for category, (theirs, ours) in shares.items():
         assert abs(theirs - ours) < 0.05, (category, shares)
+    # and on the whole trace as written, with HTA's default options
+    assert hta_as_written(live.path, tmp_path / "as_written")["steps"] == list(range(14))
     print(f"{live.name}: HTA busy {hta['busy']:.4f}, active {hta['active']:.4f}; ours busy "
           f"{fig.busy_share:.4f}, active {fig.active_share:.4f}; HTA idle (us) {hta['idle']}")
 
