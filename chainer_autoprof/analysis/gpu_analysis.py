@@ -76,7 +76,7 @@ class _Block:
         self.items = items
         self.group_of = group_of
         self.groups = groups
-        self.dead = np.zeros(len(group_of), dtype=bool)
+        self.dead: npt.NDArray[np.bool_] | None = None  # none dead yet
         self.live = len(group_of)
         self.size = len(group_of)
 
@@ -93,6 +93,14 @@ class _Group:
         self.parts: list[tuple[_Block, int]] = []
         self.rows = 0
         self.complete = True             # none of its operations dropped
+
+
+def _copied(items: AttributedOps, a: int, b: int) -> AttributedOps:
+    """Rows ``a:b`` of ``items``, copied (a view would keep every row's memory alive)."""
+    ops, attr = items.ops, items.attr
+    return AttributedOps(
+        type(ops)(**{c: getattr(ops, c)[a:b].copy() for c in ops.columns()}),
+        type(attr)(**{c: getattr(attr, c)[a:b].copy() for c in attr.columns()}))
 
 
 class AttributedKeeper:
@@ -128,32 +136,41 @@ class AttributedKeeper:
         if not n:
             return
         one_thread = bool((tid == tid[0]).all())
-        if self._dropped_upto:  # late operations of an iteration already dropped
-            upto = np.full(n, -1, dtype=np.int64)
-            for t in ([int(tid[0])] if one_thread else np.unique(tid).tolist()):
-                if t in self._dropped_upto:
-                    upto[tid == t] = self._dropped_upto[t]
-            late = (ordinal >= 0) & (ordinal <= upto)
+        lowest = int(ordinal.min())
+        if self._dropped_upto and not (  # late operations of an iteration already dropped
+                one_thread and lowest > self._dropped_upto.get(int(tid[0]), -1)):
+            if one_thread:
+                late = ordinal <= self._dropped_upto.get(int(tid[0]), -1)
+            else:
+                upto = np.full(n, -1, dtype=np.int64)
+                for t in np.unique(tid).tolist():
+                    if t in self._dropped_upto:
+                        upto[tid == t] = self._dropped_upto[t]
+                late = ordinal <= upto
+            late &= ordinal >= 0
             if late.any():
                 self._count_dropped(items.take(late))
                 items = items.take(~late)
                 ordinal, tid = items.attr.iteration, items.attr.tid
                 n = len(ordinal)
+                lowest = int(ordinal.min()) if n else 0
         if not self.limit or not n:
             self._count_dropped(items)
             return
-        # each row's group: (thread, iteration), or outside any iteration
+        # each row's group: (thread, iteration), or outside any iteration (ordinal -1)
         if one_thread:
-            key = ordinal + 1
+            key = ordinal
         else:
-            key = (np.searchsorted(np.unique(tid), tid) << 40) + ordinal + 1
-        key = np.where(ordinal < 0, 0, key)
+            key = (np.searchsorted(np.unique(tid), tid) << 40) + ordinal
+            if lowest < 0:
+                key[ordinal < 0] = -1
         change = key[1:] != key[:-1]
         if not change.any() or bool(np.all(key[1:] >= key[:-1])):  # in order: no sort
             starts = np.flatnonzero(change) + 1
             counts = np.diff(starts, prepend=0, append=n)
             firsts = np.concatenate((np.zeros(1, np.int64), starts))
-            group_of = np.zeros(n, dtype=np.int64)
+            group_of = np.empty(n, dtype=np.int64)
+            group_of[0] = 0
             np.cumsum(change, out=group_of[1:])
         else:
             _uniq, firsts, inverse, counts = np.unique(
@@ -211,8 +228,10 @@ class AttributedKeeper:
         for block, locals_ in victims.values():
             dead = np.isin(block.group_of, locals_) if len(locals_) > 1 else \
                 block.group_of == locals_[0]
-            block.live -= int((dead & ~block.dead).sum())
-            block.dead |= dead
+            if block.dead is not None:  # a group's rows die once: the others' stay
+                dead |= block.dead
+            block.live = block.size - int(np.count_nonzero(dead))
+            block.dead = dead
         self._compact([block for block, _ in victims.values()])
 
     def _trim(self, group: _Group, count: int) -> None:
@@ -227,6 +246,8 @@ class AttributedKeeper:
         touched = []
         while count > 0:
             block, local = group.parts[0]
+            if block.dead is None:
+                block.dead = np.zeros(block.size, dtype=bool)
             rows = np.flatnonzero((block.group_of == local) & ~block.dead)
             n = min(count, len(rows))
             block.dead[rows[:n]] = True
@@ -244,15 +265,20 @@ class AttributedKeeper:
         for block in touched:
             if not block.live:
                 block.groups = []
-            elif block.live * 2 < block.size:
+            elif block.live * 2 < block.size and block.dead is not None:
                 live = np.flatnonzero(~block.dead)
-                block.items = block.items.take(live)
-                block.group_of = block.group_of[live]
-                block.dead = np.zeros(len(live), dtype=bool)
+                a, b = int(live[0]), int(live[-1]) + 1
+                if b - a == len(live):  # one run of rows (the usual): copied, not gathered
+                    block.items = _copied(block.items, a, b)
+                    block.group_of = block.group_of[a:b].copy()
+                else:
+                    block.items = block.items.take(live)
+                    block.group_of = block.group_of[live]
+                block.dead = None
                 block.size = len(live)
 
     def records(self) -> AttributedOps:
-        return AttributedOps.concat([b.items.take(~b.dead) if b.live < b.size else b.items
+        return AttributedOps.concat([b.items if b.dead is None else b.items.take(~b.dead)
                                      for b in self.blocks])
 
     def complete_iterations(self) -> set[tuple[int, int]]:
