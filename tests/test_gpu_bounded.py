@@ -289,6 +289,6 @@ def test_the_trace_keeps_whole_iterations_before_what_ran_outside_them():
     assert kept.ops.correlation.min() == 20_050
     assert keeper.complete_iterations() == set()
     note = keeper.note()
-    assert note is not None and note.startswith(
-        "the trace keeps the GPU operations of 0 whole iterations (its record limit): "
-        "left out 12 iterations' (")
+    assert note == ("the trace keeps 0 whole iterations' GPU operations (record limit); "
+                    f"left out: 12 iterations' ({sum(keeper.dropped_by[1:])}), 50 outside any "
+                    "iteration; the figures count all")

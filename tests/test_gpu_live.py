@@ -366,8 +366,8 @@ def test_over_the_record_limit_the_trace_keeps_whole_iterations_not_the_evaluati
     assert not evaluation & {e["args"]["correlation"] for e in ops}
     keeper = run.outcome.analysis.keeper
     assert keeper.dropped == len(rec.batch.ops) - len(ops)
-    note = (f"the trace keeps the GPU operations of {len(steps)} whole iterations (its record "
-            f"limit): left out {15 - len(steps)} iterations'")
+    note = (f"the trace keeps {len(steps)} whole iterations' GPU operations (record limit); "
+            f"left out: {15 - len(steps)} iterations' (")
     assert any(line.startswith(note) for line in run.stats.gpu_activity["notes"])
     assert f"note: {note}" in format_summary(run.stats)
     # HolisticTraceAnalysis on the trace as written, as a user calls it

@@ -295,13 +295,12 @@ class AttributedKeeper:
         parts = []
         if within:
             parts.append(f"{figures.count(self.dropped_iterations)} iterations' "
-                         f"({figures.count(within)} operations)")
+                         f"({figures.count(within)})")
         if outside:
-            parts.append(f"{figures.count(outside)} operations outside any iteration")
+            parts.append(f"{figures.count(outside)} outside any iteration")
         kept = len(self.complete_iterations())
-        return (f"the trace keeps the GPU operations of {figures.count(kept)} whole "
-                f"iterations (its record limit): left out {', '.join(parts)}; the figures "
-                "count them all")
+        return (f"the trace keeps {figures.count(kept)} whole iterations' GPU operations "
+                f"(record limit); left out: {', '.join(parts)}; the figures count all")
 
 
 class GpuAnalysis:
