@@ -85,7 +85,8 @@ def with_evaluation(name: str, repeats: int, gap_ns: int = 5_000_000) -> Recordi
     rec = read_recording(str(DATA / name / "cupti_activity.json.gz"))
     trace = read_trace(str(DATA / name / "agent_trace.json"))
     ops, api = rec.batch.ops, rec.batch.api
-    last = max(r.t1 for r in trace.ranges if r.category == range_names.ITERATION)
+    last = int(trace.meta["clock"]["perf_counter_ns_at_start"]) + max(
+        r.t1 for r in trace.ranges if r.category == range_names.ITERATION)
     pairs = rec.clock
     slope = (pairs.cupti_ns[-1] - pairs.cupti_ns[0]) / (pairs.perf_ns[-1] - pairs.perf_ns[0])
     last_cupti = int(pairs.cupti_ns[0] + (last - pairs.perf_ns[0]) * slope)
