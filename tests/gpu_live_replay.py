@@ -77,6 +77,39 @@ def as_cupti_records(rec: Recording) -> list[SimpleNamespace]:
     return [r for _t, r in out]
 
 
+def with_evaluation(name: str, repeats: int, gap_ns: int = 5_000_000) -> Recording:
+    """Recording ``name`` with an evaluation after training: the last iteration's GPU
+    operations ``repeats`` times more, back to back, ``gap_ns`` after the last iteration
+    ended and after the GPU finished, each launched by the loop thread (its own launching
+    call, new correlation ids) outside any iteration."""
+    rec = read_recording(str(DATA / name / "cupti_activity.json.gz"))
+    trace = read_trace(str(DATA / name / "agent_trace.json"))
+    ops, api = rec.batch.ops, rec.batch.api
+    last = int(trace.meta["clock"]["perf_counter_ns_at_start"]) + max(
+        r.t1 for r in trace.ranges if r.category == range_names.ITERATION)
+    pairs = rec.clock
+    slope = (pairs.cupti_ns[-1] - pairs.cupti_ns[0]) / (pairs.perf_ns[-1] - pairs.perf_ns[0])
+    last_cupti = int(pairs.cupti_ns[0] + (last - pairs.perf_ns[0]) * slope)
+    per_iteration = len(ops) // 15
+    template = ops.take(np.argsort(ops.start, kind="stable")[-per_iteration:])
+    by_corr = np.argsort(api.correlation, kind="stable")
+    calls = api.take(by_corr[np.searchsorted(api.correlation[by_corr], template.correlation)])
+    assert np.array_equal(calls.correlation, template.correlation)
+    dur = template.end - template.start
+    n = per_iteration * repeats
+    start = max(last_cupti, int(ops.end.max())) + gap_ns + np.cumsum(
+        np.tile(dur + 2_000, repeats)) - np.tile(dur + 2_000, repeats)[0]
+    corr = int(max(ops.correlation.max(), api.correlation.max())) + 1 + np.arange(n)
+    new_ops = template.take(np.tile(np.arange(per_iteration), repeats))
+    new_ops.start, new_ops.end, new_ops.correlation = start, start + np.tile(dur, repeats), corr
+    new_api = calls.take(np.tile(np.arange(per_iteration), repeats))
+    new_api.start, new_api.end, new_api.correlation = start - 8_000, start - 3_000, corr
+    batch = gpu_records.ActivityBatch(gpu_records.GpuOps.concat([ops, new_ops]),
+                                      gpu_records.ApiCalls.concat([api, new_api]),
+                                      rec.batch.external, rec.batch.names)
+    return Recording(batch, rec.clock, rec.external_names, rec.description)
+
+
 def replay_clock(start_ns: int, end_ns: int) -> Callable[[], int]:
     """The recorded process's clock for the tracer: its start first, then its end."""
     calls = [0]
@@ -103,10 +136,13 @@ class LiveReplay:
 def replay_live(name: str, out_dir: Path, *, buffers: int = 12, block_rows: int = 64,
                 record_limit: int = 200_000, summary: bool = False,
                 collector_records: Callable[[Recording], list[Any]] = as_cupti_records,
-                pace_s: float = 0.1, window: bool = False) -> LiveReplay:
-    """Replay recording ``name`` through the live path and write its trace in ``out_dir``."""
+                pace_s: float = 0.1, window: bool = False,
+                recording: Recording | None = None) -> LiveReplay:
+    """Replay recording ``name`` (its CUPTI records: ``recording`` when given) through the
+    live path and write its trace in ``out_dir``."""
     trace = read_trace(str(DATA / name / "agent_trace.json"))
-    rec = read_recording(str(DATA / name / "cupti_activity.json.gz"))
+    rec = recording if recording is not None else read_recording(
+        str(DATA / name / "cupti_activity.json.gz"))
     meta = trace.meta
     start = int(meta["clock"]["perf_counter_ns_at_start"])
     end = start + int(meta["clock"]["duration_ns"])
@@ -214,6 +250,39 @@ def hta_figures(trace_json: dict[str, Any], folder: Path) -> dict[str, Any]:
             "idle_us": row["idle_time(us)"],
             "idle": {r["idle_category"]: r["idle_time"]
                      for r in idle[["idle_category", "idle_time"]].to_dict("records")}}
+
+
+def hta_as_written(path: Path, folder: Path) -> dict[str, Any]:
+    """HolisticTraceAnalysis on a trace as written, as a user calls it (default options):
+    its steps, and its temporal and idle-time breakdowns, each checked to hold."""
+    import logging
+
+    from hta.trace_analysis import TraceAnalysis
+
+    logging.getLogger("hta").setLevel(logging.ERROR)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "rank0.json").write_text(path.read_text())
+    ta = TraceAnalysis(trace_dir=str(folder))
+    temporal = ta.get_temporal_breakdown(visualize=False)
+    idle, _stats = ta.get_idle_time_breakdown(visualize=False)
+    row = temporal.iloc[0]
+    assert row["kernel_time(us)"] > 0 and row["compute_time(us)"] > 0
+    assert abs(idle["idle_time"].sum() - row["idle_time(us)"]) <= 0.01 * row["idle_time(us)"]
+    return {"steps": ta.get_profiler_steps(), "temporal": row, "idle": idle}
+
+
+#: HolisticTraceAnalysis's idle categories -> the agent's idle causes that make each.
+HTA_IDLE = {"host_wait": ("host", "between iterations"), "kernel_wait": ("launch",),
+            "other": ("other",)}
+
+
+def idle_shares(ours: dict[str, float], hta: dict[str, float]
+                ) -> dict[str, tuple[float, float]]:
+    """Each HTA idle category's share of the idle time, HTA's and the agent's (its causes
+    that make the category; copies are no idle time to HTA)."""
+    mine = {k: sum(ours.get(c, 0.0) for c in causes) for k, causes in HTA_IDLE.items()}
+    total_mine, total_hta = sum(mine.values()) or 1.0, sum(hta.values()) or 1.0
+    return {k: (hta.get(k, 0.0) / total_hta, mine[k] / total_mine) for k in HTA_IDLE}
 
 
 def short(link_key: str) -> str:

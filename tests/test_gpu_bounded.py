@@ -10,7 +10,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from chainer_autoprof.analysis.gpu_analysis import GpuAnalysis, Limits
+from chainer_autoprof.analysis.gpu_analysis import AttributedKeeper, GpuAnalysis, Limits
+from chainer_autoprof.analysis.gpu_attribution import AttributedOps, Attribution
 from chainer_autoprof.analysis.gpu_clock import fit
 from chainer_autoprof.analysis.stats import DEPTH_BITS
 from chainer_autoprof.common.gpu_records import (
@@ -241,3 +242,53 @@ def test_a_million_kernels_through_the_live_path_keep_memory_and_the_trace_bound
     assert len(gpu) - len(steps) <= limit  # four events at most per kept operation
     assert len([e for e in gpu if e.get("cat") == "kernel"]) == limit // 4
     assert size < 30e6
+
+
+def kept_ops(iteration: list[int], first_corr: int, tid: int = TID,
+             warmup: int = WARMUP) -> AttributedOps:
+    """Attributed operations, one per entry of ``iteration`` (its ordinal, -1: none)."""
+    n = len(iteration)
+    it = np.asarray(iteration, dtype=np.int64)
+    ops = GpuOps.from_columns(n, {"kind": np.zeros(n), "start": first_corr + np.arange(n),
+                                  "end": first_corr + np.arange(n) + 1,
+                                  "correlation": first_corr + np.arange(n)})
+    attr = Attribution.from_columns(n, {
+        "tid": np.full(n, tid), "iteration": it, "iter_end": np.where(it >= 0, 1000 * it, -1),
+        "counted": (it >= warmup).astype(np.int64)})
+    return AttributedOps(ops, attr)
+
+
+def test_the_trace_keeps_whole_iterations_before_what_ran_outside_them():
+    """Over the limit the keeper drops what ran outside any iteration first (newer or not),
+    then warm-up iterations, then the oldest iterations, whole; an iteration's operations
+    that arrive after it was dropped are dropped too; memory stays within twice the limit."""
+    keeper = AttributedKeeper(100)
+    keeper.add(kept_ops([-1] * 10, 0))                       # start-up
+    for i in range(8):                                        # 3 warm-up, 5 counted
+        keeper.add(kept_ops([i] * 15 + [i + 1] * 5, 100 * (i + 1)))  # the next one begins
+    keeper.add(kept_ops([-1] * 40, 5000))                     # an evaluation after training
+    kept = keeper.records()
+    iterations = sorted(set(kept.attr.iteration.tolist()))
+    # outside (start-up, then the evaluation) and warm-up went first, then iteration 3 whole
+    assert iterations == [4, 5, 6, 7, 8]
+    assert keeper.complete_iterations() == {(TID, 1000 * i) for i in iterations}
+    assert len(kept) == keeper.kept == 4 * 20 + 5
+    assert keeper.dropped_by == [10 + 40, 15 + 2 * 20, 20]
+    # the oldest iterations go whole when more come; late operations of a dropped one too
+    keeper.add(kept_ops([9] * 20 + [10] * 20, 9000))
+    keeper.add(kept_ops([4] * 3, 9900))
+    kept = keeper.records()
+    assert sorted(set(kept.attr.iteration.tolist())) == [6, 7, 8, 9, 10]
+    assert not (kept.attr.iteration == 4).any() and keeper.dropped_by[2] == 3 * 20 + 3
+    assert keeper.dropped_iterations == 6
+    assert sum(len(b.items) for b in keeper.blocks) <= 2 * keeper.limit
+    # an iteration alone larger than the limit keeps its newest operations, and is not whole
+    keeper.add(kept_ops([11] * 150, 20_000))
+    kept = keeper.records()
+    assert len(kept) == 100 and (kept.attr.iteration == 11).all()
+    assert kept.ops.correlation.min() == 20_050
+    assert keeper.complete_iterations() == set()
+    note = keeper.note()
+    assert note == ("the trace keeps 0 whole iterations' GPU operations (record limit); "
+                    f"left out: 12 iterations' ({sum(keeper.dropped_by[1:])}), 50 outside any "
+                    "iteration; the figures count all")

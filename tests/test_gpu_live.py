@@ -5,14 +5,22 @@ own thread, the exit sequence, the trace written through the codec), then read b
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from collections import Counter
 
-import numpy as np
 import pytest
-from gpu_live_replay import forward_kernel_time_by_link, hta_figures, replay_live, short
+from gpu_live_replay import (
+    forward_kernel_time_by_link,
+    hta_as_written,
+    hta_figures,
+    idle_shares,
+    replay_live,
+    short,
+    with_evaluation,
+)
 from headless_browser import Browser, find_browser
 from support import clean_env
 from traces import check_trace_file, nest_per_track
@@ -244,7 +252,7 @@ def _rounded(value):
 def test_holistic_trace_analysis_reads_the_live_trace(live, tmp_path):
     """HTA loads the agent's trace, finds its iterations by their ProfilerStep marks, and its
     temporal and idle-time breakdowns over the counted iterations give a busy share within 5
-    points of the agent's."""
+    points of the agent's, and each idle category a share within 5 points of the agent's."""
     pytest.importorskip(
         "hta.trace_analysis",
         reason="HolisticTraceAnalysis is not installed (it comes with the test extra: "
@@ -257,6 +265,12 @@ def test_holistic_trace_analysis_reads_the_live_trace(live, tmp_path):
     assert abs(hta["busy"] - fig.busy_share) < 0.05
     assert abs(hta["active"] - fig.active_share) < 0.05
     assert sum(hta["idle"].values()) == pytest.approx(hta["idle_us"], rel=0.01)
+    # the idle time splits alike: host wait, kernel wait (launch latency), other
+    shares = idle_shares(fig.idle_ms, hta["idle"])
+    for category, (theirs, ours) in shares.items():
+        assert abs(theirs - ours) < 0.05, (category, shares)
+    # and on the whole trace as written, with HTA's default options
+    assert hta_as_written(live.path, tmp_path / "as_written")["steps"] == list(range(14))
     print(f"{live.name}: HTA busy {hta['busy']:.4f}, active {hta['active']:.4f}; ours busy "
           f"{fig.busy_share:.4f}, active {fig.active_share:.4f}; HTA idle (us) {hta['idle']}")
 
@@ -335,26 +349,57 @@ def test_html_report_shows_the_gpu_activity(live, tmp_path):
 
 # -- bounds ---------------------------------------------------------------------------------------
 
-def test_the_trace_keeps_the_newest_operations_within_the_record_limit(tmp_path):
-    """A record limit of 1,000 ranges keeps 250 GPU operations (four events each at most)."""
-    run = replay_live("b16", tmp_path, record_limit=1000)
+def test_over_the_record_limit_the_trace_keeps_whole_iterations_not_the_evaluation(tmp_path):
+    """A record limit of 2,000 ranges keeps 500 GPU operations; an evaluation after training
+    launches 1,030 more.  The trace drops what ran outside the iterations first, then the
+    oldest iterations, whole: every ProfilerStep it keeps holds every kernel launched in
+    its iteration, the summary says what was left out, and HolisticTraceAnalysis's
+    temporal and idle-time breakdowns run on the trace as written."""
+    pytest.importorskip(
+        "hta.trace_analysis",
+        reason="HolisticTraceAnalysis is not installed (it comes with the test extra: "
+               "pip install -e '.[test]')")
+    rec = with_evaluation("b16", repeats=10)
+    run = replay_live("b16", tmp_path, record_limit=2000, recording=rec, pace_s=0.02)
+    fig = figures_of(run)
+    assert fig.ops["kernel"] + fig.ops["memcpy"] == len(rec.batch.ops)  # the figures: all
     data = json.loads(run.path.read_text())
-    ops = [e for e in data["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy")]
-    assert len(ops) == 250
-    gpu = [e for e in data["traceEvents"] if gpu_events.is_gpu_event(e) and e["ph"] != "M"]
-    assert len(gpu) <= 1000 + 15  # the operations' events, and the ProfilerStep marks
-    kept_start = min(e["ts"] for e in ops)
-    every = run.outcome.analysis  # the figures still cover every operation
-    assert run.outcome.figures.ops["kernel"] == int(
-        (run.recording.batch.ops.kind == KERNEL).sum())
-    assert every.keeper.dropped == len(run.recording.batch.ops) - 250
-    latest = np.sort(run.recording.batch.ops.end)[-250:]
-    assert kept_start > 0 and len(latest) == 250
+    events = data["traceEvents"]
+    ops = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    assert 0 < len(ops) <= 500
+    # the kernels each step holds (launched inside it) against those its iteration launched
+    start = data["otherData"]["chainer_autoprof"]["clock"]["perf_counter_ns_at_start"]
+    launch_of = {e["args"]["correlation"]: e["ts"] for e in events
+                 if e.get("cat") in ("cuda_runtime", "cuda_driver")}
+    api = rec.batch.api
+    recorded_launch = dict(zip(api.correlation.tolist(), (
+        run.session.analysis.attributor.clock.to_agent(api.start) - start).tolist()))
+    kernels = rec.batch.ops.correlation[rec.batch.ops.kind == KERNEL].tolist()
+    in_trace = {e["args"]["correlation"] for e in ops if e["cat"] == "kernel"}
+    steps = [e for e in events if e.get("cat") == "user_annotation"]
+    numbers = [int(e["name"].split("#")[1]) for e in steps]
+    assert numbers == list(range(15 - len(steps), 15)) and len(steps) >= 3  # the newest
+    for step in steps:
+        t0, t1 = step["ts"] * 1000, (step["ts"] + step["dur"]) * 1000
+        launched = {c for c in kernels if t0 <= recorded_launch[c] <= t1}
+        held = {c for c in in_trace if t0 <= launch_of[c] * 1000 <= t1}
+        assert len(launched) > 50 and held == launched, step["name"]
+    evaluation = set(rec.batch.ops.correlation[-1030:].tolist())
+    assert not evaluation & {e["args"]["correlation"] for e in ops}
+    keeper = run.outcome.analysis.keeper
+    assert keeper.dropped == len(rec.batch.ops) - len(ops)
+    note = (f"the trace keeps {len(steps)} whole iterations' GPU operations (record limit); "
+            f"left out: {15 - len(steps)} iterations' (")
+    assert any(line.startswith(note) for line in run.stats.gpu_activity["notes"])
+    assert f"note: {note}" in format_summary(run.stats)
+    # HolisticTraceAnalysis on the trace as written, as a user calls it
+    hta = hta_as_written(run.path, tmp_path / "hta")
+    assert hta["steps"] == numbers[:-1]  # the last step left out by default
 
 
 def test_with_a_capture_window_the_trace_keeps_the_operations_of_iterations_only(tmp_path):
-    """What runs after a capture window would push its operations out of the newest kept:
-    with a window, only those launched in an iteration are kept (the figures count all)."""
+    """With a window, only the operations launched in an iteration are kept (the figures
+    count all), and HolisticTraceAnalysis's breakdowns run on that trace."""
     run = replay_live("b16", tmp_path, window=True, pace_s=0.02)
     kept = run.outcome.analysis.records()
     assert len(kept) and (kept.attr.iteration >= 0).all()
@@ -363,3 +408,5 @@ def test_with_a_capture_window_the_trace_keeps_the_operations_of_iterations_only
     assert outside > 0  # the model's arrays copied to the GPU before training
     assert run.outcome.analysis.keeper.dropped == 0
     assert sum(run.outcome.figures.ops.values()) == every
+    if importlib.util.find_spec("hta") is not None:
+        assert hta_as_written(run.path, tmp_path / "hta")["steps"]

@@ -7,10 +7,13 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
+from gpu_live_replay import hta_as_written, idle_shares
 from traces import check_trace_file, nest_per_track
 
 from chainer_autoprof.analysis.gpu_clock import fit
+from chainer_autoprof.common import names
 from chainer_autoprof.common.gpu_records import ClockPairs, NameTable, read_recording
 from chainer_autoprof.report import gpu_events, gpu_replay
 from chainer_autoprof.report.tracefile import open_trace, read_trace
@@ -124,7 +127,8 @@ def test_a_saved_trace_gives_back_the_same_figures(name, tmp_path):
 def test_holistic_trace_analysis_reads_the_trace(name, tmp_path):
     """HolisticTraceAnalysis loads the trace, finds the counted iterations by their
     ProfilerStep marks, runs its temporal and idle-time breakdowns, and over the same span
-    its GPU busy share is within 5 points of ours."""
+    its GPU busy share is within 5 points of ours, and so is each idle category's share
+    (host wait, kernel wait, other: the agent's split follows HTA's rules)."""
     hta = pytest.importorskip(
         "hta.trace_analysis",
         reason="HolisticTraceAnalysis is not installed (it comes with the test extra: "
@@ -145,7 +149,44 @@ def test_holistic_trace_analysis_reads_the_trace(name, tmp_path):
     assert abs(row["compute_time(us)"] / row["kernel_time(us)"] - figures.busy_share) < 0.05
     assert set(idle["stream"]) == {7} and idle["idle_time"].sum() == pytest.approx(
         row["idle_time(us)"], rel=0.01)
+    # the idle time splits alike: host wait, kernel wait (launch latency), other
+    hta_idle = {r["idle_category"]: r["idle_time"]
+                for r in idle[["idle_category", "idle_time"]].to_dict("records")}
+    shares = idle_shares(figures.idle_ms, hta_idle)
+    for category, (theirs, ours) in shares.items():
+        assert abs(theirs - ours) < 0.05, (category, shares)
+    dominant = "host_wait" if name == "b16" else "kernel_wait"
+    assert shares[dominant][1] > 0.9
     print(f"{name}: HTA busy {hta_active:.4f} (compute "
           f"{row['compute_time(us)'] / row['kernel_time(us)']:.4f}), ours busy "
           f"{figures.busy_share:.4f} active {figures.active_share:.4f}; HTA idle "
           f"{idle[['idle_category', 'idle_time']].to_dict('records')}")
+
+
+def test_an_iteration_without_its_gpu_work_gets_no_profiler_step(tmp_path):
+    """A ProfilerStep is written only over an iteration whose GPU operations the trace holds:
+    with iteration 7's operations gone from the recording, its step is gone too, and
+    HolisticTraceAnalysis's breakdowns still run on the trace."""
+    pytest.importorskip(
+        "hta.trace_analysis",
+        reason="HolisticTraceAnalysis is not installed (it comes with the test extra: "
+               "pip install -e '.[test]')")
+    source = DATA / "b16" / "agent_trace.json"
+    trace = read_trace(str(source))
+    rec = read_recording(str(DATA / "b16" / "cupti_activity.json.gz"))
+    start = trace.meta["clock"]["perf_counter_ns_at_start"]  # ranges: ns since the start
+    iterations = sorted((r.t0, r.t1) for r in trace.ranges if r.category == names.ITERATION)
+    t0, t1 = (start + t for t in iterations[7])
+    api = rec.batch.api
+    launch = dict(zip(api.correlation.tolist(), fit(rec.clock).to_agent(api.start).tolist()))
+    ops = rec.batch.ops
+    keep = np.array([not t0 <= launch.get(c, -1) <= t1 for c in ops.correlation.tolist()])
+    assert (~keep).sum() > 50
+    rec.batch.ops = ops.take(keep)
+    analysis = gpu_replay.replay(trace, rec)
+    data = gpu_replay.with_gpu_events(open_trace(str(source)), trace, analysis)
+    steps = [e["name"] for e in data["traceEvents"] if e.get("cat") == "user_annotation"]
+    assert steps == [f"ProfilerStep#{i}" for i in range(15) if i != 7]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(data))
+    assert hta_as_written(path, tmp_path / "hta")["steps"] == [i for i in range(14) if i != 7]

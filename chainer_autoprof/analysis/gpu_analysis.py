@@ -2,10 +2,10 @@
 
 :class:`GpuAnalysis` composes :class:`~.gpu_attribution.LaunchAttributor` (which range
 launched each operation), :class:`~.gpu_figures.GpuFigureBuilder` (the figures) and a
-bounded keeper of attributed operations for the trace (the newest ``record_limit``, as
-the recorder keeps ranges).  The same object serves the live agent (fed from the
-recorder's blocks and the collector's buffers) and a replay of a recording (fed from a
-saved trace and the recording's batches): one code path.
+bounded keeper of attributed operations for the trace (at most ``record_limit``: whole
+iterations, the newest first, before what ran outside them).  The same object serves the
+live agent (fed from the recorder's blocks and the collector's buffers) and a replay of a
+recording (fed from a saved trace and the recording's batches): one code path.
 
 Feeding: :meth:`add_name` for each range name (as the recorder's ``prepare``),
 :meth:`feed_ranges` with each thread's blocks of rows ``(name index, t0, t1, depth)``
@@ -18,7 +18,8 @@ Memory, bounded by the limits (defaults in brackets): the newest ``max_api`` API
 thread's ranges, at most ``max_pending`` [2**16] per waiting thread, at 320 bytes;
 per thread the newest ``max_ranges`` ranges [2**17] at 40 bytes; per device a reorder
 pool of ``max_pool`` operations [2**16] at 56 bytes; the ``record_limit`` operations
-kept for the trace [50,000] at 320 bytes; the figures' per-iteration lists as the
+kept for the trace [50,000] at 320 bytes (and as many dropped, until their block is
+copied); the figures' per-iteration lists as the
 aggregator's.  About 60 MB at most with the defaults for one training thread on one
 GPU, whatever the length of the run
 (``tests/test_gpu_bounded.py``: a million kernels in the memory of 100,000).
@@ -26,17 +27,21 @@ GPU, whatever the length of the run
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
+from ..common import figures
 from ..common.gpu_records import ActivityBatch, NameTable
 from .gpu_attribution import AttributedOps, LaunchAttributor
 from .gpu_clock import ClockMap
 from .gpu_figures import GpuFigureBuilder, GpuFigures
 from .stats import MAX_KEPT_ITERATIONS
+
+Int64Array = npt.NDArray[np.int64]
 
 if TYPE_CHECKING:
     from ..common.typedefs import RangeRows
@@ -53,46 +58,249 @@ class Limits:
     max_kept: int = MAX_KEPT_ITERATIONS
 
 
+#: What the trace keeps of the GPU operations, the first dropped first: those launched
+#: outside any iteration (start-up, an evaluation after training), warm-up iterations',
+#: counted iterations'.
+OUTSIDE, WARMUP, COUNTED = 0, 1, 2
+
+
+class _Block:
+    """A block of kept operations as it came, each row's group (an index in ``groups``);
+    rows of dropped groups stay, marked dead, until half of the block is dead, then the
+    live rows are copied."""
+
+    __slots__ = ("dead", "group_of", "groups", "items", "live", "size")
+
+    def __init__(self, items: AttributedOps, group_of: Int64Array,
+                 groups: list[_Group]) -> None:
+        self.items = items
+        self.group_of = group_of
+        self.groups = groups
+        self.dead: npt.NDArray[np.bool_] | None = None  # none dead yet
+        self.live = len(group_of)
+        self.size = len(group_of)
+
+
+class _Group:
+    """The kept operations of one iteration of one thread (or one block's operations outside
+    any iteration): ``parts``, each a block and the group's index there, oldest first."""
+
+    __slots__ = ("complete", "iter_end", "key", "parts", "rows")
+
+    def __init__(self, key: tuple[int, int, int], iter_end: int) -> None:
+        self.key = key                   # (OUTSIDE/WARMUP/COUNTED, ordinal or arrival, tid)
+        self.iter_end = iter_end
+        self.parts: list[tuple[_Block, int]] = []
+        self.rows = 0
+        self.complete = True             # none of its operations dropped
+
+
+def _copied(items: AttributedOps, a: int, b: int) -> AttributedOps:
+    """Rows ``a:b`` of ``items``, copied (a view would keep every row's memory alive)."""
+    ops, attr = items.ops, items.attr
+    return AttributedOps(
+        type(ops)(**{c: getattr(ops, c)[a:b].copy() for c in ops.columns()}),
+        type(attr)(**{c: getattr(attr, c)[a:b].copy() for c in attr.columns()}))
+
+
 class AttributedKeeper:
-    """The newest ``limit`` attributed operations (older ones dropped and counted)."""
+    """The operations the trace keeps, at most ``limit``, whole iterations first.
+
+    Over the limit, whole groups go, in this order: the operations launched outside any
+    iteration (oldest first), warm-up iterations, counted iterations (oldest first); an
+    iteration's operations that come after it was dropped are dropped as they come.  So
+    every iteration kept holds all its operations (:meth:`complete_iterations`: the
+    ``ProfilerStep`` marks the trace keeps), and an evaluation after training never
+    pushes the training's iterations out.  Only an iteration alone larger than the limit
+    keeps its newest operations, and then counts as incomplete.  Memory: the kept rows,
+    and at most as many dropped ones waiting in half-live blocks.
+    """
 
     def __init__(self, limit: int) -> None:
         self.limit = max(0, limit)
-        self.blocks: deque[AttributedOps] = deque()
+        self.blocks: list[_Block] = []
+        self.groups: dict[tuple[int, int, int], _Group] = {}
+        self._heap: list[tuple[int, int, int]] = []
+        self._dropped_upto: dict[int, int] = {}  # tid -> its newest iteration dropped
+        self._arrivals = 0
         self.kept = 0
         self.dropped = 0
+        #: operations dropped, by OUTSIDE / WARMUP / COUNTED
+        self.dropped_by = [0, 0, 0]
+        #: iterations whose operations were dropped (all, or all but the newest)
+        self.dropped_iterations = 0
 
     def add(self, items: AttributedOps) -> None:
-        if not len(items):
+        ordinal, tid = items.attr.iteration, items.attr.tid
+        n = len(ordinal)
+        if not n:
             return
-        if not self.limit:
-            self.dropped += len(items)
-            return
-        if len(items) > self.limit:  # only its newest can stay: copied, not a view of all
-            self.dropped += len(items) - self.limit
-            items = _copy_from(items, len(items) - self.limit)
-        self.blocks.append(items)
-        self.kept += len(items)
-        excess = self.kept - self.limit
-        while excess > 0 and self.blocks:
-            oldest = self.blocks[0]
-            if len(oldest) <= excess:
-                self.blocks.popleft()
-                drop = len(oldest)
+        one_thread = bool((tid == tid[0]).all())
+        lowest = int(ordinal.min())
+        if self._dropped_upto and not (  # late operations of an iteration already dropped
+                one_thread and lowest > self._dropped_upto.get(int(tid[0]), -1)):
+            if one_thread:
+                late = ordinal <= self._dropped_upto.get(int(tid[0]), -1)
             else:
-                self.blocks[0] = _copy_from(oldest, excess)  # a view would keep all alive
-                drop = excess
-            self.kept -= drop
-            self.dropped += drop
-            excess -= drop
+                upto = np.full(n, -1, dtype=np.int64)
+                for t in np.unique(tid).tolist():
+                    if t in self._dropped_upto:
+                        upto[tid == t] = self._dropped_upto[t]
+                late = ordinal <= upto
+            late &= ordinal >= 0
+            if late.any():
+                self._count_dropped(items.take(late))
+                items = items.take(~late)
+                ordinal, tid = items.attr.iteration, items.attr.tid
+                n = len(ordinal)
+                lowest = int(ordinal.min()) if n else 0
+        if not self.limit or not n:
+            self._count_dropped(items)
+            return
+        # each row's group: (thread, iteration), or outside any iteration (ordinal -1)
+        if one_thread:
+            key = ordinal
+        else:
+            key = (np.searchsorted(np.unique(tid), tid) << 40) + ordinal
+            if lowest < 0:
+                key[ordinal < 0] = -1
+        change = key[1:] != key[:-1]
+        if not change.any() or bool(np.all(key[1:] >= key[:-1])):  # in order: no sort
+            starts = np.flatnonzero(change) + 1
+            counts = np.diff(starts, prepend=0, append=n)
+            firsts = np.concatenate((np.zeros(1, np.int64), starts))
+            group_of = np.empty(n, dtype=np.int64)
+            group_of[0] = 0
+            np.cumsum(change, out=group_of[1:])
+        else:
+            _uniq, firsts, inverse, counts = np.unique(
+                key, return_index=True, return_inverse=True, return_counts=True)
+            group_of = np.asarray(inverse, dtype=np.int64).reshape(-1)
+        self._arrivals += 1
+        groups: list[_Group] = []
+        block = _Block(items, group_of, groups)
+        attr = items.attr
+        for local, (o, c, t, end, rows) in enumerate(zip(
+                ordinal[firsts].tolist(), attr.counted[firsts].tolist(), tid[firsts].tolist(),
+                attr.iter_end[firsts].tolist(), counts.tolist())):
+            gkey = ((OUTSIDE, self._arrivals, 0) if o < 0 else
+                    (COUNTED if c == 1 else WARMUP, o, t))
+            group = self.groups.get(gkey)
+            if group is None:
+                group = self.groups[gkey] = _Group(gkey, end)
+                heapq.heappush(self._heap, gkey)
+            group.parts.append((block, local))
+            group.rows += rows
+            groups.append(group)
+        self.blocks.append(block)
+        self.kept += n
+        if self.kept > self.limit:
+            self._evict()
+
+    def _count_dropped(self, items: AttributedOps) -> None:
+        attr = items.attr
+        self.dropped += len(items)
+        self.dropped_by[OUTSIDE] += int((attr.iteration < 0).sum())
+        self.dropped_by[WARMUP] += int(((attr.iteration >= 0) & (attr.counted != 1)).sum())
+        self.dropped_by[COUNTED] += int(((attr.iteration >= 0) & (attr.counted == 1)).sum())
+
+    def _evict(self) -> None:
+        """Drop the groups first in line until the rest fits (then free their rows)."""
+        victims: dict[int, tuple[_Block, list[int]]] = {}
+        while self.kept > self.limit:
+            group = self.groups[self._heap[0]]
+            cls, order, tid = group.key
+            if len(self.groups) == 1:  # alone larger than the limit: its newest rows stay
+                self._trim(group, self.kept - self.limit)
+                break
+            heapq.heappop(self._heap)
+            del self.groups[group.key]
+            for block, local in group.parts:
+                victims.setdefault(id(block), (block, []))[1].append(local)
+            group.parts = []  # no cycle left for the collector (a block's arrays in it)
+            self.kept -= group.rows
+            self.dropped += group.rows
+            self.dropped_by[cls] += group.rows
+            if cls != OUTSIDE:
+                if group.complete:
+                    self.dropped_iterations += 1
+                self._dropped_upto[tid] = max(self._dropped_upto.get(tid, -1), order)
+        for block, locals_ in victims.values():
+            dead = np.isin(block.group_of, locals_) if len(locals_) > 1 else \
+                block.group_of == locals_[0]
+            if block.dead is not None:  # a group's rows die once: the others' stay
+                dead |= block.dead
+            block.live = block.size - int(np.count_nonzero(dead))
+            block.dead = dead
+        self._compact([block for block, _ in victims.values()])
+
+    def _trim(self, group: _Group, count: int) -> None:
+        """Drop the oldest ``count`` rows of ``group``."""
+        if group.key[0] != OUTSIDE and group.complete:
+            self.dropped_iterations += 1
+        group.complete = False
+        self.kept -= count
+        self.dropped += count
+        self.dropped_by[group.key[0]] += count
+        group.rows -= count
+        touched = []
+        while count > 0:
+            block, local = group.parts[0]
+            if block.dead is None:
+                block.dead = np.zeros(block.size, dtype=bool)
+            rows = np.flatnonzero((block.group_of == local) & ~block.dead)
+            n = min(count, len(rows))
+            block.dead[rows[:n]] = True
+            block.live -= n
+            count -= n
+            touched.append(block)
+            if n == len(rows):
+                group.parts.pop(0)
+        self._compact(touched)
+
+    def _compact(self, touched: list[_Block]) -> None:
+        """Free the blocks whose rows are all dead, copy the live rows of those half dead."""
+        if any(not block.live for block in touched):
+            self.blocks = [block for block in self.blocks if block.live]
+        for block in touched:
+            if not block.live:
+                block.groups = []
+            elif block.live * 2 < block.size and block.dead is not None:
+                live = np.flatnonzero(~block.dead)
+                a, b = int(live[0]), int(live[-1]) + 1
+                if b - a == len(live):  # one run of rows (the usual): copied, not gathered
+                    block.items = _copied(block.items, a, b)
+                    block.group_of = block.group_of[a:b].copy()
+                else:
+                    block.items = block.items.take(live)
+                    block.group_of = block.group_of[live]
+                block.dead = None
+                block.size = len(live)
 
     def records(self) -> AttributedOps:
-        return AttributedOps.concat(list(self.blocks))
+        return AttributedOps.concat([b.items if b.dead is None else b.items.take(~b.dead)
+                                     for b in self.blocks])
 
+    def complete_iterations(self) -> set[tuple[int, int]]:
+        """``(tid, end of the iteration range)`` of each iteration kept whole."""
+        return {(g.key[2], g.iter_end) for g in self.groups.values()
+                if g.key[0] != OUTSIDE and g.complete}
 
-def _copy_from(items: AttributedOps, start: int) -> AttributedOps:
-    """Rows ``start:`` of ``items``, copied (a slice's view would keep every row's memory)."""
-    return items.take(np.arange(start, len(items)))
+    def note(self) -> str | None:
+        """What the trace left out, in one line (``None``: nothing)."""
+        if not self.dropped:
+            return None
+        outside = self.dropped_by[OUTSIDE]
+        within = self.dropped_by[WARMUP] + self.dropped_by[COUNTED]
+        parts = []
+        if within:
+            parts.append(f"{figures.count(self.dropped_iterations)} iterations' "
+                         f"({figures.count(within)})")
+        if outside:
+            parts.append(f"{figures.count(outside)} outside any iteration")
+        kept = len(self.complete_iterations())
+        return (f"the trace keeps {figures.count(kept)} whole iterations' GPU operations "
+                f"(record limit); left out: {', '.join(parts)}; the figures count all")
 
 
 class GpuAnalysis:
@@ -154,8 +362,13 @@ class GpuAnalysis:
         return self._figures
 
     def records(self) -> AttributedOps:
-        """The attributed operations kept for the trace (the newest ``record_limit``)."""
+        """The attributed operations kept for the trace (at most ``record_limit``, whole
+        iterations first: :class:`AttributedKeeper`)."""
         return self.keeper.records()
+
+    def trace_note(self) -> str | None:
+        """What the trace left out of the operations, one line (``None``: nothing)."""
+        return self.keeper.note()
 
     @property
     def link_keys(self) -> list[str]:

@@ -21,10 +21,17 @@ the last operation's end).  In a window:
 
 * ``busy``: a kernel runs (the union of kernel intervals, all streams);
 * ``copies``: only copies or memsets run;
-* idle, split by the gap's cause: ``host`` (nothing ran because the operation that ended
-  the gap was launched only after the GPU fell idle: the host was late), ``between
-  iterations`` (the gap before the window's end, the next iteration's first operation),
-  ``other`` (the operation had been launched already: launch latency, dependencies).
+* idle (nothing runs), each gap between two operations whole to one cause, by
+  HolisticTraceAnalysis's rules for its idle-time breakdown (``host wait``, ``kernel
+  wait``, ``other``), so that both split the same trace alike: ``host`` (the operation
+  that ends the gap was launched -- its CUDA call started -- after the GPU fell idle: the
+  host was late), ``between iterations`` (the same at a window's end: the gap before the
+  next iteration's first operation, launched after the GPU fell idle; HTA's host wait
+  too), ``launch`` (launched before the GPU fell idle and a gap under
+  :data:`LAUNCH_GAP_NS`: the launch's own latency; HTA's kernel wait) and ``other``
+  (launched before, a longer gap: the operation waited on something else, an event, a
+  dependency; HTA's other).  HTA judges each stream apart; here the gaps are the
+  device's (all streams), which is the same on one stream.
 
 ``busy_share`` = busy / span over the counted windows (``active_share`` adds the copies:
 HolisticTraceAnalysis's non-idle share).  A window's operations may arrive late and out
@@ -53,7 +60,11 @@ TOP_KERNELS = 20
 #: Distinct (kernel, link, direction) keys counted for the top kernels; beyond, "other".
 MAX_KERNEL_KEYS = 4096
 #: Idle categories, in the order of the per-iteration columns.
-IDLE_KEYS = ("host", "copies", "between iterations", "other")
+IDLE_KEYS = ("host", "copies", "between iterations", "launch", "other")
+#: A gap shorter than this before an operation launched while the GPU still ran is the
+#: launch's own latency (HolisticTraceAnalysis's ``consecutive_kernel_delay``, 30: it
+#: compares it with the trace's time unit, microseconds in Kineto's traces and ours).
+LAUNCH_GAP_NS = 30_000
 #: Per-iteration columns (ms): the window, the kernels, then each idle category.
 WINDOW_COLUMNS = ("span", "busy", *IDLE_KEYS)
 _NEG = -(1 << 62)
@@ -205,7 +216,8 @@ class _Timeline:
         self.fa = _NEG                        # union frontier, all operations
         self.fk = _NEG                        # union frontier, kernels
         self.win_start = _NEG
-        # the open window's sums: busy, active (kernels or copies), host, other, between
+        # the open window's sums: busy, active (kernels or copies), host, other, between,
+        # launch
         self.acc = np.zeros(6, dtype=np.int64)
         self.series = Series(max_kept, len(WINDOW_COLUMNS))
         self.totals = np.zeros(len(WINDOW_COLUMNS), dtype=np.int64)  # counted windows
@@ -264,11 +276,14 @@ class _Timeline:
         gap = np.where(fa_prev == _NEG, 0, gap)
         all_c = np.maximum(0, end - np.maximum(start, fa_prev))
         busy_c = np.where(is_kernel, np.maximum(0, end - np.maximum(start, fk_prev)), 0)
-        host = np.where(launch >= 0,
-                        np.clip(np.minimum(launch, start) - fa_prev, 0, gap), 0)
-        host = np.where(boundary, 0, host)
-        other = np.where(boundary, 0, gap - host)
-        between = np.where(boundary, gap, 0)
+        # the whole gap to one cause: the host was late when the call launching the
+        # operation started after everything before had ended (HTA's host wait)
+        late = (launch >= 0) & (launch > fa_prev) & (fa_prev != _NEG)
+        host = np.where(late & ~boundary, gap, 0)
+        between = np.where(late & boundary, gap, 0)
+        short = ~late & (gap < LAUNCH_GAP_NS)
+        launched = np.where(short, gap, 0)
+        other = np.where(~late & ~short, gap, 0)
         # window index inside this chunk: 0 the carried one, then each boundary
         wi = np.cumsum(boundary)
         n_w = int(wi[-1]) + 1 if n else 1
@@ -276,7 +291,8 @@ class _Timeline:
         # gap before a boundary belongs to the window it ends
         gap_w = np.where(boundary, wi - 1, wi)
         for col, values, owner in ((0, busy_c, wi), (1, all_c, wi), (2, host, gap_w),
-                                   (3, other, gap_w), (4, between, gap_w)):
+                                   (3, other, gap_w), (4, between, gap_w),
+                                   (5, launched, gap_w)):
             sums[:, col] += np.bincount(owner, weights=values, minlength=n_w).astype(np.int64)
         # union time that ran on past a boundary moves to the window it ran in
         b_idx = np.flatnonzero(boundary)
@@ -306,10 +322,10 @@ class _Timeline:
     def _close(self, key: int, t0: int, t1: int, s: Int64Array) -> None:
         if key < 0 or key % 2 or t0 == _NEG:
             return  # before the first iteration, or what the loop ran outside one
-        busy, active, host, other, between = (int(x) for x in s[:5])
+        busy, active, host, other, between, launched = (int(x) for x in s[:6])
         span = t1 - t0
         copies = max(0, active - busy)
-        row = (span, busy, host, copies, between, other)
+        row = (span, busy, host, copies, between, launched, other)
         if key // 2 >= self.warmup_skip:
             self.counted += 1
             self.totals += np.array(row, dtype=np.int64)

@@ -141,8 +141,8 @@ WARMUP_MIN_MS = 100.0
 
 #: What each cause of the GPU's idle time is (GPU activity), in the verdict's words.
 IDLE_WORDS = {"host": "waiting for the host to launch", "copies": "waiting for copies",
-              "between iterations": "between iterations", "other": "launch latency and "
-              "dependencies"}
+              "between iterations": "between iterations", "launch": "launch latency",
+              "other": "waiting on dependencies"}
 
 #: Outside-iteration keys that are not part of the training loop.
 _NOT_LOOP = ("startup", "warm-up", "shutdown", "before window", "after window", "unfinished")

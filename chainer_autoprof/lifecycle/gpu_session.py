@@ -20,10 +20,10 @@ Three queues, each filled by a single append and drained by the session's own th
 Bounds: the drain keeps at most :data:`MAX_QUEUED_BLOCKS` blocks and
 :data:`MAX_QUEUED_BATCHES` buffers waiting (the oldest blocks, the newest buffers are
 dropped and counted: a drain that cannot keep up loses figures, never memory); the
-analysis is bounded by its :class:`~..analysis.gpu_analysis.Limits`; the trace keeps the
-newest ``record_limit // 4`` operations (each gives at most four events: the GPU tracks
-add at most ``record_limit`` events), with a capture window only those launched in its
-iterations.
+analysis is bounded by its :class:`~..analysis.gpu_analysis.Limits`; the trace keeps at
+most ``record_limit // 4`` operations, whole iterations first (each gives at most four
+events: the GPU tracks add at most ``record_limit`` events), with a capture window only
+those launched in its iterations.
 
 Exit (:meth:`GpuSession.stop`, after the tracer closed): the collector stops with a bounded
 wait, the drain thread is joined with a bounded wait, the last blocks and buffers are
@@ -376,6 +376,9 @@ class GpuSession:
         c = self.collector
         assert c is not None
         out = list(self.notes)
+        trace_note = self.analysis.trace_note() if self.analysis is not None else None
+        if trace_note:
+            out.append(trace_note)
         if c.dropped_records:
             out.append(f"CUPTI dropped {figures.count(c.dropped_records)} records (its buffers "
                        "were full): the GPU figures miss them")

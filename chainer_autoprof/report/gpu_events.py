@@ -28,7 +28,8 @@ ranges):
 * a flow ``"ac2g"`` from each call (``ph "s"``) to its first GPU operation (``ph "f"``,
   ``bp "e"``), id = the correlation id;
 * ``ProfilerStep#N`` (``cat "user_annotation"``) over each iteration range of the loop
-  thread: how HolisticTraceAnalysis finds iterations;
+  thread whose GPU operations the trace holds, all of them: how HolisticTraceAnalysis
+  finds iterations (a step without its kernels breaks its temporal breakdown);
 * ``External id``: one number per launching range, also given to that range's event
   (:attr:`GpuEvents.range_args`, for the writer's ``event_args``), as Kineto ties an
   operator to its kernels.
@@ -37,10 +38,11 @@ Top-level fields (:func:`trace_fields`): ``schemaVersion``, ``deviceProperties``
 ``distributedInfo`` (the rank HolisticTraceAnalysis keys traces by),
 ``baseTimeNanoseconds`` (the Unix time of ``ts`` 0).
 
-Bounded: the events come from the operations the analysis kept (the newest
-``record_limit``): at most four events per operation, plus one per iteration and the
-metadata.  :func:`activity_from_events` reads them back as an
-:class:`~..common.gpu_records.ActivityBatch` on the agent's clock, which the same
+Bounded: the events come from the operations the analysis kept (at most
+``record_limit``, whole iterations first:
+:class:`~..analysis.gpu_analysis.AttributedKeeper`): at most four events per operation,
+plus one per iteration and the metadata.  :func:`activity_from_events` reads them back as
+an :class:`~..common.gpu_records.ActivityBatch` on the agent's clock, which the same
 attribution turns into the same figures (``report`` on a saved trace).
 """
 
@@ -334,8 +336,9 @@ def for_trace(analysis: GpuAnalysis, meta: Mapping[str, Any], *, pid: int, start
     """The GPU events of ``analysis`` for a trace of process ``pid`` (the live agent's at
     exit, a replay's): the operations it kept (those launched inside ``span``, agent ns,
     when given), ``ProfilerStep#N`` over the loop thread's iterations among
-    ``rows_by_thread`` (the recorder's rows), and the top-level fields from ``meta`` (the
-    run record)."""
+    ``rows_by_thread`` (the recorder's rows) whose GPU operations it kept, all of them (each
+    step holds all its kernels, which HolisticTraceAnalysis's breakdowns need), and the
+    top-level fields from ``meta`` (the run record)."""
     records = analysis.records()
     if span is not None and len(records):
         launch = records.attr.api_start
@@ -343,6 +346,8 @@ def for_trace(analysis: GpuAnalysis, meta: Mapping[str, Any], *, pid: int, start
     encoded = encode(records, pid=pid, start_ns=start_ns, names=analysis.names,
                      range_names=analysis.range_names, link_keys=analysis.link_keys)
     iterations = iteration_rows(analysis, rows_by_thread, loop_tid)
+    whole = analysis.keeper.complete_iterations()  # a step only where all its GPU work is
+    iterations = [it for it in iterations if (it[0], it[2]) in whole]
     if span is not None:
         iterations = [it for it in iterations if it[1] >= span[0] and it[2] <= span[1]]
     events = encoded.events + profiler_steps(iterations, pid=pid, start_ns=start_ns)

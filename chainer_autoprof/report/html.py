@@ -47,7 +47,7 @@ OTHER_COLOR = "#b8b8b8"
 GPU_ROW_COLOR = "#2e7d32"
 #: The GPU's idle time by cause (GPU activity).
 IDLE_COLORS = {"host": "#3d85c6", "copies": "#a05dd6", "between iterations": "#cfcfcf",
-               "other": "#e0c060"}
+               "launch": "#f0a050", "other": "#e0c060"}
 #: The per-iteration key of the agent's waits for the GPU (taken out of the phase they lay in).
 WAIT = "wait"
 OUTSIDE_COLORS = {"iterations": "#76b900", "warm-up": "#d8e8b0", "startup": "#9e9e9e",

@@ -280,8 +280,8 @@ def activity(stats: RunStats) -> GpuFigures | None:
 
 #: What each idle cause of the GPU is, in the summary's words.
 IDLE_LABELS = {"host": "waiting for the host to launch", "copies": "waiting for copies",
-               "between iterations": "between iterations", "other": "other (launch latency, "
-               "dependencies)"}
+               "between iterations": "between iterations", "launch": "launch latency",
+               "other": "other (launched, waiting on a dependency)"}
 
 
 def _activity_lines(stats: RunStats, fig: GpuFigures) -> list[str]:

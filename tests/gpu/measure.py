@@ -1,6 +1,7 @@
 """On a GPU machine (tests/gpu/run.sh): the CNN at batch 512 and 16 under the agent at sync
 level 0, GPU activity off and on; prints the iteration cost of GPU activity, the per-link GPU
-times, the busy share and its idle split, and HolisticTraceAnalysis on the live trace."""
+times, the busy share and its idle split, and HolisticTraceAnalysis on the live trace (its idle
+split beside ours)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from gpu_live_replay import hta_figures  # noqa: E402
+from gpu_live_replay import hta_figures, idle_shares  # noqa: E402
 
 from chainer_autoprof.report.tracefile import read_trace  # noqa: E402
 
@@ -61,6 +62,11 @@ def main() -> int:
               f"{hta['busy']:.1%}, active {hta['active']:.1%} (ours: busy "
               f"{(fig.get('busy_share') or 0):.1%}, active {(fig.get('active_share') or 0):.1%})"
               f"; idle (us) {hta['idle']}")
+        shares = idle_shares(fig.get("idle_ms") or {}, hta["idle"])
+        apart = max(abs(theirs - ours) for theirs, ours in shares.values())
+        print("  idle split, share of the idle time, HTA / ours: " + ", ".join(
+            f"{k} {theirs:.1%} / {ours:.1%}" for k, (theirs, ours) in shares.items())
+              + f"; within 5 points: {'met' if apart < 0.05 else 'not met'}")
     print(f"\ntraces in {out}")
     return 0
 
