@@ -103,9 +103,11 @@ def stream_entries(rec: Recording) -> np.ndarray:
     return entries[np.argsort(ends, kind="stable")]
 
 
-def write_stream(rec: Recording, path: Path) -> int:
-    """Write ``rec`` as the library's stream file; the number of entries."""
-    entries = stream_entries(rec)
+def write_stream(rec: Recording, path: Path, entries: np.ndarray | None = None) -> int:
+    """Write ``rec`` (its names, and ``entries``, by default all its records) as the
+    library's stream file; the number of entries."""
+    if entries is None:
+        entries = stream_entries(rec)
     with open(path, "wb") as f:
         f.write(np.int64(len(rec.batch.names)).tobytes())
         for name in rec.batch.names.names:
@@ -120,11 +122,13 @@ def write_stream(rec: Recording, path: Path) -> int:
 class FakeCupti:
     """The test libcupti loaded in this process, serving one recording."""
 
-    def __init__(self, rec: Recording, folder: Path, *, system_ids: bool = False) -> None:
+    def __init__(self, rec: Recording, folder: Path, *, system_ids: bool = False,
+                 entries: np.ndarray | None = None) -> None:
         self.path = build_library()
         self.lib = ctypes.CDLL(str(self.path))
+        folder.mkdir(parents=True, exist_ok=True)
         stream = folder / "cupti_stream.bin"
-        self.entries = write_stream(rec, stream)
+        self.entries = write_stream(rec, stream, entries)
         if self.lib.cupti_fake_load(str(stream).encode()) != 0:
             raise RuntimeError(f"the test libcupti could not read {stream}")
         pairs = rec.clock

@@ -55,6 +55,7 @@ typedef CUptiResult (*result_string_fn)(CUptiResult, const char **);
 
 static struct {
     void *handle;
+    char *path;
     register_fn register_callbacks;
     kind_fn enable, disable;
     api_switch_fn enable_runtime, enable_driver; /* optional (CUDA 12.? and later) */
@@ -469,14 +470,22 @@ static PyObject *py_load(PyObject *self, PyObject *arg)
     const char *path = PyUnicode_AsUTF8(arg);
     if (path == NULL)
         return NULL;
-    if (lib.handle != NULL)
-        Py_RETURN_NONE; /* one libcupti per process */
+    if (lib.handle != NULL) {
+        if (strcmp(lib.path, path) == 0)
+            Py_RETURN_NONE;
+        if (!closed)
+            return PyUnicode_FromFormat("another libcupti is in use (%s)", lib.path);
+        dlclose(lib.handle); /* no collector runs on it: another is asked for */
+        free(lib.path);
+        memset(&lib, 0, sizeof(lib));
+    }
     void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (handle == NULL) {
         const char *why = dlerror();
         return PyUnicode_FromString(why ? why : "dlopen failed");
     }
     lib.handle = handle;
+    lib.path = strdup(path);
     PyObject *missing = NULL;
     lib.register_callbacks = (register_fn)need("cuptiActivityRegisterCallbacks", &missing);
     lib.enable = (kind_fn)need("cuptiActivityEnable", &missing);
@@ -490,10 +499,13 @@ static PyObject *py_load(PyObject *self, PyObject *arg)
     lib.dropped = (dropped_fn)dlsym(handle, "cuptiActivityGetNumDroppedRecords");
     lib.thread_type = (thread_type_fn)dlsym(handle, "cuptiSetThreadIdType");
     lib.result_string = (result_string_fn)dlsym(handle, "cuptiGetResultString");
+    if (lib.path == NULL && missing == NULL)
+        missing = PyUnicode_FromString("memory for its path");
     if (missing != NULL) {
         PyObject *why = PyUnicode_FromFormat("%s has no %U", path, missing);
         Py_DECREF(missing);
         dlclose(handle);
+        free(lib.path);
         memset(&lib, 0, sizeof(lib));
         return why;
     }

@@ -15,6 +15,7 @@ own search); the first that loads is used.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from pathlib import Path
@@ -95,6 +96,16 @@ def libcupti_candidates() -> list[str]:
     return [*found, "libcupti.so"]
 
 
+def _driver_missing() -> str:
+    """``"; libcuda.so.1 ..."`` where the CUDA driver cannot be loaded (CUPTI's usual
+    failure without a GPU), else ``""``."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        return f"; libcuda.so.1 cannot be loaded ({exc})"
+    return ""
+
+
 def _cuda_major(path: str) -> int:
     suffix = path.rsplit(".so.", 1)[-1].split(".")[0]
     return int(suffix) if suffix.isdigit() else 0
@@ -172,7 +183,8 @@ class NativeCuptiCollector(CuptiCollector):
     def _check(self, code: int, what: str) -> None:
         if code != SUCCESS:
             assert self._ext is not None
-            raise NativeCuptiError(f"{what}: {self._ext.result_string(code)}", code)
+            raise NativeCuptiError(f"{what}: {self._ext.result_string(code)}{_driver_missing()}",
+                                   code)
 
     def start(self) -> str | None:
         """Load libcupti, register the extension's callbacks and enable the activity kinds;
