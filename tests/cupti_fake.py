@@ -137,10 +137,17 @@ class FakeCupti:
             pairs.cupti_ns[0], pairs.perf_ns[0], pairs.cupti_ns[last], pairs.perf_ns[last])))
         self.lib.cupti_fake_system_ids(int(system_ids))
 
-    def serve(self, pieces: int, pace_s: float) -> None:
+    def prepare(self, pieces: int) -> None:
+        """Fill the buffers of the stream cut into ``pieces`` parts (CUPTI's own work)."""
+        if self.lib.cupti_fake_prepare(ctypes.c_long(pieces)):
+            raise RuntimeError("the test libcupti could not fill its buffers")
+
+    def serve(self, pieces: int, pace_s: float, prepared: bool = False) -> None:
         """Hand the stream over in ``pieces`` buffers, ``pace_s`` apart, on the library's
-        own thread."""
-        if self.lib.cupti_fake_serve(ctypes.c_long(pieces), ctypes.c_long(int(pace_s * 1e6))):
+        own thread (``prepared``: filled already by :meth:`prepare`)."""
+        if not prepared:
+            self.prepare(pieces)
+        if self.lib.cupti_fake_serve(ctypes.c_long(int(pace_s * 1e6))):
             raise RuntimeError("the test libcupti could not start its thread")
 
     def wait(self) -> None:

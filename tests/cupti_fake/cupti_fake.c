@@ -13,8 +13,9 @@
  *   cupti_fake_load(path)             the record stream (format: tests/cupti_fake.py)
  *   cupti_fake_clock(c0, p0, c1, p1)  cuptiGetTimestamp = the line through the recorded
  *                                     (CUPTI ns, perf_counter ns) pairs at CLOCK_MONOTONIC now
- *   cupti_fake_serve(pieces, pace_us) a thread releases the stream in `pieces` equal parts,
- *                                     each handed over at once, `pace_us` apart
+ *   cupti_fake_prepare(pieces)        fills the buffers of the stream cut in `pieces` equal
+ *                                     parts (CUPTI's work, on the calling thread)
+ *   cupti_fake_serve(pace_us)         a thread hands them over, `pace_us` apart
  *   cupti_fake_wait()                 joins that thread
  *   cupti_fake_system_ids(on)         whether cuptiSetThreadIdType(SYSTEM) succeeds
  *   cupti_fake_served()               records handed over so far
@@ -158,31 +159,53 @@ static void write_record(const entry *e, uint8_t *p)
     }
 }
 
+/* Buffers filled ahead (cupti_fake_prepare): CUPTI's own work, done before the measured
+ * handing over, as CUPTI fills its buffers while the program runs. */
+typedef struct {
+    uint8_t *buffer;
+    size_t size, used, upto;
+} filled;
+static filled *ready;
+static size_t n_ready, next_ready;
+
+/* Request a buffer and fill it with released records from `delivered` on. */
+static int fill(filled *out)
+{
+    uint8_t *buffer = NULL;
+    size_t size = 0, max_records = 0, used = 0;
+    requested(&buffer, &size, &max_records);
+    if (buffer == NULL)
+        return -1;
+    while (delivered < released) {
+        const entry *e = &stream[delivered];
+        if (!wanted(e)) {
+            delivered++;
+            continue;
+        }
+        size_t need = record_size((CUpti_ActivityKind)e->kind);
+        if (used + need > size)
+            break;
+        write_record(e, buffer + used);
+        used += need;
+        served++;
+        delivered++;
+    }
+    out->buffer = buffer;
+    out->size = size;
+    out->used = used;
+    out->upto = delivered;
+    return 0;
+}
+
 /* Hand over the released records not yet handed over, in as many buffers as they fill. */
 static void deliver(void)
 {
     pthread_mutex_lock(&deliver_lock);
     while (delivered < released && requested != NULL && completed != NULL) {
-        uint8_t *buffer = NULL;
-        size_t size = 0, max_records = 0, used = 0;
-        requested(&buffer, &size, &max_records);
-        if (buffer == NULL)
+        filled f;
+        if (fill(&f) != 0)
             break;
-        while (delivered < released) {
-            const entry *e = &stream[delivered];
-            if (!wanted(e)) {
-                delivered++;
-                continue;
-            }
-            size_t need = record_size((CUpti_ActivityKind)e->kind);
-            if (used + need > size)
-                break;
-            write_record(e, buffer + used);
-            used += need;
-            served++;
-            delivered++;
-        }
-        completed(NULL, 0, buffer, size, used);
+        completed(NULL, 0, f.buffer, f.size, f.used);
     }
     pthread_mutex_unlock(&deliver_lock);
 }
@@ -190,12 +213,13 @@ static void deliver(void)
 static void *serve(void *arg)
 {
     (void)arg;
-    for (size_t i = 0; i < pieces; i++) {
+    for (size_t i = next_ready; i < n_ready; i++) {
         pthread_mutex_lock(&deliver_lock);
-        released = n_stream * (i + 1) / pieces;
+        filled f = ready[i];
+        next_ready = i + 1;
         pthread_mutex_unlock(&deliver_lock);
-        deliver();
-        if (pace_us > 0)
+        completed(NULL, 0, f.buffer, f.size, f.used);
+        if (pace_us > 0 && i + 1 < n_ready)
             usleep((useconds_t)pace_us);
     }
     return NULL;
@@ -233,9 +257,30 @@ EXPORT void cupti_fake_clock(int64_t c0, int64_t p0, int64_t c1, int64_t p1)
     clock_drift = p1 != p0 ? (double)((c1 - c0) - (p1 - p0)) / (double)(p1 - p0) : 0.0;
 }
 
-EXPORT int cupti_fake_serve(long n_pieces, long pace)
+/* Fill the buffers of the stream cut into `n_pieces` equal parts (one buffer each, more
+ * where a part does not fit), on the calling thread; nothing is handed over yet. */
+EXPORT int cupti_fake_prepare(long n_pieces)
 {
+    if (requested == NULL || completed == NULL)
+        return -1;
     pieces = n_pieces > 0 ? (size_t)n_pieces : 1;
+    pthread_mutex_lock(&deliver_lock);
+    free(ready);
+    ready = calloc(n_stream + pieces + 1, sizeof(filled));
+    n_ready = next_ready = 0;
+    int ok = ready != NULL;
+    for (size_t i = 0; ok && i < pieces; i++) {
+        released = n_stream * (i + 1) / pieces;
+        while (ok && delivered < released)
+            ok = fill(&ready[n_ready++]) == 0;
+    }
+    pthread_mutex_unlock(&deliver_lock);
+    return ok ? 0 : -1;
+}
+
+/* Hand the prepared buffers over on a thread of this library's own, `pace` us apart. */
+EXPORT int cupti_fake_serve(long pace)
+{
     pace_us = pace;
     serving = pthread_create(&server, NULL, serve, NULL) == 0;
     return serving ? 0 : -1;
