@@ -384,6 +384,11 @@ static void hand_over(table *ops, table *api, table *fresh)
     if (closed || !Py_IsInitialized() || python_finalizing())
         return;
     PyGILState_STATE gil = PyGILState_Ensure();
+    if (closed || on_buffer == NULL) { /* closed while this thread waited for the GIL */
+        counts.unread++;
+        PyGILState_Release(gil);
+        return;
+    }
     PyObject *callback = on_buffer;
     Py_XINCREF(callback);
     PyObject *o = PyBytes_FromStringAndSize((const char *)ops->rows,

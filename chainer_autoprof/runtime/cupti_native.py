@@ -124,6 +124,7 @@ class NativeCuptiCollector(CuptiCollector):
         self._remap = np.zeros(0, dtype=np.int64)
         self._identity = True
         self.api_handed = 0
+        self._errors = 0  # ours; the extension counts its own (a buffer it could not read)
 
     # -- what the extension calls, once per buffer, on CUPTI's thread --------------------
     def _on_buffer(self, ops: bytes, api: bytes, fresh: list[tuple[int, str]]) -> None:
@@ -135,8 +136,9 @@ class NativeCuptiCollector(CuptiCollector):
             self._sync_counts()
             self.on_batch(batch)
         except Exception as exc:  # CUPTI's thread must never see our error  # noqa: BLE001
-            self.callback_errors += 1
+            self._errors += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
+            self._sync_counts()
 
     def batch_from_tables(self, ops: bytes, api: bytes,
                           fresh: list[tuple[int, str]]) -> ActivityBatch:
@@ -174,6 +176,9 @@ class NativeCuptiCollector(CuptiCollector):
         self.incomplete = c["incomplete"]
         self.dropped_records = c["dropped_records"]
         self.api_handed = c["api_handed"]
+        self.callback_errors = self._errors + c["errors"]
+        if c["errors"] and not self.last_error:
+            self.last_error = "a buffer could not be read (out of memory)"
 
     # -- CUPTI through the extension ---------------------------------------------------------
     def _timestamp(self) -> Callable[[], int] | None:
@@ -226,7 +231,7 @@ class NativeCuptiCollector(CuptiCollector):
             self._check(ext.flush_all(FLUSH_FORCED), "cuptiActivityFlushAll")
             self._pair()
         except Exception as exc:  # counted, never reaches the callback's caller  # noqa: BLE001
-            self.callback_errors += 1
+            self._errors += 1
             self.last_error = describe_error(exc)
         self._sync_counts()
 
