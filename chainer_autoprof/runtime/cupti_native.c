@@ -7,8 +7,8 @@
  * or a test library), this module registers its own buffer callbacks, and each completed
  * buffer is walked in C with CUPTI's record structs (cupti_activity.h), without the GIL.
  *
- * What comes out, per buffer, as two row-major int64 tables (bytes) handed to one Python
- * callable (the only moment the GIL is taken, once per buffer):
+ * What comes out, per buffer, as two int64 tables (column after column, handed over without
+ * a copy) given to one Python callable (the only moment the GIL is taken, once per buffer):
  *   ops: kernels, copies and memsets, one row of OP_COLUMNS each (the order of
  *        common.gpu_records.GpuOps), -1 where a column does not apply;
  *   api: the runtime/driver calls that launched those operations (API_COLUMNS, the order
@@ -112,30 +112,39 @@ static size_t cap_index;
 static struct { const char *ptr; int64_t id; } name_cache[NAME_CACHE];
 
 static size_t buffer_bytes = 8u << 20;
-static PyObject *on_buffer;       /* called with (ops bytes, api bytes, [(id, name), ...]) */
+/* called with (ops Block, its rows, api Block, its rows, rows of room, [(id, name), ...]) */
+static PyObject *on_buffer;
 static volatile int closed = 1;   /* set: completed buffers are freed unread */
 static struct {
     long long buffers, records, ops, api_handed, incomplete, dropped, errors, unread;
 } counts;
 
-/* -- growing row tables ------------------------------------------------------------------ */
+/* -- column tables (one per buffer, room for every record it can hold) ------------------ */
 typedef struct {
-    int64_t *rows;
+    int64_t *cols; /* column c, row i at cols[c * cap + i] */
     size_t n, cap, width;
 } table;
 
-static int64_t *table_row(table *t)
+/* The smallest record this module reads (CUpti_ActivityAPI): a buffer of `valid` bytes holds
+ * fewer rows of any table than valid / MIN_RECORD + 1. */
+#define MIN_RECORD 40
+
+static int table_init(table *t, size_t width, size_t valid)
 {
-    if (t->n == t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 1024;
-        int64_t *rows = realloc(t->rows, cap * t->width * sizeof(int64_t));
-        if (rows == NULL)
-            return NULL;
-        t->rows = rows;
-        t->cap = cap;
-    }
-    return t->rows + (t->n++) * t->width;
+    t->n = 0;
+    t->width = width;
+    t->cap = valid / MIN_RECORD + 1;
+    t->cols = malloc(width * t->cap * sizeof(int64_t)); /* pages touched as rows are written */
+    return t->cols == NULL ? -1 : 0;
 }
+
+/* A new row's index, or -1 (never: the table has room for every record). */
+static inline long table_row(table *t)
+{
+    return t->n < t->cap ? (long)t->n++ : -1;
+}
+
+#define CELL(t, c, i) ((t)->cols[(size_t)(c) * (t)->cap + (size_t)(i)])
 
 /* -- kernel names ------------------------------------------------------------------------- */
 static uint64_t text_hash(const char *s, size_t *len)
@@ -206,10 +215,10 @@ static int64_t name_id(const char *s, table *fresh)
     names[id].len = len;
     names[id].hash = h;
     index_insert(id);
-    int64_t *row = table_row(fresh);
-    if (row == NULL)
+    long row = table_row(fresh);
+    if (row < 0)
         return -1;
-    row[0] = id;
+    CELL(fresh, 0, row) = id;
     name_cache[slot].ptr = s;
     name_cache[slot].id = id;
     return id;
@@ -218,35 +227,35 @@ static int64_t name_id(const char *s, table *fresh)
 /* -- the walk of one buffer ---------------------------------------------------------------- */
 static int hand_api(api_slot *a, table *api)
 {
-    int64_t *row = table_row(api);
-    if (row == NULL)
+    long i = table_row(api);
+    if (i < 0)
         return -1;
-    row[API_DOMAIN] = a->domain;
-    row[API_START] = a->start;
-    row[API_END] = a->end;
-    row[API_CORR] = a->corr;
-    row[API_CBID] = a->cbid;
-    row[API_THREAD] = a->thread;
+    CELL(api, API_DOMAIN, i) = a->domain;
+    CELL(api, API_START, i) = a->start;
+    CELL(api, API_END, i) = a->end;
+    CELL(api, API_CORR, i) = a->corr;
+    CELL(api, API_CBID, i) = a->cbid;
+    CELL(api, API_THREAD, i) = a->thread;
     a->handed = 1;
     return 0;
 }
 
-static int64_t *op_row(table *ops, int kind, uint64_t start, uint64_t end, uint32_t corr,
-                       uint32_t device, uint32_t context, uint32_t stream)
+/* A new operation's row with its common fields (each kind sets or clears the rest); its
+ * index, or -1. */
+static long op_row(table *ops, int kind, uint64_t start, uint64_t end, uint32_t corr,
+                   uint32_t device, uint32_t context, uint32_t stream)
 {
-    int64_t *row = table_row(ops);
-    if (row == NULL)
-        return NULL;
-    for (int i = 0; i < OP_NCOLS; i++)
-        row[i] = -1;
-    row[OP_KIND] = kind;
-    row[OP_START] = (int64_t)start;
-    row[OP_END] = (int64_t)end;
-    row[OP_CORR] = corr;
-    row[OP_DEVICE] = device;
-    row[OP_CONTEXT] = context;
-    row[OP_STREAM] = stream;
-    return row;
+    long i = table_row(ops);
+    if (i < 0)
+        return -1;
+    CELL(ops, OP_KIND, i) = kind;
+    CELL(ops, OP_START, i) = (int64_t)start;
+    CELL(ops, OP_END, i) = (int64_t)end;
+    CELL(ops, OP_CORR, i) = corr;
+    CELL(ops, OP_DEVICE, i) = device;
+    CELL(ops, OP_CONTEXT, i) = context;
+    CELL(ops, OP_STREAM, i) = stream;
+    return i;
 }
 
 /* The operation's launching call, handed over with it (or awaited). */
@@ -274,20 +283,22 @@ static int walk(uint8_t *buffer, size_t valid, table *ops, table *api, table *fr
                 counts.incomplete++;
                 break;
             }
-            int64_t *row = op_row(ops, KIND_KERNEL, k->start, k->end, k->correlationId,
-                                  k->deviceId, k->contextId, k->streamId);
-            if (row == NULL)
+            long i = op_row(ops, KIND_KERNEL, k->start, k->end, k->correlationId, k->deviceId,
+                            k->contextId, k->streamId);
+            if (i < 0)
                 return -1;
-            row[OP_NAME] = name_id(k->name, fresh);
-            row[OP_GRID_X] = k->gridX;
-            row[OP_GRID_Y] = k->gridY;
-            row[OP_GRID_Z] = k->gridZ;
-            row[OP_BLOCK_X] = k->blockX;
-            row[OP_BLOCK_Y] = k->blockY;
-            row[OP_BLOCK_Z] = k->blockZ;
-            row[OP_REGISTERS] = k->registersPerThread;
-            row[OP_STATIC_SMEM] = k->staticSharedMemory;
-            row[OP_DYNAMIC_SMEM] = k->dynamicSharedMemory;
+            CELL(ops, OP_NAME, i) = name_id(k->name, fresh);
+            CELL(ops, OP_GRID_X, i) = k->gridX;
+            CELL(ops, OP_GRID_Y, i) = k->gridY;
+            CELL(ops, OP_GRID_Z, i) = k->gridZ;
+            CELL(ops, OP_BLOCK_X, i) = k->blockX;
+            CELL(ops, OP_BLOCK_Y, i) = k->blockY;
+            CELL(ops, OP_BLOCK_Z, i) = k->blockZ;
+            CELL(ops, OP_REGISTERS, i) = k->registersPerThread;
+            CELL(ops, OP_STATIC_SMEM, i) = k->staticSharedMemory;
+            CELL(ops, OP_DYNAMIC_SMEM, i) = k->dynamicSharedMemory;
+            for (int c = OP_BYTES; c <= OP_VALUE; c++) /* a copy's and a memset's */
+                CELL(ops, c, i) = -1;
             if (launch_of(k->correlationId, api))
                 return -1;
             break;
@@ -299,14 +310,17 @@ static int walk(uint8_t *buffer, size_t valid, table *ops, table *api, table *fr
                 counts.incomplete++;
                 break;
             }
-            int64_t *row = op_row(ops, KIND_MEMCPY, m->start, m->end, m->correlationId,
-                                  m->deviceId, m->contextId, m->streamId);
-            if (row == NULL)
+            long i = op_row(ops, KIND_MEMCPY, m->start, m->end, m->correlationId, m->deviceId,
+                            m->contextId, m->streamId);
+            if (i < 0)
                 return -1;
-            row[OP_BYTES] = (int64_t)m->bytes;
-            row[OP_COPY_KIND] = m->copyKind;
-            row[OP_SRC_KIND] = m->srcKind;
-            row[OP_DST_KIND] = m->dstKind;
+            CELL(ops, OP_BYTES, i) = (int64_t)m->bytes;
+            CELL(ops, OP_COPY_KIND, i) = m->copyKind;
+            CELL(ops, OP_SRC_KIND, i) = m->srcKind;
+            CELL(ops, OP_DST_KIND, i) = m->dstKind;
+            CELL(ops, OP_NAME, i) = CELL(ops, OP_VALUE, i) = -1;
+            for (int c = OP_GRID_X; c < OP_NCOLS; c++) /* a kernel's */
+                CELL(ops, c, i) = -1;
             if (launch_of(m->correlationId, api))
                 return -1;
             break;
@@ -318,12 +332,15 @@ static int walk(uint8_t *buffer, size_t valid, table *ops, table *api, table *fr
                 counts.incomplete++;
                 break;
             }
-            int64_t *row = op_row(ops, KIND_MEMSET, m->start, m->end, m->correlationId,
-                                  m->deviceId, m->contextId, m->streamId);
-            if (row == NULL)
+            long i = op_row(ops, KIND_MEMSET, m->start, m->end, m->correlationId, m->deviceId,
+                            m->contextId, m->streamId);
+            if (i < 0)
                 return -1;
-            row[OP_BYTES] = (int64_t)m->bytes;
-            row[OP_VALUE] = m->value;
+            CELL(ops, OP_BYTES, i) = (int64_t)m->bytes;
+            CELL(ops, OP_VALUE, i) = m->value;
+            for (int c = OP_NAME; c < OP_NCOLS; c++)
+                if (c != OP_BYTES && c != OP_VALUE)
+                    CELL(ops, c, i) = -1;
             if (launch_of(m->correlationId, api))
                 return -1;
             break;
@@ -378,6 +395,49 @@ static int python_finalizing(void)
 #endif
 }
 
+/* A table's memory handed to Python without a copy: a buffer (read and write) that frees
+ * it when the last view of it goes.  Column c of a table of `cap` rows starts at c * cap. */
+typedef struct {
+    PyObject_HEAD
+    int64_t *data;
+    Py_ssize_t bytes;
+} Block;
+
+static int block_getbuffer(PyObject *self, Py_buffer *view, int flags)
+{
+    Block *b = (Block *)self;
+    return PyBuffer_FillInfo(view, self, b->data, b->bytes, 0, flags);
+}
+
+static void block_dealloc(PyObject *self)
+{
+    free(((Block *)self)->data);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyBufferProcs block_buffer = {block_getbuffer, NULL};
+
+static PyTypeObject BlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "chainer_autoprof.runtime._cupti.Block",
+    .tp_basicsize = sizeof(Block),
+    .tp_dealloc = block_dealloc,
+    .tp_as_buffer = &block_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A buffer's column table (column c of `cap` rows at c * cap).",
+};
+
+/* The table's memory as a Block (the table gives it up), or NULL. */
+static PyObject *columns(table *t)
+{
+    Block *b = PyObject_New(Block, &BlockType);
+    if (b == NULL)
+        return NULL;
+    b->data = t->cols;
+    b->bytes = (Py_ssize_t)(t->width * t->cap * sizeof(int64_t));
+    t->cols = NULL;
+    return (PyObject *)b;
+}
+
 /* Hand one buffer's tables to Python (GIL taken here, and only here). */
 static void hand_over(table *ops, table *api, table *fresh)
 {
@@ -390,31 +450,22 @@ static void hand_over(table *ops, table *api, table *fresh)
         return;
     }
     PyObject *callback = on_buffer;
-    Py_XINCREF(callback);
-    PyObject *o = PyBytes_FromStringAndSize((const char *)ops->rows,
-                                            (Py_ssize_t)(ops->n * OP_NCOLS * sizeof(int64_t)));
-    PyObject *a = PyBytes_FromStringAndSize((const char *)api->rows,
-                                            (Py_ssize_t)(api->n * API_NCOLS * sizeof(int64_t)));
-    PyObject *n = PyList_New(0);
-    int ok = callback != NULL && o != NULL && a != NULL && n != NULL;
+    Py_INCREF(callback);
+    PyObject *o = columns(ops), *a = columns(api), *n = PyList_New(0);
+    int ok = o != NULL && a != NULL && n != NULL;
     for (size_t i = 0; ok && i < fresh->n; i++) {
-        int64_t id = fresh->rows[i];
+        int64_t id = CELL(fresh, 0, i);
         pthread_mutex_lock(&lock);
-        PyObject *item = Py_BuildValue("(Ls#)", (long long)id, names[id].text,
-                                       (Py_ssize_t)names[id].len);
+        PyObject *text = PyUnicode_DecodeUTF8(names[id].text, (Py_ssize_t)names[id].len,
+                                              "replace");
         pthread_mutex_unlock(&lock);
-        if (item == NULL) {
-            /* a name that is not UTF-8: its bytes' repr stands for it */
-            PyErr_Clear();
-            item = Py_BuildValue("(LN)", (long long)id,
-                                 PyUnicode_DecodeUTF8(names[id].text, (Py_ssize_t)names[id].len,
-                                                      "replace"));
-        }
+        PyObject *item = text == NULL ? NULL : Py_BuildValue("(LN)", (long long)id, text);
         ok = item != NULL && PyList_Append(n, item) == 0;
         Py_XDECREF(item);
     }
     if (ok) {
-        PyObject *r = PyObject_CallFunctionObjArgs(callback, o, a, n, NULL);
+        PyObject *r = PyObject_CallFunction(callback, "OnOnnO", o, (Py_ssize_t)ops->n, a,
+                                            (Py_ssize_t)api->n, (Py_ssize_t)ops->cap, n);
         ok = r != NULL;
         Py_XDECREF(r);
     }
@@ -425,7 +476,7 @@ static void hand_over(table *ops, table *api, table *fresh)
     Py_XDECREF(o);
     Py_XDECREF(a);
     Py_XDECREF(n);
-    Py_XDECREF(callback);
+    Py_DECREF(callback);
     PyGILState_Release(gil);
 }
 
@@ -435,8 +486,15 @@ static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_
     (void)size;
     table ops = {NULL, 0, 0, OP_NCOLS}, api = {NULL, 0, 0, API_NCOLS}, fresh = {NULL, 0, 0, 1};
     int failed = 0;
+    if (!closed && buffer != NULL
+        && (table_init(&ops, OP_NCOLS, valid) || table_init(&api, API_NCOLS, valid)
+            || table_init(&fresh, 1, valid)))
+        failed = 1;
     pthread_mutex_lock(&lock);
-    if (closed || buffer == NULL || api_table == NULL) {
+    if (failed) {
+        counts.errors++;
+        counts.unread++;
+    } else if (closed || buffer == NULL || api_table == NULL) {
         counts.unread += buffer != NULL && valid > 0;
     } else {
         failed = walk(buffer, valid, &ops, &api, &fresh) != 0;
@@ -455,9 +513,9 @@ static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_
     free(buffer);
     if (!failed && (ops.n || api.n || fresh.n))
         hand_over(&ops, &api, &fresh);
-    free(ops.rows);
-    free(api.rows);
-    free(fresh.rows);
+    free(ops.cols);
+    free(api.cols);
+    free(fresh.cols);
 }
 
 /* -- the module's functions --------------------------------------------------------------- */
@@ -755,6 +813,8 @@ static const struct { const char *name; int cbid; } DRIVER_IDS[] = {
 
 PyMODINIT_FUNC PyInit__cupti(void)
 {
+    if (PyType_Ready(&BlockType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;

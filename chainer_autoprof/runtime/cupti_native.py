@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Callable, Union
 
 import numpy as np
 
@@ -56,6 +56,8 @@ ACTIVITY_KIND_IDS = (CUPTI_KIND_CONCURRENT_KERNEL, CUPTI_KIND_MEMCPY, CUPTI_KIND
                      CUPTI_KIND_RUNTIME, CUPTI_KIND_DRIVER)
 #: CUPTI_SUCCESS
 SUCCESS = 0
+#: What the extension hands a table over in (its ``Block``: the buffer protocol).
+Buffer = Union[bytes, bytearray, memoryview]
 
 
 class NativeCuptiError(RuntimeError):
@@ -127,11 +129,12 @@ class NativeCuptiCollector(CuptiCollector):
         self._errors = 0  # ours; the extension counts its own (a buffer it could not read)
 
     # -- what the extension calls, once per buffer, on CUPTI's thread --------------------
-    def _on_buffer(self, ops: bytes, api: bytes, fresh: list[tuple[int, str]]) -> None:
+    def _on_buffer(self, ops: Buffer, n_ops: int, api: Buffer, n_api: int, room: int,
+                   fresh: list[tuple[int, str]]) -> None:
         if self.closed:
             return
         try:
-            batch = self.batch_from_tables(ops, api, fresh)
+            batch = self.batch_from_tables(ops, n_ops, api, n_api, room, fresh)
             self._pair()
             self._sync_counts()
             self.on_batch(batch)
@@ -140,14 +143,14 @@ class NativeCuptiCollector(CuptiCollector):
             self.last_error = f"{type(exc).__name__}: {exc}"
             self._sync_counts()
 
-    def batch_from_tables(self, ops: bytes, api: bytes,
+    def batch_from_tables(self, ops: Buffer, n_ops: int, api: Buffer, n_api: int, room: int,
                           fresh: list[tuple[int, str]]) -> ActivityBatch:
-        """The extension's tables -> an :class:`ActivityBatch` (columns, not rows)."""
+        """The extension's tables (column after column, ``room`` rows each, the first
+        ``n_*`` of them filled) -> an :class:`ActivityBatch` of views of them."""
         if fresh:
             self._learn_names(fresh)
-        n_ops, n_api = len(GpuOps.columns()), len(ApiCalls.columns())
-        op_cols = np.ascontiguousarray(np.frombuffer(ops, dtype=np.int64).reshape(-1, n_ops).T)
-        api_cols = np.ascontiguousarray(np.frombuffer(api, dtype=np.int64).reshape(-1, n_api).T)
+        op_cols = np.frombuffer(ops, dtype=np.int64).reshape(-1, room)[:, :n_ops]
+        api_cols = np.frombuffer(api, dtype=np.int64).reshape(-1, room)[:, :n_api]
         gpu_ops = GpuOps(*op_cols)
         if not self._identity and len(gpu_ops):
             named = gpu_ops.name >= 0
