@@ -7,7 +7,9 @@ are those of the cupti-python reader (the per-link times and busy shares of
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -210,3 +212,30 @@ def test_without_a_gpu_the_real_libcupti_says_so_in_one_line():
     with environ({cupti_native.ENV_CUPTI_LIBRARY: None, gpu_activity.ENV_CUPTI_READER: None}):
         got = gpu_activity.start(lambda batch: None)
     assert isinstance(got, str) and got.startswith("no CUDA driver for CUPTI") and "\n" not in got
+
+
+def test_a_buffer_is_walked_while_the_training_holds_the_gil(tmp_path, extension):
+    """The walk of a buffer needs no GIL: while this thread keeps it (a Python loop, no
+    switch for 30 s), CUPTI's thread reads every record; only the handover waits for it."""
+    rec = recording("b512")
+    fake = FakeCupti(rec, tmp_path)
+    seen: list[ActivityBatch] = []
+    with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path)}):
+        collector = gpu_activity.start(seen.append)
+    assert not isinstance(collector, str)
+    fake.prepare(1)
+    expected = fake.served
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)
+    try:
+        fake.serve(1, 0.0, prepared=True)
+        deadline = time.perf_counter() + 10.0
+        while extension.walked() < expected and time.perf_counter() < deadline:
+            pass  # Python bytecode: the GIL stays with this thread
+        walked, handed = extension.walked(), len(seen)
+    finally:
+        sys.setswitchinterval(switch)
+    fake.wait()
+    assert walked == expected and handed == 0
+    assert len(seen) == 1 and len(seen[0].ops) == len(rec.batch.ops)
+    assert collector.stop(5.0) is None

@@ -115,6 +115,7 @@ static size_t buffer_bytes = 8u << 20;
 /* called with (ops Block, its rows, api Block, its rows, rows of room, [(id, name), ...]) */
 static PyObject *on_buffer;
 static volatile int closed = 1;   /* set: completed buffers are freed unread */
+static long long walked_records; /* counts.records, readable without the lock */
 static struct {
     long long buffers, records, ops, api_handed, incomplete, dropped, errors, unread;
 } counts;
@@ -498,6 +499,7 @@ static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_
         counts.unread += buffer != NULL && valid > 0;
     } else {
         failed = walk(buffer, valid, &ops, &api, &fresh) != 0;
+        __atomic_store_n(&walked_records, counts.records, __ATOMIC_RELEASE);
         counts.buffers++;
         counts.ops += (long long)ops.n;
         counts.api_handed += (long long)api.n;
@@ -589,6 +591,7 @@ static void reset(void)
         memset(name_index, 0, cap_index * sizeof(int64_t));
     memset(name_cache, 0, sizeof(name_cache));
     memset(&counts, 0, sizeof(counts));
+    __atomic_store_n(&walked_records, 0, __ATOMIC_RELEASE);
 }
 
 #define NEED_LIB()                                                                  \
@@ -763,7 +766,16 @@ static PyObject *py_counts(PyObject *self, PyObject *noargs)
     return d;
 }
 
+/* walked(): the records read so far, without waiting for a walk in progress (no lock). */
+static PyObject *py_walked(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLongLong(__atomic_load_n(&walked_records, __ATOMIC_ACQUIRE));
+}
+
 static PyMethodDef methods[] = {
+    {"walked", py_walked, METH_NOARGS, "Records read so far (no lock taken)."},
     {"load", py_load, METH_O, "load(path): dlopen libcupti; None, or why not (str)."},
     {"register", py_register, METH_VARARGS,
      "register(buffer_bytes, on_buffer): this module's buffer callbacks; CUPTI's result."},
