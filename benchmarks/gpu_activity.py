@@ -1,34 +1,39 @@
 """GPU activity's cost in instructions: CUPTI's records from buffer completion to the per-range
 sums, replayed from the real recordings (tests/data/gpu/cupti) through the live path.
 
-Each reader of CUPTI's records runs as in a live run, in one process under ``valgrind
---tool=callgrind --instr-atstart=no`` that counts only the measured segments (all threads):
+Each reader of CUPTI's records runs as in a live run, in one process per recording under
+``valgrind --tool=callgrind --instr-atstart=no``, which counts only the measured segments
+(every thread), with no garbage collection while they run:
 
 * ``native``: the C reader (``runtime/cupti_native.c``) on the tests' libcupti
-  (``tests/cupti_fake``), which serves the recording as CUPTI's record structs on its own
-  thread: the walk of each buffer in C, the one handover per buffer, the session's queue
-  and the drain that attributes every operation and adds it to the per-link and per-phase
-  sums (``GpuFigureBuilder.add``).
-* ``python``: today's cupti-python reader, fed the same records (those CUPTI records with
-  the agent's quiet calls off) as cupti-python's record objects, premade: the conversion
-  (``batch_from_records``) and the same queue and drain.  cupti-python's own making of one
-  Python object per record is not counted, so this figure is below what that path costs.
+  (``tests/cupti_fake``), whose buffers are filled beforehand (CUPTI's own work while the
+  program runs) and handed over on its own thread: ``reading`` is the walk of each buffer in
+  C (CUPTI's ``cuptiActivityGetNextRecord`` included: the test library's) and the one
+  handover per buffer into the session's queue; ``attributing and summing`` is the session's
+  drain: every operation tied to its launching range and added to the per-link and
+  per-phase sums (``LaunchAttributor`` and ``GpuFigureBuilder.add``).
+* ``python``: the cupti-python reader fed the same records (those CUPTI records with the
+  agent's quiet calls off) as cupti-python's record objects, made beforehand: ``reading`` is
+  ``batch_from_records`` and the queue.  cupti-python's own making of one Python object per
+  record is not counted, so this figure is below what that path costs.
 
 The ranges are fed first (as the recorded loop thread handed them over), so each buffer's
-operations are attributed as they come.  Buffers: ``live``, as CUPTI hands these recordings
-over in a live run (one 8 MiB buffer per second at most: each recording, 15 iterations and
-a few hundred kilobytes of records, is one buffer), and ``12``, the tests' cut (a fixed cost
-per buffer weighs twelve times).  ``finish`` (the figures at exit) is counted apart: once per
-run.
+operations are attributed as they come.  Buffers: ``live``, one, as CUPTI hands such a
+recording over in a live run (one 8 MiB buffer per second at most: each recording, 15
+iterations and a few hundred kilobytes of records, is one); ``12``, the tests' cut (a cost
+per buffer weighs twelve times); ``x10``, the recording ten times over (each copy later, its
+correlation ids after the last) in one buffer, as a longer run fills it.  ``at exit`` (the
+figures' making, once per run) is counted apart.  The verdict is on ``native-live``.
 
 The training thread: what GPU activity adds to it is the recorder's handover of each block
-of ranges to the session (a deque append); counted as the recorder's absorbing of the
-recorded loop's ranges with and without the handover, per iteration.
+of ranges to the session (a deque append): counted as the recorder's absorbing of the
+recorded loop's ranges with and without the handover, per iteration (twice each, the least
+taken; a few hundred instructions either way are noise).
 
-    python benchmarks/gpu_activity.py            # both recordings, ~5 minutes
-    python benchmarks/gpu_activity.py --child b16 ...   # (internal: one measured process)
+    python benchmarks/gpu_activity.py            # both recordings, ~10 minutes
+    python benchmarks/gpu_activity.py b16        # one
 
-Target: at most 250 instructions per record (native, live buffers), per recording.
+Target: at most 250 instructions per record (native reader, live buffers), per recording.
 """
 
 from __future__ import annotations
