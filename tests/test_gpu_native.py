@@ -7,6 +7,7 @@ are those of the cupti-python reader (the per-link times and busy shares of
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import threading
 import time
@@ -239,3 +240,28 @@ def test_a_buffer_is_walked_while_the_training_holds_the_gil(tmp_path, extension
     assert walked == expected and handed == 0
     assert len(seen) == 1 and len(seen[0].ops) == len(rec.batch.ops)
     assert collector.stop(5.0) is None
+
+
+def test_the_benchmark_measures_every_segment_of_both_readers():
+    """benchmarks/gpu_activity.py's measured process, without callgrind (its counts are then
+    no-ops): every segment runs, on the records both readers were served."""
+    import subprocess
+
+    from support import REPO, clean_env
+
+    paths = os.pathsep.join(str(REPO / d) for d in ("", "tests", "benchmarks"))
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_activity.py"),
+                           "--child", "b16"], env=clean_env(PYTHONPATH=paths), cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    segments = [line.split()[1:] for line in proc.stdout.splitlines()
+                if line.startswith("segment ")]
+    labels = [label for label, _n in segments]
+    for run in ("native-live", "native-12", "native-x10", "python-live", "python-12",
+                "python-x10"):
+        assert [f"read:{run}", f"attribute:{run}", f"finish:{run}"] == \
+            [x for x in labels if x.endswith(f":{run}")]
+    served = {label: int(n) for label, n in segments}
+    assert served["read:native-live"] == served["read:python-live"] > 4000
+    assert served["read:native-x10"] == 10 * served["read:native-live"]
+    assert labels[-4:] == ["thread:off", "thread:on", "thread:off", "thread:on"]
