@@ -246,7 +246,11 @@ class NativeCuptiCollector(CuptiCollector):
         return late
 
     def after_fork(self) -> None:
+        """A forked child: nothing of the parent's CUPTI is called; a buffer the child's copy
+        of the extension were handed would be freed unread."""
         super().after_fork()
+        if self._ext is not None:
+            self._ext.close()
         self._ext = None
 
     def _disable(self) -> None:
