@@ -295,6 +295,19 @@ def child(name: str) -> None:
             control.stop()
             print(f"segment thread:{turn} {primed.iterations}", flush=True)
             primed.session.stop()
+        # the launch attribution alone (the per-range sums left out): where the cost lies
+        primed = Primed(name, "native", Path(tmp) / "attribution-only", cache, 10)
+        primed.fake.prepare(1)  # type: ignore[union-attr]
+        primed.hand_over(1)
+        analysis = primed.session.analysis
+        assert analysis is not None
+        analysis.builder.add = lambda items: None  # type: ignore[method-assign]
+        control.start()
+        assert primed.session._drain_safely()
+        control.dump(b"launches:native-x10")
+        control.stop()
+        print(f"segment launches:native-x10 {primed.fake.served}", flush=True)  # type: ignore[union-attr]
+        primed.session.stop()
 
 
 def _dumps(out: Path) -> list[int]:
@@ -349,6 +362,11 @@ def report(name: str, segments: list[tuple[str, int, int]]) -> bool:
           f"per-range sums, buffers as live; target <= {TARGET}: "
           f"{'met' if met else 'not met'}; today's cupti-python path: "
           f"{per('python-live')[0]:.0f}, its record objects' making not counted)")
+    launches, records = by["launches:native-x10"]
+    print(f"  of the attributing and summing ({per('native-x10')[2]:.0f} per record in native-x10):"
+          f" {launches / records:.0f} the launch attribution (LaunchAttributor), "
+          f"{per('native-x10')[2] - launches / records:.0f} the per-range sums "
+          "(GpuFigureBuilder.add)")
     offs = [t / n for label, t, n in segments if label == "thread:off"]
     ons = [t / n for label, t, n in segments if label == "thread:on"]
     added = min(ons) - min(offs)
