@@ -88,17 +88,25 @@ def _native_build():
 
 
 class optional_build_ext(build_ext):  # noqa: N801
-    """Build the native hot path; where it cannot be built, say why in one line and go on."""
+    """Build the native hot path and the native CUPTI reader; where one cannot be built,
+    say why in one line and go on."""
 
     def build_extension(self, ext) -> None:
         out = Path(self.get_ext_fullpath(ext.name))
+        native = _native_build()
+        cupti = ext.name == native.CUPTI_MODULE
         try:
-            _native_build().compile_to(out)
+            if cupti:
+                native.compile_cupti_to(out)
+            else:
+                native.compile_to(out)
         except Exception as exc:  # BuildError, or anything else: never a failed install  # noqa: BLE001
             if out.exists():
                 out.unlink()  # a stale one from an earlier build must not be installed
-            sys.stderr.write(f"chainer_autoprof: native hot path not built ({exc}); "
-                             "the pure-Python one will run\n")
+            what = ("native CUPTI reader not built ({}); GPU activity will read CUPTI through "
+                    "cupti-python" if cupti else
+                    "native hot path not built ({}); the pure-Python one will run")
+            sys.stderr.write(f"chainer_autoprof: {what.format(exc)}\n")
 
 
 def _native_extension() -> Extension:
@@ -113,6 +121,14 @@ def _native_extension() -> Extension:
                      optional=True)
 
 
+def _cupti_extension() -> Extension:
+    """The native CUPTI reader (``chainer_autoprof/runtime/cupti_native.c``)."""
+    native = _native_build()
+    return Extension(native.CUPTI_MODULE, [Path(p).resolve().relative_to(Path(HERE).resolve())
+                                           .as_posix() for p in native.CUPTI_SOURCES],
+                     optional=True)
+
+
 setup(
     name="chainer-autoprof",
     version=version(),
@@ -123,7 +139,7 @@ setup(
     packages=find_namespace_packages(include=["chainer_autoprof", "chainer_autoprof.*"],
                                      exclude=["*.__pycache__"]),
     include_package_data=True,
-    ext_modules=[_native_extension()],
+    ext_modules=[_native_extension(), _cupti_extension()],
     # Chainer 7.8.1 imports numpy.distutils, which numpy has no more for Python 3.12.
     python_requires=">=3.8,<3.12",
     install_requires=[
@@ -145,6 +161,8 @@ setup(
             # the package's types ([tool.mypy] in pyproject.toml; mypy 2 runs on Python 3.10+)
             "mypy==2.4.1; python_version >= '3.10'",
             "nvidia-nvtx>=13",  # NVTX headers the tests' NVTX recorder is compiled against
+            # CUPTI's headers (and cuda.h's) the tests' libcupti is compiled against
+            "nvidia-cuda-cupti>=13", "nvidia-cuda-runtime>=13", "nvidia-cuda-crt>=13",
             "mpi4py>=4",  # MPI tests (they skip where no MPI runtime is installed)
             "hypothesis>=6.100,<7",  # property-based tests of the state machine and the readers
             # the layers contract (tests/test_layers.py; exhaustive layers need a recent one)

@@ -6,20 +6,26 @@ its handover to the GPU queue), and its CUPTI records, as cupti-python hands the
 through a real :class:`~chainer_autoprof.runtime.gpu_activity.CuptiCollector`'s buffer
 callback on a thread of their own (as CUPTI's); the session's drain thread attributes them;
 the exit runs as the agent's (:meth:`GpuSession.finish`, then ``report_run`` writing the
-trace through the codec).  Only CUPTI's own calls (enable, flush, timestamps) are not run:
-the collector has no ``cupti`` module, and its clock pairs are the recording's.
+trace through the codec).  Two readers of CUPTI's records (``reader``): ``python``, the
+cupti-python collector, whose own CUPTI calls (enable, flush, timestamps) are not run (it has
+no ``cupti`` module; its clock pairs are the recording's); and ``native``, the C reader
+started as the agent starts it (:func:`gpu_session.start_cupti`) with the tests' libcupti
+(:mod:`cupti_fake`), which serves the recording as CUPTI's record structs on a thread of its
+own: every CUPTI call of the live path runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -31,6 +37,7 @@ from chainer_autoprof.lifecycle import gpu_session
 from chainer_autoprof.lifecycle.finish import report_run
 from chainer_autoprof.report import gpu_replay, trace_events
 from chainer_autoprof.report.tracefile import Trace, read_trace
+from chainer_autoprof.runtime import cupti_native, gpu_activity
 from chainer_autoprof.runtime.device import CountingBackend
 from chainer_autoprof.runtime.events import Tracer
 from chainer_autoprof.runtime.gpu_activity import CuptiCollector
@@ -131,15 +138,18 @@ class LiveReplay:
     stats: Any                 # RunStats at exit
     path: Path                 # the trace written by the live writer
     main_thread: int           # CUPTI's id of the recorded loop thread
+    reader: str = "python"
+    served: int = 0            # records the tests' libcupti handed over (native)
 
 
 def replay_live(name: str, out_dir: Path, *, buffers: int = 12, block_rows: int = 64,
                 record_limit: int = 200_000, summary: bool = False,
                 collector_records: Callable[[Recording], list[Any]] = as_cupti_records,
                 pace_s: float = 0.1, window: bool = False,
-                recording: Recording | None = None) -> LiveReplay:
+                recording: Recording | None = None, reader: str = "python") -> LiveReplay:
     """Replay recording ``name`` (its CUPTI records: ``recording`` when given) through the
-    live path and write its trace in ``out_dir``."""
+    live path and write its trace in ``out_dir`` (``reader``: ``python`` or ``native``, see
+    the module docstring)."""
     trace = read_trace(str(DATA / name / "agent_trace.json"))
     rec = recording if recording is not None else read_recording(
         str(DATA / name / "cupti_activity.json.gz"))
@@ -175,22 +185,40 @@ def replay_live(name: str, out_dir: Path, *, buffers: int = 12, block_rows: int 
         collector_box.append(collector)
         return collector
 
+    fake = None
+    if reader == "native":
+        from cupti_fake import FakeCupti
+
+        fake = FakeCupti(rec, out_dir)
+        start = gpu_session.start_cupti  # as the agent starts it
+    else:
+        start = start_collector
     session = gpu_session.GpuSession(recorder, tracer, record_limit=record_limit,
                                      warmup_skip=recorder.warm_skip, window=window,
-                                     main_tid=tid, start_collector=start_collector)
+                                     main_tid=tid, start_collector=start)
     session.install()
-    session.start()  # as at CuPy's import
+    with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path) if fake else None,
+                  gpu_activity.ENV_CUPTI_READER: reader}):
+        session.start()  # as at CuPy's import
+    assert session.state == "running", session.why_off
+    if fake is not None:  # the recorded pairs too: the records lie between them
+        session.collector._pairs[:0] = [tuple(int(x) for x in row) for row in zip(
+            rec.clock.cupti_ns, rec.clock.perf_ns, rec.clock.read_ns)]
     # the recorded loop thread's state was made in that process: its id as told then
     session._threads.append((main_thread, tid))
-    records = collector_records(rec)
-    cut = np.linspace(0, len(records), buffers + 1).astype(int)
+    if fake is not None:
+        fake.serve(buffers, pace_s)
+        feeder = threading.Thread(target=fake.wait, name="cupti-replay-wait")
+    else:
+        records = collector_records(rec)
+        cut = np.linspace(0, len(records), buffers + 1).astype(int)
 
-    def cupti_thread() -> None:  # hands over buffers as CUPTI's own thread does
-        for i in range(buffers):
-            collector_box[0]._buffer_completed(records[cut[i]:cut[i + 1]])
-            time.sleep(pace_s)
+        def cupti_thread() -> None:  # hands over buffers as CUPTI's own thread does
+            for i in range(buffers):
+                collector_box[0]._buffer_completed(records[cut[i]:cut[i + 1]])
+                time.sleep(pace_s)
 
-    feeder = threading.Thread(target=cupti_thread, name="cupti-replay")
+        feeder = threading.Thread(target=cupti_thread, name="cupti-replay")
     feeder.start()
     for i in range(0, len(block), block_rows):  # the loop thread's blocks, as it fills them
         recorder._absorb(tid, [tuple(row) for row in block[i:i + block_rows].tolist()])
@@ -200,7 +228,27 @@ def replay_live(name: str, out_dir: Path, *, buffers: int = 12, block_rows: int 
     outcome = session.finish()
     stats = report_run(recorder, tracer, cfg, hits=1, trace_path=lambda: str(path),
                        gpu=outcome)
-    return LiveReplay(name, trace, rec, session, outcome, stats, path, main_thread)
+    return LiveReplay(name, trace, rec, session, outcome, stats, path, main_thread, reader,
+                      fake.served if fake is not None else 0)
+
+
+@contextlib.contextmanager
+def environ(values: dict[str, str | None]) -> Iterator[None]:
+    """Environment variables set (a value) or unset (None) for a ``with`` block."""
+    saved = {key: os.environ.get(key) for key in values}
+    try:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def counted_only(data: dict[str, Any]) -> dict[str, Any]:

@@ -349,7 +349,8 @@ def test_the_live_agents_thread_map_needs_no_guess():
 
 # -- the live collector, without a GPU ------------------------------------------------------
 
-def test_without_cupti_python_gpu_activity_is_one_line_and_nothing_else():
+def test_without_cupti_python_gpu_activity_is_one_line_and_nothing_else(monkeypatch):
+    monkeypatch.setenv(gpu_activity.ENV_CUPTI_READER, "python")
     got = gpu_activity.start(lambda batch: None)
     assert isinstance(got, str) and "cupti-python" in got and "\n" not in got
 

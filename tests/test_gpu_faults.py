@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from gpu_live_replay import as_cupti_records, replay_live
-from support import REPO, program, run_with_agent
+from support import REPO, native_under_test, program, run_with_agent
 from verdict_workloads import SCRIPT
 
 from chainer_autoprof.common.gpu_records import (
@@ -34,6 +34,9 @@ from chainer_autoprof.common.gpu_records import (
 from chainer_autoprof.lifecycle import gpu_session
 from chainer_autoprof.report import gpu_events
 from chainer_autoprof.report.tracefile import read_trace
+from chainer_autoprof.runtime import cupti_native
+from chainer_autoprof.runtime import gpu_activity as gpu_activity_module
+from chainer_autoprof.runtime.hotpath import build
 
 #: The packages cupti-python 13 brings (numpy is the environment's own).
 CUPTI_PACKAGES = ("cupti-python", "cuda-bindings", "cuda-pathfinder", "nvidia-cuda-cupti",
@@ -68,14 +71,17 @@ def cupti_site(request, tmp_path_factory) -> Path | None:
     return folder
 
 
-def train(tmp: Path, *, gpu_activity: str | None, paths: list[Path]) -> tuple[object, Path]:
+def train(tmp: Path, *, gpu_activity: str | None, paths: list[Path],
+          reader: str = "python") -> tuple[object, Path]:
+    """The MLP under the agent (``reader``: which reader of CUPTI's records is asked for)."""
     tmp.mkdir(parents=True, exist_ok=True)
     trace = tmp / "trace.json"
     settings = {"CHAINER_PROF_SUMMARY": "1", "CHAINER_PROF_TRACE": str(trace),
                 "CHAINER_PROF_GRANULARITY": "link"}
     if gpu_activity is not None:
         settings["CHAINER_PROF_GPU_ACTIVITY"] = gpu_activity
-    env = {"PYTHONPATH": ":".join([str(REPO), *(str(p) for p in paths)])}
+    env = {"PYTHONPATH": ":".join([str(REPO), *(str(p) for p in paths)]),
+           gpu_activity_module.ENV_CUPTI_READER: reader}
     run = run_with_agent(tmp, SCRIPT, settings, script_args=("mlp", "--iterations", "12"),
                          nvtx=False, timeout=180, env=env)
     assert run.returncode == 0, run.stderr
@@ -125,6 +131,23 @@ def test_cupti_installed_without_a_driver_one_line_and_the_run_goes_on(tmp_path,
     assert len(gpu) == 1, run.stderr
     assert gpu[0].startswith("chainer_autoprof: GPU activity off: no CUDA driver for CUPTI: "
                              "NotSupportedError: CUDA driver is not found")
+    same_as_without(trace, tmp_path)
+
+
+def test_the_native_reader_without_a_driver_one_line_and_the_run_goes_on(tmp_path):
+    """The native reader on the nvidia-cuda-cupti wheel's libcupti, on this machine without a
+    CUDA driver: one line naming the missing driver, the run as without GPU activity."""
+    if not native_under_test():
+        pytest.skip("native extensions are not under test (CHAINER_AUTOPROF_TEST_NATIVE=0)")
+    build.build_cupti_in_place()
+    if not any("/nvidia/" in p for p in cupti_native.libcupti_candidates()):
+        pytest.skip("no nvidia-cuda-cupti wheel installed")
+    run, trace = train(tmp_path / "on", gpu_activity="1", paths=[cupy_stand_in(tmp_path)],
+                       reader="native")
+    gpu = [line for line in agent_lines(run.stderr) if "GPU activity" in line]
+    assert len(gpu) == 1, run.stderr
+    assert gpu[0].startswith("chainer_autoprof: GPU activity off: no CUDA driver for CUPTI: "
+                             "NativeCuptiError: ") and "libcuda.so.1" in gpu[0]
     same_as_without(trace, tmp_path)
 
 

@@ -89,7 +89,7 @@ StartCollector = Callable[[Callable[[ActivityBatch], None], NameTable], "Collect
 
 
 def start_cupti(on_batch: Callable[[ActivityBatch], None], names: NameTable) -> Collector | str:
-    """The live collector: CUPTI through cupti-python."""
+    """The live collector: CUPTI read natively, else through cupti-python."""
     return gpu_activity.start(on_batch, names=names)
 
 
@@ -128,6 +128,8 @@ class GpuSession:
         self._start_collector = start_collector
         self.names = NameTable()
         self.collector: Collector | None = None
+        #: Which reader of CUPTI's records runs (the collector's ``reader``).
+        self.reader = ""
         #: waiting (CuPy not imported yet), running, finished, or off (with ``why_off``)
         self.state = "waiting"
         self.why_off = ""
@@ -182,6 +184,8 @@ class GpuSession:
             log.warning(f"GPU activity off: {got}")
             return
         self.collector = got
+        self.reader = str(getattr(got, "reader", "python"))
+        log.info(f"GPU activity: CUPTI's records read by the {self.reader} reader")
         self.state = "running"
         self.recorder.gpu_handover = self._queue.append
         self._thread = threading.Thread(target=self._run, name="chainer_autoprof-gpu",

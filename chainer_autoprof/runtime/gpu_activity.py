@@ -1,5 +1,11 @@
-"""Live GPU activity through CUPTI (cupti-python): kernels, copies, memsets and the calls
-that launched them, handed over as :class:`~..common.gpu_records.ActivityBatch` blocks.
+"""Live GPU activity through CUPTI: kernels, copies, memsets and the calls that launched
+them, handed over as :class:`~..common.gpu_records.ActivityBatch` blocks.
+
+Two readers of CUPTI's records, chosen in one place (:func:`start`, reported by the
+collector's :attr:`~CuptiCollector.reader`): the native one (:mod:`.cupti_native`, a C
+extension that walks CUPTI's buffers without the GIL), where it is built and libcupti
+loads; else :class:`CuptiCollector` through cupti-python, described below.  Both hand the
+session the same columns.
 
 Like :mod:`.device`, this talks to CUDA, and only when asked: nothing here imports
 ``cupti`` before :meth:`CuptiCollector.start`.  What CUPTI gives back goes through
@@ -40,6 +46,7 @@ a helper thread, and a flush that does not return in time is given up with one l
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 from typing import Any, Callable, Iterable
@@ -69,6 +76,11 @@ QUIET_DRIVER = ("cuGetProcAddress_v2", "cuStreamGetCaptureInfo_v2", "cuDeviceGet
                 "cuCtxGetCurrent")
 #: Clock pairs kept (the first and a thinned rest beyond).
 MAX_PAIRS = 4096
+#: Which reader of CUPTI's records: ``native`` (required), ``python`` (cupti-python), or
+#: unset: the native one where it can run, else cupti-python.
+ENV_CUPTI_READER = "CHAINER_AUTOPROF_CUPTI_READER"
+#: What the native reader says when it cannot run at all (cupti-python is tried then).
+NATIVE_UNAVAILABLE = ("the native CUPTI reader is not built", "libcupti could not be loaded")
 
 
 def read_clock_pair(timestamp: Callable[[], int]) -> tuple[int, int, int]:
@@ -115,6 +127,8 @@ class CuptiCollector:
         self.running = False
         #: Set once collection stopped: a buffer CUPTI still hands over is not converted.
         self.closed = False
+        #: Which reader runs: ``native (libcupti's path)`` or ``python (why not native)``.
+        self.reader = "python"
 
     # -- what CUPTI calls, on its own thread ----------------------------------------------
     def _buffer_requested(self) -> tuple[int, int]:
@@ -137,10 +151,15 @@ class CuptiCollector:
             self.callback_errors += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
 
-    def _pair(self) -> None:
+    def _timestamp(self) -> Callable[[], int] | None:
+        """CUPTI's clock, where CUPTI runs."""
         cupti = self._cupti
-        if cupti is not None:
-            pair = read_clock_pair(cupti.get_timestamp)
+        return None if cupti is None else cupti.get_timestamp
+
+    def _pair(self) -> None:
+        timestamp = self._timestamp()
+        if timestamp is not None:
+            pair = read_clock_pair(timestamp)
             with self._lock:
                 self._pairs.append(pair)
                 if len(self._pairs) > MAX_PAIRS:  # keep the first and a thinned rest
@@ -304,7 +323,23 @@ def describe_error(exc: BaseException) -> str:
 
 
 def start(on_batch: Callable[[ActivityBatch], None], **kw: Any) -> CuptiCollector | str:
-    """A running collector, or the one line saying why GPU activity is off."""
+    """THE choice of reader (:data:`ENV_CUPTI_READER`): a running collector, or the one line
+    saying why GPU activity is off."""
+    want = os.environ.get(ENV_CUPTI_READER, "").strip().lower()
+    if want not in ("", "native", "python"):
+        return f"{ENV_CUPTI_READER}={want!r}: accepted native or python"
+    why_not_native = f"{ENV_CUPTI_READER}=python"
+    if want != "python":
+        from . import cupti_native  # its C extension is loaded only now
+
+        got = cupti_native.start(on_batch, **kw)
+        if not isinstance(got, str):
+            got.reader = f"native ({got.library})"
+            return got
+        if want == "native" or not got.startswith(NATIVE_UNAVAILABLE):
+            return got  # required, or CUPTI itself said no
+        why_not_native = got
     collector = CuptiCollector(on_batch, **kw)
+    collector.reader = f"python ({why_not_native})"
     reason = collector.start()
     return reason if reason is not None else collector

@@ -1,15 +1,20 @@
 """On a GPU machine (tests/gpu/run.sh): the CNN at batch 512 and 16 under the agent at sync
 level 0, GPU activity off and on; prints the iteration cost of GPU activity, the per-link GPU
 times, the busy share and its idle split, and HolisticTraceAnalysis on the live trace (its idle
-split beside ours)."""
+split beside ours).  Then the host-bound PTB-shaped RNN (``ptb.py``), GPU activity off and on
+interleaved three times: throughput and process wall, against the targets (within 3%; wall
+within 3% + 1 s)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -32,6 +37,50 @@ def run(batch: int, activity: bool, out: Path, iterations: int) -> Path:
     if proc.returncode != 0:
         raise SystemExit(f"the CNN at batch {batch} failed ({proc.returncode})")
     return trace
+
+
+def ptb_run(activity: bool, out: Path, words: int) -> tuple[float, float, str]:
+    """One run of ptb.py under the agent: (iterations per second, process wall s, reader)."""
+    trace = out / f"ptb_{'activity' if activity else 'plain'}.json"
+    env = dict(os.environ, CHAINER_PROF_TRACE=str(trace), CHAINER_PROF_GRANULARITY="link",
+               CHAINER_PROF_SYNC_LEVEL="0", CHAINER_PROF_LOG="info",
+               CHAINER_PROF_GPU_ACTIVITY="1" if activity else "0")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "chainer_autoprof", str(HERE / "ptb.py"),
+                           "--words", str(words)], env=env, capture_output=True, text=True,
+                          timeout=1200)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit(f"ptb.py failed ({proc.returncode})")
+    found = re.search(r"^iterations (\d+) training_s (\S+)$", proc.stdout, re.M)
+    assert found, proc.stdout[-2000:]
+    reader = re.search(r"read by the (.+) reader", proc.stderr)
+    return int(found.group(1)) / float(found.group(2)), wall, reader.group(1) if reader else ""
+
+
+def ptb(out: Path, words: int = 70_000, rounds: int = 3) -> bool:
+    """The PTB-shaped RNN, GPU activity off and on interleaved ``rounds`` times."""
+    runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    reader = ""
+    for i in range(rounds):
+        for activity in ((False, True) if i % 2 == 0 else (True, False)):
+            rate, wall, said = ptb_run(activity, out, words)
+            runs[activity].append((rate, wall))
+            reader = said or reader
+            print(f"  ptb round {i + 1}: GPU activity {'on ' if activity else 'off'} "
+                  f"{rate:.2f} it/s, process wall {wall:.1f} s", flush=True)
+    off_rate = statistics.median(r for r, _ in runs[False])
+    on_rate = statistics.median(r for r, _ in runs[True])
+    off_wall = statistics.median(w for _, w in runs[False])
+    on_wall = statistics.median(w for _, w in runs[True])
+    rate_ok = on_rate >= 0.97 * off_rate
+    wall_ok = on_wall <= 1.03 * off_wall + 1.0
+    print(f"\nptb (reader: {reader or '?'}): {off_rate:.2f} it/s without GPU activity, "
+          f"{on_rate:.2f} with it ({on_rate / off_rate - 1:+.1%}; within 3%: "
+          f"{'met' if rate_ok else 'not met'}); process wall {off_wall:.1f} s vs {on_wall:.1f} s "
+          f"(within 3% + 1 s: {'met' if wall_ok else 'not met'})")
+    return rate_ok and wall_ok
 
 
 def main() -> int:
@@ -67,8 +116,9 @@ def main() -> int:
         print("  idle split, share of the idle time, HTA / ours: " + ", ".join(
             f"{k} {theirs:.1%} / {ours:.1%}" for k, (theirs, ours) in shares.items())
               + f"; within 5 points: {'met' if apart < 0.05 else 'not met'}")
+    ok = ptb(out)
     print(f"\ntraces in {out}")
-    return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -3,9 +3,13 @@
 #
 #   tests/gpu/run.sh fetch   # here, with a package index: the wheels the GPU machine lacks,
 #                            # into tests/gpu/.carry (ignored by git; it travels with the checkout)
-#   tests/gpu/run.sh         # there: installs them and the project into tests/gpu/.carry/site,
-#                            # runs the gpu-marked tests, then the CNN at batch 512 and 16 with
-#                            # GPU activity off and on (tests/gpu/measure.py)
+#   tests/gpu/run.sh         # there: installs them and the project into tests/gpu/.carry/site
+#                            # (the native CUPTI reader built against the nvidia wheels'
+#                            # headers), runs the gpu-marked tests, then the CNN at batch 512
+#                            # and 16 with GPU activity off and on, and the PTB-shaped RNN
+#                            # (tests/gpu/ptb.py) off and on interleaved three times
+#                            # (tests/gpu/measure.py); CUPTI_READER=python: cupti-python's
+#                            # reader instead of the native one, for comparison
 #
 # GPU_PYTHON_VERSION (default 3.12): the GPU machine's Python, for the wheels fetched here.
 # CUPTI_PYTHON (default cupti-python, the newest: CUDA 13): e.g. "cupti-python>=12.6,<13" for
@@ -23,6 +27,7 @@ if [ "${1:-}" = fetch ]; then
     "$PY" -m pip download --only-binary=:all: --python-version "${GPU_PYTHON_VERSION:-3.12}" \
         --no-deps -d "$CARRY/wheels" nvtx wrapt \
         "${CUPTI_PYTHON:-cupti-python}" cuda-bindings cuda-pathfinder nvidia-cuda-cupti \
+        nvidia-cuda-runtime nvidia-cuda-crt nvidia-nvtx \
         pyelftools pytest pluggy iniconfig packaging hypothesis attrs sortedcontainers \
         holistictraceanalysis==0.5.0 pandas plotly narwhals networkx psutil pyyaml \
         python-dateutil pytz tzdata six
@@ -37,9 +42,13 @@ fi
 SITE=$CARRY/site
 rm -rf "$SITE"
 "$PY" -m pip install --quiet --no-index --no-deps --target "$SITE" "$CARRY"/wheels/*.whl
+export PYTHONPATH=$PWD/$SITE  # the build finds the nvidia wheels' headers there
 "$PY" -m pip install --quiet --no-deps --no-build-isolation --ignore-requires-python \
     --target "$SITE" .
 cp tests/gpu/harness/sitecustomize.py "$SITE/"  # Chainer 7.8.1 on Python 3.12 and NumPy 2
-export PYTHONPATH=$PWD/$SITE
+"$PY" -c 'from chainer_autoprof.runtime import cupti_native; cupti_native.load_extension()' \
+    && echo "tests/gpu/run.sh: native CUPTI reader built" \
+    || echo "tests/gpu/run.sh: native CUPTI reader NOT built: GPU activity reads cupti-python"
+if [ -n "${CUPTI_READER:-}" ]; then export CHAINER_AUTOPROF_CUPTI_READER=$CUPTI_READER; fi
 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
 "$PY" tests/gpu/measure.py

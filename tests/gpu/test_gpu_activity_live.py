@@ -35,10 +35,14 @@ def cp():
     return cupy
 
 
-def test_gpu_collector_ties_each_kernel_to_its_launch_on_this_thread(cp):
+@pytest.mark.parametrize("reader", ["native", "python"])
+def test_gpu_collector_ties_each_kernel_to_its_launch_on_this_thread(cp, reader, monkeypatch):
+    """Each reader of CUPTI's records (the native one: built with the package)."""
+    monkeypatch.setenv(gpu_activity.ENV_CUPTI_READER, reader)
     batches = []
     got = gpu_activity.start(batches.append)
     assert not isinstance(got, str), got
+    assert got.reader.startswith(reader)
     a = cp.random.rand(1024, 1024, dtype=cp.float32)
     for _ in range(5):
         a = a @ a / 1024

@@ -12,6 +12,13 @@ alone, is handed to the compiler (``-DCHAINER_AUTOPROF_PROTOCOL=N``).
 
 NVTX v3 is header-only: its headers come from the ``nvidia-nvtx`` wheel (a
 build requirement), or from a CUDA toolkit.
+
+A second, separate extension reads CUPTI's activity buffers in C
+(``chainer_autoprof/runtime/cupti_native.c`` -> :data:`CUPTI_MODULE`): built against
+CUPTI's headers (the ``nvidia-cuda-cupti`` wheel, with ``cuda.h`` and its includes from
+``nvidia-cuda-runtime`` and ``nvidia-cuda-crt``; or a CUDA toolkit), it loads libcupti
+itself at run time (dlopen), so it builds and imports on a machine without a GPU.  Where
+it cannot be built, GPU activity reads CUPTI through cupti-python instead.
 """
 
 from __future__ import annotations
@@ -39,6 +46,13 @@ EXTRA_COMPILE_ARGS = ["-O2", "-std=gnu11"]
 LIBRARIES = ["dl"]  # NVTX loads the tool with dlopen
 
 
+#: The CUPTI reader: its C file and module (an extension of its own, see the docstring).
+CUPTI_SOURCES = (HERE.parent / "cupti_native.c",)
+CUPTI_MODULE = "chainer_autoprof.runtime._cupti"
+#: What ``cupti_native.c`` includes, and from where.
+CUPTI_HEADERS = ("cupti_activity.h", "cuda.h", "builtin_types.h", "crt/host_defines.h")
+
+
 class BuildError(RuntimeError):
     """The extension could not be built; ``str(err)`` is one line saying why."""
 
@@ -58,6 +72,26 @@ def nvtx_include_dir() -> Path | None:
         if (directory / "nvtx3" / "nvToolsExt.h").is_file():
             return directory
     return None
+
+
+def cupti_include_dirs() -> list[Path] | None:
+    """Directories holding :data:`CUPTI_HEADERS` (the nvidia wheels, else CUDA), or None."""
+    candidates: list[Path] = []
+    for key in ("purelib", "platlib"):
+        candidates += sorted(Path(sysconfig.get_paths()[key]).glob("nvidia/*/include"))
+    for entry in sys.path:
+        candidates += sorted(Path(entry or ".").glob("nvidia/*/include"))
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    for root in ([Path(cuda_home)] if cuda_home else []) + [Path("/usr/local/cuda")]:
+        candidates += [root / "include", root / "extras" / "CUPTI" / "include"]
+    found: list[Path] = []
+    for header in CUPTI_HEADERS:
+        where = next((d for d in candidates if (d / header).is_file()), None)
+        if where is None:
+            return None
+        if where not in found:
+            found.append(where)
+    return found
 
 
 def protocol_version() -> int:
@@ -87,6 +121,31 @@ def is_stale(path: Path | None = None) -> bool:
     return any(built < f.stat().st_mtime for f in (*SOURCES, *HEADERS, PROTOCOL_FILE))
 
 
+def cupti_target() -> Path:
+    """Where the CUPTI reader's in-place build goes."""
+    return HERE.parent / ("_cupti" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+
+
+def build_cupti_in_place(force: bool = False) -> Path:
+    """Compile the CUPTI reader next to its source unless up to date; raises
+    :class:`BuildError`."""
+    out = cupti_target()
+    if force or not out.exists() or any(
+            out.stat().st_mtime < f.stat().st_mtime for f in CUPTI_SOURCES):
+        compile_cupti_to(out)
+    return out
+
+
+def compile_cupti_to(out: Path) -> None:
+    """Compile the CUPTI reader into ``out``; raises :class:`BuildError` (one line: why)."""
+    include = cupti_include_dirs()
+    if include is None:
+        raise BuildError("the CUPTI headers (cupti_activity.h, cuda.h) were not found: pip "
+                         "install nvidia-cuda-cupti nvidia-cuda-runtime nvidia-cuda-crt")
+    _compile(out, CUPTI_SOURCES, [sysconfig.get_paths()["include"], *map(str, include)],
+             [], ["dl", "pthread"])
+
+
 def build_in_place(force: bool = False) -> Path:
     """Compile the extension next to its sources unless up to date; raises
     :class:`BuildError`."""
@@ -106,12 +165,18 @@ def compile_to(out: Path, include_dirs: tuple[str, ...] = ()) -> None:
     if include is None:
         raise BuildError("the NVTX headers (nvtx3/nvToolsExt.h) were not found: "
                          "pip install nvidia-nvtx")
+    _compile(out, SOURCES, [sysconfig.get_paths()["include"], *include_dirs, str(include)],
+             defines(), LIBRARIES)
+
+
+def _compile(out: Path, sources: tuple[Path, ...], include_dirs: list[str], flags: list[str],
+             libraries: list[str]) -> None:
     cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "gcc"
     out.parent.mkdir(parents=True, exist_ok=True)
-    includes = [f"-I{d}" for d in (sysconfig.get_paths()["include"], *include_dirs, include)]
+    includes = [f"-I{d}" for d in include_dirs]
     with _outputs().replaced_by(str(out)) as tmp:  # renamed into place once it is whole
-        cmd = [*cc.split(), "-shared", "-fPIC", *EXTRA_COMPILE_ARGS, *defines(), *includes,
-               "-o", tmp, *map(str, SOURCES), *(f"-l{lib}" for lib in LIBRARIES)]
+        cmd = [*cc.split(), "-shared", "-fPIC", *EXTRA_COMPILE_ARGS, *flags, *includes,
+               "-o", tmp, *map(str, sources), *(f"-l{lib}" for lib in libraries)]
         try:
             result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         except OSError as exc:

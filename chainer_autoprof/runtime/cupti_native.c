@@ -1,0 +1,856 @@
+/* cupti_native.c -- CUPTI's activity buffers read in C (module chainer_autoprof.runtime._cupti).
+ *
+ * Why: through cupti-python every record becomes a Python object on CUPTI's thread and is
+ * converted again, about 9 us each with the GIL held: on a host-bound model that costs the
+ * training thread more than the profile is worth.  Here libcupti is loaded at run time
+ * (dlopen of the path the Python side chose: the nvidia-cuda-cupti wheel, the CUDA toolkit,
+ * or a test library), this module registers its own buffer callbacks, and each completed
+ * buffer is walked in C with CUPTI's record structs (cupti_activity.h), without the GIL.
+ *
+ * What comes out, per buffer, as two int64 tables (column after column, handed over without
+ * a copy) given to one Python callable (the only moment the GIL is taken, once per buffer):
+ *   ops: kernels, copies and memsets, one row of OP_COLUMNS each (the order of
+ *        common.gpu_records.GpuOps), -1 where a column does not apply;
+ *   api: the runtime/driver calls that launched those operations (API_COLUMNS, the order
+ *        of ApiCalls), each handed over once.
+ * The launch calls that launch nothing (12 of 13 API records in the recorded CNN) are kept
+ * here only: a table indexed by the low bits of the correlation id holds the newest
+ * API_SLOTS calls; an operation takes its call from it (or, when the call is still to come,
+ * leaves its id in a table of waiting ids that the call finds).  So the attribution joins
+ * every operation to its call exactly as it would with every API record, at one API row per
+ * operation instead of thirteen.
+ *
+ * Kernel names are interned here (by CUPTI's name pointer, then by text): a name new to
+ * this module goes to Python once, as (id, text), with the buffer that first holds it.
+ *
+ * Only the leading fields of each record are read; they have kept their offsets in every
+ * record version since CUDA 11 (new fields are appended), so a libcupti of CUDA 12 or 13
+ * serves the structs of this header alike.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cupti_activity.h>
+#include <cupti_version.h>
+#include <cupti_driver_cbid.h>
+#include <cupti_runtime_cbid.h>
+
+/* -- libcupti's functions, resolved by dlsym -------------------------------------------- */
+typedef CUptiResult (*register_fn)(CUpti_BuffersCallbackRequestFunc,
+                                   CUpti_BuffersCallbackCompleteFunc);
+typedef CUptiResult (*kind_fn)(CUpti_ActivityKind);
+typedef CUptiResult (*api_switch_fn)(CUpti_CallbackId, uint8_t);
+typedef CUptiResult (*flag_fn)(uint32_t);
+typedef CUptiResult (*next_fn)(uint8_t *, size_t, CUpti_Activity **);
+typedef CUptiResult (*dropped_fn)(CUcontext, uint32_t, size_t *);
+typedef CUptiResult (*timestamp_fn)(uint64_t *);
+typedef CUptiResult (*thread_type_fn)(CUpti_ActivityThreadIdType);
+typedef CUptiResult (*result_string_fn)(CUptiResult, const char **);
+
+static struct {
+    void *handle;
+    char *path;
+    register_fn register_callbacks;
+    kind_fn enable, disable;
+    api_switch_fn enable_runtime, enable_driver; /* optional (CUDA 12.? and later) */
+    flag_fn flush_all, flush_period;             /* flush_period optional */
+    next_fn next_record;
+    dropped_fn dropped;                          /* optional */
+    timestamp_fn timestamp;
+    thread_type_fn thread_type;                  /* optional */
+    result_string_fn result_string;              /* optional */
+} lib;
+
+/* -- the columns ------------------------------------------------------------------------- */
+enum { OP_KIND, OP_START, OP_END, OP_CORR, OP_DEVICE, OP_CONTEXT, OP_STREAM, OP_NAME, OP_BYTES,
+       OP_COPY_KIND, OP_SRC_KIND, OP_DST_KIND, OP_VALUE, OP_GRID_X, OP_GRID_Y, OP_GRID_Z,
+       OP_BLOCK_X, OP_BLOCK_Y, OP_BLOCK_Z, OP_REGISTERS, OP_STATIC_SMEM, OP_DYNAMIC_SMEM,
+       OP_NCOLS };
+static const char *const OP_COLUMNS[OP_NCOLS] = {
+    "kind", "start", "end", "correlation", "device", "context", "stream", "name", "bytes",
+    "copy_kind", "src_kind", "dst_kind", "value", "grid_x", "grid_y", "grid_z", "block_x",
+    "block_y", "block_z", "registers", "static_smem", "dynamic_smem"};
+enum { API_DOMAIN, API_START, API_END, API_CORR, API_CBID, API_THREAD, API_NCOLS };
+static const char *const API_COLUMNS[API_NCOLS] = {
+    "domain", "start", "end", "correlation", "cbid", "thread"};
+/* GpuOps.kind and ApiCalls.domain (common/gpu_records.py) */
+enum { KIND_KERNEL = 0, KIND_MEMCPY = 1, KIND_MEMSET = 2 };
+enum { DOMAIN_RUNTIME = 0, DOMAIN_DRIVER = 1 };
+
+/* -- state shared by the buffer callbacks (under `lock`) ---------------------------------- */
+#define API_BITS 18
+#define API_SLOTS (1u << API_BITS)
+#define WAIT_BITS 16
+#define WAIT_SLOTS (1u << WAIT_BITS)
+#define NAME_CACHE 4096 /* pointer -> id, direct-mapped */
+
+typedef struct {
+    int64_t start, end;
+    uint32_t corr, cbid, thread;
+    uint8_t used, domain, handed, pad;
+} api_slot;
+
+typedef struct {
+    char *text;
+    size_t len;
+    uint64_t hash;
+} name_entry;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static api_slot *api_table;      /* API_SLOTS */
+static uint32_t *waiting;        /* WAIT_SLOTS: ids of operations whose call is still to come */
+static name_entry *names;        /* by id */
+static size_t n_names, cap_names;
+static int64_t *name_index;      /* open addressing by hash: id + 1, 0 empty */
+static size_t cap_index;
+static struct { const char *ptr; int64_t id; } name_cache[NAME_CACHE];
+
+static size_t buffer_bytes = 8u << 20;
+/* called with (ops Block, its rows, api Block, its rows, rows of room, [(id, name), ...]) */
+static PyObject *on_buffer;
+static volatile int closed = 1;   /* set: completed buffers are freed unread */
+static long long walked_records; /* counts.records, readable without the lock */
+static struct {
+    long long buffers, records, ops, api_handed, incomplete, dropped, errors, unread;
+} counts;
+
+/* -- column tables (one per buffer, room for every record it can hold) ------------------ */
+typedef struct {
+    int64_t *cols; /* column c, row i at cols[c * cap + i] */
+    size_t n, cap, width;
+} table;
+
+/* The smallest record this module reads (CUpti_ActivityAPI): a buffer of `valid` bytes holds
+ * fewer rows of any table than valid / MIN_RECORD + 1. */
+#define MIN_RECORD 40
+
+static int table_init(table *t, size_t width, size_t valid)
+{
+    t->n = 0;
+    t->width = width;
+    t->cap = valid / MIN_RECORD + 1;
+    t->cols = malloc(width * t->cap * sizeof(int64_t)); /* pages touched as rows are written */
+    return t->cols == NULL ? -1 : 0;
+}
+
+/* A new row's index, or -1 (never: the table has room for every record). */
+static inline long table_row(table *t)
+{
+    return t->n < t->cap ? (long)t->n++ : -1;
+}
+
+#define CELL(t, c, i) ((t)->cols[(size_t)(c) * (t)->cap + (size_t)(i)])
+
+/* -- kernel names ------------------------------------------------------------------------- */
+static uint64_t text_hash(const char *s, size_t *len)
+{
+    uint64_t h = 1469598103934665603ull;
+    const char *p = s;
+    for (; *p; p++)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    *len = (size_t)(p - s);
+    return h;
+}
+
+static int index_insert(int64_t id)
+{
+    size_t mask = cap_index - 1, i = (size_t)names[id].hash & mask;
+    while (name_index[i])
+        i = (i + 1) & mask;
+    name_index[i] = id + 1;
+    return 0;
+}
+
+/* The id of kernel name `s`, new ones appended to `fresh` as ids; -1 when out of memory. */
+static int64_t name_id(const char *s, table *fresh)
+{
+    if (s == NULL)
+        return -1;
+    size_t slot = ((uintptr_t)s >> 3) & (NAME_CACHE - 1);
+    if (name_cache[slot].ptr == s)
+        return name_cache[slot].id;
+    size_t len;
+    uint64_t h = text_hash(s, &len);
+    if (cap_index) {
+        size_t mask = cap_index - 1;
+        for (size_t i = (size_t)h & mask; name_index[i]; i = (i + 1) & mask) {
+            name_entry *e = &names[name_index[i] - 1];
+            if (e->hash == h && e->len == len && memcmp(e->text, s, len) == 0) {
+                name_cache[slot].ptr = s;
+                name_cache[slot].id = name_index[i] - 1;
+                return name_index[i] - 1;
+            }
+        }
+    }
+    if (n_names == cap_names) {
+        size_t cap = cap_names ? cap_names * 2 : 256;
+        name_entry *grown = realloc(names, cap * sizeof(name_entry));
+        if (grown == NULL)
+            return -1;
+        names = grown;
+        cap_names = cap;
+    }
+    if (2 * (n_names + 1) > cap_index) { /* rehash into twice the room */
+        size_t cap = cap_index ? cap_index * 2 : 512;
+        int64_t *index = calloc(cap, sizeof(int64_t));
+        if (index == NULL)
+            return -1;
+        free(name_index);
+        name_index = index;
+        cap_index = cap;
+        for (size_t i = 0; i < n_names; i++)
+            index_insert((int64_t)i);
+    }
+    char *text = malloc(len + 1);
+    if (text == NULL)
+        return -1;
+    memcpy(text, s, len + 1);
+    int64_t id = (int64_t)n_names++;
+    names[id].text = text;
+    names[id].len = len;
+    names[id].hash = h;
+    index_insert(id);
+    long row = table_row(fresh);
+    if (row < 0)
+        return -1;
+    CELL(fresh, 0, row) = id;
+    name_cache[slot].ptr = s;
+    name_cache[slot].id = id;
+    return id;
+}
+
+/* -- the walk of one buffer ---------------------------------------------------------------- */
+static int hand_api(api_slot *a, table *api)
+{
+    long i = table_row(api);
+    if (i < 0)
+        return -1;
+    CELL(api, API_DOMAIN, i) = a->domain;
+    CELL(api, API_START, i) = a->start;
+    CELL(api, API_END, i) = a->end;
+    CELL(api, API_CORR, i) = a->corr;
+    CELL(api, API_CBID, i) = a->cbid;
+    CELL(api, API_THREAD, i) = a->thread;
+    a->handed = 1;
+    return 0;
+}
+
+/* A new operation's row with its common fields (each kind sets or clears the rest); its
+ * index, or -1. */
+static long op_row(table *ops, int kind, uint64_t start, uint64_t end, uint32_t corr,
+                   uint32_t device, uint32_t context, uint32_t stream)
+{
+    long i = table_row(ops);
+    if (i < 0)
+        return -1;
+    CELL(ops, OP_KIND, i) = kind;
+    CELL(ops, OP_START, i) = (int64_t)start;
+    CELL(ops, OP_END, i) = (int64_t)end;
+    CELL(ops, OP_CORR, i) = corr;
+    CELL(ops, OP_DEVICE, i) = device;
+    CELL(ops, OP_CONTEXT, i) = context;
+    CELL(ops, OP_STREAM, i) = stream;
+    return i;
+}
+
+/* The operation's launching call, handed over with it (or awaited). */
+static int launch_of(uint32_t corr, table *api)
+{
+    api_slot *a = &api_table[corr & (API_SLOTS - 1)];
+    if (a->used && a->corr == corr) {
+        return a->handed ? 0 : hand_api(a, api);
+    }
+    waiting[corr & (WAIT_SLOTS - 1)] = corr;
+    return 0;
+}
+
+/* Walk `buffer` into `ops`, `api` and `fresh` (new name ids); 0, or -1 out of memory. */
+static int walk(uint8_t *buffer, size_t valid, table *ops, table *api, table *fresh)
+{
+    CUpti_Activity *record = NULL;
+    while (lib.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
+        switch (record->kind) {
+        case CUPTI_ACTIVITY_KIND_KERNEL:
+        case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+            const CUpti_ActivityKernel13 *k = (const CUpti_ActivityKernel13 *)record;
+            counts.records++;
+            if (k->start == 0 || k->end < k->start) {
+                counts.incomplete++;
+                break;
+            }
+            long i = op_row(ops, KIND_KERNEL, k->start, k->end, k->correlationId, k->deviceId,
+                            k->contextId, k->streamId);
+            if (i < 0)
+                return -1;
+            CELL(ops, OP_NAME, i) = name_id(k->name, fresh);
+            CELL(ops, OP_GRID_X, i) = k->gridX;
+            CELL(ops, OP_GRID_Y, i) = k->gridY;
+            CELL(ops, OP_GRID_Z, i) = k->gridZ;
+            CELL(ops, OP_BLOCK_X, i) = k->blockX;
+            CELL(ops, OP_BLOCK_Y, i) = k->blockY;
+            CELL(ops, OP_BLOCK_Z, i) = k->blockZ;
+            CELL(ops, OP_REGISTERS, i) = k->registersPerThread;
+            CELL(ops, OP_STATIC_SMEM, i) = k->staticSharedMemory;
+            CELL(ops, OP_DYNAMIC_SMEM, i) = k->dynamicSharedMemory;
+            for (int c = OP_BYTES; c <= OP_VALUE; c++) /* a copy's and a memset's */
+                CELL(ops, c, i) = -1;
+            if (launch_of(k->correlationId, api))
+                return -1;
+            break;
+        }
+        case CUPTI_ACTIVITY_KIND_MEMCPY: {
+            const CUpti_ActivityMemcpy7 *m = (const CUpti_ActivityMemcpy7 *)record;
+            counts.records++;
+            if (m->start == 0 || m->end < m->start) {
+                counts.incomplete++;
+                break;
+            }
+            long i = op_row(ops, KIND_MEMCPY, m->start, m->end, m->correlationId, m->deviceId,
+                            m->contextId, m->streamId);
+            if (i < 0)
+                return -1;
+            CELL(ops, OP_BYTES, i) = (int64_t)m->bytes;
+            CELL(ops, OP_COPY_KIND, i) = m->copyKind;
+            CELL(ops, OP_SRC_KIND, i) = m->srcKind;
+            CELL(ops, OP_DST_KIND, i) = m->dstKind;
+            CELL(ops, OP_NAME, i) = CELL(ops, OP_VALUE, i) = -1;
+            for (int c = OP_GRID_X; c < OP_NCOLS; c++) /* a kernel's */
+                CELL(ops, c, i) = -1;
+            if (launch_of(m->correlationId, api))
+                return -1;
+            break;
+        }
+        case CUPTI_ACTIVITY_KIND_MEMSET: {
+            const CUpti_ActivityMemset5 *m = (const CUpti_ActivityMemset5 *)record;
+            counts.records++;
+            if (m->start == 0 || m->end < m->start) {
+                counts.incomplete++;
+                break;
+            }
+            long i = op_row(ops, KIND_MEMSET, m->start, m->end, m->correlationId, m->deviceId,
+                            m->contextId, m->streamId);
+            if (i < 0)
+                return -1;
+            CELL(ops, OP_BYTES, i) = (int64_t)m->bytes;
+            CELL(ops, OP_VALUE, i) = m->value;
+            for (int c = OP_NAME; c < OP_NCOLS; c++)
+                if (c != OP_BYTES && c != OP_VALUE)
+                    CELL(ops, c, i) = -1;
+            if (launch_of(m->correlationId, api))
+                return -1;
+            break;
+        }
+        case CUPTI_ACTIVITY_KIND_RUNTIME:
+        case CUPTI_ACTIVITY_KIND_DRIVER: {
+            const CUpti_ActivityAPI *c = (const CUpti_ActivityAPI *)record;
+            counts.records++;
+            uint32_t corr = c->correlationId;
+            api_slot *a = &api_table[corr & (API_SLOTS - 1)];
+            a->start = (int64_t)c->start;
+            a->end = (int64_t)c->end;
+            a->corr = corr;
+            a->cbid = c->cbid;
+            a->thread = c->threadId;
+            a->used = 1;
+            a->domain = record->kind == CUPTI_ACTIVITY_KIND_RUNTIME ? DOMAIN_RUNTIME
+                                                                   : DOMAIN_DRIVER;
+            a->handed = 0;
+            uint32_t *w = &waiting[corr & (WAIT_SLOTS - 1)];
+            if (*w == corr && corr != 0) { /* its operation came first */
+                *w = 0;
+                if (hand_api(a, api))
+                    return -1;
+            }
+            break;
+        }
+        default:
+            break;
+        }
+    }
+    return 0;
+}
+
+/* -- CUPTI's callbacks --------------------------------------------------------------------- */
+static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 8, buffer_bytes) != 0)
+        p = NULL;
+    *buffer = p;
+    *size = p ? buffer_bytes : 0;
+    *max_records = 0;
+}
+
+static int python_finalizing(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
+/* A table's memory handed to Python without a copy: a buffer (read and write) that frees
+ * it when the last view of it goes.  Column c of a table of `cap` rows starts at c * cap. */
+typedef struct {
+    PyObject_HEAD
+    int64_t *data;
+    Py_ssize_t bytes;
+} Block;
+
+static int block_getbuffer(PyObject *self, Py_buffer *view, int flags)
+{
+    Block *b = (Block *)self;
+    return PyBuffer_FillInfo(view, self, b->data, b->bytes, 0, flags);
+}
+
+static void block_dealloc(PyObject *self)
+{
+    free(((Block *)self)->data);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyBufferProcs block_buffer = {block_getbuffer, NULL};
+
+static PyTypeObject BlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "chainer_autoprof.runtime._cupti.Block",
+    .tp_basicsize = sizeof(Block),
+    .tp_dealloc = block_dealloc,
+    .tp_as_buffer = &block_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A buffer's column table (column c of `cap` rows at c * cap).",
+};
+
+/* The table's memory as a Block (the table gives it up), or NULL. */
+static PyObject *columns(table *t)
+{
+    Block *b = PyObject_New(Block, &BlockType);
+    if (b == NULL)
+        return NULL;
+    b->data = t->cols;
+    b->bytes = (Py_ssize_t)(t->width * t->cap * sizeof(int64_t));
+    t->cols = NULL;
+    return (PyObject *)b;
+}
+
+/* Hand one buffer's tables to Python (GIL taken here, and only here). */
+static void hand_over(table *ops, table *api, table *fresh)
+{
+    if (closed || !Py_IsInitialized() || python_finalizing())
+        return;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    if (closed || on_buffer == NULL) { /* closed while this thread waited for the GIL */
+        counts.unread++;
+        PyGILState_Release(gil);
+        return;
+    }
+    PyObject *callback = on_buffer;
+    Py_INCREF(callback);
+    PyObject *o = columns(ops), *a = columns(api), *n = PyList_New(0);
+    int ok = o != NULL && a != NULL && n != NULL;
+    for (size_t i = 0; ok && i < fresh->n; i++) {
+        int64_t id = CELL(fresh, 0, i);
+        pthread_mutex_lock(&lock);
+        PyObject *text = PyUnicode_DecodeUTF8(names[id].text, (Py_ssize_t)names[id].len,
+                                              "replace");
+        pthread_mutex_unlock(&lock);
+        PyObject *item = text == NULL ? NULL : Py_BuildValue("(LN)", (long long)id, text);
+        ok = item != NULL && PyList_Append(n, item) == 0;
+        Py_XDECREF(item);
+    }
+    if (ok) {
+        PyObject *r = PyObject_CallFunction(callback, "OnOnnO", o, (Py_ssize_t)ops->n, a,
+                                            (Py_ssize_t)api->n, (Py_ssize_t)ops->cap, n);
+        ok = r != NULL;
+        Py_XDECREF(r);
+    }
+    if (!ok) {
+        counts.errors++;
+        PyErr_Clear(); /* CUPTI's thread must never carry our exception */
+    }
+    Py_XDECREF(o);
+    Py_XDECREF(a);
+    Py_XDECREF(n);
+    Py_DECREF(callback);
+    PyGILState_Release(gil);
+}
+
+static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t *buffer,
+                                      size_t size, size_t valid)
+{
+    (void)size;
+    table ops = {NULL, 0, 0, OP_NCOLS}, api = {NULL, 0, 0, API_NCOLS}, fresh = {NULL, 0, 0, 1};
+    int failed = 0;
+    if (!closed && buffer != NULL
+        && (table_init(&ops, OP_NCOLS, valid) || table_init(&api, API_NCOLS, valid)
+            || table_init(&fresh, 1, valid)))
+        failed = 1;
+    pthread_mutex_lock(&lock);
+    if (failed) {
+        counts.errors++;
+        counts.unread++;
+    } else if (closed || buffer == NULL || api_table == NULL) {
+        counts.unread += buffer != NULL && valid > 0;
+    } else {
+        failed = walk(buffer, valid, &ops, &api, &fresh) != 0;
+        __atomic_store_n(&walked_records, counts.records, __ATOMIC_RELEASE);
+        counts.buffers++;
+        counts.ops += (long long)ops.n;
+        counts.api_handed += (long long)api.n;
+        if (lib.dropped != NULL) {
+            size_t dropped = 0;
+            if (lib.dropped(context, stream, &dropped) == CUPTI_SUCCESS)
+                counts.dropped += (long long)dropped;
+        }
+        if (failed)
+            counts.errors++;
+    }
+    pthread_mutex_unlock(&lock);
+    free(buffer);
+    if (!failed && (ops.n || api.n || fresh.n))
+        hand_over(&ops, &api, &fresh);
+    free(ops.cols);
+    free(api.cols);
+    free(fresh.cols);
+}
+
+/* -- the module's functions --------------------------------------------------------------- */
+static void *need(const char *name, PyObject **missing)
+{
+    void *f = dlsym(lib.handle, name);
+    if (f == NULL && *missing == NULL)
+        *missing = PyUnicode_FromString(name);
+    return f;
+}
+
+static PyObject *py_load(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *path = PyUnicode_AsUTF8(arg);
+    if (path == NULL)
+        return NULL;
+    if (lib.handle != NULL) {
+        if (strcmp(lib.path, path) == 0)
+            Py_RETURN_NONE;
+        if (!closed)
+            return PyUnicode_FromFormat("another libcupti is in use (%s)", lib.path);
+        dlclose(lib.handle); /* no collector runs on it: another is asked for */
+        free(lib.path);
+        memset(&lib, 0, sizeof(lib));
+    }
+    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (handle == NULL) {
+        const char *why = dlerror();
+        return PyUnicode_FromString(why ? why : "dlopen failed");
+    }
+    lib.handle = handle;
+    lib.path = strdup(path);
+    PyObject *missing = NULL;
+    lib.register_callbacks = (register_fn)need("cuptiActivityRegisterCallbacks", &missing);
+    lib.enable = (kind_fn)need("cuptiActivityEnable", &missing);
+    lib.disable = (kind_fn)need("cuptiActivityDisable", &missing);
+    lib.flush_all = (flag_fn)need("cuptiActivityFlushAll", &missing);
+    lib.next_record = (next_fn)need("cuptiActivityGetNextRecord", &missing);
+    lib.timestamp = (timestamp_fn)need("cuptiGetTimestamp", &missing);
+    lib.enable_runtime = (api_switch_fn)dlsym(handle, "cuptiActivityEnableRuntimeApi");
+    lib.enable_driver = (api_switch_fn)dlsym(handle, "cuptiActivityEnableDriverApi");
+    lib.flush_period = (flag_fn)dlsym(handle, "cuptiActivityFlushPeriod");
+    lib.dropped = (dropped_fn)dlsym(handle, "cuptiActivityGetNumDroppedRecords");
+    lib.thread_type = (thread_type_fn)dlsym(handle, "cuptiSetThreadIdType");
+    lib.result_string = (result_string_fn)dlsym(handle, "cuptiGetResultString");
+    if (lib.path == NULL && missing == NULL)
+        missing = PyUnicode_FromString("memory for its path");
+    if (missing != NULL) {
+        PyObject *why = PyUnicode_FromFormat("%s has no %U", path, missing);
+        Py_DECREF(missing);
+        dlclose(handle);
+        free(lib.path);
+        memset(&lib, 0, sizeof(lib));
+        return why;
+    }
+    Py_RETURN_NONE;
+}
+
+/* A new collector starts afresh: no calls, names or counts of an earlier one (under lock). */
+static void reset(void)
+{
+    free(api_table);
+    free(waiting);
+    api_table = NULL;
+    waiting = NULL;
+    for (size_t i = 0; i < n_names; i++)
+        free(names[i].text);
+    n_names = 0;
+    if (name_index != NULL)
+        memset(name_index, 0, cap_index * sizeof(int64_t));
+    memset(name_cache, 0, sizeof(name_cache));
+    memset(&counts, 0, sizeof(counts));
+    __atomic_store_n(&walked_records, 0, __ATOMIC_RELEASE);
+}
+
+#define NEED_LIB()                                                                  \
+    do {                                                                            \
+        if (lib.handle == NULL) {                                                   \
+            PyErr_SetString(PyExc_RuntimeError, "libcupti is not loaded");          \
+            return NULL;                                                            \
+        }                                                                           \
+    } while (0)
+
+static PyObject *py_register(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_ssize_t bytes;
+    PyObject *callback;
+    if (!PyArg_ParseTuple(args, "nO:register", &bytes, &callback))
+        return NULL;
+    NEED_LIB();
+    if (bytes < 4096 || !PyCallable_Check(callback)) {
+        PyErr_SetString(PyExc_ValueError, "register(bytes >= 4096, callable)");
+        return NULL;
+    }
+    pthread_mutex_lock(&lock);
+    reset();
+    api_table = calloc(API_SLOTS, sizeof(api_slot));
+    waiting = calloc(WAIT_SLOTS, sizeof(uint32_t));
+    int ok = api_table != NULL && waiting != NULL;
+    buffer_bytes = (size_t)bytes;
+    pthread_mutex_unlock(&lock);
+    if (!ok)
+        return PyErr_NoMemory();
+    Py_INCREF(callback);
+    Py_XSETREF(on_buffer, callback);
+    closed = 0;
+    CUptiResult r;
+    Py_BEGIN_ALLOW_THREADS
+    r = lib.register_callbacks(buffer_requested, buffer_completed);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong((long)r);
+}
+
+static PyObject *kind_call(kind_fn f, PyObject *arg)
+{
+    long kind = PyLong_AsLong(arg);
+    if (kind == -1 && PyErr_Occurred())
+        return NULL;
+    NEED_LIB();
+    CUptiResult r;
+    Py_BEGIN_ALLOW_THREADS
+    r = f((CUpti_ActivityKind)kind);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong((long)r);
+}
+
+static PyObject *py_enable(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    return kind_call(lib.enable, arg);
+}
+
+static PyObject *py_disable(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    return kind_call(lib.disable, arg);
+}
+
+/* enable_api(domain, cbid, on): CUPTI's per-call switch; -1 when this libcupti has none. */
+static PyObject *py_enable_api(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int domain, on;
+    unsigned int cbid;
+    if (!PyArg_ParseTuple(args, "iIp:enable_api", &domain, &cbid, &on))
+        return NULL;
+    NEED_LIB();
+    api_switch_fn f = domain == DOMAIN_RUNTIME ? lib.enable_runtime : lib.enable_driver;
+    if (f == NULL)
+        return PyLong_FromLong(-1);
+    CUptiResult r;
+    Py_BEGIN_ALLOW_THREADS
+    r = f((CUpti_CallbackId)cbid, (uint8_t)on);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong((long)r);
+}
+
+static PyObject *py_system_thread_ids(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    NEED_LIB();
+    if (lib.thread_type == NULL)
+        return PyLong_FromLong(-1);
+    return PyLong_FromLong((long)lib.thread_type(CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM));
+}
+
+static PyObject *py_flush_period(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    unsigned long ms = PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    NEED_LIB();
+    if (lib.flush_period == NULL)
+        return PyLong_FromLong(-1);
+    return PyLong_FromLong((long)lib.flush_period((uint32_t)ms));
+}
+
+/* flush_all(flag): CUPTI calls back (perhaps on this thread) before it returns. */
+static PyObject *py_flush_all(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    unsigned long flag = PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    NEED_LIB();
+    CUptiResult r;
+    Py_BEGIN_ALLOW_THREADS
+    r = lib.flush_all((uint32_t)flag);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong((long)r);
+}
+
+/* timestamp(): CUPTI's clock in ns (raises RuntimeError with CUPTI's code). */
+static PyObject *py_timestamp(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    NEED_LIB();
+    uint64_t ts = 0;
+    CUptiResult r = lib.timestamp(&ts);
+    if (r != CUPTI_SUCCESS) {
+        PyErr_Format(PyExc_RuntimeError, "cuptiGetTimestamp failed (%d)", (int)r);
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong((unsigned long long)ts);
+}
+
+static PyObject *py_result_string(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long code = PyLong_AsLong(arg);
+    if (code == -1 && PyErr_Occurred())
+        return NULL;
+    const char *text = NULL;
+    if (lib.result_string == NULL || lib.result_string((CUptiResult)code, &text) != CUPTI_SUCCESS
+        || text == NULL)
+        return PyUnicode_FromFormat("CUPTI error %ld", code);
+    return PyUnicode_FromString(text);
+}
+
+/* close(): buffers completed from now on are freed unread; the callback is let go. */
+static PyObject *py_close(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    closed = 1;
+    Py_CLEAR(on_buffer);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_counts(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    pthread_mutex_lock(&lock);
+    PyObject *d = Py_BuildValue(
+        "{sLsLsLsLsLsLsLsLsn}", "buffers", counts.buffers, "records", counts.records, "ops",
+        counts.ops, "api_handed", counts.api_handed, "incomplete", counts.incomplete,
+        "dropped_records", counts.dropped, "errors", counts.errors, "unread", counts.unread,
+        "names", (Py_ssize_t)n_names);
+    pthread_mutex_unlock(&lock);
+    return d;
+}
+
+/* walked(): the records read so far, without waiting for a walk in progress (no lock). */
+static PyObject *py_walked(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLongLong(__atomic_load_n(&walked_records, __ATOMIC_ACQUIRE));
+}
+
+static PyMethodDef methods[] = {
+    {"walked", py_walked, METH_NOARGS, "Records read so far (no lock taken)."},
+    {"load", py_load, METH_O, "load(path): dlopen libcupti; None, or why not (str)."},
+    {"register", py_register, METH_VARARGS,
+     "register(buffer_bytes, on_buffer): this module's buffer callbacks; CUPTI's result."},
+    {"enable", py_enable, METH_O, "enable(kind): cuptiActivityEnable's result."},
+    {"disable", py_disable, METH_O, "disable(kind): cuptiActivityDisable's result."},
+    {"enable_api", py_enable_api, METH_VARARGS,
+     "enable_api(domain, cbid, on): runtime (0) or driver (1) call switch; -1: none."},
+    {"system_thread_ids", py_system_thread_ids, METH_NOARGS,
+     "cuptiSetThreadIdType(SYSTEM)'s result; -1: no such function."},
+    {"flush_period", py_flush_period, METH_O, "flush_period(ms): CUPTI's result; -1: none."},
+    {"flush_all", py_flush_all, METH_O, "flush_all(flag): CUPTI's result (GIL released)."},
+    {"timestamp", py_timestamp, METH_NOARGS, "CUPTI's clock (ns)."},
+    {"result_string", py_result_string, METH_O, "CUPTI's name of a result code."},
+    {"close", py_close, METH_NOARGS, "Completed buffers are freed unread from now on."},
+    {"counts", py_counts, METH_NOARGS, "What the buffer callbacks saw (a dict)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cupti",
+                                    "CUPTI's activity buffers read in C.", -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+static PyObject *names_tuple(const char *const *items, int n)
+{
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t != NULL && i < n; i++) {
+        PyObject *s = PyUnicode_FromString(items[i]);
+        if (s == NULL) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, s);
+    }
+    return t;
+}
+
+/* The callback ids of the calls the agent turns off, by CUPTI's names. */
+#define RT(n) {#n, CUPTI_RUNTIME_TRACE_CBID_##n}
+#define DRV(n) {#n, CUPTI_DRIVER_TRACE_CBID_##n}
+static const struct { const char *name; int cbid; } RUNTIME_IDS[] = {
+    RT(cudaGetDevice_v3020), RT(cudaSetDevice_v3020), RT(cudaGetLastError_v3020),
+    RT(cudaPeekAtLastError_v3020), RT(cudaStreamIsCapturing_v10000),
+    RT(cudaDeviceGetAttribute_v5000)};
+static const struct { const char *name; int cbid; } DRIVER_IDS[] = {
+    DRV(cuGetProcAddress_v2), DRV(cuStreamGetCaptureInfo_v2), DRV(cuDeviceGetAttribute),
+    DRV(cuCtxGetCurrent)};
+
+PyMODINIT_FUNC PyInit__cupti(void)
+{
+    if (PyType_Ready(&BlockType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    PyObject *rt = PyDict_New(), *drv = PyDict_New();
+    for (size_t i = 0; rt != NULL && i < sizeof(RUNTIME_IDS) / sizeof(RUNTIME_IDS[0]); i++) {
+        PyObject *v = PyLong_FromLong(RUNTIME_IDS[i].cbid);
+        if (v == NULL || PyDict_SetItemString(rt, RUNTIME_IDS[i].name, v) < 0)
+            Py_CLEAR(rt);
+        Py_XDECREF(v);
+    }
+    for (size_t i = 0; drv != NULL && i < sizeof(DRIVER_IDS) / sizeof(DRIVER_IDS[0]); i++) {
+        PyObject *v = PyLong_FromLong(DRIVER_IDS[i].cbid);
+        if (v == NULL || PyDict_SetItemString(drv, DRIVER_IDS[i].name, v) < 0)
+            Py_CLEAR(drv);
+        Py_XDECREF(v);
+    }
+    if (rt == NULL || drv == NULL || PyModule_AddObject(m, "RUNTIME_CBIDS", rt) < 0
+        || PyModule_AddObject(m, "DRIVER_CBIDS", drv) < 0
+        || PyModule_AddObject(m, "OP_COLUMNS", names_tuple(OP_COLUMNS, OP_NCOLS)) < 0
+        || PyModule_AddObject(m, "API_COLUMNS", names_tuple(API_COLUMNS, API_NCOLS)) < 0
+        || PyModule_AddIntConstant(m, "API_SLOTS", API_SLOTS) < 0
+        || PyModule_AddIntConstant(m, "CUPTI_API_VERSION", CUPTI_API_VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,285 @@
+"""CUPTI read in C (``cupti_native.c``, the ``_cupti`` extension): the collector's native twin.
+
+:class:`NativeCuptiCollector` is a :class:`~.gpu_activity.CuptiCollector` whose CUPTI calls
+go to libcupti through the extension instead of cupti-python: the extension registers its
+own buffer callbacks, walks each completed buffer in C (no Python object per record, the
+GIL not held), keeps the API calls that launched nothing, and calls :meth:`_on_buffer`
+once per buffer with two int64 tables (operations, their launching calls) and the kernel
+names it saw first.  Those become the same :class:`~..common.gpu_records.ActivityBatch`
+columns the cupti-python path builds: the attribution cannot tell the two apart.
+
+Which libcupti: :func:`libcupti_candidates` (:data:`ENV_CUPTI_LIBRARY` first, then the
+``nvidia-cuda-cupti`` wheels, newest CUDA first, then a CUDA toolkit, then the loader's
+own search); the first that loads is used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Callable, Union
+
+import numpy as np
+
+from ..common.gpu_records import (
+    CUPTI_KIND_CONCURRENT_KERNEL,
+    CUPTI_KIND_DRIVER,
+    CUPTI_KIND_MEMCPY,
+    CUPTI_KIND_MEMSET,
+    CUPTI_KIND_RUNTIME,
+    DRIVER,
+    RUNTIME,
+    ActivityBatch,
+    ApiCalls,
+    ExternalIds,
+    GpuOps,
+    NameTable,
+)
+from .gpu_activity import (
+    BUFFER_BYTES,
+    FLUSH_FORCED,
+    FLUSH_PERIOD_MS,
+    QUIET_DRIVER,
+    QUIET_RUNTIME,
+    CuptiCollector,
+    describe_error,
+)
+
+#: A libcupti to load instead of those found (a path): a CUDA toolkit elsewhere, or the
+#: tests' library that serves recorded activity.
+ENV_CUPTI_LIBRARY = "CHAINER_AUTOPROF_CUPTI_LIBRARY"
+#: CUPTI's activity kinds the collector enables (as :data:`.gpu_activity.ACTIVITY_KINDS`).
+ACTIVITY_KIND_IDS = (CUPTI_KIND_CONCURRENT_KERNEL, CUPTI_KIND_MEMCPY, CUPTI_KIND_MEMSET,
+                     CUPTI_KIND_RUNTIME, CUPTI_KIND_DRIVER)
+#: CUPTI_SUCCESS
+SUCCESS = 0
+#: What the extension hands a table over in (its ``Block``: the buffer protocol).
+Buffer = Union[bytes, bytearray, memoryview]
+
+
+class NativeCuptiError(RuntimeError):
+    """A CUPTI call failed; ``status`` is its ``CUptiResult``."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def load_extension() -> ModuleType:
+    """The ``_cupti`` extension, checked against the columns it must fill (ImportError)."""
+    from . import _cupti  # type: ignore[attr-defined]
+
+    if tuple(_cupti.OP_COLUMNS) != GpuOps.columns() or \
+            tuple(_cupti.API_COLUMNS) != ApiCalls.columns():
+        raise ImportError("the _cupti extension was built for other columns: rebuild it")
+    module: ModuleType = _cupti
+    return module
+
+
+def libcupti_candidates() -> list[str]:
+    """Where libcupti may be, in the order tried (see the module docstring)."""
+    chosen = os.environ.get(ENV_CUPTI_LIBRARY, "").strip()
+    if chosen:
+        return [chosen]
+    wheels: list[Path] = []
+    for entry in dict.fromkeys(sys.path):
+        root = Path(entry or ".") / "nvidia"
+        if root.is_dir():
+            wheels += root.glob("*/lib/libcupti.so*")
+    found = sorted({str(p) for p in wheels if p.is_file()}, key=_cuda_major, reverse=True)
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            lib = Path(home) / "extras" / "CUPTI" / "lib64" / "libcupti.so"
+            if lib.is_file():
+                found.append(str(lib))
+    return [*found, "libcupti.so"]
+
+
+def _driver_missing() -> str:
+    """``"; libcuda.so.1 ..."`` where the CUDA driver cannot be loaded (CUPTI's usual
+    failure without a GPU), else ``""``."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        return f"; libcuda.so.1 cannot be loaded ({exc})"
+    return ""
+
+
+def _cuda_major(path: str) -> int:
+    suffix = path.rsplit(".so.", 1)[-1].split(".")[0]
+    return int(suffix) if suffix.isdigit() else 0
+
+
+class NativeCuptiCollector(CuptiCollector):
+    """A collector reading CUPTI through the ``_cupti`` extension (module docstring)."""
+
+    def __init__(self, on_batch: Callable[[ActivityBatch], None], *,
+                 buffer_bytes: int = BUFFER_BYTES, names: NameTable | None = None,
+                 extension: ModuleType | None = None, library: str = "") -> None:
+        super().__init__(on_batch, buffer_bytes=buffer_bytes, names=names)
+        self._ext = extension
+        self.library = library
+        #: extension name id -> this collector's NameTable id (-1: not yet told)
+        self._remap = np.zeros(0, dtype=np.int64)
+        self._identity = True
+        self.api_handed = 0
+        self._errors = 0  # ours; the extension counts its own (a buffer it could not read)
+
+    # -- what the extension calls, once per buffer, on CUPTI's thread --------------------
+    def _on_buffer(self, ops: Buffer, n_ops: int, api: Buffer, n_api: int, room: int,
+                   fresh: list[tuple[int, str]]) -> None:
+        if self.closed:
+            return
+        try:
+            batch = self.batch_from_tables(ops, n_ops, api, n_api, room, fresh)
+            self._pair()
+            self._sync_counts()
+            self.on_batch(batch)
+        except Exception as exc:  # CUPTI's thread must never see our error  # noqa: BLE001
+            self._errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self._sync_counts()
+
+    def batch_from_tables(self, ops: Buffer, n_ops: int, api: Buffer, n_api: int, room: int,
+                          fresh: list[tuple[int, str]]) -> ActivityBatch:
+        """The extension's tables (column after column, ``room`` rows each, the first
+        ``n_*`` of them filled) -> an :class:`ActivityBatch` of views of them."""
+        if fresh:
+            self._learn_names(fresh)
+        op_cols = np.frombuffer(ops, dtype=np.int64).reshape(-1, room)[:, :n_ops]
+        api_cols = np.frombuffer(api, dtype=np.int64).reshape(-1, room)[:, :n_api]
+        gpu_ops = GpuOps(*op_cols)
+        if not self._identity and len(gpu_ops):
+            named = gpu_ops.name >= 0
+            gpu_ops.name[named] = self._remap[gpu_ops.name[named]]
+        return ActivityBatch(gpu_ops, ApiCalls(*api_cols), ExternalIds.empty(), self.names)
+
+    def _learn_names(self, fresh: list[tuple[int, str]]) -> None:
+        top = max(i for i, _ in fresh) + 1
+        if top > len(self._remap):
+            grown = np.full(max(top, 2 * len(self._remap)), -1, dtype=np.int64)
+            grown[:len(self._remap)] = self._remap
+            self._remap = grown
+        for index, text in fresh:
+            ours = self.names.intern(text)
+            self._remap[index] = ours
+            self._identity = self._identity and ours == index
+
+    def _sync_counts(self) -> None:
+        ext = self._ext
+        if ext is None:
+            return
+        c: dict[str, int] = ext.counts()
+        self.buffers = c["buffers"]
+        self.records = c["records"] - c["incomplete"]
+        self.ops = c["ops"]
+        self.incomplete = c["incomplete"]
+        self.dropped_records = c["dropped_records"]
+        self.api_handed = c["api_handed"]
+        self.callback_errors = self._errors + c["errors"]
+        if c["errors"] and not self.last_error:
+            self.last_error = "a buffer could not be read (out of memory)"
+
+    # -- CUPTI through the extension ---------------------------------------------------------
+    def _timestamp(self) -> Callable[[], int] | None:
+        ext = self._ext
+        return None if ext is None else ext.timestamp
+
+    def _check(self, code: int, what: str) -> None:
+        if code != SUCCESS:
+            assert self._ext is not None
+            raise NativeCuptiError(f"{what}: {self._ext.result_string(code)}{_driver_missing()}",
+                                   code)
+
+    def start(self) -> str | None:
+        """Load libcupti, register the extension's callbacks and enable the activity kinds;
+        ``None``, or why it could not."""
+        ext = self._ext
+        if ext is None:
+            return "the native CUPTI reader is not built"
+        why = ext.load(self.library)
+        if why is not None:
+            return f"libcupti could not be loaded from {self.library} ({why})"
+        try:
+            self._check(ext.register(self.buffer_bytes, self._on_buffer),
+                        "cuptiActivityRegisterCallbacks")
+            self.system_thread_ids = ext.system_thread_ids() == SUCCESS
+            for kind in ACTIVITY_KIND_IDS:
+                self._check(ext.enable(kind), f"cuptiActivityEnable({kind})")
+                self._enabled.append(kind)
+            for domain, table, quiet in ((RUNTIME, ext.RUNTIME_CBIDS, QUIET_RUNTIME),
+                                         (DRIVER, ext.DRIVER_CBIDS, QUIET_DRIVER)):
+                for name in quiet:
+                    if name in table:  # a failure leaves the call recorded: harmless
+                        ext.enable_api(domain, table[name], False)
+            ext.flush_period(FLUSH_PERIOD_MS)  # -1 or an error: buffers go when full
+            self._pair()
+        except Exception as exc:  # CUPTI's error: GPU activity off, said once  # noqa: BLE001
+            reason = describe_error(exc)
+            self._disable()
+            ext.close()
+            self.closed = True
+            return reason
+        self.running = True
+        return None
+
+    def flush(self) -> None:
+        ext = self._ext
+        if ext is None:
+            return
+        try:
+            self._check(ext.flush_all(FLUSH_FORCED), "cuptiActivityFlushAll")
+            self._pair()
+        except Exception as exc:  # counted, never reaches the callback's caller  # noqa: BLE001
+            self._errors += 1
+            self.last_error = describe_error(exc)
+        self._sync_counts()
+
+    def stop(self, timeout_s: float) -> str | None:
+        late = super().stop(timeout_s)
+        if self._ext is not None:
+            self._ext.close()  # a buffer CUPTI hands over later is freed unread
+            self._sync_counts()
+        return late
+
+    def after_fork(self) -> None:
+        """A forked child: nothing of the parent's CUPTI is called; a buffer the child's copy
+        of the extension were handed would be freed unread."""
+        super().after_fork()
+        if self._ext is not None:
+            self._ext.close()
+        self._ext = None
+
+    def _disable(self) -> None:
+        ext = self._ext
+        while self._enabled and ext is not None:
+            try:
+                ext.disable(self._enabled.pop())
+            except Exception:  # CUPTI may be gone at exit: disable what it can  # noqa: BLE001
+                pass
+
+    def _count_dropped(self) -> None:
+        """Counted by the extension at every buffer."""
+
+
+def start(on_batch: Callable[[ActivityBatch], None], *, buffer_bytes: int = BUFFER_BYTES,
+          names: NameTable | None = None) -> NativeCuptiCollector | str:
+    """A running native collector (the first libcupti that loads), or why there is none."""
+    try:
+        ext = load_extension()
+    except ImportError as exc:
+        return f"the native CUPTI reader is not built ({exc})"
+    reasons: list[str] = []
+    for library in libcupti_candidates():
+        collector = NativeCuptiCollector(on_batch, buffer_bytes=buffer_bytes, names=names,
+                                         extension=ext, library=library)
+        reason = collector.start()
+        if reason is None:
+            return collector
+        reasons.append(reason)
+        if not reason.startswith("libcupti could not be loaded"):
+            break  # libcupti loaded and CUPTI said no: another copy would say the same
+    return reasons[-1]

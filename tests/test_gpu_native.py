@@ -1,0 +1,273 @@
+"""The native CUPTI reader (``runtime/cupti_native.c``): CUPTI's buffers walked in C, served by
+the tests' libcupti (``tests/cupti_fake``) from the real recordings as CUPTI's record structs,
+on that library's own thread -- the exact live path, without a GPU.  The figures it leads to
+are those of the cupti-python reader (the per-link times and busy shares of
+``test_gpu_live.py`` run on both readers)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cupti_fake import FakeCupti, stream_entries
+from gpu_live_replay import DATA, environ, replay_live, short
+from support import native_under_test
+
+from chainer_autoprof.common import gpu_records as gr
+from chainer_autoprof.common.gpu_records import ActivityBatch, GpuOps, read_recording
+from chainer_autoprof.runtime import cupti_native, gpu_activity
+from chainer_autoprof.runtime.hotpath import build
+
+RECORDINGS = ("b512", "b16")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension():
+    """The native reader, built in place; the run for a machine that cannot build C
+    (``CHAINER_AUTOPROF_TEST_NATIVE=0``) skips these, as the native hot path's tests."""
+    if not native_under_test():
+        pytest.skip("native extensions are not under test (CHAINER_AUTOPROF_TEST_NATIVE=0)")
+    build.build_cupti_in_place()
+    return cupti_native.load_extension()
+
+
+def recording(name: str):
+    return read_recording(str(DATA / name / "cupti_activity.json.gz"))
+
+
+def collect(name: str, folder: Path, *, pieces: int = 5, entries=None, on_batch=None,
+            system_ids: bool = False):
+    """Start the native reader as the agent does on the tests' libcupti serving ``name``
+    (or ``entries``); every batch it hands over, the collector and the library."""
+    rec = recording(name)
+    fake = FakeCupti(rec, folder, system_ids=system_ids, entries=entries)
+    batches: list[ActivityBatch] = []
+    with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path),
+                  gpu_activity.ENV_CUPTI_READER: None}):
+        got = gpu_activity.start(on_batch or batches.append)
+    assert not isinstance(got, str), got
+    fake.serve(pieces, 0.0)
+    fake.wait()
+    assert got.stop(5.0) is None
+    return rec, batches, got, fake
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_every_operation_comes_as_recorded_with_the_call_that_launched_it(name, tmp_path):
+    rec, batches, collector, fake = collect(name, tmp_path)
+    assert collector.reader == f"native ({fake.path})"
+    assert isinstance(collector, cupti_native.NativeCuptiCollector)
+    assert len(batches) == 5  # one per buffer the library handed over
+    ops = GpuOps.concat([b.ops for b in batches])
+    api = gr.ApiCalls.concat([b.api for b in batches])
+    want = rec.batch.ops.take(np.lexsort((rec.batch.ops.correlation, rec.batch.ops.end)))
+    got = ops.take(np.lexsort((ops.correlation, ops.end)))
+    assert len(got) == len(want)
+    for column in GpuOps.columns():  # each field the recording holds (-1: it has none)
+        theirs = getattr(want, column)
+        held = theirs != -1
+        assert np.array_equal(getattr(got, column)[held], theirs[held]), column
+    names = batches[0].names
+    assert [names.name(i) for i in got.name[got.kind == gr.KERNEL]] == \
+        [rec.batch.names.name(i) for i in want.name[want.kind == gr.KERNEL]]
+    # the calls handed over: exactly one per launch, as recorded; the others stay in C
+    assert sorted(api.correlation.tolist()) == sorted(set(ops.correlation.tolist()))
+    recorded = {c: i for i, c in enumerate(rec.batch.api.correlation.tolist())}
+    at = np.array([recorded[c] for c in api.correlation.tolist()])
+    for column in gr.ApiCalls.columns():
+        assert np.array_equal(getattr(api, column), getattr(rec.batch.api, column)[at]), column
+    # every record of the enabled kinds and calls was read, none was left incomplete
+    quiet = np.isin(rec.batch.api.cbid, [17, 16, 10, 11, 317, 200]) & \
+        (rec.batch.api.domain == gr.RUNTIME) | \
+        np.isin(rec.batch.api.cbid, [677, 629, 9, 304]) & (rec.batch.api.domain == gr.DRIVER)
+    assert collector.records == fake.served == len(rec.batch.ops) + int((~quiet).sum())
+    assert collector.buffers == 5 and collector.ops == len(rec.batch.ops)
+    assert collector.incomplete == collector.callback_errors == 0
+    calls_read = collector.records - collector.ops
+    assert collector.api_handed == len(api) == len(set(ops.correlation.tolist()))
+    assert len(api) < 0.6 * calls_read
+
+
+def test_the_calls_that_launch_nothing_are_switched_off_in_cupti(extension):
+    """The noisy calls are turned off by CUPTI's own per-call switch (by callback id), as
+    the cupti-python reader does by name: they are never recorded, let alone read."""
+    assert set(extension.RUNTIME_CBIDS) == set(gpu_activity.QUIET_RUNTIME)
+    assert set(extension.DRIVER_CBIDS) == set(gpu_activity.QUIET_DRIVER)
+    assert extension.RUNTIME_CBIDS["cudaGetDevice_v3020"] == 17
+    assert extension.DRIVER_CBIDS["cuGetProcAddress_v2"] == 677
+
+
+def test_an_operation_before_its_call_still_gets_it(tmp_path):
+    """CUPTI's buffers need not keep a launch before its kernel: an operation whose call
+    comes in a later buffer waits for it in C and gets it handed over when it comes."""
+    rec = recording("b16")
+    entries = stream_entries(rec)
+    api = np.isin(entries["kind"], [gr.CUPTI_KIND_RUNTIME, gr.CUPTI_KIND_DRIVER])
+    reordered = np.concatenate([entries[~api], entries[api]])  # every call after every op
+    _, batches, _, _ = collect("b16", tmp_path, pieces=2, entries=reordered)
+    assert len(batches[0].ops) == len(rec.batch.ops)  # every op in the first buffer
+    later = batches[1].api  # calls that came in a later buffer than their operation
+    handed = gr.ApiCalls.concat([b.api for b in batches])
+    assert len(later) > 100 and len(batches[1].ops) == 0
+    assert sorted(handed.correlation.tolist()) == sorted(set(rec.batch.ops.correlation.tolist()))
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_the_native_reader_gives_the_figures_of_the_python_one(name, tmp_path):
+    """The same recording through both readers, each on the live path: the same operations,
+    attributed to the same ranges, the same per-link times and busy share."""
+    runs = {}
+    for reader in ("python", "native"):
+        (tmp_path / reader).mkdir()
+        runs[reader] = replay_live(name, tmp_path / reader, reader=reader, pace_s=0.01)
+    py, nat = (runs[r].outcome.figures for r in ("python", "native"))
+    assert runs["native"].session.reader.startswith("native (")
+    assert nat.ops == py.ops and nat.iterations == py.iterations
+    assert nat.statuses.keys() == py.statuses.keys() == {"attributed"}
+    assert nat.busy_share == pytest.approx(py.busy_share, rel=1e-6)
+    per = {reader: {short(x["name"]): (x["fwd_ms"], x["bwd_ms"]) for x in fig.links}
+           for reader, fig in (("python", py), ("native", nat))}
+    assert per["native"].keys() == per["python"].keys()
+    for link, (fwd, bwd) in per["python"].items():  # within ns: the clock pairs read live
+        assert per["native"][link] == pytest.approx((fwd, bwd), rel=1e-6, abs=5e-6), link
+    kept = {r: runs[r].outcome.analysis.records() for r in runs}
+    order = {r: np.lexsort((kept[r].ops.correlation, kept[r].ops.start)) for r in runs}
+    for column in ("range", "link", "backward", "phase", "iteration"):
+        assert np.array_equal(getattr(kept["native"].attr, column)[order["native"]],
+                              getattr(kept["python"].attr, column)[order["python"]]), column
+
+
+def test_a_failing_consumer_is_counted_and_cuptis_thread_goes_on(tmp_path):
+    calls = []
+
+    def broken(batch):
+        calls.append(threading.current_thread().name)
+        raise RuntimeError("consumer bug")
+
+    _, _, collector, _ = collect("b16", tmp_path, pieces=3, on_batch=broken)
+    assert len(calls) == 3 and collector.callback_errors == 3
+    assert "consumer bug" in collector.last_error
+    # handed over on the library's thread, as CUPTI's: not one Python made
+    assert all(name.startswith("Dummy") for name in calls)
+
+
+def test_once_closed_a_late_buffer_is_freed_unread(tmp_path, extension):
+    """A buffer CUPTI hands over after the collector closed (a last flush given up at exit)
+    never calls into Python."""
+    rec = recording("b16")
+    fake = FakeCupti(rec, tmp_path)
+    seen: list[ActivityBatch] = []
+    with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path)}):
+        collector = gpu_activity.start(seen.append)
+    assert not isinstance(collector, str)
+    extension.close()  # what stop() does last, whether or not CUPTI's flush came back
+    fake.serve(2, 0.0)
+    fake.wait()
+    assert seen == [] and extension.counts()["unread"] == 2
+    assert collector.stop(5.0) is None
+
+
+def test_which_reader_runs_is_chosen_in_one_place_and_said(tmp_path):
+    fake = FakeCupti(recording("b16"), tmp_path)
+    with environ({cupti_native.ENV_CUPTI_LIBRARY: str(tmp_path / "no-libcupti.so"),
+                  gpu_activity.ENV_CUPTI_READER: None}):
+        got = gpu_activity.start(lambda batch: None)
+    # no libcupti: the cupti-python reader is tried (and is not installed here)
+    assert isinstance(got, str) and "cupti-python" in got and "\n" not in got
+    with environ({cupti_native.ENV_CUPTI_LIBRARY: str(tmp_path / "no-libcupti.so"),
+                  gpu_activity.ENV_CUPTI_READER: "native"}):
+        got = gpu_activity.start(lambda batch: None)
+    assert isinstance(got, str) and got.startswith("libcupti could not be loaded from ")
+    with environ({gpu_activity.ENV_CUPTI_READER: "fast"}):
+        got = gpu_activity.start(lambda batch: None)
+    assert got == f"{gpu_activity.ENV_CUPTI_READER}='fast': accepted native or python"
+    with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path),
+                  gpu_activity.ENV_CUPTI_READER: "python"}):
+        got = gpu_activity.start(lambda batch: None)
+    assert isinstance(got, str) and "cupti-python" in got
+    with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path),
+                  gpu_activity.ENV_CUPTI_READER: None}):
+        got = gpu_activity.start(lambda batch: None)
+    assert not isinstance(got, str) and got.reader == f"native ({fake.path})"
+    assert got.stop(5.0) is None
+
+
+def test_system_thread_ids_where_cupti_gives_them(tmp_path):
+    _, _, collector, _ = collect("b16", tmp_path, pieces=1, system_ids=True)
+    assert collector.system_thread_ids
+    _, _, collector, _ = collect("b16", tmp_path, pieces=1, system_ids=False)
+    assert not collector.system_thread_ids
+
+
+def test_without_a_gpu_the_real_libcupti_says_so_in_one_line():
+    """The nvidia-cuda-cupti wheel's libcupti on a machine without a CUDA driver."""
+    found = [p for p in cupti_native.libcupti_candidates() if "/nvidia/" in p]
+    if not found:
+        pytest.skip("no nvidia-cuda-cupti wheel installed")
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("this machine has a CUDA driver")
+    except OSError:
+        pass
+    with environ({cupti_native.ENV_CUPTI_LIBRARY: None, gpu_activity.ENV_CUPTI_READER: None}):
+        got = gpu_activity.start(lambda batch: None)
+    assert isinstance(got, str) and got.startswith("no CUDA driver for CUPTI") and "\n" not in got
+
+
+def test_a_buffer_is_walked_while_the_training_holds_the_gil(tmp_path, extension):
+    """The walk of a buffer needs no GIL: while this thread keeps it (a Python loop, no
+    switch for 30 s), CUPTI's thread reads every record; only the handover waits for it."""
+    rec = recording("b512")
+    fake = FakeCupti(rec, tmp_path)
+    seen: list[ActivityBatch] = []
+    with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path)}):
+        collector = gpu_activity.start(seen.append)
+    assert not isinstance(collector, str)
+    fake.prepare(1)
+    expected = fake.served
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)
+    try:
+        fake.serve(1, 0.0, prepared=True)
+        deadline = time.perf_counter() + 10.0
+        while extension.walked() < expected and time.perf_counter() < deadline:
+            pass  # Python bytecode: the GIL stays with this thread
+        walked, handed = extension.walked(), len(seen)
+    finally:
+        sys.setswitchinterval(switch)
+    fake.wait()
+    assert walked == expected and handed == 0
+    assert len(seen) == 1 and len(seen[0].ops) == len(rec.batch.ops)
+    assert collector.stop(5.0) is None
+
+
+def test_the_benchmark_measures_every_segment_of_both_readers():
+    """benchmarks/gpu_activity.py's measured process, without callgrind (its counts are then
+    no-ops): every segment runs, on the records both readers were served."""
+    import subprocess
+
+    from support import REPO, clean_env
+
+    paths = os.pathsep.join(str(REPO / d) for d in ("", "tests", "benchmarks"))
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_activity.py"),
+                           "--child", "b16"], env=clean_env(PYTHONPATH=paths), cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    segments = [line.split()[1:] for line in proc.stdout.splitlines()
+                if line.startswith("segment ")]
+    labels = [label for label, _n in segments]
+    for run in ("native-live", "native-12", "native-x10", "python-live", "python-12",
+                "python-x10"):
+        assert [f"read:{run}", f"attribute:{run}", f"finish:{run}"] == \
+            [x for x in labels if x.endswith(f":{run}") and not x.startswith("launches:")]
+    served = {label: int(n) for label, n in segments}
+    assert served["read:native-live"] == served["read:python-live"] > 4000
+    assert served["read:native-x10"] == 10 * served["read:native-live"]
+    assert labels[-5:] == ["thread:off", "thread:on", "thread:off", "thread:on",
+                           "launches:native-x10"]
