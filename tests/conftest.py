@@ -61,6 +61,11 @@ def pytest_configure(config):
         except build.BuildError as exc:
             pytest.exit(f"native hot path under test, but it cannot be built: {exc}",
                         returncode=1)
+        try:  # the native CUPTI reader: its headers come with the test extra
+            build.build_cupti_in_place()
+        except build.BuildError as exc:
+            pytest.exit(f"native CUPTI reader under test, but it cannot be built: {exc}",
+                        returncode=1)
         check = subprocess.run(
             [sys.executable, "-c", "from chainer_autoprof.runtime import hotpath; "
              "hotpath.load_native()"], env=clean_env(), cwd=REPO, capture_output=True,
