@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 import wrapt
 
 from .common import log, names, rank, tracebacks
+from .common.one_line import write
 from .common.settings import Config, SettingsError, from_environ
 from .lifecycle import exit as exit_hooks
 from .lifecycle import processes
@@ -474,7 +475,7 @@ def activate_from_env() -> None:
     try:
         install()
     except SettingsError as exc:
-        sys.stderr.write(f"chainer_autoprof: {exc}; the agent stays off\n")
+        write(sys.stderr, f"chainer_autoprof: {exc}; the agent stays off\n")
     except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
-        sys.stderr.write(f"chainer_autoprof: could not start ({type(exc).__name__}: {exc}); "
-                         "the agent stays off\n")
+        write(sys.stderr, f"chainer_autoprof: could not start ({type(exc).__name__}: {exc}); "
+                          "the agent stays off\n")

@@ -93,7 +93,7 @@ class Number(Kind):
             raise MalformedError(f"{where} is {shown(value)}, not a number")
         # an integer is compared as it is: a JSON integer past a float's range (10**400)
         # cannot be converted, and ``isfinite`` would raise on it
-        if isinstance(value, float) and not math.isfinite(value) \
+        if (isinstance(value, float) and not math.isfinite(value)) \
                 or not self.lo <= value <= self.hi:
             raise MalformedError(f"{where} is {shown(value)}, out of range")
         return value

@@ -19,7 +19,7 @@ from typing import Sequence
 from ..analysis.gpu_evidence import compare_sync
 from ..analysis.stats import PHASE_KEYS, RunStats
 from ..analysis.verdict import pick_replay
-from ..common.one_line import one_line
+from ..common.one_line import one_line, write
 from ..common.paths import check_output
 from .html import write_report
 from .partial import partial_path
@@ -61,16 +61,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         text = report(args)
     except (ReportError, TraceError) as exc:
-        sys.stderr.write(f"chainer_autoprof report: {exc}\n")
+        write(sys.stderr, f"chainer_autoprof report: {exc}\n")
         return 2
     except RecursionError:
-        sys.stderr.write(f"chainer_autoprof report: {args.trace}: nested too deeply\n")
+        write(sys.stderr, f"chainer_autoprof report: {args.trace}: nested too deeply\n")
         return 2
     except Exception as exc:  # a damage no check above knows yet: one line, never a traceback  # noqa: BLE001
-        sys.stderr.write(f"chainer_autoprof report: cannot report on {args.trace} "
-                         f"(internal error {type(exc).__name__}: {exc})\n")
+        write(sys.stderr, f"chainer_autoprof report: cannot report on {args.trace} "
+                          f"(internal error {type(exc).__name__}: {exc})\n")
         return 2
-    print(text)
+    write(sys.stdout, text + "\n")
     return 0
 
 
@@ -122,17 +122,17 @@ def resolve(path: str) -> str:
     if not os.path.exists(partial):
         return path
     if not os.path.exists(path):
-        sys.stderr.write(f"chainer_autoprof report: {path} does not exist; reading {partial}, "
-                         "the trace so far of a run that did not end normally\n")
+        write(sys.stderr, f"chainer_autoprof report: {path} does not exist; reading {partial}, "
+                          "the trace so far of a run that did not end normally\n")
         return partial
     try:
         newer = os.path.getmtime(partial) > os.path.getmtime(path)
     except OSError:  # gone meanwhile: the read says what is wrong
         newer = False
     if newer:
-        sys.stderr.write(f"chainer_autoprof report: note: {partial} is newer than {path}: a "
-                         "later run with this trace path did not end normally (or is still "
-                         f"running); 'report {partial}' reads what it left\n")
+        write(sys.stderr, f"chainer_autoprof report: note: {partial} is newer than {path}: a "
+                          "later run with this trace path did not end normally (or is still "
+                          f"running); 'report {partial}' reads what it left\n")
     return path
 
 

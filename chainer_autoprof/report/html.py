@@ -26,6 +26,7 @@ from ..analysis.outliers import slow_iterations
 from ..analysis.stats import PHASE_KEYS, percentile
 from ..analysis.verdict import Verdict, decide, pick_replay
 from ..common import figures, log, names
+from ..common.one_line import write
 from ..common.outputs import atomic_text
 from .stall import ended_abnormally
 from .summary import IDLE_LABELS, activity, describe_slow
@@ -625,8 +626,15 @@ def render(trace: Trace, stats: RunStats, replay: RunStats | None = None) -> str
 """
 
 
+#: What the embedded JSON escapes so that no text in it is markup in any of the HTML
+#: parser's script states (``</script``, ``<!--``, ``<script`` and the ``-->`` that ends
+#: them; ``&`` for good measure) or a line end to an old JavaScript parser.
+_SCRIPT_SAFE = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
+                0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
 def _json(data: object) -> str:
-    return json.dumps(data).replace("</", "<\\/")
+    return json.dumps(data).translate(_SCRIPT_SAFE)
 
 
 def write_report(out_path: str, runs: Sequence[tuple[Trace, RunStats]]) -> None:
@@ -644,7 +652,7 @@ def write_report(out_path: str, runs: Sequence[tuple[Trace, RunStats]]) -> None:
             replay = pair[1]
     page = render(trace, stats, replay)
     with atomic_text(out_path) as f:  # whole or not at all; a regular file only
-        f.write(page)
+        write(f, page)  # no control character of a name reaches the page raw
 
 
 _CSS = """
