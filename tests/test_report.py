@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from support import EXAMPLES, run_python
 
 from chainer_autoprof.report.compare import main as report_main

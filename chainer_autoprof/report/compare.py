@@ -22,6 +22,7 @@ from ..analysis.stats import PHASE_KEYS, RunStats
 from ..analysis.verdict import pick_replay
 from ..common.one_line import one_line, write
 from ..common.paths import check_output
+from ..common.readable import readable, wrap_long_lines
 from .html import write_report
 from .merged_report import is_merged, process_traces
 from .partial import partial_path
@@ -100,13 +101,15 @@ def report(args: argparse.Namespace) -> str:
     if after is None:
         title = (f"chainer_autoprof report of {one_line(paths[0])}: "
                  f"{one_line(str(before.meta.get('command', '')))}")
-        text = format_summary(before, advice=advice, title=title.rstrip(": "))
+        text = readable(format_summary(before, advice=advice, title=title.rstrip(": ")),
+                        before.meta)
     else:
         text = compare(before, after, args.trace, args.after)
         pair = pick_replay(before, after) if advice else None
         if pair is not None:  # a normal run and its replay run: data made free
             text += "\n\n" + verdict_section(pair[0], replay=pair[1])
         text += "".join(f"\n  {line}" for line in compare_sync(before, after))
+        text = wrap_long_lines(text)
     if args.html and after is not None and pick_replay(before, after) is None:
         raise ReportError(f"--html shows one run (or a run beside its replay run), and "
                           f"{args.trace} and {args.after} are two runs: write a page of each "
@@ -128,7 +131,8 @@ def merged_summaries(trace: Trace, args: argparse.Namespace) -> str:
         stats = part.stats(from_events=args.from_events)
         title = (f"[{n}/{len(parts)}] {one_line(label)}: "
                  f"{one_line(str(stats.meta.get('command', '')))}")
-        texts.append(format_summary(stats, advice=not args.no_advice, title=title.rstrip(": ")))
+        texts.append(readable(format_summary(stats, advice=not args.no_advice,
+                                             title=title.rstrip(": ")), stats.meta))
     return "\n\n".join(texts)
 
 
