@@ -26,7 +26,7 @@ LONG = 160
 #: ... to this width.
 WIDTH = 100
 
-_HINT = re.compile(re.escape(PREFIX) + r"([A-Z0-9_]+)=([^\s,;)'\"]+)")
+_HINT = re.compile(re.escape(PREFIX) + r"([A-Z0-9_]+)(?:=([^\s,;)'\"]+))?")
 #: The start of a list item (``-> ``, ``note: ``) or of a labelled line (``agent overhead  ``),
 #: continued under its text.
 _MARKER = re.compile(r"^\s*(?:[-=]>\s|[-*]\s|[a-z]+:\s+|[a-zA-Z][\w ]{0,30}?\s{2,}(?=\S))?")
@@ -39,19 +39,21 @@ def launched(meta: Mapping[str, object]) -> bool:
 
 
 def hint_form(text: str, launcher: bool) -> str:
-    """``text`` with every ``CHAINER_PROF_NAME=VALUE`` as the launcher's ``--name VALUE``
-    (``launcher``), or unchanged."""
+    """``text`` with every ``CHAINER_PROF_NAME=VALUE`` as the launcher's ``--name VALUE``,
+    every bare ``CHAINER_PROF_NAME`` as ``--name`` (``launcher``), or unchanged."""
     if not launcher:
         return text
 
     def flag(match: re.Match[str]) -> str:
         setting = BY_NAME.get(match.group(1).lower())
+        if setting is None:
+            return match.group(0)
         value = match.group(2)
+        if value is None:
+            return setting.flag
         tail = value[len(value.rstrip(".:")):]  # a sentence's full stop or colon stays
         value = value[:len(value) - len(tail)]
-        if setting is None or not value:
-            return match.group(0)
-        return f"{setting.flag} {value}{tail}"
+        return f"{setting.flag} {value}{tail}" if value else match.group(0)
 
     return _HINT.sub(flag, text)
 
