@@ -26,7 +26,7 @@ import wrapt
 
 from .common import log, names, rank, tracebacks
 from .common.one_line import write
-from .common.readable import launched
+from .common.readable import launched_here
 from .common.settings import Config, SettingsError, from_environ
 from .lifecycle import exit as exit_hooks
 from .lifecycle import processes
@@ -192,7 +192,7 @@ class Agent:
         if self.gc_ranges is not None:
             self.gc_ranges.install()
         self.monitor.start()
-        log.debug(f"active: {self.cfg.describe(flags=_launched())}; NVTX tool "
+        log.debug(f"active: {self.cfg.describe(flags=launched_here())}; NVTX tool "
                   f"{'attached' if self.nvtx is not None else 'not attached'}; "
                   f"hot path: {self.hotpath.describe()}")
         if not _chainer_installed():
@@ -465,12 +465,6 @@ def uninstall() -> None:
             _agent.uninstall()
             _agent = None
             processes.restore_environ()  # children started from now on are not profiled
-
-
-def _launched() -> bool:
-    """Whether the launcher started this interpreter (its settings came as flags)."""
-    argv = getattr(sys, "orig_argv", None) or sys.argv
-    return launched({"command": " ".join(str(a) for a in argv)})
 
 
 def activate_from_env() -> None:

@@ -16,13 +16,14 @@ exit, ``report``, the HTML page):
 from __future__ import annotations
 
 import re
+import sys
 import textwrap
 from typing import Mapping
 
 from .settings import BY_NAME, PREFIX
 
-#: Lines longer than this are wrapped ...
-LONG = 160
+#: Lines longer than this (about what a terminal shows of a line) are wrapped ...
+LONG = 200
 #: ... to this width.
 WIDTH = 100
 
@@ -36,6 +37,12 @@ _LAUNCHER = re.compile(r"(^|[\s/])(-m chainer_autoprof|chainer-autoprof)(\s|$)")
 def launched(meta: Mapping[str, object]) -> bool:
     """Whether the run of ``meta`` was started by the launcher (its command says so)."""
     return bool(_LAUNCHER.search(str(meta.get("command", ""))))
+
+
+def launched_here() -> bool:
+    """Whether the launcher started this interpreter (its settings came as flags)."""
+    argv = getattr(sys, "orig_argv", None) or sys.argv
+    return launched({"command": " ".join(str(a) for a in argv)})
 
 
 def hint_form(text: str, launcher: bool) -> str:
