@@ -1,7 +1,7 @@
 """Overhead of chainer_autoprof next to the alternatives: one command, one table.
 
     python benchmarks/overhead.py            # full run, about 4 minutes
-    python benchmarks/overhead.py --quick    # about a minute
+    python benchmarks/overhead.py --quick    # about a minute and a half
     python benchmarks/overhead.py --smoke    # checks that it runs; figures meaningless
 
 Each configuration (``configs.py``) lives in fresh processes of its own
@@ -409,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     speed = parser.add_mutually_exclusive_group()
-    speed.add_argument("--quick", action="store_true", help="fewer rounds (about a minute)")
+    speed.add_argument("--quick", action="store_true",
+                       help="fewer rounds (about a minute and a half)")
     speed.add_argument("--smoke", action="store_true",
                        help="two tiny rounds, ranges not counted: checks that it runs")
     parser.add_argument("--rounds", type=int, help="override the number of rounds")

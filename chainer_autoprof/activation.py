@@ -73,7 +73,9 @@ def activate() -> None:
         activate_from_env()
     except Exception as exc:  # interpreter start-up must never fail because of us  # noqa: BLE001
         try:
-            sys.stderr.write(f"chainer_autoprof: start-up activation failed "
-                             f"({type(exc).__name__}: {exc}); the agent stays off\n")
+            from .common.one_line import write
+
+            write(sys.stderr, f"chainer_autoprof: start-up activation failed "
+                  f"({type(exc).__name__}: {exc}); the agent stays off\n")
         except Exception:  # stderr itself failed: nowhere to say it  # noqa: BLE001
             pass

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 import wrapt
 
 from .common import log, names, rank, tracebacks
+from .common.one_line import write
+from .common.readable import launched_here
 from .common.settings import Config, SettingsError, from_environ
 from .lifecycle import exit as exit_hooks
 from .lifecycle import processes
@@ -190,7 +192,8 @@ class Agent:
         if self.gc_ranges is not None:
             self.gc_ranges.install()
         self.monitor.start()
-        log.debug(f"active: {self.cfg!r}; NVTX tool attached: {self.nvtx is not None}; "
+        log.debug(f"active: {self.cfg.describe(flags=launched_here())}; NVTX tool "
+                  f"{'attached' if self.nvtx is not None else 'not attached'}; "
                   f"hot path: {self.hotpath.describe()}")
         if not _chainer_installed():
             log.warning("Chainer is not installed in this Python; the program runs "
@@ -474,7 +477,7 @@ def activate_from_env() -> None:
     try:
         install()
     except SettingsError as exc:
-        sys.stderr.write(f"chainer_autoprof: {exc}; the agent stays off\n")
+        write(sys.stderr, f"chainer_autoprof: {exc}; the agent stays off\n")
     except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
-        sys.stderr.write(f"chainer_autoprof: could not start ({type(exc).__name__}: {exc}); "
-                         "the agent stays off\n")
+        write(sys.stderr, f"chainer_autoprof: could not start ({type(exc).__name__}: {exc}); "
+                          "the agent stays off\n")

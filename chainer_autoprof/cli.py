@@ -20,6 +20,7 @@ import sys
 import textwrap
 from typing import Literal, Sequence
 
+from .common.one_line import write
 from .common.settings import BY_NAME, PREFIX, SETTINGS, Setting, SettingsError, from_environ
 from .common.version import __version__
 from .runner import exec_target
@@ -235,9 +236,9 @@ def _run_subcommand(name: str, argv: list[str], prog: str) -> int:
     except ImportError as exc:
         if exc.name != module_name:
             raise
-        sys.stderr.write(f"{prog} {name}: not available in this installation "
-                         f"(no module {module_name}); to run a script named {name!r}, "
-                         f"write ./{name} or -- {name}\n")
+        write(sys.stderr, f"{prog} {name}: not available in this installation "
+                          f"(no module {module_name}); to run a script named {name!r}, "
+                          f"write ./{name} or -- {name}\n")
         return 2
     try:
         result = module.main(argv)
@@ -278,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         env = settings_environ(args.flags, dict(os.environ))
     except UsageError as exc:
-        sys.stderr.write(f"{prog}: error: {exc}\n")
+        write(sys.stderr, f"{prog}: error: {exc}\n")
         return 2
     for key, value in env.items():
         if key.startswith(PREFIX) and os.environ.get(key) != value:
@@ -287,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             _install_agent()
         except Exception as exc:  # never keep the script from running  # noqa: BLE001
-            sys.stderr.write(f"chainer_autoprof: could not start ({type(exc).__name__}: "
-                             f"{exc}); running without the agent\n")
+            write(sys.stderr, f"chainer_autoprof: could not start ({type(exc).__name__}: "
+                              f"{exc}); running without the agent\n")
     exec_target(args.kind, args.target, args.args)
     return 0

@@ -189,7 +189,9 @@ def test_two_traces_at_two_sync_levels_show_the_sync_cost():
                            str(TRACES / "gpu_bound_b512_sync2_phase.json")],
                           env=clean_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    line = next(ln for ln in proc.stdout.splitlines() if "the agent's synchronization" in ln)
+    # the note as one sentence (a long line is wrapped for the terminal)
+    line = " ".join(proc.stdout.split("the agent's synchronization", 1)[1].split("\n\n")[0]
+                    .split())
     s0 = stats_of(TRACES / "gpu_bound_b512_sync0_phase.json").median()
     s2 = stats_of(TRACES / "gpu_bound_b512_sync2_phase.json").median()
     assert f"level 2 costs {figures.ms(s2 - s0)} per iteration more" in line

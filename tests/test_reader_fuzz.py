@@ -66,9 +66,12 @@ DEEP = "[" * 100_000 + "]" * 100_000
 NASTY = st.sampled_from([
     None, True, False, 0, -1, 1 << 70, -(1 << 70), 0.5, -1e-9, 1e300, "abc", "", "12", [],
     [1, 2], {}, {"a": 1}, "@NaN", "@Infinity", "@-Infinity", "@1e400", "@-1e400", "@deep",
+    "@bigint", "@-bigint",
 ])
 TOKENS = {'"@NaN"': "NaN", '"@Infinity"': "Infinity", '"@-Infinity"': "-Infinity",
-          '"@1e400"': "1e400", '"@-1e400"': "-1e400", '"@deep"': "[" * 3000 + "]" * 3000}
+          '"@1e400"': "1e400", '"@-1e400"': "-1e400", '"@deep"': "[" * 3000 + "]" * 3000,
+          # an integer past a float's range: Python reads it as an int, exactly
+          '"@bigint"': "1" + "0" * 400, '"@-bigint"': "-1" + "0" * 400}
 
 EVENT_FIELDS = ["ts", "dur", "tid", "pid", "name", "cat", "ph", "args", "args.depth",
                 "args.iteration", "args.name"]
@@ -230,6 +233,10 @@ VARIANTS = {
     "no dur": lambda d: _first_range(d).pop("dur"),
     "ts 1e400": lambda d: _first_range(d).update(ts="@1e400"),
     "ts NaN": lambda d: _first_range(d).update(ts="@NaN"),
+    "ts 1e400 as an integer": lambda d: _first_range(d).update(ts="@bigint"),
+    "dur 1e400 as an integer": lambda d: _first_range(d).update(dur="@bigint"),
+    "dur -1e400 as an integer": lambda d: _first_range(d).update(dur="@-bigint"),
+    "tid 1e400 as an integer": lambda d: _first_range(d).update(tid="@bigint"),
     "args a list": lambda d: _first_range(d).update(args=[1, 2]),
     "bad run_stats": lambda d: d["otherData"]["chainer_autoprof"].update(
         dropped_ranges=5, run_stats={"iterations": "many"}),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
+import pytest
 from support import EXAMPLES, run_python
 
 from chainer_autoprof.report.compare import main as report_main
@@ -89,3 +91,56 @@ def test_bad_files_are_one_line_and_status_2(tmp_path, capsys):
         out, err = capsys.readouterr()
         assert out == ""
         assert len(err.strip().splitlines()) == 1 and str(path) in err
+
+
+# -- several runs: a merged trace, and --html with two traces ---------------------------------
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> tuple[Path, list[Path], Path]:
+    """Two unrelated runs, one after the other (a pause between), and their merged trace."""
+    tmp = tmp_path_factory.mktemp("two_runs")
+    first, _ = profile(tmp, "first.json", "--iterations", "12")
+    time.sleep(1.0)
+    second, _ = profile(tmp, "second.json", "--iterations", "9", flags=("--warmup", "2"))
+    run = run_python(tmp, ["-m", "chainer_autoprof", "merge", str(first), str(second), "-o",
+                           "merged.json", "-q"], nvtx=False, count_device=False)
+    assert run.returncode == 0, run.stderr
+    return tmp, [first, second], tmp / "merged.json"
+
+
+def test_report_on_a_merged_trace_summarizes_each_process(two_runs):
+    """Read as one run, the other process was "more on other threads", the warm-up was zero
+    and the pause between the runs "after the last iteration"."""
+    tmp, traces, merged = two_runs
+    run = report(tmp, str(merged))
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert "on other threads" not in out
+    blocks = re.split(r"^\[\d/2\] ", out, flags=re.M)
+    assert len(blocks) == 3 and "a merged trace of 2 processes" in blocks[0]
+    for block, trace in zip(blocks[1:], traces):
+        own = report(tmp, str(trace))
+        assert own.returncode == 0, own.stderr
+        # each process's summary is the one its own trace gives: its warm-up, its wall
+        assert body("chainer_autoprof " + block) == body(own.stdout)
+        assert block.startswith(f"pid {stats_from_trace(str(trace)).meta['pid']} ({trace})")
+    assert "3 warm-up excluded" in blocks[1] and "2 warm-up excluded" in blocks[2]
+
+
+def test_merged_trace_with_html_or_a_second_trace_is_one_line(two_runs):
+    tmp, traces, merged = two_runs
+    for args in ([str(merged), "--html", "m.html"], [str(merged), str(traces[0])]):
+        run = report(tmp, *args)
+        assert run.returncode == 2 and run.stdout == ""
+        assert len(run.stderr.splitlines()) == 1 and "merged trace" in run.stderr
+    assert not (tmp / "m.html").exists()
+
+
+def test_html_of_two_runs_is_refused_not_half_written(two_runs):
+    """``report A B --html`` wrote A's page alone and said nothing: now one line, no page
+    (a run and its replay run still make one page: test_html_report.py)."""
+    tmp, traces, _merged = two_runs
+    run = report(tmp, *map(str, traces), "--html", "two.html")
+    assert run.returncode == 2 and run.stdout == ""
+    assert len(run.stderr.splitlines()) == 1
+    assert "two runs" in run.stderr and "write a page of each" in run.stderr
+    assert not (tmp / "two.html").exists()

@@ -35,7 +35,10 @@ class MalformedError(ValueError):
 
 def shown(value: object) -> str:
     """``value`` as an error line shows it (cut to 40 characters)."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past the interpreter's digit limit
+        text = "an integer of over 4300 digits"
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -88,7 +91,10 @@ class Number(Kind):
     def check(self, value: object, where: str) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise MalformedError(f"{where} is {shown(value)}, not a number")
-        if not math.isfinite(value) or not self.lo <= value <= self.hi:
+        # an integer is compared as it is: a JSON integer past a float's range (10**400)
+        # cannot be converted, and ``isfinite`` would raise on it
+        if (isinstance(value, float) and not math.isfinite(value)) \
+                or not self.lo <= value <= self.hi:
             raise MalformedError(f"{where} is {shown(value)}, out of range")
         return value
 

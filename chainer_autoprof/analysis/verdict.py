@@ -47,9 +47,10 @@ is the verdict and the others are listed under "also".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from ..common import figures as fmt
+from ..common.wording import counted
 from . import whatif
 
 # the GPU evidence's thresholds, re-exported so that every threshold reads ``verdict.NAME``
@@ -222,6 +223,33 @@ def functions_per_iteration(stats: RunStats) -> int | None:
 
 def link_calls_per_iteration(stats: RunStats) -> float:
     return sum(link.calls for link in stats.links) / stats.iterations if stats.iterations else 0.0
+
+
+#: Links whose own forward is a loss around a predictor: their own time is the loss function
+#: (and the accuracy), not a layer.
+LOSS_WRAPPERS = ("Classifier",)
+
+
+def _class_of(link_name: str) -> str:
+    """``Linear`` of ``predictor/l1 (Linear) @gpu0``; the unnamed root's name is its class."""
+    text = link_name.split(" @")[0]
+    return text[text.rfind("(") + 1:-1] if text.endswith(")") and "(" in text else text
+
+
+def focus_text(top: LinkStat, links: Sequence[LinkStat]) -> str:
+    """What to work on first: the link with the most own time, named for what that time is
+    where it is not a layer's (a Classifier's own time is its loss function and accuracy)."""
+    if _class_of(top.name) not in LOSS_WRAPPERS:
+        return f"work on {top.name} first"
+    layers = [link for link in sorted(links, key=lambda x: -(x.self_ms + x.bwd_ms))
+              if _class_of(link.name) not in LOSS_WRAPPERS
+              and not any(other.name.startswith(link.name.split(" (")[0] + "/")
+                          for other in links if other is not link)]
+    text = (f"{top.name}'s own time is its loss function and its accuracy, not a layer "
+            "(model.compute_accuracy = False leaves the accuracy out)")
+    if layers:
+        text += f"; of the layers, work on {layers[0].name} first"
+    return text
 
 
 def top_links(stats: RunStats, n: int = TOP_LINKS) -> list[LinkStat]:
@@ -641,8 +669,8 @@ def _compute(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
             own = link.self_ms + link.bwd_ms
             v.evidence.append(f"  {link.name}: {fmt.ms(per_iteration(stats, own))} "
                               f"({fmt.pct(own / denom)} of link time), "
-                              f"{fmt.num(link.calls / stats.iterations)} calls")
-        v.suggestions.append(f"work on {links[0].name} first")
+                              + counted(fmt.num(link.calls / stats.iterations), "call"))
+        v.suggestions.append(focus_text(links[0], stats.links))
     else:
         v.suggestions.append("see which links: run with CHAINER_PROF_GRANULARITY=link")
     return v
@@ -755,7 +783,10 @@ def gpu_suggestions(stats: RunStats, focus: str | None) -> list[str]:
     conv = int((facts.get("conv_links") or {}).get("gpu") or 0)
     cudnn_off = cuda.get("cudnn_enabled") is False or cfg.get("use_cudnn") == "never"
     if conv and cudnn_off:
-        out.append(f"{conv} convolution link(s) run without cuDNN: " + cudnn_fix(stats))
+        # how to get it is the cudnn advice's fix, said once (the advice is shown with the
+        # verdict, and checks the same facts)
+        out.append(f"{conv} convolution link(s) run without cuDNN: see the cudnn advice for how "
+                   "to get it for this CuPy")
     elif conv and cfg.get("autotune") is False:
         out.append("chainer.config.autotune = True: cuDNN picks the fastest convolution "
                    "algorithm for each shape (see the autotune advice)")

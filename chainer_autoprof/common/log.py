@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
+from .one_line import write
+
 #: Test-only: an error of the agent's own that the reporting code contains (a check of the
 #: advice or the verdict that raises, a summary section) is raised instead, so a test fails.
 ENV_TEST_STRICT = "CHAINER_AUTOPROF_TEST_STRICT"
@@ -31,7 +33,7 @@ def _emit(level: str, msg: str, once: bool) -> None:
             return
         _said.add(msg)
     try:
-        sys.stderr.write(f"chainer_autoprof: {msg}\n")
+        write(sys.stderr, f"chainer_autoprof: {msg}\n")
         sys.stderr.flush()
     except Exception:  # a closed stderr must not break the program  # noqa: BLE001
         pass

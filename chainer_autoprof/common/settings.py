@@ -320,6 +320,16 @@ class Config:
     def __repr__(self) -> str:
         return f"Config({self.as_dict()!r})"
 
+    def describe(self, flags: bool = False) -> str:
+        """The settings that differ from their defaults, as the user gives them: launcher
+        flags (``flags``: ``--log debug``) or variables (``CHAINER_PROF_LOG=debug``)."""
+        changed = [(s, to_environ_value(s, getattr(self, s.name))) for s in SETTINGS
+                   if getattr(self, s.name) != s.default]
+        parts = [f"{s.flag} {value or repr('')}" if flags else f"{s.env}={value}"
+                 for s, value in changed]
+        return (", ".join(parts) + " (the rest at their defaults)" if parts
+                else "every setting at its default")
+
 
 def _derive_sync_level(cfg: Config) -> int:
     level = cfg.sync_level

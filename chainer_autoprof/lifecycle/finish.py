@@ -21,7 +21,8 @@ from ..analysis import record
 from ..analysis.record import By
 from ..analysis.stats import RunStats
 from ..common import log, rank
-from ..common.one_line import command_line
+from ..common.one_line import command_line, write
+from ..common.readable import readable
 from ..common.settings import SETTINGS, Config, to_environ_value
 from ..common.version import __version__
 from ..report.summary import format_summary
@@ -78,7 +79,8 @@ def report_run(recorder: Recorder, tracer: Tracer, cfg: Config, hits: int,
                                            gpu))
     if cfg.summary:
         try:
-            sys.stderr.write(format_summary(stats, advice=bool(cfg.advice)) + "\n")
+            write(sys.stderr, readable(format_summary(stats, advice=bool(cfg.advice)), stats.meta)
+                  + "\n")
             sys.stderr.flush()
         except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"no summary ({type(exc).__name__}: {exc})")

@@ -38,6 +38,7 @@ from time import monotonic
 from typing import TYPE_CHECKING, Callable
 
 from ..common import log, names
+from ..common.one_line import write
 from . import where
 from .dump_server import DumpServer
 from .flusher import Flusher
@@ -315,7 +316,7 @@ class Monitor:
 
 def _print(text: str) -> None:
     try:
-        sys.stderr.write(text + "\n")
+        write(sys.stderr, text + "\n")
         sys.stderr.flush()
     except Exception:  # a closed stderr must not break the program  # noqa: BLE001
         pass

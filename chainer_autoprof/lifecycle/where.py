@@ -36,6 +36,9 @@ FRAMES = 8
 #: launcher runs the script).
 _OURS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
          os.path.dirname(os.path.abspath(wrapt.__file__)) + os.sep, "<frozen runpy>")
+#: The launcher's runner: the frames outside it are how the launcher was started (its console
+#: script, ``python -m``), never the program's.
+_RUNNER = os.path.join(_OURS[0], "runner.py")
 
 
 class Frame(TypedDict):
@@ -163,6 +166,8 @@ def _frames(frame: FrameType | None) -> list[Frame]:
     while frame is not None and len(out) < FRAMES:
         code = frame.f_code
         filename = code.co_filename
+        if filename == _RUNNER:
+            break
         if not filename.startswith(_OURS):
             line = frame.f_lineno  # None while another thread's frame is between lines
             out.append({"file": filename, "line": line, "func": code.co_name,

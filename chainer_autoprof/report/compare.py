@@ -6,7 +6,8 @@ left its trace so far in ``TRACE.partial``: that file is read the same way,
 and a trace path whose final file is missing falls back to it.  With two
 (before and after a change), prints both summaries' key figures side by side,
 phase by phase, with the change, and a one-line conclusion, so a fix can be
-checked.  Output goes to stdout; errors are one line on stderr (exit status 2).
+checked.  A merged trace (``merge``) gives each process's own summary
+(:mod:`.merged_report`).  Output goes to stdout; errors are one line on stderr (exit status 2).
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from typing import Sequence
 from ..analysis.gpu_evidence import compare_sync
 from ..analysis.stats import PHASE_KEYS, RunStats
 from ..analysis.verdict import pick_replay
-from ..common.one_line import one_line
+from ..common.one_line import one_line, write
 from ..common.paths import check_output
+from ..common.readable import readable, wrap_long_lines
 from .html import write_report
+from .merged_report import is_merged, process_traces
 from .partial import partial_path
 from .summary import PHASE_LABELS, fmt_ms, format_summary, outside_label, verdict_section
-from .tracefile import TraceError, read_trace
+from .tracefile import Trace, TraceError, read_trace
 
 #: A change smaller than this (relative) is reported as "about the same".
 SAME_WITHIN = 0.03
@@ -41,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="leave out the bottleneck verdict and advice")
     parser.add_argument("--html", metavar="OUT.html",
                         help="also write a self-contained HTML report (no network needed); "
-                             "of the normal run when the other trace is a replay run")
+                             "of the normal run when the other trace is a replay run "
+                             "(two other runs, or a merged trace: refused, one page each)")
     parser.add_argument("--from-events", action="store_true",
                         help="recompute from the trace's ranges even when the recorder saved "
                              "whole-run statistics (traces that dropped ranges)")
@@ -61,16 +65,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         text = report(args)
     except (ReportError, TraceError) as exc:
-        sys.stderr.write(f"chainer_autoprof report: {exc}\n")
+        write(sys.stderr, f"chainer_autoprof report: {exc}\n")
         return 2
     except RecursionError:
-        sys.stderr.write(f"chainer_autoprof report: {args.trace}: nested too deeply\n")
+        write(sys.stderr, f"chainer_autoprof report: {args.trace}: nested too deeply\n")
         return 2
     except Exception as exc:  # a damage no check above knows yet: one line, never a traceback  # noqa: BLE001
-        sys.stderr.write(f"chainer_autoprof report: cannot report on {args.trace} "
-                         f"(internal error {type(exc).__name__}: {exc})\n")
+        write(sys.stderr, f"chainer_autoprof report: cannot report on {args.trace} "
+                          f"(internal error {type(exc).__name__}: {exc})\n")
         return 2
-    print(text)
+    write(sys.stdout, text + "\n")
     return 0
 
 
@@ -83,6 +87,13 @@ def report(args: argparse.Namespace) -> str:
         if problem:
             raise ReportError(problem)
     traces = [read_trace(path) for path in paths]
+    merged = [t.path for t in traces if is_merged(t)]
+    if merged and (len(traces) > 1 or args.html):
+        raise ReportError(f"{merged[0]} is a merged trace of several processes: "
+                          + ("compare the traces merged, one process each" if len(traces) > 1
+                             else "--html shows one process; give one of the traces merged"))
+    if merged:
+        return merged_summaries(traces[0], args)
     runs = [(trace, trace.stats(from_events=args.from_events)) for trace in traces]
     before = runs[0][1]
     after = runs[1][1] if len(runs) > 1 else None
@@ -90,19 +101,39 @@ def report(args: argparse.Namespace) -> str:
     if after is None:
         title = (f"chainer_autoprof report of {one_line(paths[0])}: "
                  f"{one_line(str(before.meta.get('command', '')))}")
-        text = format_summary(before, advice=advice, title=title.rstrip(": "))
+        text = readable(format_summary(before, advice=advice, title=title.rstrip(": ")),
+                        before.meta)
     else:
         text = compare(before, after, args.trace, args.after)
         pair = pick_replay(before, after) if advice else None
         if pair is not None:  # a normal run and its replay run: data made free
             text += "\n\n" + verdict_section(pair[0], replay=pair[1])
         text += "".join(f"\n  {line}" for line in compare_sync(before, after))
+        text = wrap_long_lines(text)
+    if args.html and after is not None and pick_replay(before, after) is None:
+        raise ReportError(f"--html shows one run (or a run beside its replay run), and "
+                          f"{args.trace} and {args.after} are two runs: write a page of each "
+                          "(report TRACE --html OUT.html)")
     if args.html:
         try:
             write_report(args.html, runs)
         except (OSError, ValueError) as exc:
             raise ReportError(f"cannot write {args.html}: {exc}") from None
     return text
+
+
+def merged_summaries(trace: Trace, args: argparse.Namespace) -> str:
+    """The summary of each process of merged ``trace``, one after the other."""
+    parts = process_traces(trace)
+    texts = [f"chainer_autoprof report of {one_line(trace.path)}: a merged trace of "
+             f"{len(parts)} processes, each summarized on its own"]
+    for n, (label, part) in enumerate(parts, 1):
+        stats = part.stats(from_events=args.from_events)
+        title = (f"[{n}/{len(parts)}] {one_line(label)}: "
+                 f"{one_line(str(stats.meta.get('command', '')))}")
+        texts.append(readable(format_summary(stats, advice=not args.no_advice,
+                                             title=title.rstrip(": ")), stats.meta))
+    return "\n\n".join(texts)
 
 
 def _html_problem(path: str, inputs: list[str]) -> str | None:
@@ -122,17 +153,17 @@ def resolve(path: str) -> str:
     if not os.path.exists(partial):
         return path
     if not os.path.exists(path):
-        sys.stderr.write(f"chainer_autoprof report: {path} does not exist; reading {partial}, "
-                         "the trace so far of a run that did not end normally\n")
+        write(sys.stderr, f"chainer_autoprof report: {path} does not exist; reading {partial}, "
+                          "the trace so far of a run that did not end normally\n")
         return partial
     try:
         newer = os.path.getmtime(partial) > os.path.getmtime(path)
     except OSError:  # gone meanwhile: the read says what is wrong
         newer = False
     if newer:
-        sys.stderr.write(f"chainer_autoprof report: note: {partial} is newer than {path}: a "
-                         "later run with this trace path did not end normally (or is still "
-                         f"running); 'report {partial}' reads what it left\n")
+        write(sys.stderr, f"chainer_autoprof report: note: {partial} is newer than {path}: a "
+                          "later run with this trace path did not end normally (or is still "
+                          f"running); 'report {partial}' reads what it left\n")
     return path
 
 

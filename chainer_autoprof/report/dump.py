@@ -30,6 +30,7 @@ import sys
 from typing import Any, Sequence
 
 from ..common import control
+from ..common.one_line import write
 from .stall import side_by_side
 
 
@@ -105,14 +106,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for pid, answer in answers.items():
         if not answer.get("ok"):
             failed = True
-            sys.stderr.write(f"chainer-autoprof dump: pid {pid}: {answer['error']}\n")
+            write(sys.stderr, f"chainer-autoprof dump: pid {pid}: {answer['error']}\n")
             continue
         snaps.append(answer["snapshot"])
         if not args.json:
-            sys.stdout.write(answer["text"] + "\n\n")
+            write(sys.stdout, answer["text"] + "\n\n")
     if not args.json:
         for group in jobs(snaps):
-            sys.stdout.write(side_by_side(group, "where each rank is") + "\n")
+            write(sys.stdout, side_by_side(group, "where each rank is") + "\n")
     return 1 if failed else 0
 
 

@@ -26,8 +26,11 @@ from ..analysis.outliers import slow_iterations
 from ..analysis.stats import PHASE_KEYS, percentile
 from ..analysis.verdict import Verdict, decide, pick_replay
 from ..common import figures, log, names
+from ..common.one_line import write
 from ..common.outputs import atomic_text
+from ..common.readable import hint_form, launched
 from . import whatif_view
+from .html_table import drop_empty_columns
 from .stall import ended_abnormally
 from .summary import IDLE_LABELS, activity, describe_slow
 
@@ -469,24 +472,27 @@ def gpu_section(stats: RunStats, gpu: GpuEvidence | None, verdict: Verdict) -> s
     """The GPU's phase times beside the host's, the agent's waits, the busy share."""
     if gpu is None:
         return '<p class="empty">The model ran on a GPU, but no iteration was counted.</p>'
+    dash = "&ndash;"
     rows = []
     for p in gpu.phases:
-        gpu_ms = _ms(p.gpu_ms) if p.gpu_ms is not None else "&ndash;"
-        state = ("GPU-limited" if p.behind else "keeps up") if gpu.per_phase else "&ndash;"
-        rows.append(f'<tr><td class="name">{_e(p.phase)}</td><td>{_e(_ms(p.host_ms))}</td>'
-                    f"<td>{gpu_ms if p.gpu_ms is None else _e(gpu_ms)}</td>"
-                    f"<td>{_e(_ms(p.wait_ms)) if gpu.wait_source == 'recorded' else '&ndash;'}"
-                    f"</td><td>{state}</td></tr>")
+        state = ("GPU-limited" if p.behind else "keeps up") if gpu.per_phase else dash
+        rows.append([_e(p.phase), _e(_ms(p.host_ms)),
+                     _e(_ms(p.gpu_ms)) if p.gpu_ms is not None else dash,
+                     _e(_ms(p.wait_ms)) if gpu.wait_source == "recorded" else dash, state])
     if gpu.phases:
-        rows.append(f'<tr class="total"><td class="name">iteration</td>'
-                    f"<td>{_e(_ms(gpu.host_iteration_ms))}</td>"
-                    f"<td>{_e(_ms(gpu.gpu_iteration_ms)) if gpu.gpu_iteration_ms else '&ndash;'}"
-                    f"</td><td>{_e(_ms(gpu.wait_ms)) if gpu.wait_source != 'none' else '&ndash;'}"
-                    "</td><td></td></tr>")
-    table = ('<table class="gputable"><thead><tr><th>phase</th><th>host, median</th>'
-             '<th>GPU, median (CUDA events)</th><th>the agent\'s waits, per iteration</th>'
-             "<th>GPU</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
-             if rows else "")
+        rows.append(["iteration", _e(_ms(gpu.host_iteration_ms)),
+                     _e(_ms(gpu.gpu_iteration_ms)) if gpu.gpu_iteration_ms else dash,
+                     _e(_ms(gpu.wait_ms)) if gpu.wait_source != "none" else dash, ""])
+    heads = ["phase", "host, median", "GPU, median (CUDA events)",
+             "the agent's waits, per iteration", "the phase on the GPU"]
+    heads, rows = drop_empty_columns(heads, rows, empty=(dash, ""))
+    table = ('<table class="gputable"><thead><tr>'
+             + "".join(f"<th>{_e(h)}</th>" for h in heads) + "</tr></thead><tbody>"
+             + "".join(('<tr class="total">' if n == len(rows) - 1 else "<tr>")
+                       + f'<td class="name">{row[0]}</td>'
+                       + "".join(f"<td>{cell}</td>" for cell in row[1:]) + "</tr>"
+                       for n, row in enumerate(rows))
+             + "</tbody></table>" if rows else "")
     lines = []
     if gpu.busy_share is not None:
         lines.append(f"GPU busy: {busy_text(gpu)}; {gpu.busy_method}")
@@ -627,8 +633,15 @@ def render(trace: Trace, stats: RunStats, replay: RunStats | None = None) -> str
 """
 
 
+#: What the embedded JSON escapes so that no text in it is markup in any of the HTML
+#: parser's script states (``</script``, ``<!--``, ``<script`` and the ``-->`` that ends
+#: them; ``&`` for good measure) or a line end to an old JavaScript parser.
+_SCRIPT_SAFE = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
+                0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
 def _json(data: object) -> str:
-    return json.dumps(data).replace("</", "<\\/")
+    return json.dumps(data).translate(_SCRIPT_SAFE)
 
 
 def write_report(out_path: str, runs: Sequence[tuple[Trace, RunStats]]) -> None:
@@ -646,7 +659,8 @@ def write_report(out_path: str, runs: Sequence[tuple[Trace, RunStats]]) -> None:
             replay = pair[1]
     page = render(trace, stats, replay)
     with atomic_text(out_path) as f:  # whole or not at all; a regular file only
-        f.write(page)
+        # no control character of a name reaches the page raw; hints as the run was started
+        write(f, hint_form(page, launched(stats.meta)))
 
 
 _CSS = """
@@ -691,7 +705,8 @@ vertical-align:-1px}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{padding:4px 8px;border-bottom:1px solid var(--line);text-align:right}
 th{cursor:pointer;user-select:none;background:#f4f4f4}th:first-child,td.name{text-align:left}
-td.name{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:12px}
+td.name{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:12px;
+overflow-wrap:anywhere}
 .more{color:var(--muted);font-size:12px}
 .gputable td,.gputable th{text-align:right}.gputable tr.total td{font-weight:600}
 .gpunote{margin:6px 0 0}.span.gpu{opacity:.9}

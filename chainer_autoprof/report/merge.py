@@ -53,6 +53,7 @@ from ..analysis.record import By, MalformedError
 from ..analysis.stall import odd_one_out, position
 from ..analysis.stats import median
 from ..common import names
+from ..common.one_line import write
 from ..common.outputs import atomic_text
 from ..common.paths import check_output
 from . import trace_events
@@ -510,28 +511,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``merge`` subcommand; returns the exit status."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.warmup is not None and args.warmup < 0:
-        sys.stderr.write("merge: --warmup must be >= 0\n")
+        write(sys.stderr, "merge: --warmup must be >= 0\n")
         return 2
     real = [os.path.realpath(p) for p in args.traces]
     twice = next((p for p, r in zip(args.traces, real) if real.count(r) > 1), None)
     if twice is not None:
-        sys.stderr.write(f"merge: {twice} is given twice\n")
+        write(sys.stderr, f"merge: {twice} is given twice\n")
         return 2
     streams = [p for p in args.traces if os.path.exists(p) and not os.path.isfile(p)]
     if streams:
-        sys.stderr.write(f"merge: {streams[0]} is not a regular file (each input is read "
-                         "twice: give files)\n")
+        write(sys.stderr, f"merge: {streams[0]} is not a regular file (each input is read "
+                          "twice: give files)\n")
         return 2
     if os.path.realpath(args.output) in set(real):
-        sys.stderr.write(f"merge: the output {args.output} is one of the inputs\n")
+        write(sys.stderr, f"merge: the output {args.output} is one of the inputs\n")
         return 2
     try:
         summary = merge(args.traces, args.output, args.align, args.warmup)
     except MergeError as exc:
-        sys.stderr.write(f"merge: {exc}\n")
+        write(sys.stderr, f"merge: {exc}\n")
         return 2
     if not args.quiet:
-        sys.stdout.write(format_summary(summary, args.output) + "\n")
+        write(sys.stdout, format_summary(summary, args.output) + "\n")
     return 0
 
 

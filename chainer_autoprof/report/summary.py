@@ -45,6 +45,7 @@ from ..analysis.verdict import Verdict, decide, facts_of
 from ..analysis.window import unreached
 from ..common import figures, log, names
 from ..common.one_line import one_line
+from ..common.wording import counted, joined, leaders
 from . import whatif_view
 from .stall import ended_abnormally
 
@@ -473,8 +474,8 @@ def _agent_lines(stats: RunStats) -> list[str]:
     over = stats.overhead_ms
     lines.append(f"  agent overhead  ~{fmt_ms(over)} ({fmt_pct(stats.wall_share(over))} of wall)"
                  + (f"; {stats.overhead_method}" if stats.overhead_method else ""))
-    line = (f"  sync level      {stats.sync_level} ({figures.count(stats.sync_calls)} synchronize "
-            "calls)")
+    line = (f"  sync level      {stats.sync_level} "
+            f"({counted(figures.count(stats.sync_calls), 'synchronize call')})")
     waited = waits(stats) if stats.sync_level >= 1 else Waits()
     if waited.total_ms > 0 and stats.iterations:
         mark = "~" if waited.source == "estimated" else ""
@@ -558,9 +559,19 @@ def dominant_sentence(stats: RunStats) -> str:
         phase = max(PHASE_KEYS, key=lambda k: own[k])
         share = own[phase] / stats.iteration_total_ms if stats.iteration_total_ms > 0 else 0.0
         what = "waits for the GPU" if on_gpu(stats) else "synchronize calls"
-        return (f"{PHASE_WORDS[phase]} takes {fmt_pct(share)} of each iteration (the agent's "
+        tied = leaders({k: own[k] / stats.iteration_total_ms if stats.iteration_total_ms > 0
+                        else 0.0 for k in PHASE_KEYS}, fmt_pct)
+        words = (f"{joined([PHASE_WORDS[k] for k in tied])} take" if len(tied) > 1
+                 else f"{PHASE_WORDS[phase]} takes")
+        each = " each" if len(tied) > 1 else ""
+        return (f"{words} {fmt_pct(share)} of each iteration{each} (the agent's "
                 f"{what}, {fmt_pct(waited.total_ms / stats.iteration_total_ms)}, left out).")
     phase = stats.dominant_phase() or "other"
+    keys = PHASE_KEYS if stats.has_phases else ("other",)
+    tied = leaders({k: stats.phase_share(k) for k in keys}, fmt_pct)
+    if len(tied) > 1:  # as printed, a tie: both said, not the first in the order of phases
+        return (f"{joined([PHASE_WORDS[k] for k in tied])} take "
+                f"{fmt_pct(stats.phase_share(phase))} of each iteration each.")
     return f"{PHASE_WORDS[phase]} takes {fmt_pct(stats.phase_share(phase))} of each iteration."
 
 
@@ -579,8 +590,12 @@ def _gpu_sentence(stats: RunStats) -> str | None:
         phase = max(PHASE_KEYS, key=lambda k: launched.get(k, 0.0))
         phase_ms = launched.get(phase, 0.0) / n
         span = fig.span_ms / n
+        tied = leaders({k: launched.get(k, 0.0) / n for k in PHASE_KEYS}, fmt_ms)
+        most = (f"{joined([PHASE_WORDS[k] for k in tied])} launch the most GPU time, "
+                f"{fmt_ms(phase_ms)} each" if len(tied) > 1 else
+                f"{PHASE_WORDS[phase]} launches the most GPU time, {fmt_ms(phase_ms)}")
         text = (f"the GPU sets the pace (busy {figures.pct(fig.busy_share or 0.0)}); "
-                f"{PHASE_WORDS[phase]} launches the most GPU time, {fmt_ms(phase_ms)} of a "
+                f"{most} of a "
                 f"{fmt_ms(span)} GPU iteration")
         if fig.links:
             top_link = fig.links[0]
