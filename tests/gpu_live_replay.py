@@ -29,7 +29,7 @@ from chainer_autoprof.common.gpu_records import KERNEL, MEMCPY, Recording, read_
 from chainer_autoprof.common.settings import from_environ
 from chainer_autoprof.lifecycle import gpu_session
 from chainer_autoprof.lifecycle.finish import report_run
-from chainer_autoprof.report import gpu_replay, trace_events
+from chainer_autoprof.report import trace_events
 from chainer_autoprof.report.tracefile import Trace, read_trace
 from chainer_autoprof.runtime.device import CountingBackend
 from chainer_autoprof.runtime.events import Tracer
@@ -121,7 +121,7 @@ def replay_live(name: str, out_dir: Path, *, buffers: int = 12, block_rows: int 
     recorder = Recorder(cfg, tracer)
     tracer.add_sink(recorder)
     # the recorded names, as the tracer made them in that process
-    recorded_names, rows = gpu_replay.trace_rows(trace)
+    recorded_names, rows = trace.range_rows()
     index = np.array([tracer.info(n, c).index for n, c in recorded_names], dtype=np.int64)
     (tid, block), = rows.items()
     block = block.copy()

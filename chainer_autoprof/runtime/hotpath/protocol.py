@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, T
 
 if TYPE_CHECKING:
     from ...common.typedefs import Args, Kwargs
-    from ..events import RangeInfo, ThreadState
     from ..policies import CaptureWindow
+    from ..ranges import RangeInfo, ThreadState
 
 #: The protocol's version: what the implementations expect of their callers.
 PROTOCOL = 3
@@ -244,8 +244,3 @@ def check(module: ModuleType) -> HotPath:
 __all__ = ["HOT_WRAPPERS", "PROTOCOL", "BeginFn", "CoreLike", "EndFn", "FailFn", "HotPath",
            "NvtxDomainLike", "RecorderHookLike", "SinkEntry", "SwitchLike", "Wrapper",
            "check", "members", "problems"]
-
-if TYPE_CHECKING:  # what the Python twin is held to
-    from . import python as _python
-
-    _twin: HotPath = _python

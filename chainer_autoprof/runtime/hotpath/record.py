@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from ..events import RangeInfo, ThreadState
+    from ..ranges import RangeInfo, ThreadState
 
 
 class RecorderHook:
