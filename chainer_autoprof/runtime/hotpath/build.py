@@ -34,8 +34,9 @@ HEADERS = (HERE / "native.h",)
 #: Where the protocol's version is defined (and nowhere else).
 PROTOCOL_FILE = HERE / "protocol.py"
 MODULE = "chainer_autoprof.runtime.hotpath._native"
-#: Compiler flags beyond the platform's own for extensions.
-EXTRA_COMPILE_ARGS = ["-O2", "-std=gnu11"]
+#: Compiler flags beyond the platform's own for extensions: every warning of ``-Wall
+#: -Wextra`` is on (a user's build keeps going with them; CI's fails, :func:`compile_to`).
+EXTRA_COMPILE_ARGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra"]
 LIBRARIES = ["dl"]  # NVTX loads the tool with dlopen
 
 
@@ -96,11 +97,14 @@ def build_in_place(force: bool = False) -> Path:
     return out
 
 
-def compile_to(out: Path, include_dirs: tuple[str, ...] = ()) -> None:
+def compile_to(out: Path, include_dirs: tuple[str, ...] = (), *,
+               warnings_fail: bool = False) -> None:
     """Compile the extension into ``out``; raises :class:`BuildError` (one line: why).
 
     Safe with concurrent builds: each compiles to a private name and renames
     it into place.  The compiler's own output is kept, not shown.
+    ``warnings_fail``: a warning fails the build (``-Werror``; the tests' check
+    of the C code), the error naming the first one.
     """
     include = nvtx_include_dir()
     if include is None:
@@ -110,8 +114,9 @@ def compile_to(out: Path, include_dirs: tuple[str, ...] = ()) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     includes = [f"-I{d}" for d in (sysconfig.get_paths()["include"], *include_dirs, include)]
     with _outputs().replaced_by(str(out)) as tmp:  # renamed into place once it is whole
-        cmd = [*cc.split(), "-shared", "-fPIC", *EXTRA_COMPILE_ARGS, *defines(), *includes,
-               "-o", tmp, *map(str, SOURCES), *(f"-l{lib}" for lib in LIBRARIES)]
+        cmd = [*cc.split(), "-shared", "-fPIC", *EXTRA_COMPILE_ARGS,
+               *(["-Werror"] if warnings_fail else []), *defines(), *includes, "-o", tmp,
+               *map(str, SOURCES), *(f"-l{lib}" for lib in LIBRARIES)]
         try:
             result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         except OSError as exc:

@@ -36,7 +36,7 @@ static RecordBuffer *record_buffer_make(Py_ssize_t capacity)
     return self;
 }
 
-static PyObject *record_buffer_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+static PyObject *record_buffer_new(PyTypeObject *Py_UNUSED(type), PyObject *args, PyObject *kw)
 {
     static char *names[] = {"capacity", NULL};
     Py_ssize_t capacity = 4096;
@@ -99,13 +99,13 @@ static PyObject *record_buffer_append_py(RecordBuffer *self, PyObject *row)
 }
 
 /* The rows as bytes (a copy), and (take) the buffer emptied in the same step. */
-static PyObject *record_buffer_copy(RecordBuffer *self, PyObject *unused)
+static PyObject *record_buffer_copy(RecordBuffer *self, PyObject *Py_UNUSED(unused))
 {
     return PyByteArray_FromStringAndSize((const char *)self->data,
                                          self->n * 4 * (Py_ssize_t)sizeof(int64_t));
 }
 
-static PyObject *record_buffer_take(RecordBuffer *self, PyObject *unused)
+static PyObject *record_buffer_take(RecordBuffer *self, PyObject *Py_UNUSED(unused))
 {
     PyObject *out = record_buffer_copy(self, NULL);
     if (out != NULL)
