@@ -86,7 +86,7 @@ def file_mode() -> int:
     return 0o666 & ~umask()
 
 
-def kind_of(mode: int) -> str:
+def file_kind(mode: int) -> str:
     """What a file of ``st_mode`` ``mode`` is, in words (``a directory``, ``a FIFO``, ...)."""
     if stat.S_ISREG(mode):
         return "a regular file"
@@ -152,7 +152,7 @@ def output_target(path: str) -> str:
         raise ValueError(f"{shown}: {exc.strerror or exc}") from None
     if stat.S_ISREG(mode):
         return target
-    raise ValueError(f"{shown} is {kind_of(mode)}, not a regular file")
+    raise ValueError(f"{shown} is {file_kind(mode)}, not a regular file")
 
 
 def _planted_link(path: str) -> str | None:
@@ -308,7 +308,7 @@ def _through_link(path: str) -> tuple[str, FileId | None]:
         os.close(fd)
     reached = (st.st_dev, st.st_ino)
     if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{path} (-> {target}) is {kind_of(st.st_mode)}, not a regular file")
+        raise ValueError(f"{path} (-> {target}) is {file_kind(st.st_mode)}, not a regular file")
     try:  # the name replaced is the file the kernel reaches through the link
         same = all((s.st_dev, s.st_ino) == reached for s in (os.stat(target), os.stat(path)))
     except OSError:
@@ -524,7 +524,7 @@ def _check_leftover(path: str) -> None:
         raise NotOursError(f"{path} is a symlink (to {os.readlink(path)}): the agent writes "
                            "there only a file it creates itself")
     if not stat.S_ISREG(st.st_mode):
-        raise NotOursError(f"{path} is {kind_of(st.st_mode)}, not a regular file")
+        raise NotOursError(f"{path} is {file_kind(st.st_mode)}, not a regular file")
     if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
         raise NotOursError(f"{path} belongs to another user (uid {st.st_uid}): the agent "
                            "writes there only a file it creates itself")

@@ -22,7 +22,7 @@ import stat
 from typing import Mapping
 
 from . import rank
-from .outputs import kind_of, output_target
+from .outputs import file_kind, output_target
 
 _SUBST = re.compile(r"%(?:q\{([^}]*)\}|(.))")
 
@@ -84,7 +84,7 @@ def check_directory(directory: str) -> None:
     except OSError as exc:
         raise ValueError(f"directory {directory}: {exc.strerror or exc}") from None
     if not stat.S_ISDIR(mode):
-        raise ValueError(f"{directory} is {kind_of(mode)}, not a directory")
+        raise ValueError(f"{directory} is {file_kind(mode)}, not a directory")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ValueError(f"directory {directory} is not writable")
 
