@@ -139,10 +139,11 @@ def replay_live(name: str, out_dir: Path, *, buffers: int = 12, block_rows: int 
         collector_box.append(collector)
         return collector
 
-    session = gpu_session.GpuSession(recorder, tracer, record_limit=record_limit,
+    session = gpu_session.GpuSession(recorder, record_limit=record_limit,
                                      warmup_skip=recorder.warm_skip, window=window,
                                      main_tid=tid, start_collector=start_collector)
-    session.install()
+    tracer.on_new_thread = session.thread_started  # the agent's composition
+    recorder.gpu_handover = session.handover
     session.start()  # as at CuPy's import
     # the recorded loop thread's state was made in that process: its id as told then
     session._threads.append((main_thread, tid))
