@@ -139,6 +139,7 @@ def test_choice_reported_in_status_summary_and_trace(tmp_path: Path, native_modu
         assert meta["implementation"] == {"name": name, "reason": reason}
 
 
+@pytest.mark.hotpath
 def test_unavailable_extension_falls_back_with_the_reason(monkeypatch):
     monkeypatch.setitem(sys.modules, "chainer_autoprof.runtime.hotpath._native", None)
     chosen = hotpath.select(native=True, explicit=True)
