@@ -59,6 +59,7 @@ from .range_kinds import (
     K_PHASE0,
     K_QUIET,
     K_WAIT,
+    LinkIds,
     range_kind,
 )
 from .stats import (
@@ -193,8 +194,8 @@ class Aggregator:
         self.link_ids: list[int] = []      # link key id per name index (-1: not a link)
         self.gens: list[int] = []          # collected generation per gc name index
         self.wait_places: list[int] = []   # PHASE_KEYS index per wait name index (-1: outside)
-        self.link_keys: list[str] = []
-        self._link_key_index: dict[str, int] = {}
+        self._link_ids = LinkIds()
+        self.link_keys = self._link_ids.keys
         self._np_tables: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None
         self.threads: dict[int, _ThreadAgg] = {}
         self.max_kept = max_kept
@@ -221,11 +222,7 @@ class Aggregator:
             self.wait_places[index] = names.WAIT_PLACES.index(place) if place else -1
         self.kinds[index], self.keys[index] = kind, key
         if kind in (K_LINK, K_LINK_BWD):
-            lid = self._link_key_index.get(key)
-            if lid is None:
-                lid = self._link_key_index[key] = len(self.link_keys)
-                self.link_keys.append(key)
-            self.link_ids[index] = lid
+            self.link_ids[index] = self._link_ids.id_of(key)
         self._np_tables = None
 
     def _tables(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:

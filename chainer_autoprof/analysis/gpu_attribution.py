@@ -40,7 +40,7 @@ import numpy.typing as npt
 
 from ..common.gpu_records import ActivityBatch, ApiCalls, Columns, GpuOps, RowIndex
 from .gpu_clock import ClockMap
-from .range_kinds import K_GC, K_LINK, K_LINK_BWD, K_OTHER, K_PHASE0, range_kind
+from .range_kinds import K_GC, K_LINK, K_LINK_BWD, K_OTHER, K_PHASE0, LinkIds, range_kind
 from .range_kinds import K_ITER as K_ITER  # the iterations' ranges, for the trace's GPU events
 from .stats import DEPTH_BITS, DEPTH_MASK, PHASE_KEYS
 
@@ -185,8 +185,8 @@ class LaunchAttributor:
         self.kinds: list[int] = []
         self.link_ids: list[int] = []
         self.range_names: list[str] = []
-        self.link_keys: list[str] = []
-        self._link_key_index: dict[str, int] = {}
+        self._link_ids = LinkIds()
+        self.link_keys = self._link_ids.keys
         self._tables: tuple[Int64Array, Int64Array] | None = None
         self.threads: dict[int, _ThreadRanges] = {}
         self.thread_map: dict[int, int] = {}   # CUPTI thread id -> agent tid
@@ -210,11 +210,7 @@ class LaunchAttributor:
         kind, key = range_kind(name, category)
         self.kinds[index], self.range_names[index] = kind, name
         if kind in (K_LINK, K_LINK_BWD):
-            lid = self._link_key_index.get(key)
-            if lid is None:
-                lid = self._link_key_index[key] = len(self.link_keys)
-                self.link_keys.append(key)
-            self.link_ids[index] = lid
+            self.link_ids[index] = self._link_ids.id_of(key)
         self._tables = None
 
     def map_thread(self, cupti_thread: int, tid: int) -> AttributedOps:

@@ -4,7 +4,8 @@ The aggregation of the ranges (:mod:`.aggregate`) and the attribution of GPU
 work to them (:mod:`.gpu_attribution`) each keep, per range name, a kind (a
 small int, held in int64 arrays and compared there) and a key (the link a
 link's range, forward or backward, counts for; a user range's row).  Both take
-them from :func:`range_kind`, so a new category is classified once.
+them from :func:`range_kind`, so a new category is classified once, and number
+the links the same way (:class:`LinkIds`).
 """
 
 from __future__ import annotations
@@ -47,3 +48,20 @@ def range_kind(name: str, category: str) -> tuple[int, str]:
     if category == names.GPU_WAIT:
         return K_WAIT, name
     return K_OTHER, name
+
+
+class LinkIds:
+    """The links' keys in the order first seen (``keys``: a list that only grows, which
+    readers may hold) and each one's id, its index there."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self._ids: dict[str, int] = {}
+
+    def id_of(self, key: str) -> int:
+        """The id of link ``key``, a new one the first time."""
+        lid = self._ids.get(key)
+        if lid is None:
+            lid = self._ids[key] = len(self.keys)
+            self.keys.append(key)
+        return lid
