@@ -126,11 +126,14 @@ class Agent:
         from .lifecycle.gpu_session import GpuSession  # only when GPU activity is wanted
 
         recorder = self.recorder
-        session = GpuSession(recorder, self.tracer, record_limit=int(self.cfg.record_limit),
+        session = GpuSession(recorder, record_limit=int(self.cfg.record_limit),
                              warmup_skip=recorder.warm_skip,
                              window=self.cfg.iterations is not None,
                              main_tid=None)  # the loop thread: the first to iterate
-        session.install()
+        # its hooks, each one append and a no-op unless it records: the thread map from the
+        # first thread state on, the recorder's blocks once CuPy's import started it
+        self.tracer.on_new_thread = session.thread_started
+        recorder.gpu_handover = session.handover
         return session
 
     def _monitor(self) -> Monitor:

@@ -17,6 +17,14 @@ implementations in one plain ``pytest`` run: they take the ``twin`` fixture
 the run for a machine that cannot build C) only ``[python]`` runs, and the
 tests that compare the two (``native_module``) skip.  The rest of the suite
 runs once, on the hot path under test.
+
+The tests that depend on the hot path carry the ``hotpath`` mark: those
+taking ``twin`` (or ``implementation``), those on a fixture parametrized over
+:func:`support.twins` (marked here, at collection), and those marked by hand.
+CI's pure-Python pass runs those alone (``-m hotpath``): the rest does not
+depend on which hot path runs, and ran in the native pass.
+tests/test_tests_layout.py keeps the mark honest: a test that reads which hot
+path is under test (``native_under_test``, ``twin_env``, ...) carries it.
 """
 
 import os
@@ -45,8 +53,14 @@ settings.load_profile("ci")
 _NATIVE_RUN = native_under_test()
 
 
+#: The mark of the tests that depend on the hot path (CI's pure-Python pass runs them alone).
+HOTPATH = "hotpath"
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU and CuPy")
+    config.addinivalue_line("markers", f"{HOTPATH}: depends on the hot path's implementation "
+                                       "(runs in the pure-Python pass too)")
     # a check of the verdict or the advice, or a summary section, that raises fails the tests
     # (in a user's run it is left out with one line); subprocesses inherit it (support.py)
     os.environ.setdefault(log.ENV_TEST_STRICT, "1")
@@ -73,6 +87,23 @@ def pytest_configure(config):
         if check.returncode != 0:
             pytest.exit("native hot path under test, but it cannot be imported: "
                         + (check.stderr.strip().splitlines() or ["?"])[-1], returncode=1)
+
+
+def on_the_twins(item: pytest.Item) -> bool:
+    """Whether ``item`` runs once per hot path: it takes ``twin``, or a fixture parametrized
+    over :func:`support.twins`."""
+    if "twin" in getattr(item, "fixturenames", ()):
+        return True
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d[-1].params is not None and tuple(d[-1].params) == twins() for d in defs)
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if on_the_twins(item):
+            item.add_marker(HOTPATH)
 
 
 def pytest_report_header(config):

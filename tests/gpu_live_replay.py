@@ -35,7 +35,7 @@ from chainer_autoprof.common.gpu_records import KERNEL, MEMCPY, Recording, read_
 from chainer_autoprof.common.settings import from_environ
 from chainer_autoprof.lifecycle import gpu_session
 from chainer_autoprof.lifecycle.finish import report_run
-from chainer_autoprof.report import gpu_replay, trace_events
+from chainer_autoprof.report import trace_events
 from chainer_autoprof.report.tracefile import Trace, read_trace
 from chainer_autoprof.runtime import cupti_native, gpu_activity
 from chainer_autoprof.runtime.device import CountingBackend
@@ -167,7 +167,7 @@ def replay_live(name: str, out_dir: Path, *, buffers: int = 12, block_rows: int 
     recorder = Recorder(cfg, tracer)
     tracer.add_sink(recorder)
     # the recorded names, as the tracer made them in that process
-    recorded_names, rows = gpu_replay.trace_rows(trace)
+    recorded_names, rows = trace.range_rows()
     index = np.array([tracer.info(n, c).index for n, c in recorded_names], dtype=np.int64)
     (tid, block), = rows.items()
     block = block.copy()
@@ -193,10 +193,11 @@ def replay_live(name: str, out_dir: Path, *, buffers: int = 12, block_rows: int 
         start = gpu_session.start_cupti  # as the agent starts it
     else:
         start = start_collector
-    session = gpu_session.GpuSession(recorder, tracer, record_limit=record_limit,
+    session = gpu_session.GpuSession(recorder, record_limit=record_limit,
                                      warmup_skip=recorder.warm_skip, window=window,
                                      main_tid=tid, start_collector=start)
-    session.install()
+    tracer.on_new_thread = session.thread_started  # the agent's composition
+    recorder.gpu_handover = session.handover
     with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path) if fake else None,
                   gpu_activity.ENV_CUPTI_READER: reader}):
         session.start()  # as at CuPy's import

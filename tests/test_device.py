@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,25 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from chainer_autoprof.runtime import device
+
 ROOT = Path(__file__).resolve().parents[1]
-DEVICE_PY = ROOT / "chainer_autoprof" / "runtime" / "device.py"
 
-try:
-    from chainer_autoprof.runtime import device
-except ImportError:  # package __init__ needs something absent (e.g. Chainer)
-    _spec = importlib.util.spec_from_file_location("_autoprof_device", DEVICE_PY)
-    device = importlib.util.module_from_spec(_spec)
-    sys.modules["_autoprof_device"] = device
-    _spec.loader.exec_module(device)
-
-# Subprocess preamble: load device.py by path so that nothing else from the
-# package (which may import Chainer, hence CuPy) gets imported.
+# Subprocess preamble: the device layer alone (the package's __init__ imports neither
+# Chainer nor CuPy: checked here, so that what the tests see of CuPy is the device's doing).
 _LOAD = f"""
-import importlib.util, sys
-_s = importlib.util.spec_from_file_location("_autoprof_device", {str(DEVICE_PY)!r})
-device = importlib.util.module_from_spec(_s)
-sys.modules["_autoprof_device"] = device
-_s.loader.exec_module(device)
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from chainer_autoprof.runtime import device
+assert not {{"chainer", "cupy"}} & set(sys.modules), sorted(sys.modules)
 """
 
 

@@ -279,7 +279,7 @@ def test_buffers_in_any_blocks_and_order_give_the_same_figures(name):
     analysis = gpu_replay.GpuAnalysis(clock, rec.batch.names, trace.meta["warmup_skip"],
                                       loop_tid=trace.meta["main_tid"],
                                       limits=Limits(max_pool=300))
-    names, rows = gpu_replay.trace_rows(trace)
+    names, rows = trace.range_rows()
     for i, (n, c) in enumerate(names):
         analysis.add_name(i, n, c)
     (tid, block), = rows.items()
@@ -310,7 +310,7 @@ def test_an_unknown_thread_is_counted_not_guessed():
     trace = agent_trace("b16")
     clock = fit(rec.clock)
     att = LaunchAttributor(clock, 3)
-    names, rows = gpu_replay.trace_rows(trace)
+    names, rows = trace.range_rows()
     for i, (n, c) in enumerate(names):
         att.add_name(i, n, c)
     (tid, block), = rows.items()
@@ -334,7 +334,7 @@ def test_the_live_agents_thread_map_needs_no_guess():
     rec = recording("b16")
     trace = agent_trace("b16")
     analysis = gpu_replay.GpuAnalysis(fit(rec.clock), rec.batch.names, 3)
-    names, rows = gpu_replay.trace_rows(trace)
+    names, rows = trace.range_rows()
     for i, (n, c) in enumerate(names):
         analysis.add_name(i, n, c)
     (tid, block), = rows.items()

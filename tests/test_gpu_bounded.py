@@ -189,10 +189,11 @@ def test_a_million_kernels_through_the_live_path_keep_memory_and_the_trace_bound
         collector.running = True
         return collector
 
-    session = gpu_session.GpuSession(recorder, tracer, record_limit=limit, warmup_skip=WARMUP,
+    session = gpu_session.GpuSession(recorder, record_limit=limit, warmup_skip=WARMUP,
                                      window=False, main_tid=TID, start_collector=start,
                                      limits=LIMITS)  # every bound reached in the first tenth
-    session.install()
+    tracer.on_new_thread = session.thread_started  # the agent's composition
+    recorder.gpu_handover = session.handover
     tracemalloc.start()
     t0 = time.perf_counter()
     session.start()

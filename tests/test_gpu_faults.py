@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from gpu_live_replay import as_cupti_records, replay_live
 from support import REPO, native_under_test, program, run_with_agent
@@ -223,10 +224,11 @@ def _session(start_collector=None) -> tuple[gpu_session.GpuSession, object, obje
         collector.running = True
         return collector
 
-    session = gpu_session.GpuSession(recorder, tracer, record_limit=4000, warmup_skip=0,
+    session = gpu_session.GpuSession(recorder, record_limit=4000, warmup_skip=0,
                                      window=False, main_tid=None,
                                      start_collector=start_collector or start)
-    session.install()
+    tracer.on_new_thread = session.thread_started  # the agent's composition
+    recorder.gpu_handover = session.handover
     return session, recorder, tracer
 
 
@@ -268,20 +270,33 @@ def test_exit_never_waits_longer_than_its_bound_for_a_stuck_analysis():
 
 def test_a_start_that_fails_switches_everything_off():
     session, recorder, tracer = _session(start_collector=lambda on_batch, names: "no driver")
-    assert tracer.on_new_thread is not None
+    tracer.state()  # a thread before the start: in the thread map
+    assert len(session._threads) == 1
     session.start()
     assert session.state == "off" and session.why_off == "no driver"
-    assert tracer.on_new_thread is None and recorder.gpu_handover is None
+    _hand_over_a_block_and_a_thread(recorder)
+    assert session.queued == 0 and not session._threads  # nothing taken any more
     assert session.finish() is None  # nothing more is said at exit
 
 
+def _hand_over_a_block_and_a_thread(recorder) -> None:
+    """What the recorder and the tracer tell the session: a block, a new thread's state."""
+    recorder.gpu_handover((1, np.zeros((1, 4), dtype=np.int64)))
+    thread = threading.Thread(target=recorder.tracer.state)
+    thread.start()
+    thread.join()
+
+
 def test_a_forked_child_records_no_gpu_activity():
-    session, recorder, tracer = _session()
+    session, recorder, _tracer = _session()
     session.start()
-    assert recorder.gpu_handover is not None
-    session.after_fork()  # what the agent calls in the child
-    assert session.state == "off" and recorder.gpu_handover is None
-    assert tracer.on_new_thread is None and session.collector.closed
+    with session._lock:  # the drain waits: what is handed over stays queued
+        _hand_over_a_block_and_a_thread(recorder)
+        assert session.queued == 2  # the block, and the thread's end
+        session.after_fork()  # what the agent calls in the child
+    assert session.state == "off" and session.queued == 0
+    _hand_over_a_block_and_a_thread(recorder)
+    assert session.queued == 0 and not session._threads and session.collector.closed
     assert session.finish() is None
 
 

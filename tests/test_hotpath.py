@@ -142,6 +142,7 @@ def test_choice_reported_in_status_summary_and_trace(tmp_path: Path, native_modu
         assert meta["implementation"] == {"name": name, "reason": reason}
 
 
+@pytest.mark.hotpath
 def test_unavailable_extension_falls_back_with_the_reason(monkeypatch):
     monkeypatch.setitem(sys.modules, "chainer_autoprof.runtime.hotpath._native", None)
     chosen = hotpath.select(native=True, explicit=True)
@@ -164,6 +165,28 @@ def test_failed_build_is_one_line(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     with pytest.raises(build.BuildError, match="no C compiler"):
         build.compile_to(tmp_path / "native.so")
+
+
+def test_the_c_code_builds_without_a_single_warning(tmp_path: Path, native_module):
+    """-Wall -Wextra, every warning an error: the build CI checks (a user's build goes on)."""
+    build.compile_to(tmp_path / "native.so", warnings_fail=True)
+    build.compile_cupti_to(tmp_path / "cupti.so", warnings_fail=True)  # the CUPTI reader too
+    assert {"-Wall", "-Wextra"} <= set(build.EXTRA_COMPILE_ARGS)
+
+
+def test_a_warning_fails_the_checked_build_naming_it(tmp_path: Path, monkeypatch, native_module):
+    sources = []
+    for source in build.SOURCES:
+        sources.append(tmp_path / source.name)
+        sources[-1].write_text(source.read_text())
+    for header in build.HEADERS:
+        (tmp_path / header.name).write_text(header.read_text())
+    with open(sources[-1], "a") as extra:
+        extra.write("\nint chainer_autoprof_sloppy(int used, int forgotten) { return used; }\n")
+    monkeypatch.setattr(build, "SOURCES", tuple(sources))
+    build.compile_to(tmp_path / "lenient.so")  # a user's build: only a warning
+    with pytest.raises(build.BuildError, match=r"failed: .*unused parameter .*forgotten"):
+        build.compile_to(tmp_path / "checked.so", warnings_fail=True)
 
 
 # -- in-process: the recorder's pending blocks, and ranges nested from gc callbacks ----------

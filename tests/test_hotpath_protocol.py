@@ -263,6 +263,28 @@ def test_both_recorder_hooks_append_the_same_rows(native_module):
     assert rows["native"] == rows["python"]
 
 
+def test_either_recorder_hook_hands_over_its_buffer_as_int64_rows(
+        implementation: hotpath.Implementation):
+    """``copy(ts)`` and ``take(ts)``: the rows, whichever twin's buffer holds them (the
+    recorder never looks at which); ``take`` leaves the buffer empty, ``copy`` as it was."""
+    tracer = _tracer(implementation)
+    recorder = Recorder(Config({"summary": True, "trace": None}), tracer)
+    tracer.add_sink(recorder)
+    ts = tracer.state()
+    info = tracer.info("inner", names.LINK)
+    assert len(recorder.native.copy(ts)) == 0  # nothing buffered yet
+    recorder.end(info, 5, 7, ts)
+    recorder.end(info, 8, 9, ts)
+    expected = [info.index, 5, 7, 0, info.index, 8, 9, 0]
+    assert np.frombuffer(recorder.native.copy(ts), dtype=np.int64).tolist() == expected
+    assert np.frombuffer(recorder.native.take(ts), dtype=np.int64).tolist() == expected
+    assert not ts.record and len(recorder.native.copy(ts)) == 0
+    recorder.end(info, 10, 11, ts)  # the thread goes on appending after a take
+    assert np.frombuffer(recorder.native.take(ts), dtype=np.int64).tolist() == [
+        info.index, 10, 11, 0]
+    tracer.forget_thread()
+
+
 # -- sealed: nothing outside runtime/hotpath/ branches on which twin runs ---------------------
 
 def _outside_hotpath() -> list[Path]:

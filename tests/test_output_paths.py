@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -28,6 +29,17 @@ IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 def _python(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], env=clean_env(**env), cwd=cwd,
                           capture_output=True, text=True, timeout=120)
+
+@pytest.fixture(scope="module")
+def made_trace(tmp_path_factory) -> Path:
+    """One training run's trace, shared by the tests that only read it (each takes a copy)."""
+    tmp = tmp_path_factory.mktemp("made")
+    script = write_script(tmp, "train.py", TRAIN)
+    made = _python(["-m", "chainer_autoprof", "--summary", "0", "--trace", "t.json",
+                    str(script)], tmp)
+    assert made.returncode == 0, made.stderr
+    return tmp / "t.json"
+
 
 
 def _make(kind: str, tmp: Path) -> tuple[str, Path | None]:
@@ -119,11 +131,9 @@ def test_a_path_that_becomes_a_fifo_while_running_is_not_replaced(tmp_path: Path
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device", "directory", "symlink to a fifo"])
-def test_merge_and_html_outputs_only_replace_regular_files(tmp_path: Path, kind: str):
-    script = write_script(tmp_path, "train.py", TRAIN)
-    run = _python(["-m", "chainer_autoprof", "--summary", "0", "--trace", "t.json",
-                   str(script)], tmp_path)
-    assert run.returncode == 0, run.stderr
+def test_merge_and_html_outputs_only_replace_regular_files(tmp_path: Path, kind: str,
+                                                          made_trace: Path):
+    shutil.copy(made_trace, tmp_path / "t.json")
     path, node = _make(kind, tmp_path)
     before = _kind_of(node)
     merged = _python(["-m", "chainer_autoprof", "merge", "t.json", "-o", path], tmp_path)
@@ -135,11 +145,8 @@ def test_merge_and_html_outputs_only_replace_regular_files(tmp_path: Path, kind:
     assert _kind_of(node) == before
 
 
-def test_report_html_never_overwrites_its_input(tmp_path: Path):
-    script = write_script(tmp_path, "train.py", TRAIN)
-    run = _python(["-m", "chainer_autoprof", "--summary", "0", "--trace", "t.json",
-                   str(script)], tmp_path)
-    assert run.returncode == 0, run.stderr
+def test_report_html_never_overwrites_its_input(tmp_path: Path, made_trace: Path):
+    shutil.copy(made_trace, tmp_path / "t.json")
     (tmp_path / "alias.json").symlink_to("t.json")
     original = (tmp_path / "t.json").read_text()
     for out in ("t.json", "alias.json"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,17 @@ def _python(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProce
 
 def _left(tmp: Path) -> list[str]:
     return sorted(p.name for p in tmp.iterdir() if p.name != "train.py")
+
+@pytest.fixture(scope="module")
+def made_trace(tmp_path_factory) -> Path:
+    """One training run's trace, shared by the tests that only read it (each takes a copy)."""
+    tmp = tmp_path_factory.mktemp("made")
+    script = write_script(tmp, "train.py", TRAIN)
+    made = _python(["-m", "chainer_autoprof", "--summary", "0", "--trace", "t.json",
+                    str(script)], tmp)
+    assert made.returncode == 0, made.stderr
+    return tmp / "t.json"
+
 
 
 @pytest.mark.parametrize(("path", "why"), BAD)
@@ -76,11 +88,9 @@ def test_a_variable_that_ends_the_path_with_a_slash_is_refused(tmp_path: Path):
 
 
 @pytest.mark.parametrize(("path", "why"), BAD[:4])
-def test_merge_and_html_outputs_follow_the_same_rules(tmp_path: Path, path: str, why: str):
-    script = write_script(tmp_path, "train.py", TRAIN)
-    made = _python(["-m", "chainer_autoprof", "--summary", "0", "--trace", "t.json",
-                    str(script)], tmp_path)
-    assert made.returncode == 0, made.stderr
+def test_merge_and_html_outputs_follow_the_same_rules(tmp_path: Path, path: str, why: str,
+                                                      made_trace: Path):
+    shutil.copy(made_trace, tmp_path / "t.json")
     (tmp_path / "out").mkdir()
     for args in (["merge", "t.json", "-o", path], ["report", "t.json", "--html", path]):
         run = _python(["-m", "chainer_autoprof", *args], tmp_path)

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 from support import EXAMPLES, program, run_with_agent
 
-from chainer_autoprof.analysis.aggregate import Aggregator, Series
+from chainer_autoprof.analysis.aggregate import Aggregator
 from chainer_autoprof.analysis.outliers import slow_iterations
+from chainer_autoprof.analysis.series import Series
 from chainer_autoprof.analysis.stats import PHASE_KEYS
 from chainer_autoprof.common import names
 from chainer_autoprof.common.settings import Config

@@ -41,13 +41,27 @@ millions of iterations.
 
 from __future__ import annotations
 
-from array import array
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from ..common import names
 from .outliers import SlowestIterations
+from .range_kinds import (
+    K_FUNCTION,
+    K_GC,
+    K_ITER,
+    K_LINK,
+    K_LINK_BWD,
+    K_NO_UPDATE,
+    K_OTHER,
+    K_PHASE0,
+    K_QUIET,
+    K_WAIT,
+    LinkIds,
+    range_kind,
+)
+from .series import Series as Series  # where the GPU figures take it from
 from .stats import (
     AFTER_WINDOW,
     BEFORE_WINDOW,
@@ -69,58 +83,12 @@ if TYPE_CHECKING:
     I64 = NDArray[np.int64]  # the recorder's int64 rows and the columns cut from them
     Mask = NDArray[np.bool_]
 
-# Kinds of a range name, for aggregation.
-_K_SKIP, _K_ITER, _K_LINK, _K_LINK_BWD, _K_QUIET, _K_OTHER, _K_GC = 0, 1, 2, 3, 4, 5, 6
-_K_WAIT = 7  # the agent's wait for the GPU; its place (a PHASE_KEYS index) is per name
-#: What began as an iteration but reached no update (names.NO_UPDATE): its phases are not the
-#: next iteration's; otherwise time outside iterations, as inference.
-_K_NO_UPDATE = 8
-_K_PHASE0 = 10  # + index in PHASE_KEYS
+#: Function ranges (a FunctionNode's), and names not registered yet, are not aggregated.
+_K_SKIP = K_FUNCTION
 #: Rows of an iteration still open at the end of a block kept for the slow-iteration details.
 _TAIL_ROWS = 2048
 #: Columns per counted iteration: its time, the 5 phase keys, gc, the waits per phase key.
 _SERIES_WIDTH = 2 + 2 * len(PHASE_KEYS)
-
-
-class Series:
-    """Per-iteration rows: all of them up to ``cap``, then a uniform sample.
-
-    Row ``i`` (counted from the first) is kept when ``i % stride == 0``;
-    reaching ``cap`` kept rows halves them and doubles ``stride``.  Feeding
-    rows one by one or in blocks gives the same result.
-    """
-
-    __slots__ = ("cap", "skip", "stride", "values")
-
-    def __init__(self, cap: int, width: int) -> None:
-        self.cap = max(2, cap + (cap & 1))
-        self.stride = 1
-        self.skip = 0  # rows to pass over before the next kept one
-        self.values = [array("d") for _ in range(width)]
-
-    def extend(self, rows: ArrayLike) -> None:
-        """Add the rows of a 2-D float array (one row per iteration)."""
-        rows = np.asarray(rows, dtype=np.float64)
-        k = len(rows)
-        pos = 0
-        while pos < k:
-            start = pos + self.skip
-            if start >= k:
-                self.skip = start - k
-                return
-            room = self.cap - len(self.values[0])
-            picked = np.arange(start, k, self.stride)[:room]
-            for column, values in zip(self.values, rows[picked].T):
-                column.frombytes(np.ascontiguousarray(values).tobytes())
-            last = int(picked[-1])
-            if len(self.values[0]) >= self.cap:
-                self.values = [column[::2] for column in self.values]
-                self.skip = self.stride - 1
-                self.stride *= 2
-                pos = last + 1
-            else:
-                self.skip = last + self.stride - k
-                return
 
 
 class _ThreadAgg:
@@ -185,8 +153,8 @@ class Aggregator:
         self.link_ids: list[int] = []      # link key id per name index (-1: not a link)
         self.gens: list[int] = []          # collected generation per gc name index
         self.wait_places: list[int] = []   # PHASE_KEYS index per wait name index (-1: outside)
-        self.link_keys: list[str] = []
-        self._link_key_index: dict[str, int] = {}
+        self._link_ids = LinkIds()
+        self.link_keys = self._link_ids.keys
         self._np_tables: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None
         self.threads: dict[int, _ThreadAgg] = {}
         self.max_kept = max_kept
@@ -205,19 +173,15 @@ class Aggregator:
             self.gens.append(0)
             self.wait_places.append(-1)
         self.names[index] = name
-        kind, key = _kind_of(name, category)
-        if kind == _K_GC:
+        kind, key = range_kind(name, category)
+        if kind == K_GC:
             self.gens[index] = names.gc_generation(name) or 0
-        if kind == _K_WAIT:
+        if kind == K_WAIT:
             place = names.gpu_wait_place(name)
             self.wait_places[index] = names.WAIT_PLACES.index(place) if place else -1
         self.kinds[index], self.keys[index] = kind, key
-        if kind in (_K_LINK, _K_LINK_BWD):
-            lid = self._link_key_index.get(key)
-            if lid is None:
-                lid = self._link_key_index[key] = len(self.link_keys)
-                self.link_keys.append(key)
-            self.link_ids[index] = lid
+        if kind in (K_LINK, K_LINK_BWD):
+            self.link_ids[index] = self._link_ids.id_of(key)
         self._np_tables = None
 
     def _tables(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
@@ -252,7 +216,7 @@ class Aggregator:
         depth = a[:, 3] & DEPTH_MASK
         dur = t1 - t0
 
-        is_iter = kind == _K_ITER
+        is_iter = kind == K_ITER
         it_pos = np.flatnonzero(is_iter)
         n_it = len(it_pos)
         seq = th.iterations + np.arange(1, n_it + 1)
@@ -291,16 +255,16 @@ class Aggregator:
 
         A phase belongs to the range holding it: the next iteration or no-update range to end
         (ranges nest); those of a no-update range count nowhere."""
-        holders = np.flatnonzero(is_iter | (kind == _K_NO_UPDATE))
+        holders = np.flatnonzero(is_iter | (kind == K_NO_UPDATE))
         holder_is_iter = is_iter[holders]
         n_it = int(holder_is_iter.sum())
         iteration_of = np.cumsum(holder_is_iter) - 1  # per holder: its iteration's index
-        ph = np.flatnonzero(kind >= _K_PHASE0)
+        ph = np.flatnonzero(kind >= K_PHASE0)
         sums = np.zeros((n_it, 4), dtype=np.int64)
         if len(ph):
             self.phase_seen = True
             owner = np.searchsorted(holders, ph)
-            slot = kind[ph] - _K_PHASE0
+            slot = kind[ph] - K_PHASE0
             inside = owner < len(holders)
             counted = inside.copy()
             counted[inside] = holder_is_iter[owner[inside]]
@@ -327,13 +291,13 @@ class Aggregator:
         no-update range to end (those of a no-update range count nowhere); its name says its
         place (a phase, or the iteration between phases).
         """
-        holders = np.flatnonzero(is_iter | (kind == _K_NO_UPDATE))
+        holders = np.flatnonzero(is_iter | (kind == K_NO_UPDATE))
         holder_is_iter = is_iter[holders]
         n_it = int(holder_is_iter.sum())
         iteration_of = np.cumsum(holder_is_iter) - 1  # per holder: its iteration's index
         width = len(PHASE_KEYS)
         sums = np.zeros((n_it, width), dtype=np.int64)
-        w = np.flatnonzero(kind == _K_WAIT)
+        w = np.flatnonzero(kind == K_WAIT)
         carried = th.wait_ns
         if len(holders):
             if holder_is_iter[0]:
@@ -362,7 +326,7 @@ class Aggregator:
         """Collection time inside each iteration of the block; later ones are carried."""
         n_it = len(it_pos)
         sums = np.zeros(n_it, dtype=np.int64)
-        g = np.flatnonzero(kind == _K_GC)
+        g = np.flatnonzero(kind == K_GC)
         pending = th.gc_pending
         if n_it and pending is not None:
             inside = pending[:, 0] >= t0[it_pos[0]]
@@ -426,9 +390,9 @@ class Aggregator:
         gcs: list[tuple[int, int, int]] = []
         named: list[tuple[int, int, int, int]] = []
         for (index, t0, t1, _depth), k in zip(rows[inside].tolist(), kinds[inside].tolist()):
-            if k >= _K_PHASE0:
-                phases_seen.append((PHASE_KEYS[k - _K_PHASE0], t0, t1))
-            elif k == _K_GC:
+            if k >= K_PHASE0:
+                phases_seen.append((PHASE_KEYS[k - K_PHASE0], t0, t1))
+            elif k == K_GC:
                 gcs.append((index, t0, t1))
             else:
                 named.append((index, t0, t1, k))
@@ -452,8 +416,8 @@ class Aggregator:
                it_pos: I64, it_counted: Mask, link_ids_t: I64) -> None:
         """Link calls, inclusive/self time and attributed backward time, per counted iteration."""
         n = len(a)
-        is_link = kind == _K_LINK
-        is_bwd = kind == _K_LINK_BWD
+        is_link = kind == K_LINK
+        is_bwd = kind == K_LINK_BWD
         lk = np.flatnonzero(is_link | is_bwd)
         if not len(lk) and th.links is None and not th.child_ns:
             return
@@ -478,7 +442,7 @@ class Aggregator:
                     th.child_ns[d - 1] = th.child_ns.get(d - 1, 0) + rest
         n_keys = len(self.link_keys)
         # which iteration each link range belongs to: the next iteration or quiet range
-        markers = np.flatnonzero(is_iter | (kind == _K_QUIET) | (kind == _K_NO_UPDATE))
+        markers = np.flatnonzero(is_iter | (kind == K_QUIET) | (kind == K_NO_UPDATE))
         marker_counted = np.zeros(len(markers), dtype=bool)
         marker_counted[np.searchsorted(markers, it_pos)] = it_counted
         if th.links is not None and len(markers):
@@ -678,8 +642,8 @@ class Aggregator:
 
 def _wanted(kinds: I64) -> Mask:
     """Rows the slow-iteration details look at: phases, collections, named ranges."""
-    wanted: Mask = ((kinds >= _K_PHASE0) | (kinds == _K_GC) | (kinds == _K_QUIET)
-                    | (kinds == _K_OTHER) | (kinds == _K_NO_UPDATE))
+    wanted: Mask = ((kinds >= K_PHASE0) | (kinds == K_GC) | (kinds == K_QUIET)
+                    | (kinds == K_OTHER) | (kinds == K_NO_UPDATE))
     return wanted
 
 
@@ -702,32 +666,6 @@ def _grow(table: I64, rows: int) -> I64:
     if len(table) >= rows:
         return table
     return np.vstack([table, np.zeros((rows - len(table), table.shape[1]), dtype=table.dtype)])
-
-
-def _kind_of(name: str, category: str) -> tuple[int, str]:
-    """Aggregation kind and key (link name / outside label) of a range name."""
-    if category == names.ITERATION:
-        return _K_ITER, name
-    if category in names.PHASES:
-        return _K_PHASE0 + PHASE_KEYS.index(category), name
-    if category == names.LINK:
-        return _K_LINK, name
-    if category == names.LINK_BACKWARD:
-        return _K_LINK_BWD, names.link_forward_text(name)
-    if category == names.INFERENCE and name == names.NO_UPDATE:
-        return _K_NO_UPDATE, name
-    if category in (names.EXTENSION, names.INFERENCE):
-        return _K_QUIET, name
-    if category == names.USER:
-        return _K_OTHER, f"user:{name}"
-    if category == names.FUNCTION:
-        return _K_SKIP, name
-    if category == names.GC:
-        return _K_GC, name
-    if category == names.GPU_WAIT:
-        return _K_WAIT, name
-    return _K_OTHER, name
-
 
 
 def _longest_first(row: Sequence[Any]) -> float:

@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 import numpy.typing as npt
 
-from ..common import names
 from ..common.gpu_records import ActivityBatch, ApiCalls, Columns, GpuOps, RowIndex
 from .gpu_clock import ClockMap
+from .range_kinds import K_GC, K_LINK, K_LINK_BWD, K_OTHER, K_PHASE0, LinkIds, range_kind
+from .range_kinds import K_ITER as K_ITER  # the iterations' ranges, for the trace's GPU events
 from .stats import DEPTH_BITS, DEPTH_MASK, PHASE_KEYS
 
 if TYPE_CHECKING:
@@ -48,9 +49,6 @@ if TYPE_CHECKING:
 
 Int64Array = npt.NDArray[np.int64]
 
-# Kinds of a range name.
-K_OTHER, K_ITER, K_LINK, K_LINK_BWD, K_GC, K_QUIET, K_FUNCTION = 0, 1, 2, 3, 4, 5, 6
-K_PHASE0 = 10  # + index in PHASE_KEYS (data, forward, backward, update)
 
 #: Attribution.phase: an index in PHASE_KEYS (4, "other": in an iteration, outside its
 #: phases), or PHASE_OUTSIDE (not in an iteration).
@@ -126,25 +124,6 @@ class AttributedOps:
         return self.ops.nbytes + self.attr.nbytes
 
 
-def kind_of(name: str, category: str) -> tuple[int, str]:
-    """Attribution kind and link key of a range name (the aggregator's link keys)."""
-    if category == names.ITERATION:
-        return K_ITER, name
-    if category in names.PHASES:
-        return K_PHASE0 + PHASE_KEYS.index(category), name
-    if category == names.LINK:
-        return K_LINK, name
-    if category == names.LINK_BACKWARD:
-        return K_LINK_BWD, names.link_forward_text(name)
-    if category == names.GC:
-        return K_GC, name
-    if category in (names.EXTENSION, names.INFERENCE):
-        return K_QUIET, name
-    if category == names.FUNCTION:
-        return K_FUNCTION, name
-    return K_OTHER, name
-
-
 class _Depth:
     """One depth's ranges of a thread: disjoint, sorted by start."""
 
@@ -206,8 +185,8 @@ class LaunchAttributor:
         self.kinds: list[int] = []
         self.link_ids: list[int] = []
         self.range_names: list[str] = []
-        self.link_keys: list[str] = []
-        self._link_key_index: dict[str, int] = {}
+        self._link_ids = LinkIds()
+        self.link_keys = self._link_ids.keys
         self._tables: tuple[Int64Array, Int64Array] | None = None
         self.threads: dict[int, _ThreadRanges] = {}
         self.thread_map: dict[int, int] = {}   # CUPTI thread id -> agent tid
@@ -228,14 +207,10 @@ class LaunchAttributor:
             self.kinds.append(K_OTHER)
             self.link_ids.append(-1)
             self.range_names.append("")
-        kind, key = kind_of(name, category)
+        kind, key = range_kind(name, category)
         self.kinds[index], self.range_names[index] = kind, name
         if kind in (K_LINK, K_LINK_BWD):
-            lid = self._link_key_index.get(key)
-            if lid is None:
-                lid = self._link_key_index[key] = len(self.link_keys)
-                self.link_keys.append(key)
-            self.link_ids[index] = lid
+            self.link_ids[index] = self._link_ids.id_of(key)
         self._tables = None
 
     def map_thread(self, cupti_thread: int, tid: int) -> AttributedOps:

@@ -413,20 +413,18 @@ def _busy(stats: RunStats, ev: GpuEvidence, enough_events: bool, recorded: bool)
         behind = ev.behind
         share = min(1.0, sum(ev.gpu_time(p) or 0.0 for p in behind) / iteration)
         if ev.sync_level <= 1:
-            how = ("from CUDA event spans, the GPU-limited phases' GPU time over the GPU "
-                   "iteration: " + (", ".join(
-                       f"{p.phase} {figures.ms(p.gpu_ms or 0.0)} on the GPU against "
-                       f"{figures.ms(p.host_ms)} on the host" for p in behind)
-                       if behind else "no phase's GPU span exceeds its host time by "
-                       f"{figures.pct(BEHIND_MARGIN)}"))
+            source = ("from CUDA event spans, the GPU-limited phases' GPU time over the GPU "
+                      "iteration")
+            each = [f"{p.phase} {figures.ms(p.gpu_ms or 0.0)} on the GPU against "
+                    f"{figures.ms(p.host_ms)} on the host" for p in behind]
+            none = f"no phase's GPU span exceeds its host time by {figures.pct(BEHIND_MARGIN)}"
         else:
-            how = ("from the agent's waits at the phases' ends, the GPU-limited phases' time "
-                   "over the iteration: " + (", ".join(
-                       f"{p.phase} waited {figures.ms(p.wait_ms)} after "
-                       f"{figures.ms(p.own_ms)} of its own" for p in behind)
-                       if behind else "no phase waited "
-                       f"{figures.pct(WAIT_BEHIND_SHARE)} of its own time"))
-        candidates.append((share, how))
+            source = ("from the agent's waits at the phases' ends, the GPU-limited phases' "
+                      "time over the iteration")
+            each = [f"{p.phase} waited {figures.ms(p.wait_ms)} after {figures.ms(p.own_ms)} "
+                    "of its own" for p in behind]
+            none = f"no phase waited {figures.pct(WAIT_BEHIND_SHARE)} of its own time"
+        candidates.append((share, f"{source}: " + (", ".join(each) if each else none)))
     if ev.sync_level >= 1 and ev.wait_source != "none":
         where = "at the iteration end" if ev.sync_level == 1 else "at the range boundaries"
         candidates.append((ev.wait_share, f"from the agent's waits {where}, "

@@ -5,7 +5,7 @@
   rename is atomic), written, flushed to the disk, given the mode the umask
   allows, renamed over the target: a crash never leaves half a file, and a
   failure leaves the old one and no temporary.  Only a regular file is
-  replaced (:func:`.paths.output_target`).  A symlink is written through to
+  replaced (:func:`output_target`).  A symlink is written through to
   its target, but only where the kernel itself follows it: the link is opened
   for writing as any program would open it, so the target's permissions and
   ``fs.protected_symlinks`` decide, and the file replaced is the one the
@@ -86,7 +86,7 @@ def file_mode() -> int:
     return 0o666 & ~umask()
 
 
-def kind_of(mode: int) -> str:
+def file_kind(mode: int) -> str:
     """What a file of ``st_mode`` ``mode`` is, in words (``a directory``, ``a FIFO``, ...)."""
     if stat.S_ISREG(mode):
         return "a regular file"
@@ -101,6 +101,78 @@ def kind_of(mode: int) -> str:
     if stat.S_ISSOCK(mode):
         return "a socket"
     return "something else"
+
+
+#: Kernel interfaces: files there are not storage, and creating one fails at exit.
+KERNEL_TREES = ("/proc", "/sys")
+
+
+def output_target(path: str) -> str:
+    """The regular file that writing ``path`` replaces: ``path``, or a symlink's final target.
+
+    Raises ``ValueError`` (one line) for what must never be replaced or is
+    almost surely a typing mistake: an empty path, a path with a space at
+    either end or a control character (a newline, a tab), one that names a
+    directory (``dir/``, ``dir/.``), a directory, a device, a FIFO, a socket,
+    anything under ``/proc`` or ``/sys``, a link the kernel does not let this
+    process follow.  The kernel reads the path as given (``ü/../x.json`` needs
+    ``ü``); a path that does not exist yet is fine here (its directory is
+    checked by :func:`.paths.check_writable`).  The name returned serves to compare
+    outputs with inputs: writing (:func:`atomic_file`) leaves following links to the
+    kernel.
+    """
+    if not path.strip():
+        raise ValueError("the path is empty")
+    if path != path.strip():
+        raise ValueError(f"{path!r} begins or ends with white space, which would be part of "
+                         "the file name")
+    from .one_line import has_control  # a package module: loaded by path, this is not used
+
+    if has_control(path):
+        raise ValueError(f"{path!r} holds a control character")
+    name = os.path.basename(path)
+    if name in ("", ".", ".."):
+        raise ValueError(f"{path} names a directory, not a file (a file name such as "
+                         f"{os.path.join(path, 'run.json')} is)")
+    target = os.path.realpath(path)
+    shown = path if target == os.path.abspath(path) else f"{path} (-> {target})"
+    for tree in KERNEL_TREES:
+        for where in (target, os.path.abspath(path)):
+            if where == tree or where.startswith(tree + os.sep):
+                raise ValueError(f"{shown} is under {tree}, a kernel interface, not a file "
+                                 "system")
+    planted = _planted_link(path)
+    if planted:
+        raise ValueError(planted)
+    try:
+        mode = os.stat(path).st_mode  # the kernel follows the links, with its protections
+    except FileNotFoundError:
+        return target
+    except OSError as exc:
+        raise ValueError(f"{shown}: {exc.strerror or exc}") from None
+    if stat.S_ISREG(mode):
+        return target
+    raise ValueError(f"{shown} is {file_kind(mode)}, not a regular file")
+
+
+def _planted_link(path: str) -> str | None:
+    """Why ``path`` must not be followed, where it is another user's symlink in a sticky
+    world-writable directory (``/tmp``): the rule of the kernel's ``fs.protected_symlinks``,
+    kept where the kernel's is off (a link of one's own, or of the directory's owner, is
+    followed)."""
+    try:
+        link = os.lstat(path)
+        if not stat.S_ISLNK(link.st_mode):
+            return None
+        parent = os.stat(os.path.dirname(path) or os.curdir)
+    except OSError:
+        return None
+    shared = parent.st_mode & stat.S_ISVTX and parent.st_mode & stat.S_IWOTH
+    euid = os.geteuid() if hasattr(os, "geteuid") else link.st_uid
+    if not shared or link.st_uid in (euid, parent.st_uid):
+        return None
+    return (f"{path} is a symlink of another user's (uid {link.st_uid}) in a sticky "
+            "world-writable directory: not followed (the rule of fs.protected_symlinks)")
 
 
 # -- descriptors --------------------------------------------------------------------------------
@@ -236,7 +308,7 @@ def _through_link(path: str) -> tuple[str, FileId | None]:
         os.close(fd)
     reached = (st.st_dev, st.st_ino)
     if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{path} (-> {target}) is {kind_of(st.st_mode)}, not a regular file")
+        raise ValueError(f"{path} (-> {target}) is {file_kind(st.st_mode)}, not a regular file")
     try:  # the name replaced is the file the kernel reaches through the link
         same = all((s.st_dev, s.st_ino) == reached for s in (os.stat(target), os.stat(path)))
     except OSError:
@@ -255,11 +327,8 @@ def atomic_file(path: str, binary: bool = False) -> Iterator[Union[TextIO, Binar
     Text is UTF-8 (``binary``: bytes).  An exception in the block removes the
     temporary and propagates; the old file stays.  ``ValueError`` (one line)
     for a path that must never be replaced (a directory, a device, ...:
-    :func:`.paths.output_target`); ``OSError`` where the kernel refuses.
+    :func:`output_target`); ``OSError`` where the kernel refuses.
     """
-    # the one import of the package: loaded by path (the native build), this is not used
-    from .paths import output_target
-
     output_target(path)
     target, created = _through_link(path)
     try:
@@ -455,7 +524,7 @@ def _check_leftover(path: str) -> None:
         raise NotOursError(f"{path} is a symlink (to {os.readlink(path)}): the agent writes "
                            "there only a file it creates itself")
     if not stat.S_ISREG(st.st_mode):
-        raise NotOursError(f"{path} is {kind_of(st.st_mode)}, not a regular file")
+        raise NotOursError(f"{path} is {file_kind(st.st_mode)}, not a regular file")
     if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
         raise NotOursError(f"{path} belongs to another user (uid {st.st_uid}): the agent "
                            "writes there only a file it creates itself")

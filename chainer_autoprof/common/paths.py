@@ -7,7 +7,7 @@ What the agent writes (a trace, a merged trace, an HTML report) only ever
 replaces a regular file: a symlink is written through to its target where the
 kernel lets this process follow it, and a directory, a device, a FIFO, a
 socket or a path on a kernel interface (``/proc``, ``/sys``) is refused with
-one line (:func:`output_target`), both when the settings are checked and again
+one line (:func:`.outputs.output_target`), both when the settings are checked and again
 when the file is written.  So is a path that names a directory (``dir/``), one
 with white space at either end or a control character, and one whose
 directory the kernel cannot reach as written (``missing/../x.json``): paths
@@ -22,8 +22,7 @@ import stat
 from typing import Mapping
 
 from . import rank
-from .one_line import has_control
-from .outputs import kind_of
+from .outputs import file_kind, output_target
 
 _SUBST = re.compile(r"%(?:q\{([^}]*)\}|(.))")
 
@@ -73,76 +72,6 @@ def trace_file(template: str, start_dir: str | None = None) -> str:
     return path
 
 
-#: Kernel interfaces: files there are not storage, and creating one fails at exit.
-KERNEL_TREES = ("/proc", "/sys")
-
-
-def output_target(path: str) -> str:
-    """The regular file that writing ``path`` replaces: ``path``, or a symlink's final target.
-
-    Raises ``ValueError`` (one line) for what must never be replaced or is
-    almost surely a typing mistake: an empty path, a path with a space at
-    either end or a control character (a newline, a tab), one that names a
-    directory (``dir/``, ``dir/.``), a directory, a device, a FIFO, a socket,
-    anything under ``/proc`` or ``/sys``, a link the kernel does not let this
-    process follow.  The kernel reads the path as given (``ü/../x.json`` needs
-    ``ü``); a path that does not exist yet is fine here (its directory is
-    checked by :func:`check_writable`).  The name returned serves to compare
-    outputs with inputs: writing goes through :mod:`.outputs`, which leaves
-    following links to the kernel.
-    """
-    if not path.strip():
-        raise ValueError("the path is empty")
-    if path != path.strip():
-        raise ValueError(f"{path!r} begins or ends with white space, which would be part of "
-                         "the file name")
-    if has_control(path):
-        raise ValueError(f"{path!r} holds a control character")
-    name = os.path.basename(path)
-    if name in ("", ".", ".."):
-        raise ValueError(f"{path} names a directory, not a file (a file name such as "
-                         f"{os.path.join(path, 'run.json')} is)")
-    target = os.path.realpath(path)
-    shown = path if target == os.path.abspath(path) else f"{path} (-> {target})"
-    for tree in KERNEL_TREES:
-        for where in (target, os.path.abspath(path)):
-            if where == tree or where.startswith(tree + os.sep):
-                raise ValueError(f"{shown} is under {tree}, a kernel interface, not a file "
-                                 "system")
-    planted = _planted_link(path)
-    if planted:
-        raise ValueError(planted)
-    try:
-        mode = os.stat(path).st_mode  # the kernel follows the links, with its protections
-    except FileNotFoundError:
-        return target
-    except OSError as exc:
-        raise ValueError(f"{shown}: {exc.strerror or exc}") from None
-    if stat.S_ISREG(mode):
-        return target
-    raise ValueError(f"{shown} is {kind_of(mode)}, not a regular file")
-
-
-def _planted_link(path: str) -> str | None:
-    """Why ``path`` must not be followed, where it is another user's symlink in a sticky
-    world-writable directory (``/tmp``): the rule of the kernel's ``fs.protected_symlinks``,
-    kept where the kernel's is off (a link of one's own, or of the directory's owner, is
-    followed)."""
-    try:
-        link = os.lstat(path)
-        if not stat.S_ISLNK(link.st_mode):
-            return None
-        parent = os.stat(os.path.dirname(path) or os.curdir)
-    except OSError:
-        return None
-    shared = parent.st_mode & stat.S_ISVTX and parent.st_mode & stat.S_IWOTH
-    euid = os.geteuid() if hasattr(os, "geteuid") else link.st_uid
-    if not shared or link.st_uid in (euid, parent.st_uid):
-        return None
-    return (f"{path} is a symlink of another user's (uid {link.st_uid}) in a sticky "
-            "world-writable directory: not followed (the rule of fs.protected_symlinks)")
-
-
 def check_directory(directory: str) -> None:
     """``ValueError`` (one line) unless ``directory`` is, as the kernel reads it, a directory
     this process may create files in."""
@@ -155,7 +84,7 @@ def check_directory(directory: str) -> None:
     except OSError as exc:
         raise ValueError(f"directory {directory}: {exc.strerror or exc}") from None
     if not stat.S_ISDIR(mode):
-        raise ValueError(f"{directory} is {kind_of(mode)}, not a directory")
+        raise ValueError(f"{directory} is {file_kind(mode)}, not a directory")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ValueError(f"directory {directory} is not writable")
 

@@ -12,9 +12,11 @@ Three queues, each filled by a single append and drained by the session's own th
 (:class:`~..analysis.gpu_analysis.GpuAnalysis`):
 
 * the recorder's blocks ``(tid, rows)``, the very arrays it aggregates and keeps for the
-  trace (``Recorder.gpu_handover``; ``(tid, None)``: the thread ended);
+  trace (:meth:`GpuSession.handover`, the agent's ``Recorder.gpu_handover``; ``(tid,
+  None)``: the thread ended);
 * the thread map: ``(threading.get_ident() & 0xFFFFFFFF, tid)`` told once per new thread
-  state (``Tracer.on_new_thread``), for a CUPTI without system thread ids;
+  state (:meth:`GpuSession.thread_started`, the agent's ``Tracer.on_new_thread``), for a
+  CUPTI without system thread ids;
 * CUPTI's buffers, converted on CUPTI's thread (``on_batch``).
 
 Bounds: the drain keeps at most :data:`MAX_QUEUED_BLOCKS` blocks and
@@ -48,7 +50,7 @@ from ..runtime import gpu_activity
 
 if TYPE_CHECKING:
     from ..common.typedefs import RangeRows
-    from ..runtime.events import ThreadState, Tracer
+    from ..runtime.events import ThreadState
 
 #: Seconds between two drains of the queues.
 DRAIN_INTERVAL_S = 0.25
@@ -94,9 +96,9 @@ def start_cupti(on_batch: Callable[[ActivityBatch], None], names: NameTable) -> 
 
 
 class Recorder(Protocol):
-    """What the session asks of the recorder (:class:`~..sinks.recorder.Recorder`)."""
+    """What the session reads of the recorder (:class:`~..sinks.recorder.Recorder`): the
+    names of its ranges (the blocks come through :meth:`GpuSession.handover`)."""
 
-    gpu_handover: Callable[[tuple[int, RangeRows | None]], None] | None
     infos: list[tuple[str, str, int]]
 
 
@@ -114,12 +116,11 @@ class GpuOutcome:
 class GpuSession:
     """One run's GPU activity (see the module docstring)."""
 
-    def __init__(self, recorder: Recorder, tracer: Tracer, *, record_limit: int,
+    def __init__(self, recorder: Recorder, *, record_limit: int,
                  warmup_skip: int, window: bool, main_tid: int | None,
                  start_collector: StartCollector = start_cupti,
                  limits: Limits | None = None) -> None:
         self.recorder = recorder
-        self.tracer = tracer
         self.ops_limit = max(0, record_limit // EVENTS_PER_OP)
         self.warmup_skip = warmup_skip
         self.window = window
@@ -153,13 +154,16 @@ class GpuSession:
         self.notes: list[str] = []
         self._outcome: GpuOutcome | None = None
 
-    # -- on the program's threads: one append each ---------------------------------------
-    def install(self) -> None:
-        """Be told of every new thread state (before any exists)."""
-        self.tracer.on_new_thread = self._thread_started
+    # -- on the program's threads: one append each (the agent connects them) --------------
+    def thread_started(self, ts: ThreadState) -> None:
+        """A new thread state (told from before any exists): its entry in the thread map."""
+        if self.state in ("waiting", "running"):
+            self._threads.append((threading.get_ident() & THREAD_ID_MASK, ts.tid))
 
-    def _thread_started(self, ts: ThreadState) -> None:
-        self._threads.append((threading.get_ident() & THREAD_ID_MASK, ts.tid))
+    def handover(self, block: tuple[int, RangeRows | None]) -> None:
+        """A block the recorder aggregated, queued while collecting (else dropped)."""
+        if self.state == "running":
+            self._queue.append(block)
 
     def _on_batch(self, batch: ActivityBatch) -> None:
         """CUPTI's thread: queue a buffer's records (the newest are dropped when full)."""
@@ -187,7 +191,6 @@ class GpuSession:
         self.reader = str(getattr(got, "reader", "python"))
         log.info(f"GPU activity: CUPTI's records read by the {self.reader} reader")
         self.state = "running"
-        self.recorder.gpu_handover = self._queue.append
         self._thread = threading.Thread(target=self._run, name="chainer_autoprof-gpu",
                                         daemon=True)
         self._thread.start()
@@ -195,8 +198,6 @@ class GpuSession:
     def _off(self, why: str) -> None:
         self.state = "off"
         self.why_off = why
-        self.tracer.on_new_thread = None
-        self.recorder.gpu_handover = None
         self._discard()
         self._threads.clear()
 
@@ -303,8 +304,6 @@ class GpuSession:
             late = f"CUPTI could not stop ({type(exc).__name__}: {exc})"
         if late:
             self.notes.append(late)
-        self.recorder.gpu_handover = None
-        self.tracer.on_new_thread = None
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)

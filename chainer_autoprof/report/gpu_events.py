@@ -359,7 +359,7 @@ def figures_from_events(events: Mapping[str, Sequence[Mapping[str, Any]]],
                         meta: Mapping[str, Any]) -> GpuFigures | None:
     """The GPU figures of a saved trace whose record holds none: its GPU events read back
     (``events``: :attr:`~.tracefile.Trace.events`) and attributed again to its ranges
-    (``rows``: names and per-thread rows, as :func:`~.gpu_replay.trace_rows` gives them);
+    (``rows``: names and per-thread rows, as :meth:`~.tracefile.Trace.range_rows` gives them);
     ``None`` when it has no GPU operation."""
     start = int((meta.get("clock") or {}).get("perf_counter_ns_at_start") or 0)
     batch = activity_from_events(

@@ -13,37 +13,12 @@ import copy
 import json
 from typing import Any, Iterable, Mapping
 
-import numpy as np
-import numpy.typing as npt
-
 from ..analysis.gpu_analysis import GpuAnalysis, Limits
 from ..analysis.gpu_clock import ClockMap, fit
-from ..analysis.stats import DEPTH_BITS
 from ..common.gpu_records import ActivityBatch, NameTable, Recording
 from . import gpu_events
 from .trace_events import Timeline
 from .tracefile import Trace
-
-Int64Array = npt.NDArray[np.int64]
-
-
-def trace_rows(trace: Trace) -> tuple[list[tuple[str, str]], dict[int, Int64Array]]:
-    """A saved trace's ranges as the recorder holds them: the names (name, category) by
-    index, and per thread the rows ``(index, t0, t1, depth)`` in end order, on the
-    agent's clock (``perf_counter_ns``)."""
-    start = int((trace.meta.get("clock") or {}).get("perf_counter_ns_at_start") or 0)
-    index: dict[tuple[str, str], int] = {}
-    rows: dict[int, Int64Array] = {}
-    for tid, ranges in trace.by_thread().items():
-        out = []
-        for r in ranges:
-            key = (r.name, r.category)
-            i = index.setdefault(key, len(index))
-            depth = r.depth if r.iteration is None else r.depth | (
-                (int(r.iteration) + 1) << DEPTH_BITS)
-            out.append((i, r.t0 + start, r.t1 + start, depth))
-        rows[tid] = np.asarray(out, dtype=np.int64).reshape(-1, 4)
-    return list(index), rows
 
 
 def analyse(trace: Trace, batches: Iterable[ActivityBatch], clock: ClockMap,
@@ -57,7 +32,7 @@ def analyse(trace: Trace, batches: Iterable[ActivityBatch], clock: ClockMap,
     analysis = GpuAnalysis(clock, names, int(meta.get("warmup_skip") or 0),
                            record_limit=limit, identity_threads=identity_threads,
                            loop_tid=meta.get("main_tid"), limits=limits)
-    range_names, rows = trace_rows(trace)
+    range_names, rows = trace.range_rows()
     for i, (name, category) in enumerate(range_names):
         analysis.add_name(i, name, category)
     for tid, block in rows.items():
@@ -101,7 +76,7 @@ def with_gpu_events(data: Mapping[str, Any], trace: Trace, analysis: GpuAnalysis
     meta = trace.meta
     pid = int(meta.get("pid") or trace.pid or 0)
     start = int((meta.get("clock") or {}).get("perf_counter_ns_at_start") or 0)
-    _names, rows = trace_rows(trace)
+    _names, rows = trace.range_rows()
     built = gpu_events.for_trace(analysis, meta, pid=pid, start_ns=start, rows_by_thread=rows,
                                  loop_tid=meta.get("main_tid"), span=span)
     events = out.setdefault("traceEvents", [])

@@ -19,11 +19,14 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from ..analysis import record
 from ..analysis.aggregate import Aggregator
 from ..analysis.gpu_figures import activity_record
 from ..analysis.shapes import MalformedError
 from ..analysis.stats import DEPTH_BITS, SHUTDOWN, UNFINISHED, RunStats
+from ..common.gpu_records import Int64Array
 from ..common.outputs import atomic_text
 from . import trace_events
 from .partial import MAGIC, read_partial
@@ -95,6 +98,24 @@ class Trace:
             rows.sort(key=lambda r: (r.t1, -r.depth))
         return out
 
+    def range_rows(self) -> tuple[list[tuple[str, str]], dict[int, Int64Array]]:
+        """This trace's ranges as the recorder holds them: the names (name, category) by
+        index, and per thread the rows ``(index, t0, t1, depth)`` in end order, on the
+        agent's clock (``perf_counter_ns``)."""
+        start = int((self.meta.get("clock") or {}).get("perf_counter_ns_at_start") or 0)
+        index: dict[tuple[str, str], int] = {}
+        rows: dict[int, Int64Array] = {}
+        for tid, ranges in self.by_thread().items():
+            out = []
+            for r in ranges:
+                key = (r.name, r.category)
+                i = index.setdefault(key, len(index))
+                depth = r.depth if r.iteration is None else r.depth | (
+                    (int(r.iteration) + 1) << DEPTH_BITS)
+                out.append((i, r.t0 + start, r.t1 + start, depth))
+            rows[tid] = np.asarray(out, dtype=np.int64).reshape(-1, 4)
+        return list(index), rows
+
     def stats(self, from_events: bool = False) -> RunStats:
         """The run's :class:`~chainer_autoprof.analysis.stats.RunStats`.
 
@@ -138,9 +159,9 @@ class Trace:
     def gpu_activity(self) -> dict[str, object] | None:
         """The GPU figures of a trace whose record holds none (written by another tool, or
         edited): its GPU events attributed again to its ranges."""
-        from . import gpu_events, gpu_replay  # they read Trace: loaded when needed
+        from . import gpu_events  # loaded when needed
 
-        fig = gpu_events.figures_from_events(self.events, gpu_replay.trace_rows(self),
+        fig = gpu_events.figures_from_events(self.events, self.range_rows(),
                                              self.meta)
         if fig is None:
             return None

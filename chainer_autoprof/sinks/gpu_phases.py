@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..analysis.aggregate import Series
+from ..analysis.series import Series
 from ..analysis.stats import PHASE_KEYS
 from ..common import names
 

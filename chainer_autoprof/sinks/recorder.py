@@ -37,7 +37,6 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from itertools import chain
 from time import perf_counter_ns, thread_time_ns
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -50,6 +49,7 @@ from ..common.settings import Config
 from .gpu_phases import GpuPhaseTimer
 
 if TYPE_CHECKING:
+    from array import array
 
     from ..common.typedefs import RangeRows
     from ..runtime.events import RangeInfo, ThreadState, Tracer
@@ -187,20 +187,18 @@ class Recorder:
         if ts.record:
             self._absorb(ts.tid, None, ts)
 
-    def _absorb(self, tid: int, buf: Any, ts: ThreadState | None = None) -> None:
-        """Aggregate ``buf``, or the buffer of ``ts`` taken under the lock: a thread that
+    def _absorb(self, tid: int, block: RangeRows | None, ts: ThreadState | None = None) -> None:
+        """Aggregate ``block``, or the buffer of ``ts`` taken under the lock: a thread that
         waits for the lock keeps its rows where another's flush (the exit's) finds them."""
         with self._lock:
-            if ts is not None:
-                buf = ts.record
-                if type(buf) is list:  # the native RecordBuffer is emptied by _block(take=True)
-                    ts.record = []
-                if not buf:
-                    return
+            if ts is not None and not ts.record:
+                return
             self.busy_thread = threading.get_ident()
             t_start = thread_time_ns()  # this thread's CPU: not the waits for the GIL
             try:
-                block = _block(buf, take=True)
+                if ts is not None:  # the rows, the thread's buffer emptied
+                    block = _rows(self.native.take(ts))
+                assert block is not None
                 self.agg.feed(tid, block)
                 if self.keep:
                     self._retain(tid, block)
@@ -241,8 +239,10 @@ class Recorder:
         if self.closed:
             return
         self._flush_thread(ts)
-        self._absorb(ts.tid, [(info.index, t0, max(t0, end_ns), depth)
-                              for depth, (info, t0) in reversed(list(enumerate(entries)))])
+        self._absorb(ts.tid, np.array(
+            [(info.index, t0, max(t0, end_ns), depth)
+             for depth, (info, t0) in reversed(list(enumerate(entries)))],
+            dtype=np.int64).reshape(-1, 4))
 
     def thread_ended(self, ts: ThreadState) -> None:
         """``ts``'s thread has ended: aggregate what it buffered; its figures may go."""
@@ -272,9 +272,8 @@ class Recorder:
         """
         blocks = []
         for ts in list(self.tracer.states.values()):
-            buf = ts.record
-            if buf:
-                block = _block(buf, take=False)
+            if ts.record:
+                block = _rows(self.native.copy(ts))
                 if len(block):
                     blocks.append((ts.tid, block))
         return blocks
@@ -362,12 +361,6 @@ class Recorder:
         self.fork_child = True
 
 
-def _block(buf: Any, take: bool) -> RangeRows:
-    """A thread buffer's ranges as an ``(n, 4)`` int64 array: the list of tuples (Python hot
-    path) or the ``RecordBuffer`` (native; ``take`` empties it in the same step)."""
-    if type(buf) is list:
-        rows = buf if take else buf[:]  # a snapshot: the owning thread may be appending
-        return np.fromiter(chain.from_iterable(rows), dtype=np.int64,
-                           count=4 * len(rows)).reshape(-1, 4)
-    data = buf.take() if take else buf.copy()
+def _rows(data: bytearray | array[int]) -> RangeRows:
+    """Rows taken from a thread's buffer (int64, four a row) as an ``(n, 4)`` array."""
     return np.frombuffer(data, dtype=np.int64).reshape(-1, 4)

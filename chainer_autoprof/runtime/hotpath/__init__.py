@@ -40,8 +40,8 @@ from .wrappers import switch_of as wrapper_switch
 
 if TYPE_CHECKING:
     from ...common.typedefs import Args, Kwargs
-    from ..events import RangeInfo, ThreadState
     from ..policies import CaptureWindow
+    from ..ranges import RangeInfo, ThreadState
 
 __all__ = ["ENV_TEST_NATIVE", "PYTHON", "Implementation", "NativeRequiredError",
            "finish_wrapper", "load_native", "select", "wrapper_switch"]

@@ -41,8 +41,9 @@ HEADERS = (HERE / "native.h",)
 #: Where the protocol's version is defined (and nowhere else).
 PROTOCOL_FILE = HERE / "protocol.py"
 MODULE = "chainer_autoprof.runtime.hotpath._native"
-#: Compiler flags beyond the platform's own for extensions.
-EXTRA_COMPILE_ARGS = ["-O2", "-std=gnu11"]
+#: Compiler flags beyond the platform's own for extensions: every warning of ``-Wall
+#: -Wextra`` is on (a user's build keeps going with them; CI's fails, :func:`compile_to`).
+EXTRA_COMPILE_ARGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra"]
 LIBRARIES = ["dl"]  # NVTX loads the tool with dlopen
 
 
@@ -136,14 +137,15 @@ def build_cupti_in_place(force: bool = False) -> Path:
     return out
 
 
-def compile_cupti_to(out: Path) -> None:
-    """Compile the CUPTI reader into ``out``; raises :class:`BuildError` (one line: why)."""
+def compile_cupti_to(out: Path, *, warnings_fail: bool = False) -> None:
+    """Compile the CUPTI reader into ``out``; raises :class:`BuildError` (one line: why);
+    ``warnings_fail`` as for :func:`compile_to`."""
     include = cupti_include_dirs()
     if include is None:
         raise BuildError("the CUPTI headers (cupti_activity.h, cuda.h) were not found: pip "
                          "install nvidia-cuda-cupti nvidia-cuda-runtime nvidia-cuda-crt")
     _compile(out, CUPTI_SOURCES, [sysconfig.get_paths()["include"], *map(str, include)],
-             [], ["dl", "pthread"])
+             [], ["dl", "pthread"], warnings_fail)
 
 
 def build_in_place(force: bool = False) -> Path:
@@ -155,28 +157,32 @@ def build_in_place(force: bool = False) -> Path:
     return out
 
 
-def compile_to(out: Path, include_dirs: tuple[str, ...] = ()) -> None:
+def compile_to(out: Path, include_dirs: tuple[str, ...] = (), *,
+               warnings_fail: bool = False) -> None:
     """Compile the extension into ``out``; raises :class:`BuildError` (one line: why).
 
     Safe with concurrent builds: each compiles to a private name and renames
     it into place.  The compiler's own output is kept, not shown.
+    ``warnings_fail``: a warning fails the build (``-Werror``; the tests' check
+    of the C code), the error naming the first one.
     """
     include = nvtx_include_dir()
     if include is None:
         raise BuildError("the NVTX headers (nvtx3/nvToolsExt.h) were not found: "
                          "pip install nvidia-nvtx")
     _compile(out, SOURCES, [sysconfig.get_paths()["include"], *include_dirs, str(include)],
-             defines(), LIBRARIES)
+             defines(), LIBRARIES, warnings_fail)
 
 
 def _compile(out: Path, sources: tuple[Path, ...], include_dirs: list[str], flags: list[str],
-             libraries: list[str]) -> None:
+             libraries: list[str], warnings_fail: bool) -> None:
     cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "gcc"
     out.parent.mkdir(parents=True, exist_ok=True)
     includes = [f"-I{d}" for d in include_dirs]
     with _outputs().replaced_by(str(out)) as tmp:  # renamed into place once it is whole
-        cmd = [*cc.split(), "-shared", "-fPIC", *EXTRA_COMPILE_ARGS, *flags, *includes,
-               "-o", tmp, *map(str, sources), *(f"-l{lib}" for lib in libraries)]
+        cmd = [*cc.split(), "-shared", "-fPIC", *EXTRA_COMPILE_ARGS,
+               *(["-Werror"] if warnings_fail else []), *flags, *includes, "-o", tmp,
+               *map(str, sources), *(f"-l{lib}" for lib in libraries)]
         try:
             result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         except OSError as exc:

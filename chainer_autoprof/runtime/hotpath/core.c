@@ -463,12 +463,12 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     return (PyObject *)self;
 }
 
-static PyObject *core_state_py(Core *self, PyObject *unused)
+static PyObject *core_state_py(Core *self, PyObject *Py_UNUSED(unused))
 {
     return Py_XNewRef(core_state(self));
 }
 
-static PyObject *core_current_py(Core *self, PyObject *unused)
+static PyObject *core_current_py(Core *self, PyObject *Py_UNUSED(unused))
 {
     PyObject *ts = core_state_slow(self, 0);
     if (ts == NULL) {
@@ -479,7 +479,7 @@ static PyObject *core_current_py(Core *self, PyObject *unused)
     return Py_NewRef(ts);
 }
 
-static PyObject *core_forget_py(Core *self, PyObject *unused)
+static PyObject *core_forget_py(Core *self, PyObject *Py_UNUSED(unused))
 {
     /* the thread's dict as it is: none in a thread's teardown, and none is made for us */
     PyObject *dict = PyThreadState_Get()->dict;

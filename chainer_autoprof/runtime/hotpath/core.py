@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from .protocol import BeginFn, EndFn, SinkEntry
 
 if TYPE_CHECKING:
-    from ..events import RangeInfo, ThreadState
     from ..policies import CaptureWindow
+    from ..ranges import RangeInfo, ThreadState
 
 #: Categories a mask can hold (the native core's masks are 64-bit).
 MASK_BITS = 64

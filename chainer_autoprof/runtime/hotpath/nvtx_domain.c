@@ -190,7 +190,7 @@ static PyObject *nvtx_domain_push(NvtxDomain *self, PyObject *attr)
     Py_RETURN_NONE;
 }
 
-static PyObject *nvtx_domain_pop(NvtxDomain *self, PyObject *unused)
+static PyObject *nvtx_domain_pop(NvtxDomain *self, PyObject *Py_UNUSED(unused))
 {
     nvtxDomainRangePop(self->domain);
     Py_RETURN_NONE;
@@ -230,7 +230,7 @@ static inline NvtxAttr *prepared(Core *core, PyObject *info)
     return attr != NULL && Py_IS_TYPE(attr, &NvtxAttrType) ? (NvtxAttr *)attr : NULL;
 }
 
-static int nvtx_sink_begin(Core *core, PyObject *part, PyObject *info, PyObject *ts)
+static int nvtx_sink_begin(Core *core, PyObject *part, PyObject *info, PyObject *Py_UNUSED(ts))
 {
     NvtxAttr *attr = prepared(core, info);
     if (attr != NULL)
@@ -238,8 +238,9 @@ static int nvtx_sink_begin(Core *core, PyObject *part, PyObject *info, PyObject 
     return 0;
 }
 
-static int nvtx_sink_end(Core *core, PyObject *part, PyObject *info, int64_t t0, int64_t t1,
-                         PyObject *t0obj, PyObject *ts)
+static int nvtx_sink_end(Core *core, PyObject *part, PyObject *info, int64_t Py_UNUSED(t0),
+                         int64_t Py_UNUSED(t1), PyObject *Py_UNUSED(t0obj),
+                         PyObject *Py_UNUSED(ts))
 {
     if (prepared(core, info) != NULL)
         nvtxDomainRangePop(((NvtxDomain *)part)->domain);
@@ -269,7 +270,8 @@ static PyObject *nvtx_domain_begin(NvtxDomain *self, PyObject *const *args, Py_s
 }
 
 /* end(info, t0, t1, ts): pop. */
-static PyObject *nvtx_domain_end(NvtxDomain *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *nvtx_domain_end(NvtxDomain *self, PyObject *const *Py_UNUSED(args),
+                                 Py_ssize_t nargs)
 {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "end(info, t0, t1, ts)");
@@ -281,7 +283,7 @@ static PyObject *nvtx_domain_end(NvtxDomain *self, PyObject *const *args, Py_ssi
 
 /* -- the types -------------------------------------------------------------------------------- */
 
-static PyObject *nvtx_domain_enabled(NvtxDomain *self, void *c)
+static PyObject *nvtx_domain_enabled(NvtxDomain *self, void *Py_UNUSED(c))
 {
     return PyBool_FromLong(self->domain != NULL);
 }

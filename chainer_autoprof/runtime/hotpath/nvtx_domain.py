@@ -19,7 +19,7 @@ except ImportError:
     nvtx = None
 
 if TYPE_CHECKING:
-    from ..events import RangeInfo, ThreadState
+    from ..ranges import RangeInfo, ThreadState
 
 
 class NvtxDomain:

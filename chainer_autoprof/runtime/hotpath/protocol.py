@@ -30,12 +30,14 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, Tuple
 
 if TYPE_CHECKING:
+    from array import array
+
     from ...common.typedefs import Args, Kwargs
-    from ..events import RangeInfo, ThreadState
     from ..policies import CaptureWindow
+    from ..ranges import RangeInfo, ThreadState
 
 #: The protocol's version: what the implementations expect of their callers.
-PROTOCOL = 3
+PROTOCOL = 4
 
 #: A patched function's replacement (a plain function, a native ``Wrapper`` or a proxy).
 Wrapper = Callable[..., Any]
@@ -112,11 +114,15 @@ class RecorderHookLike(Protocol):
 
     ``end`` is the recorder sink's call where a core does not run the hook
     itself; the iteration's range goes to ``iteration_ended(buf, t0, t1, ts)``
-    and a full buffer to ``flush(ts)``.
+    and a full buffer to ``flush(ts)``.  ``take(ts)`` and ``copy(ts)``: the rows
+    ``ts.record`` holds as int64, four a row (``take``: its buffer emptied in
+    the same step), whichever buffer the twin keeps.
     """
 
     @property
     def end(self) -> EndFn: ...
+    def take(self, ts: ThreadState) -> bytearray | array[int]: ...
+    def copy(self, ts: ThreadState) -> bytearray | array[int]: ...
 
 
 class SwitchFactory(Protocol):
@@ -206,7 +212,7 @@ def members() -> dict[str, str]:
     return kinds
 
 
-def _kind_of(value: object) -> str:
+def _member_kind(value: object) -> str:
     if type(value) in (int, bool):
         return type(value).__name__
     if isinstance(value, type):
@@ -221,7 +227,7 @@ def problems(module: ModuleType) -> list[str]:
         if not hasattr(module, name):
             found.append(f"no {name}")
             continue
-        got = _kind_of(getattr(module, name))
+        got = _member_kind(getattr(module, name))
         if got != kind:
             found.append(f"{name} is a {got}, not a {kind}")
     version = getattr(module, "PROTOCOL", None)
@@ -244,8 +250,3 @@ def check(module: ModuleType) -> HotPath:
 __all__ = ["HOT_WRAPPERS", "PROTOCOL", "BeginFn", "CoreLike", "EndFn", "FailFn", "HotPath",
            "NvtxDomainLike", "RecorderHookLike", "SinkEntry", "SwitchLike", "Wrapper",
            "check", "members", "problems"]
-
-if TYPE_CHECKING:  # what the Python twin is held to
-    from . import python as _python
-
-    _twin: HotPath = _python

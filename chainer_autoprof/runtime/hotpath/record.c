@@ -36,7 +36,7 @@ static RecordBuffer *record_buffer_make(Py_ssize_t capacity)
     return self;
 }
 
-static PyObject *record_buffer_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+static PyObject *record_buffer_new(PyTypeObject *Py_UNUSED(type), PyObject *args, PyObject *kw)
 {
     static char *names[] = {"capacity", NULL};
     Py_ssize_t capacity = 4096;
@@ -99,13 +99,13 @@ static PyObject *record_buffer_append_py(RecordBuffer *self, PyObject *row)
 }
 
 /* The rows as bytes (a copy), and (take) the buffer emptied in the same step. */
-static PyObject *record_buffer_copy(RecordBuffer *self, PyObject *unused)
+static PyObject *record_buffer_copy(RecordBuffer *self, PyObject *Py_UNUSED(unused))
 {
     return PyByteArray_FromStringAndSize((const char *)self->data,
                                          self->n * 4 * (Py_ssize_t)sizeof(int64_t));
 }
 
-static PyObject *record_buffer_take(RecordBuffer *self, PyObject *unused)
+static PyObject *record_buffer_take(RecordBuffer *self, PyObject *Py_UNUSED(unused))
 {
     PyObject *out = record_buffer_copy(self, NULL);
     if (out != NULL)
@@ -322,9 +322,42 @@ error:
     return NULL;
 }
 
+/* The rows ts.record holds as int64 bytes; take: the buffer emptied in the same step. */
+static PyObject *recorder_hook_rows(PyObject *ts, int take)
+{
+    PyObject *buf = PyObject_GetAttr(ts, str_record);
+    if (buf == NULL)
+        return NULL;
+    PyObject *out;
+    if (Py_IS_TYPE(buf, &RecordBufferType))
+        out = take ? record_buffer_take((RecordBuffer *)buf, NULL)
+                   : record_buffer_copy((RecordBuffer *)buf, NULL);
+    else if (buf == Py_None)
+        out = PyByteArray_FromStringAndSize(NULL, 0);
+    else
+        out = PyErr_Format(PyExc_TypeError, "ts.record is a %.100s, not a RecordBuffer",
+                           Py_TYPE(buf)->tp_name);
+    Py_DECREF(buf);
+    return out;
+}
+
+static PyObject *recorder_hook_take(PyObject *Py_UNUSED(self), PyObject *ts)
+{
+    return recorder_hook_rows(ts, 1);
+}
+
+static PyObject *recorder_hook_copy(PyObject *Py_UNUSED(self), PyObject *ts)
+{
+    return recorder_hook_rows(ts, 0);
+}
+
 static PyMethodDef recorder_hook_methods[] = {
     {"end", (PyCFunction)(void (*)(void))recorder_hook_end, METH_FASTCALL,
      "end(info, t0, t1, ts): append the range's row to ts.record (the recorder sink's end)."},
+    {"take", (PyCFunction)recorder_hook_take, METH_O,
+     "take(ts): the rows ts buffered as int64 bytes, its buffer emptied."},
+    {"copy", (PyCFunction)recorder_hook_copy, METH_O,
+     "copy(ts): the rows ts buffered as int64 bytes (a copy)."},
     {NULL}
 };
 

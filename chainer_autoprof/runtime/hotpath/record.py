@@ -5,15 +5,18 @@ buffer ``ts.record`` (here a list of tuples, the cheapest append CPython has;
 the native hook appends four int64 to a ``RecordBuffer``).  The iteration's
 range goes to ``iteration_ended(buf, t0, t1, ts)`` instead (its row carries
 the iteration's number), and a buffer holding ``capacity`` rows to
-``flush(ts)``.
+``flush(ts)``.  The recorder reads a buffer through the hook alone
+(:meth:`RecorderHook.take`, :meth:`RecorderHook.copy`), whichever twin made it.
 """
 
 from __future__ import annotations
 
+from array import array
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from ..events import RangeInfo, ThreadState
+    from ..ranges import RangeInfo, ThreadState
 
 
 class RecorderHook:
@@ -41,3 +44,20 @@ class RecorderHook:
                 flush(ts)
 
         self.end = end
+
+    @staticmethod
+    def take(ts: ThreadState) -> array[int]:
+        """The rows ``ts`` buffered, as int64 (four a row), its buffer started anew (a new
+        list: its thread may be appending to the old one)."""
+        rows = ts.record
+        if not rows:
+            return array("q")
+        ts.record = []
+        return array("q", chain.from_iterable(rows))
+
+    @staticmethod
+    def copy(ts: ThreadState) -> array[int]:
+        """The rows ``ts`` buffered, as int64 (four a row); nothing consumed (a snapshot, taken
+        in one step while the owning thread may be appending)."""
+        rows = ts.record
+        return array("q", chain.from_iterable(rows[:])) if rows else array("q")

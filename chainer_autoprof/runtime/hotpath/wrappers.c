@@ -26,7 +26,7 @@ typedef struct {
 
 static PyTypeObject SwitchType;
 
-static PyObject *switch_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+static PyObject *switch_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kw))
 {
     Switch *self = (Switch *)type->tp_alloc(type, 0);
     if (self != NULL)
@@ -34,9 +34,12 @@ static PyObject *switch_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     return (PyObject *)self;
 }
 
-static PyObject *switch_get_on(Switch *self, void *c) { return PyBool_FromLong(self->on); }
+static PyObject *switch_get_on(Switch *self, void *Py_UNUSED(c))
+{
+    return PyBool_FromLong(self->on);
+}
 
-static int switch_set_on(Switch *self, PyObject *v, void *c)
+static int switch_set_on(Switch *self, PyObject *v, void *Py_UNUSED(c))
 {
     int on = v == NULL ? 0 : PyObject_IsTrue(v);
     if (on < 0)
@@ -45,9 +48,12 @@ static int switch_set_on(Switch *self, PyObject *v, void *c)
     return 0;
 }
 
-static PyObject *switch_get_hits(Switch *self, void *c) { return PyLong_FromLongLong(self->hits); }
+static PyObject *switch_get_hits(Switch *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromLongLong(self->hits);
+}
 
-static int switch_set_hits(Switch *self, PyObject *v, void *c)
+static int switch_set_hits(Switch *self, PyObject *v, void *Py_UNUSED(c))
 {
     long long hits;
     if (v == NULL) {
@@ -823,7 +829,7 @@ static void wrapper_dealloc(Wrapper *w)
 }
 
 /* Bound like a function: an instance gets a plain bound method. */
-static PyObject *wrapper_descr_get(PyObject *self, PyObject *obj, PyObject *type)
+static PyObject *wrapper_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type))
 {
     if (obj == NULL || obj == Py_None)
         return Py_NewRef(self);
@@ -855,9 +861,15 @@ static int wrapper_set_forwarded(Wrapper *w, PyObject *value, void *name)
     return PyObject_SetAttrString(w->original, (const char *)name, value);
 }
 
-static PyObject *wrapper_get_wrapped(Wrapper *w, void *c) { return Py_NewRef(w->original); }
+static PyObject *wrapper_get_wrapped(Wrapper *w, void *Py_UNUSED(c))
+{
+    return Py_NewRef(w->original);
+}
 
-static PyObject *wrapper_get_switch(Wrapper *w, void *c) { return Py_NewRef((PyObject *)w->sw); }
+static PyObject *wrapper_get_switch(Wrapper *w, void *Py_UNUSED(c))
+{
+    return Py_NewRef((PyObject *)w->sw);
+}
 
 static PyGetSetDef wrapper_getset[] = {
     {"__wrapped__", (getter)wrapper_get_wrapped, NULL, "the original", NULL},
@@ -873,7 +885,7 @@ static PyGetSetDef wrapper_getset[] = {
 };
 
 /* Pickled as the original's global name, like a function. */
-static PyObject *wrapper_reduce(Wrapper *w, PyObject *unused)
+static PyObject *wrapper_reduce(Wrapper *w, PyObject *Py_UNUSED(unused))
 {
     return PyObject_GetAttr(w->original, str_qualname);
 }
@@ -936,7 +948,7 @@ static Wrapper *wrapper_make(int kind, PyObject *original, PyObject *sw, PyObjec
     return w;
 }
 
-static PyObject *mod_around(PyObject *mod, PyObject *args, PyObject *kw)
+static PyObject *mod_around(PyObject *Py_UNUSED(mod), PyObject *args, PyObject *kw)
 {
     static char *names[] = {"original", "switch", "enter", "exit", "fail", "method",
                             "replace_args", "proxy", NULL};
@@ -965,7 +977,7 @@ static int check_core(PyObject *core)
     return 0;
 }
 
-static PyObject *mod_link_wrapper(PyObject *mod, PyObject *args, PyObject *kw)
+static PyObject *mod_link_wrapper(PyObject *Py_UNUSED(mod), PyObject *args, PyObject *kw)
 {
     static char *names[] = {"original", "switch", "fail", "core", "roots", "make_entry",
                             "outer_enter", "outer_exit", "entry_cls", "variable_cls",
@@ -1053,24 +1065,24 @@ static PyObject *make_function_wrapper(int kind, PyObject *args, PyObject *kw)
     return (PyObject *)w;
 }
 
-static PyObject *mod_apply_wrapper(PyObject *mod, PyObject *args, PyObject *kw)
+static PyObject *mod_apply_wrapper(PyObject *Py_UNUSED(mod), PyObject *args, PyObject *kw)
 {
     return make_function_wrapper(KIND_APPLY, args, kw);
 }
 
-static PyObject *mod_backprop_wrapper(PyObject *mod, PyObject *args, PyObject *kw)
+static PyObject *mod_backprop_wrapper(PyObject *Py_UNUSED(mod), PyObject *args, PyObject *kw)
 {
     return make_function_wrapper(KIND_BACKPROP, args, kw);
 }
 
-static PyObject *mod_switch_of(PyObject *mod, PyObject *obj)
+static PyObject *mod_switch_of(PyObject *Py_UNUSED(mod), PyObject *obj)
 {
     if (Py_IS_TYPE(obj, &WrapperType))
         return Py_NewRef((PyObject *)((Wrapper *)obj)->sw);
     Py_RETURN_NONE;
 }
 
-static PyObject *mod_is_wrapper(PyObject *mod, PyObject *obj)
+static PyObject *mod_is_wrapper(PyObject *Py_UNUSED(mod), PyObject *obj)
 {
     return PyBool_FromLong(Py_IS_TYPE(obj, &WrapperType));
 }
