@@ -79,9 +79,8 @@ class Primed:
         from chainer_autoprof.common.gpu_records import read_recording
         from chainer_autoprof.common.settings import from_environ
         from chainer_autoprof.lifecycle import gpu_session
-        from chainer_autoprof.report import gpu_replay
         from chainer_autoprof.report.tracefile import read_trace
-        from chainer_autoprof.runtime import cupti_native, gpu_activity
+        from chainer_autoprof.runtime import cupti_native, cupti_readers, gpu_activity
         from chainer_autoprof.runtime.device import CountingBackend
         from chainer_autoprof.runtime.events import Tracer
         from chainer_autoprof.runtime.policies import SyncPolicy
@@ -106,7 +105,7 @@ class Primed:
                              clock=replay_clock(start, start + int(meta["clock"]["duration_ns"])))
         self.recorder = Recorder(cfg, self.tracer)
         self.tracer.add_sink(self.recorder)
-        recorded, rows = gpu_replay.trace_rows(trace)
+        recorded, rows = trace.range_rows()
         index = np.array([self.tracer.info(n, c).index for n, c in recorded], dtype=np.int64)
         (self.tid, block), = rows.items()
         block = tiled_ranges(block, tile, span)
@@ -141,11 +140,12 @@ class Primed:
                 box.append(collector)
                 return collector
         self.session = gpu_session.GpuSession(
-            self.recorder, self.tracer, record_limit=200_000, warmup_skip=self.recorder.warm_skip,
+            self.recorder, record_limit=200_000, warmup_skip=self.recorder.warm_skip,
             window=False, main_tid=self.tid, start_collector=starter)
-        self.session.install()
+        self.tracer.on_new_thread = self.session.thread_started  # the agent's composition
+        self.recorder.gpu_handover = self.session.handover
         with environ({cupti_native.ENV_CUPTI_LIBRARY: str(self.fake.path) if self.fake else None,
-                      gpu_activity.ENV_CUPTI_READER: reader}):
+                      cupti_readers.ENV_CUPTI_READER: reader}):
             self.session.start()
         assert self.session.state == "running", self.session.why_off
         if self.fake is not None:

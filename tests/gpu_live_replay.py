@@ -37,7 +37,7 @@ from chainer_autoprof.lifecycle import gpu_session
 from chainer_autoprof.lifecycle.finish import report_run
 from chainer_autoprof.report import trace_events
 from chainer_autoprof.report.tracefile import Trace, read_trace
-from chainer_autoprof.runtime import cupti_native, gpu_activity
+from chainer_autoprof.runtime import cupti_native, cupti_readers
 from chainer_autoprof.runtime.device import CountingBackend
 from chainer_autoprof.runtime.events import Tracer
 from chainer_autoprof.runtime.gpu_activity import CuptiCollector
@@ -199,7 +199,7 @@ def replay_live(name: str, out_dir: Path, *, buffers: int = 12, block_rows: int 
     tracer.on_new_thread = session.thread_started  # the agent's composition
     recorder.gpu_handover = session.handover
     with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path) if fake else None,
-                  gpu_activity.ENV_CUPTI_READER: reader}):
+                  cupti_readers.ENV_CUPTI_READER: reader}):
         session.start()  # as at CuPy's import
     assert session.state == "running", session.why_off
     if fake is not None:  # the recorded pairs too: the records lie between them

@@ -38,7 +38,7 @@ from chainer_autoprof.common.gpu_records import (
 )
 from chainer_autoprof.report import gpu_replay
 from chainer_autoprof.report.tracefile import read_trace
-from chainer_autoprof.runtime import gpu_activity
+from chainer_autoprof.runtime import cupti_readers, gpu_activity
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu" / "cupti"
 RECORDINGS = ("b512", "b16")
@@ -350,8 +350,8 @@ def test_the_live_agents_thread_map_needs_no_guess():
 # -- the live collector, without a GPU ------------------------------------------------------
 
 def test_without_cupti_python_gpu_activity_is_one_line_and_nothing_else(monkeypatch):
-    monkeypatch.setenv(gpu_activity.ENV_CUPTI_READER, "python")
-    got = gpu_activity.start(lambda batch: None)
+    monkeypatch.setenv(cupti_readers.ENV_CUPTI_READER, "python")
+    got = cupti_readers.start(lambda batch: None)
     assert isinstance(got, str) and "cupti-python" in got and "\n" not in got
 
 

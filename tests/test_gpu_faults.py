@@ -35,8 +35,7 @@ from chainer_autoprof.common.gpu_records import (
 from chainer_autoprof.lifecycle import gpu_session
 from chainer_autoprof.report import gpu_events
 from chainer_autoprof.report.tracefile import read_trace
-from chainer_autoprof.runtime import cupti_native
-from chainer_autoprof.runtime import gpu_activity as gpu_activity_module
+from chainer_autoprof.runtime import cupti_native, cupti_readers
 from chainer_autoprof.runtime.hotpath import build
 
 #: The packages cupti-python 13 brings (numpy is the environment's own).
@@ -82,7 +81,7 @@ def train(tmp: Path, *, gpu_activity: str | None, paths: list[Path],
     if gpu_activity is not None:
         settings["CHAINER_PROF_GPU_ACTIVITY"] = gpu_activity
     env = {"PYTHONPATH": ":".join([str(REPO), *(str(p) for p in paths)]),
-           gpu_activity_module.ENV_CUPTI_READER: reader}
+           cupti_readers.ENV_CUPTI_READER: reader}
     run = run_with_agent(tmp, SCRIPT, settings, script_args=("mlp", "--iterations", "12"),
                          nvtx=False, timeout=180, env=env)
     assert run.returncode == 0, run.stderr
@@ -135,11 +134,11 @@ def test_cupti_installed_without_a_driver_one_line_and_the_run_goes_on(tmp_path,
     same_as_without(trace, tmp_path)
 
 
+@pytest.mark.skipif(not native_under_test(),
+                    reason="native extensions are not under test (CHAINER_AUTOPROF_TEST_NATIVE=0)")
 def test_the_native_reader_without_a_driver_one_line_and_the_run_goes_on(tmp_path):
     """The native reader on the nvidia-cuda-cupti wheel's libcupti, on this machine without a
     CUDA driver: one line naming the missing driver, the run as without GPU activity."""
-    if not native_under_test():
-        pytest.skip("native extensions are not under test (CHAINER_AUTOPROF_TEST_NATIVE=0)")
     build.build_cupti_in_place()
     if not any("/nvidia/" in p for p in cupti_native.libcupti_candidates()):
         pytest.skip("no nvidia-cuda-cupti wheel installed")

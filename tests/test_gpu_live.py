@@ -55,14 +55,15 @@ def live(request, tmp_path_factory):
     return _replayed(*request.param, tmp_path_factory)
 
 
-@pytest.fixture(scope="module", params=READERS)
+# (recording, reader) pairs: the readers are CUPTI's, not the hot path's twins
+@pytest.fixture(scope="module", params=[("b512", r) for r in READERS], ids=lambda p: p[1])
 def b512(request, tmp_path_factory):
-    return _replayed("b512", request.param, tmp_path_factory)
+    return _replayed(*request.param, tmp_path_factory)
 
 
-@pytest.fixture(scope="module", params=READERS)
+@pytest.fixture(scope="module", params=[("b16", r) for r in READERS], ids=lambda p: p[1])
 def b16(request, tmp_path_factory):
-    return _replayed("b16", request.param, tmp_path_factory)
+    return _replayed(*request.param, tmp_path_factory)
 
 
 def figures_of(run) -> GpuFigures:

@@ -21,18 +21,22 @@ from support import native_under_test
 
 from chainer_autoprof.common import gpu_records as gr
 from chainer_autoprof.common.gpu_records import ActivityBatch, GpuOps, read_recording
-from chainer_autoprof.runtime import cupti_native, gpu_activity
+from chainer_autoprof.runtime import cupti_native, cupti_readers, gpu_activity
 from chainer_autoprof.runtime.hotpath import build
 
 RECORDINGS = ("b512", "b16")
 
 
+# the run for a machine that cannot build C (CHAINER_AUTOPROF_TEST_NATIVE=0) skips these, as
+# the native hot path's tests
+pytestmark = pytest.mark.skipif(
+    not native_under_test(),
+    reason="native extensions are not under test (CHAINER_AUTOPROF_TEST_NATIVE=0)")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def extension():
-    """The native reader, built in place; the run for a machine that cannot build C
-    (``CHAINER_AUTOPROF_TEST_NATIVE=0``) skips these, as the native hot path's tests."""
-    if not native_under_test():
-        pytest.skip("native extensions are not under test (CHAINER_AUTOPROF_TEST_NATIVE=0)")
+    """The native reader, built in place."""
     build.build_cupti_in_place()
     return cupti_native.load_extension()
 
@@ -49,8 +53,8 @@ def collect(name: str, folder: Path, *, pieces: int = 5, entries=None, on_batch=
     fake = FakeCupti(rec, folder, system_ids=system_ids, entries=entries)
     batches: list[ActivityBatch] = []
     with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path),
-                  gpu_activity.ENV_CUPTI_READER: None}):
-        got = gpu_activity.start(on_batch or batches.append)
+                  cupti_readers.ENV_CUPTI_READER: None}):
+        got = cupti_readers.start(on_batch or batches.append)
     assert not isinstance(got, str), got
     fake.serve(pieces, 0.0)
     fake.wait()
@@ -164,7 +168,7 @@ def test_once_closed_a_late_buffer_is_freed_unread(tmp_path, extension):
     fake = FakeCupti(rec, tmp_path)
     seen: list[ActivityBatch] = []
     with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path)}):
-        collector = gpu_activity.start(seen.append)
+        collector = cupti_readers.start(seen.append)
     assert not isinstance(collector, str)
     extension.close()  # what stop() does last, whether or not CUPTI's flush came back
     fake.serve(2, 0.0)
@@ -176,24 +180,24 @@ def test_once_closed_a_late_buffer_is_freed_unread(tmp_path, extension):
 def test_which_reader_runs_is_chosen_in_one_place_and_said(tmp_path):
     fake = FakeCupti(recording("b16"), tmp_path)
     with environ({cupti_native.ENV_CUPTI_LIBRARY: str(tmp_path / "no-libcupti.so"),
-                  gpu_activity.ENV_CUPTI_READER: None}):
-        got = gpu_activity.start(lambda batch: None)
+                  cupti_readers.ENV_CUPTI_READER: None}):
+        got = cupti_readers.start(lambda batch: None)
     # no libcupti: the cupti-python reader is tried (and is not installed here)
     assert isinstance(got, str) and "cupti-python" in got and "\n" not in got
     with environ({cupti_native.ENV_CUPTI_LIBRARY: str(tmp_path / "no-libcupti.so"),
-                  gpu_activity.ENV_CUPTI_READER: "native"}):
-        got = gpu_activity.start(lambda batch: None)
+                  cupti_readers.ENV_CUPTI_READER: "native"}):
+        got = cupti_readers.start(lambda batch: None)
     assert isinstance(got, str) and got.startswith("libcupti could not be loaded from ")
-    with environ({gpu_activity.ENV_CUPTI_READER: "fast"}):
-        got = gpu_activity.start(lambda batch: None)
-    assert got == f"{gpu_activity.ENV_CUPTI_READER}='fast': accepted native or python"
+    with environ({cupti_readers.ENV_CUPTI_READER: "fast"}):
+        got = cupti_readers.start(lambda batch: None)
+    assert got == f"{cupti_readers.ENV_CUPTI_READER}='fast': accepted native or python"
     with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path),
-                  gpu_activity.ENV_CUPTI_READER: "python"}):
-        got = gpu_activity.start(lambda batch: None)
+                  cupti_readers.ENV_CUPTI_READER: "python"}):
+        got = cupti_readers.start(lambda batch: None)
     assert isinstance(got, str) and "cupti-python" in got
     with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path),
-                  gpu_activity.ENV_CUPTI_READER: None}):
-        got = gpu_activity.start(lambda batch: None)
+                  cupti_readers.ENV_CUPTI_READER: None}):
+        got = cupti_readers.start(lambda batch: None)
     assert not isinstance(got, str) and got.reader == f"native ({fake.path})"
     assert got.stop(5.0) is None
 
@@ -215,8 +219,8 @@ def test_without_a_gpu_the_real_libcupti_says_so_in_one_line():
         pytest.skip("this machine has a CUDA driver")
     except OSError:
         pass
-    with environ({cupti_native.ENV_CUPTI_LIBRARY: None, gpu_activity.ENV_CUPTI_READER: None}):
-        got = gpu_activity.start(lambda batch: None)
+    with environ({cupti_native.ENV_CUPTI_LIBRARY: None, cupti_readers.ENV_CUPTI_READER: None}):
+        got = cupti_readers.start(lambda batch: None)
     assert isinstance(got, str) and got.startswith("no CUDA driver for CUPTI") and "\n" not in got
 
 
@@ -227,7 +231,7 @@ def test_a_buffer_is_walked_while_the_training_holds_the_gil(tmp_path, extension
     fake = FakeCupti(rec, tmp_path)
     seen: list[ActivityBatch] = []
     with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path)}):
-        collector = gpu_activity.start(seen.append)
+        collector = cupti_readers.start(seen.append)
     assert not isinstance(collector, str)
     fake.prepare(1)
     expected = fake.served

@@ -46,7 +46,7 @@ from ..analysis.gpu_clock import fit
 from ..analysis.gpu_figures import GpuActivityRecord, GpuFigures, activity_record
 from ..common import figures, log
 from ..common.gpu_records import ActivityBatch, ClockPairs, NameTable
-from ..runtime import gpu_activity
+from ..runtime import cupti_readers
 
 if TYPE_CHECKING:
     from ..common.typedefs import RangeRows
@@ -92,7 +92,7 @@ StartCollector = Callable[[Callable[[ActivityBatch], None], NameTable], "Collect
 
 def start_cupti(on_batch: Callable[[ActivityBatch], None], names: NameTable) -> Collector | str:
     """The live collector: CUPTI read natively, else through cupti-python."""
-    return gpu_activity.start(on_batch, names=names)
+    return cupti_readers.start(on_batch, names=names)
 
 
 class Recorder(Protocol):

@@ -1,11 +1,11 @@
 """Live GPU activity through CUPTI: kernels, copies, memsets and the calls that launched
 them, handed over as :class:`~..common.gpu_records.ActivityBatch` blocks.
 
-Two readers of CUPTI's records, chosen in one place (:func:`start`, reported by the
-collector's :attr:`~CuptiCollector.reader`): the native one (:mod:`.cupti_native`, a C
-extension that walks CUPTI's buffers without the GIL), where it is built and libcupti
-loads; else :class:`CuptiCollector` through cupti-python, described below.  Both hand the
-session the same columns.
+Two readers of CUPTI's records, chosen in one place (:func:`.cupti_readers.start`,
+reported by the collector's :attr:`~CuptiCollector.reader`): the native one
+(:mod:`.cupti_native`, a C extension that walks CUPTI's buffers without the GIL), where it
+is built and libcupti loads; else :class:`CuptiCollector` through cupti-python, described
+below.  Both hand the session the same columns.
 
 Like :mod:`.device`, this talks to CUDA, and only when asked: nothing here imports
 ``cupti`` before :meth:`CuptiCollector.start`.  What CUPTI gives back goes through
@@ -46,7 +46,6 @@ a helper thread, and a flush that does not return in time is given up with one l
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 import time
 from typing import Any, Callable, Iterable
@@ -76,11 +75,6 @@ QUIET_DRIVER = ("cuGetProcAddress_v2", "cuStreamGetCaptureInfo_v2", "cuDeviceGet
                 "cuCtxGetCurrent")
 #: Clock pairs kept (the first and a thinned rest beyond).
 MAX_PAIRS = 4096
-#: Which reader of CUPTI's records: ``native`` (required), ``python`` (cupti-python), or
-#: unset: the native one where it can run, else cupti-python.
-ENV_CUPTI_READER = "CHAINER_AUTOPROF_CUPTI_READER"
-#: What the native reader says when it cannot run at all (cupti-python is tried then).
-NATIVE_UNAVAILABLE = ("the native CUPTI reader is not built", "libcupti could not be loaded")
 
 
 def read_clock_pair(timestamp: Callable[[], int]) -> tuple[int, int, int]:
@@ -320,26 +314,3 @@ def describe_error(exc: BaseException) -> str:
     if "NO_DEVICE" in upper or "NOT_INITIALIZED" in upper or "INVALID_DEVICE" in upper:
         return f"no CUDA device for CUPTI: {text}"
     return f"CUPTI could not start: {text}"
-
-
-def start(on_batch: Callable[[ActivityBatch], None], **kw: Any) -> CuptiCollector | str:
-    """THE choice of reader (:data:`ENV_CUPTI_READER`): a running collector, or the one line
-    saying why GPU activity is off."""
-    want = os.environ.get(ENV_CUPTI_READER, "").strip().lower()
-    if want not in ("", "native", "python"):
-        return f"{ENV_CUPTI_READER}={want!r}: accepted native or python"
-    why_not_native = f"{ENV_CUPTI_READER}=python"
-    if want != "python":
-        from . import cupti_native  # its C extension is loaded only now
-
-        got = cupti_native.start(on_batch, **kw)
-        if not isinstance(got, str):
-            got.reader = f"native ({got.library})"
-            return got
-        if want == "native" or not got.startswith(NATIVE_UNAVAILABLE):
-            return got  # required, or CUPTI itself said no
-        why_not_native = got
-    collector = CuptiCollector(on_batch, **kw)
-    collector.reader = f"python ({why_not_native})"
-    reason = collector.start()
-    return reason if reason is not None else collector

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from chainer_autoprof.report.tracefile import read_trace
-from chainer_autoprof.runtime import gpu_activity
+from chainer_autoprof.runtime import cupti_readers
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.gpu
@@ -38,9 +38,9 @@ def cp():
 @pytest.mark.parametrize("reader", ["native", "python"])
 def test_gpu_collector_ties_each_kernel_to_its_launch_on_this_thread(cp, reader, monkeypatch):
     """Each reader of CUPTI's records (the native one: built with the package)."""
-    monkeypatch.setenv(gpu_activity.ENV_CUPTI_READER, reader)
+    monkeypatch.setenv(cupti_readers.ENV_CUPTI_READER, reader)
     batches = []
-    got = gpu_activity.start(batches.append)
+    got = cupti_readers.start(batches.append)
     assert not isinstance(got, str), got
     assert got.reader.startswith(reader)
     a = cp.random.rand(1024, 1024, dtype=cp.float32)
