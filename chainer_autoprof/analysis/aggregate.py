@@ -30,8 +30,9 @@ Aggregation, per thread, as each range ends (children end before parents):
 * depth-0 ranges on the loop thread (the thread that ran most iterations)
   and the gaps between them make up the wall time: ``startup`` (before the
   first iteration), ``warm-up``, extension / inference / user ranges,
-  ``idle`` (gaps between iterations that no range covers) and ``shutdown``
-  (after the last iteration), so ``sum(iterations) + sum(outside) == wall``.
+  ``agent`` (the agent's own checks, its overhead), ``idle`` (gaps between
+  iterations that no range covers) and ``shutdown`` (after the last
+  iteration), so ``sum(iterations) + sum(outside) == wall``.
 
 Memory: totals are exact running sums; the per-iteration lists keep every
 iteration up to :data:`MAX_KEPT_ITERATIONS`, then a uniform sample (every
@@ -50,6 +51,7 @@ from ..common import names
 from .outliers import SlowestIterations
 from .stats import (
     AFTER_WINDOW,
+    AGENT_OWN,
     BEFORE_WINDOW,
     DEPTH_BITS,
     DEPTH_MASK,
@@ -130,8 +132,8 @@ class _ThreadAgg:
     __slots__ = ("child_ns", "counted", "gap_pending", "gc_pending", "gc_total", "iter_total",
                  "iterations", "last_top_end", "link_totals", "links", "named_pending",
                  "nested_counted", "nested_held", "nested_warm", "outside", "phase_ns",
-                 "phase_total", "seen_iter", "series", "slowest", "tail", "wait_ns", "wait_total",
-                 "waits_seen")
+                 "phase_total", "sampled", "samples", "samples_pending", "seen_iter", "series",
+                 "slowest", "tail", "wait_ns", "wait_total", "waits_seen")
 
     def __init__(self, start_ns: int) -> None:
         self.counted = 0
@@ -158,6 +160,9 @@ class _ThreadAgg:
         self.wait_ns = [0] * len(PHASE_KEYS)     # waits of the iteration still open, per place
         self.wait_total = [0] * len(PHASE_KEYS)  # waits inside counted iterations, per place
         self.waits_seen = False
+        self.samples = 0                 # samples of the counted iterations whose count is known
+        self.sampled = 0                 # ...and how many
+        self.samples_pending: dict[int, int] = {}  # t1 of an iteration row -> its samples
 
 
 class Aggregator:
@@ -229,19 +234,25 @@ class Aggregator:
         return tables
 
     # -- feeding --------------------------------------------------------------
-    def feed(self, tid: int, rows: ArrayLike) -> None:
+    def feed(self, tid: int, rows: ArrayLike,
+             samples: Sequence[tuple[int, int]] | None = None) -> None:
         """Aggregate a block of rows of thread ``tid``, in end order.
 
         ``rows``: an int64 array of shape ``(n, 4)`` (or anything NumPy turns
-        into one).
+        into one).  ``samples``: ``(t1, samples)`` of iterations of this thread, each told
+        by the end of its row (:meth:`_samples`): of this block, or of a later one (kept
+        until its row comes).
         """
         a = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
         n = len(a)
-        if not n:
-            return
         th = self.threads.get(tid)
-        if th is None:
+        if th is None and (n or samples):
             th = self.threads[tid] = _ThreadAgg(self.start_ns)
+        if samples:
+            assert th is not None
+            th.samples_pending.update(samples)
+        if not n or th is None:
+            return
         self.ranges += n
         kinds_t, link_ids_t = self._tables()
         index = a[:, 0]
@@ -260,6 +271,8 @@ class Aggregator:
         self.seen += n_it
         th.iterations += n_it
 
+        if th.samples_pending and n_it:
+            self._samples(th, t1[it_pos], it_counted)
         self._links(th, a, kind, depth, dur, is_iter, it_pos, it_counted, link_ids_t)
         phases = self._phases(th, kind, dur, is_iter)
         gc_ns = self._gc(th, kind, t0, dur, it_pos)
@@ -285,6 +298,20 @@ class Aggregator:
                 self._slowest(th, a, kind, it_pos, it_counted, full, seq)
         self._keep_tail(th, a, kind, it_pos)
         self._top_level(th, kind, index, t0, t1, depth, dur, is_iter, it_pos, it_counted)
+
+    def _samples(self, th: _ThreadAgg, ends: I64, counted: Mask) -> None:
+        """The samples of the block's iterations (``ends``: their rows' ``t1``): summed over
+        the counted ones; those told for rows already fed and never matched are dropped,
+        those of rows still to come kept (bounded: one block's iterations at most)."""
+        pending = th.samples_pending
+        found = [pending.pop(t, 0) for t in ends.tolist()]
+        for (n, ok) in zip(found, counted.tolist()):
+            if ok and n:
+                th.samples += n
+                th.sampled += 1
+        last = int(ends.max())
+        for t in [t for t in pending if t <= last]:
+            del pending[t]
 
     def _phases(self, th: _ThreadAgg, kind: I64, dur: I64, is_iter: Mask) -> I64:
         """(iterations in block, 4) phase sums; the phases of an open iteration are carried.
@@ -614,6 +641,13 @@ class Aggregator:
             best = next(iter(self.threads))
         return best
 
+    def samples_of(self, main_tid: int | None = None) -> dict[str, int]:
+        """The loop thread's samples in its counted iterations (the run record's fields)."""
+        tid = self.loop_thread(main_tid)
+        th = self.threads.get(tid) if tid is not None else None
+        return {"samples": th.samples if th is not None else 0,
+                "sampled_iterations": th.sampled if th is not None else 0}
+
     def thread_ended(self, tid: int) -> None:
         """Thread ``tid`` ended: forget it unless it may still be the loop thread."""
         th = self.threads.get(tid)
@@ -657,6 +691,7 @@ class Aggregator:
             "wall_ms": max(0, end_ns - self.start_ns) / 1e6,
             "links": links,
             "batch_size": None, "sync_level": 0, "sync_calls": 0, "overhead_ms": 0.0,
+            "samples": th.samples, "sampled_iterations": th.sampled,
             "gpu_phase_ms": None, "meta": {},
             "iteration_total_ms": th.iter_total / 1e6,
             "phase_total_ms": {key: th.phase_total[i] / 1e6
@@ -726,6 +761,8 @@ def _kind_of(name: str, category: str) -> tuple[int, str]:
         return _K_GC, name
     if category == names.GPU_WAIT:
         return _K_WAIT, name
+    if category == names.AGENT:  # the agent's own work: one outside key, whatever its name
+        return _K_OTHER, AGENT_OWN
     return _K_OTHER, name
 
 

@@ -291,6 +291,12 @@ _STATS_FIELDS = [
           by=By.EXIT | By.READ, default=0, stats="dropped_ranges"),
     Field("batch_size", INT, "the training batch's length (null: unknown)", by=RUN,
           stats="batch_size", nullable=True),
+    Field("samples", INT, "samples the counted iterations trained on, as the iterator "
+          "handed them out (else as the converter was handed them): every batch of a step, "
+          "each as long as it was", by=By.EXIT, default=0, stats="samples",
+          required=False),  # (newer than the oldest traces read: tests/data/gpu)
+    Field("sampled_iterations", INT, "the counted iterations whose samples were counted",
+          by=By.EXIT, default=0, stats="sampled_iterations", required=False),
     Field("sync_level", Int(0, 3), "the GPU synchronization level in effect", by=RUN,
           default=0, stats="sync_level"),
     Field("sync_calls", INT, "GPU synchronizations the agent made", by=RUN, default=0,
@@ -405,7 +411,8 @@ RECORD = Section([
     Field("main_tid", INT, "the main thread's native id (its track comes first)", by=RUN),
     Field("process_name", TEXT, "the process track's name (the final trace holds it as its "
           "process_name event)", by=By.SO_FAR),
-    *(_BY_STATS[name] for name in ("batch_size", "sync_level", "sync_calls", "overhead_ms",
+    *(_BY_STATS[name] for name in ("batch_size", "samples", "sampled_iterations",
+                                   "sync_level", "sync_calls", "overhead_ms",
                                    "overhead_method", "gpu_phase_ms", "gpu_activity")),
     Field("ranges", INT, "ranges recorded in the run (kept or dropped)", by=By.EXIT,
           default=0),
@@ -485,6 +492,8 @@ class StatsFields(TypedDict):
 
     dropped_ranges: int
     batch_size: int | None
+    samples: int
+    sampled_iterations: int
     sync_level: int
     sync_calls: int
     overhead_ms: float

@@ -138,7 +138,8 @@ IDLE_WORDS = {"host": "waiting for the host to launch", "copies": "waiting for c
               "dependencies"}
 
 #: Outside-iteration keys that are not part of the training loop.
-_NOT_LOOP = ("startup", "warm-up", "shutdown", "before window", "after window", "unfinished")
+_NOT_LOOP = ("startup", "warm-up", "shutdown", "before window", "after window", "unfinished",
+             "agent")  # (the agent's own checks: its overhead, not the loop's)
 
 
 #: Phase keys of the model's own work.

@@ -2,7 +2,10 @@
 
 What is looked at, and when:
 
-* when the first training ``Optimizer.update`` of the run returns (once): the
+* when the first training ``Optimizer.update`` of the run returns (once; this
+  and the counting hook's start and end are the agent's own time on the
+  program's thread, told to ``own_work``: the summary's "agent's own checks",
+  not the program's idle time): the
   Chainer configuration in force (``type_check``, ``autotune``, ``use_cudnn``,
   ``enable_backprop``), CUDA/cuDNN availability, the optimizer's parameters
   (count, dtypes, devices), convolution links and their devices, and NumPy's
@@ -64,9 +67,13 @@ class Probes(Instrumentor):
     reported = False
     requires = ("chainer",)
 
-    def __init__(self, tracer: Tracer, count_iteration: int = COUNT_ITERATION) -> None:
+    def __init__(self, tracer: Tracer, count_iteration: int = COUNT_ITERATION,
+                 own_work: Callable[[int, int], None] | None = None) -> None:
         super().__init__(tracer.hotpath)
         self.tracer = tracer
+        #: told of each stretch of the probes' own work on the program's thread (t0, t1 on
+        #: the tracer's clock): the agent's time, shown as such (the recorder's row)
+        self.own_work = own_work
         self.facts: dict[str, Any] = tracer.facts
         self.count_iteration = count_iteration
         self.chainer: Any = None  # the chainer module once applied (read only after)
@@ -127,14 +134,20 @@ class Probes(Instrumentor):
             # not inside an extension, inference, a trainer's gap
             return (instance,) if not state().quiet else None
 
+        clock = self.tracer.clock
+
         def exit(st: Any, result: Any, exc: BaseException | None) -> None:
             if exc is not None:
                 return
+            t0 = clock()
             try:
                 self._after_training_update(st[0])
             except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
                 self.close()
+            own_work = self.own_work
+            if own_work is not None:
+                own_work(t0, clock())
 
         return Around(enter, exit)
 

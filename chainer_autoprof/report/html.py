@@ -440,7 +440,7 @@ def key_figures(stats: RunStats, gpu: GpuEvidence | None = None) -> str:
         sps = stats.samples_per_second()
         rate = f"{figures.fixed(stats.iterations_per_second())} it/s"
         if sps:
-            rate += f", {figures.count(round(sps))} samples/s (batch {stats.batch_size})"
+            rate += f", {figures.count(round(sps))} samples/s ({stats.samples_text()})"
         shown.append(("throughput", rate))
     shown.append(("wall time", _ms(stats.wall_ms)))
     settings = meta.get("settings") or {}

@@ -31,6 +31,7 @@ from ..analysis.gpu_figures import GpuFigures
 from ..analysis.outliers import OUTLIER_FACTOR, SlowIteration, slow_iterations, stutter
 from ..analysis.stats import (
     AFTER_WINDOW,
+    AGENT_OWN,
     BEFORE_WINDOW,
     IDLE,
     PHASE_KEYS,
@@ -93,10 +94,11 @@ OUTSIDE_LABELS = {
     SHUTDOWN: "after the last iteration",
     UNFINISHED: "unfinished (the run did not end)",
     AFTER_WINDOW: "after the capture window",
+    AGENT_OWN: "the agent's own checks (overhead)",
 }
 
 #: Outside-iteration keys that are not part of the training loop.
-_NOT_LOOP = (STARTUP, BEFORE_WINDOW, WARMUP, SHUTDOWN, AFTER_WINDOW, UNFINISHED)
+_NOT_LOOP = (STARTUP, BEFORE_WINDOW, WARMUP, SHUTDOWN, AFTER_WINDOW, UNFINISHED, AGENT_OWN)
 
 _OUTSIDE_ORDER = {STARTUP: 0, BEFORE_WINDOW: 0, WARMUP: 1, IDLE: 8, SHUTDOWN: 9, AFTER_WINDOW: 9,
                   UNFINISHED: 9}
@@ -172,7 +174,7 @@ def _iteration_lines(stats: RunStats) -> list[str]:
     rate = f"{figures.fixed(stats.iterations_per_second())} it/s"
     sps = stats.samples_per_second()
     if sps is not None:
-        rate += f", {figures.count(round(sps))} samples/s (batch {stats.batch_size})"
+        rate += f", {figures.count(round(sps))} samples/s ({stats.samples_text()})"
     lines.append(f"  iteration time  median {fmt_ms(stats.median())}, p95 {fmt_ms(stats.p95())}; "
                  + rate)
     if stats.sample_stride > 1:

@@ -100,10 +100,12 @@ class ThreadState:
         "in_trainer",
         "iter_busy",
         "iter_by_data",
+        "iter_converted",
         "iter_counts",
         "iter_explicit",
         "iter_opener",
         "iter_owed",
+        "iter_samples",
         "iter_tok",
         "iter_trained",
         "links",
@@ -113,6 +115,7 @@ class ThreadState:
         "phase_tok",
         "quiet",
         "record",
+        "record_samples",
         "stack",
         "step_links",
         "step_optimizers",
@@ -133,6 +136,9 @@ class ThreadState:
         self.iter_trained = False   # ...a phase other than data began in it
         self.iter_by_data = False   # ...a batch fetched or converted opened it
         self.iter_opener: int | None = None  # id() of what opened the implicit one
+        # ...the samples its training batches held: fetched from an iterator, converted
+        self.iter_samples = 0
+        self.iter_converted = 0
         self.by_updater = False     # this thread trains in an updater: outside one, no training
         # the patches': outermost links called in the step (id -> weak reference), the ids of
         # the optimizers updated in it, the id() of the data source whose fetch began the last
@@ -151,6 +157,8 @@ class ThreadState:
         self.user: list[RangeInfo | None] = []  # tokens of the open annotate() blocks
         self.in_trainer = 0         # >0 inside Trainer.run
         self.record: Any = None     # the recorder sink's per-thread buffer
+        #: the recorder's: ``(t1, samples)`` of this thread's iterations not yet aggregated
+        self.record_samples: list[tuple[int, int]] | None = None
 
 
 class SinkBasics(Protocol):
@@ -399,6 +407,7 @@ class Tracer:
         ts.iter_counts = explicit
         ts.iter_owed = ts.iter_trained = ts.iter_by_data = False
         ts.iter_opener = opener
+        ts.iter_samples = ts.iter_converted = 0
         ts.iter_tok = self.begin(self.info(names.ITERATION, names.ITERATION), ts)
 
     def end_iteration(self, ts: ThreadState) -> None:
@@ -416,6 +425,7 @@ class Tracer:
         ts.iter_busy = ts.iter_explicit = ts.iter_counts = ts.iter_owed = False
         ts.iter_trained = ts.iter_by_data = False
         ts.iter_opener = None
+        ts.iter_samples = ts.iter_converted = 0
         ts.step_links.clear()
         ts.step_optimizers.clear()
 

@@ -115,6 +115,7 @@ class Recorder:
         self.gpu: GpuPhaseTimer | None = None
         self.gpu_checked = False
         self.fork_child = False
+        self.own_ns = 0  # the agent's own work on the program's threads (own_work)
 
     # -- sink protocol ------------------------------------------------------
     def prepare(self, info: RangeInfo) -> None:
@@ -126,6 +127,12 @@ class Recorder:
     def _iteration_ended(self, buf: list[tuple[int, int, int, int]], t0: int, t1: int,
                          ts: ThreadState) -> None:
         number = self.tracer.iterations  # this iteration's number + 1
+        samples = ts.iter_samples or ts.iter_converted  # the iterator's count, else the converter's
+        if samples:
+            pending = ts.record_samples
+            if pending is None:
+                pending = ts.record_samples = []
+            pending.append((t1, samples))  # before the row: a flush taking the row finds it
         buf.append((self._iter_info.index, t0, t1, len(ts.stack) | (number << DEPTH_BITS)))
         self.iterations_ended += 1
         if not self.gpu_checked and (self.tracer.sync.devices or self._test_events):
@@ -182,14 +189,33 @@ class Recorder:
         self._wait_outside = outside
         return infos
 
+    # -- the agent's own work on a program's thread ---------------------------------
+    def own_work(self, t0: int, t1: int) -> None:
+        """The agent worked on this thread from ``t0`` to ``t1`` (the tracer's clock): its
+        run-time checks after the first update.  A row of its own (category ``agent``) under
+        the innermost open range, so that the summary shows it as the agent's time, never
+        as the program's idle time between iterations; never NVTX.  Never raises."""
+        if self.closed or t1 <= t0:
+            return
+        try:
+            info = self.tracer.info(names.AGENT_CHECKS, names.AGENT)
+            info.sync = False
+            self.native.end(info, t0, t1, self.tracer.state())
+            self.own_ns += t1 - t0
+        except Exception as exc:  # our error: the row is missing, the training goes on  # noqa: BLE001
+            log.error(f"recorder: {type(exc).__name__}: {exc}; the agent's own checks are "
+                      "not recorded")
+
     # -- aggregation ----------------------------------------------------------
     def _flush_thread(self, ts: ThreadState) -> None:
         if ts.record:
             self._absorb(ts.tid, None, ts)
 
-    def _absorb(self, tid: int, buf: Any, ts: ThreadState | None = None) -> None:
+    def _absorb(self, tid: int, buf: Any, ts: ThreadState | None = None,
+                samples: list[tuple[int, int]] | None = None) -> None:
         """Aggregate ``buf``, or the buffer of ``ts`` taken under the lock: a thread that
-        waits for the lock keeps its rows where another's flush (the exit's) finds them."""
+        waits for the lock keeps its rows where another's flush (the exit's) finds them.
+        ``samples``: ``(t1, samples)`` of iterations among the rows (else ``ts``'s)."""
         with self._lock:
             if ts is not None:
                 buf = ts.record
@@ -201,7 +227,9 @@ class Recorder:
             t_start = thread_time_ns()  # this thread's CPU: not the waits for the GIL
             try:
                 block = _block(buf, take=True)
-                self.agg.feed(tid, block)
+                if ts is not None and ts.record_samples:  # (taken after the rows: see feed)
+                    samples, ts.record_samples = ts.record_samples, []
+                self.agg.feed(tid, block, samples)
                 if self.keep:
                     self._retain(tid, block)
                 handover = self.gpu_handover
@@ -241,8 +269,12 @@ class Recorder:
         if self.closed:
             return
         self._flush_thread(ts)
-        self._absorb(ts.tid, [(info.index, t0, max(t0, end_ns), depth)
-                              for depth, (info, t0) in reversed(list(enumerate(entries)))])
+        rows = [(info.index, t0, max(t0, end_ns), depth)
+                for depth, (info, t0) in reversed(list(enumerate(entries)))]
+        samples = ts.iter_samples or ts.iter_converted  # an iteration cut short: its samples
+        self._absorb(ts.tid, rows, samples=[(t1, samples) for index, _t0, t1, _d in rows
+                                            if index == self._iter_info.index]
+                     if samples else None)
 
     def thread_ended(self, ts: ThreadState) -> None:
         """``ts``'s thread has ended: aggregate what it buffered; its figures may go."""
@@ -337,7 +369,8 @@ class Recorder:
 
         tracer = self.tracer
         figures.update(batch_size=tracer.facts.get("batch_size"), sync_level=tracer.sync.level,
-                       sync_calls=tracer.sync.calls, dropped_ranges=self.dropped)
+                       sync_calls=tracer.sync.calls, dropped_ranges=self.dropped,
+                       **self.agg.samples_of(threading.main_thread().native_id))
         return self.agg.result(end_ns, threading.main_thread().native_id,
                                meta=meta if meta is not None else {},
                                **record.stats_fields(figures))
