@@ -3,7 +3,7 @@
 Its run-time checks after the first update (the configuration, the parameters, a measured
 matmul: most of a millisecond) run on the training thread between two iterations of a loop of
 the program's own.  They are a range of their own in the trace (category ``agent``), the
-summary's "agent's own checks (overhead)" row and part of the overhead figure; the idle time
+summary's "agent's own work (overhead)" row and part of the overhead figure; the idle time
 between iterations is the program's gaps only, and the verdict's loop leaves them out.
 """
 
@@ -16,8 +16,15 @@ import pytest
 from support import program, run_python, write_script
 
 from chainer_autoprof.analysis.stats import AGENT_OWN, IDLE
+from chainer_autoprof.common import names
+from chainer_autoprof.common.settings import Config
 from chainer_autoprof.report.summary import fmt_ms
 from chainer_autoprof.report.tracefile import stats_from_trace
+from chainer_autoprof.runtime import hotpath
+from chainer_autoprof.runtime.device import NullBackend
+from chainer_autoprof.runtime.events import Tracer
+from chainer_autoprof.runtime.policies import SyncPolicy
+from chainer_autoprof.sinks.recorder import Recorder
 
 LOOP = program("agent_time_loop")
 
@@ -50,9 +57,33 @@ def test_the_agents_checks_are_not_the_programs_idle_time(tmp_path: Path, twin: 
     assert stats.outside_ms.get(IDLE, 0.0) == pytest.approx(gaps_ms - check_ms, abs=1e-2)
 
     lines = run.stderr.splitlines()
-    row = next(line for line in lines if "the agent's own checks (overhead)" in line)
+    row = next(line for line in lines if "the agent's own work (overhead)" in line)
     assert fmt_ms(stats.outside_ms[AGENT_OWN]) in row
     overhead = next(line for line in lines if line.startswith("  agent overhead"))
     assert "run-time checks" in overhead
     verdict = next(line for line in lines if line.startswith("Verdict:"))
     assert "between iterations" not in verdict and "extension-bound" not in verdict
+
+
+def test_an_aggregation_between_iterations_is_the_agents_time(
+        implementation: hotpath.Implementation):
+    """The recorder aggregates its rows when a thread's buffer is full; at an iteration's end
+    that runs between two iterations, on the program's thread: a row of the agent's own
+    (both hot paths), not idle time."""
+    tracer = Tracer(names.PHASE_LEVEL, SyncPolicy(0, NullBackend()),
+                    implementation=implementation)
+    recorder = Recorder(Config({"summary": True, "trace": None, "warmup": 0}), tracer,
+                        chunk_ranges=4)
+    tracer.add_sink(recorder)
+    ts = tracer.state()
+    for _ in range(8):  # two rows an iteration (its phase, itself): full every second end
+        tracer.begin_iteration(ts, explicit=True)
+        tracer.begin_phase(ts, names.FORWARD)
+        tracer.end_phase(ts)
+        tracer.end_iteration(ts)
+    recorder.close(tracer)
+    stats = recorder.run_stats(tracer.clock())
+    tracer.forget_thread()
+    assert stats.iterations == 8
+    assert stats.outside_ms.get(AGENT_OWN, 0.0) > 0
+    assert recorder.own_ns == 0  # the aggregation's time is in the overhead figure already

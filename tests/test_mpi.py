@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -176,6 +177,50 @@ def test_slowed_rank_is_named_straggler(tmp_path):
     ranks = {r["rank"]: r for r in summary["ranks"]}
     assert ranks[1]["comm_ms_per_iteration"] > ranks[0]["comm_ms_per_iteration"] + slow_ms / 2
     assert "slowest rank (straggler): 0" in result.stdout
+
+
+@needs_mpi
+def test_uneven_waits_in_the_all_reduce_are_communication_and_never_balanced(tmp_path):
+    """Rank 0 is 100 ms slower in every 4th forward only: rank 1 waits that long in the
+    all-reduce inside its update.  Its summary shows the communication as a row and a verdict
+    of its own (not its update's compute); merge's columns add up (means per iteration) and
+    the long waits are named, never "balanced"."""
+    slow_ms = 100.0
+    run_mpi(tmp_path, ["--trace", "rank%r.json"], ["--slow-rank", "0", "--slow-ms",
+                                                   str(slow_ms), "--slow-every", "4"])
+    report = subprocess.run([sys.executable, "-m", "chainer_autoprof", "report", "rank1.json"],
+                            env=clean_env(), cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120)
+    assert report.returncode == 0, report.stderr
+    text = report.stdout
+    row = re.search(r"of those, communication \(comm:\*\)\s+\S+ m?s\s+([\d.]+)%", text)
+    assert row and float(row.group(1)) >= 25.0, text
+    verdict = next(line for line in text.splitlines() if line.startswith("Verdict:"))
+    assert verdict.startswith("Verdict: communication-bound"), text
+    assert "comm:multi_node_mean_grad" in text
+    assert "compute-bound" not in verdict and "the parameter update takes" not in text
+
+    result = merge(tmp_path, "rank0.json", "rank1.json", "-o", "job.json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "job.json").read_text())["otherData"]["chainer_autoprof"][
+        "summary"]
+    ranks = {r["rank"]: r for r in summary["ranks"]}
+    for r in ranks.values():  # the columns add up
+        assert r["comm_ms_per_iteration"] + r["compute_ms_per_iteration"] == \
+            pytest.approx(r["iteration_ms_mean"])
+    table = [line.split() for line in result.stdout.splitlines()
+             if line.startswith("  rank ")]
+    assert len(table) == 2
+    for cells in table:  # ... as printed too
+        iteration, comm, compute = float(cells[3]), float(cells[4]), float(cells[6])
+        assert iteration == pytest.approx(comm + compute, abs=0.011), cells
+    straggler = summary["straggler"]
+    assert straggler["rank"] == 0 and not straggler["balanced"]
+    assert ranks[1]["wait_ms_max"] > slow_ms / 2  # rank 1 waited in the slow iterations
+    assert straggler["longest_wait_ms"] >= ranks[1]["wait_ms_max"]
+    assert "balanced" not in result.stdout
+    assert (f"the longest wait: {straggler['longest_wait_ms']:.2f} ms, rank "
+            f"{straggler['longest_wait_rank']} in counted iteration") in result.stdout
 
 
 @needs_mpi

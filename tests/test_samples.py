@@ -66,7 +66,7 @@ def test_samples_per_second_count_what_the_iterations_trained_on(run):
 
 
 def test_report_on_the_trace_says_the_same(run, tmp_path: Path):
-    mode, done, trace = run
+    _mode, done, trace = run
     again = run_python(tmp_path, ["-m", "chainer_autoprof", "report", str(trace)], nvtx=False,
                        check=True)
     assert rate(again.stdout) == rate(done.stderr)

@@ -30,7 +30,7 @@ Aggregation, per thread, as each range ends (children end before parents):
 * depth-0 ranges on the loop thread (the thread that ran most iterations)
   and the gaps between them make up the wall time: ``startup`` (before the
   first iteration), ``warm-up``, extension / inference / user ranges,
-  ``agent`` (the agent's own checks, its overhead), ``idle`` (gaps between
+  ``agent`` (the agent's own work, its overhead), ``idle`` (gaps between
   iterations that no range covers) and ``shutdown`` (after the last
   iteration), so ``sum(iterations) + sum(outside) == wall``.
 
@@ -77,11 +77,14 @@ _K_WAIT = 7  # the agent's wait for the GPU; its place (a PHASE_KEYS index) is p
 #: What began as an iteration but reached no update (names.NO_UPDATE): its phases are not the
 #: next iteration's; otherwise time outside iterations, as inference.
 _K_NO_UPDATE = 8
+#: A communication (ChainerMN's ``comm:*``): inside an iteration, a column of its own.
+_K_COMM = 9
 _K_PHASE0 = 10  # + index in PHASE_KEYS
 #: Rows of an iteration still open at the end of a block kept for the slow-iteration details.
 _TAIL_ROWS = 2048
-#: Columns per counted iteration: its time, the 5 phase keys, gc, the waits per phase key.
-_SERIES_WIDTH = 2 + 2 * len(PHASE_KEYS)
+#: Columns per counted iteration: its time, the 5 phase keys, gc, the waits per phase key,
+#: communication.
+_SERIES_WIDTH = 3 + 2 * len(PHASE_KEYS)
 
 
 class Series:
@@ -129,11 +132,12 @@ class _ThreadAgg:
     """Aggregation state of one thread carried from one block of ranges to the next,
     and the thread's figures (the result is the loop thread's)."""
 
-    __slots__ = ("child_ns", "counted", "gap_pending", "gc_pending", "gc_total", "iter_total",
-                 "iterations", "last_top_end", "link_totals", "links", "named_pending",
-                 "nested_counted", "nested_held", "nested_warm", "outside", "phase_ns",
-                 "phase_total", "sampled", "samples", "samples_pending", "seen_iter", "series",
-                 "slowest", "tail", "wait_ns", "wait_total", "waits_seen")
+    __slots__ = ("child_ns", "comm_pending", "comm_total", "counted", "gap_pending",
+                 "gc_pending", "gc_total", "iter_total", "iterations", "last_top_end",
+                 "link_totals", "links", "named_pending", "nested_counted", "nested_held",
+                 "nested_warm", "outside", "phase_ns", "phase_total", "sampled", "samples",
+                 "samples_pending", "seen_iter", "series", "slowest", "tail", "wait_ns",
+                 "wait_total", "waits_seen")
 
     def __init__(self, start_ns: int) -> None:
         self.counted = 0
@@ -163,6 +167,8 @@ class _ThreadAgg:
         self.samples = 0                 # samples of the counted iterations whose count is known
         self.sampled = 0                 # ...and how many
         self.samples_pending: dict[int, int] = {}  # t1 of an iteration row -> its samples
+        self.comm_pending: I64 | None = None  # (t0, duration, index) of comm ranges to place
+        self.comm_total: dict[str, int] = {}  # communication in counted iterations, by name
 
 
 class Aggregator:
@@ -277,10 +283,11 @@ class Aggregator:
         phases = self._phases(th, kind, dur, is_iter)
         gc_ns = self._gc(th, kind, t0, dur, it_pos)
         waits = self._waits(th, kind, index, dur, is_iter)
+        comm = self._comm(th, kind, index, t0, dur, it_pos, it_counted)
         if n_it:
             it_dur = dur[it_pos]
             other = it_dur - phases.sum(axis=1)
-            full = np.column_stack([it_dur, phases, other, gc_ns, waits])
+            full = np.column_stack([it_dur, phases, other, gc_ns, waits, comm])
             table = full[it_counted]
             if len(table):
                 th.counted += len(table)
@@ -406,6 +413,37 @@ class Aggregator:
                 later = np.column_stack([t0[left], dur[left]])
                 pending = later if pending is None else np.vstack([pending, later])[-_TAIL_ROWS:]
         th.gc_pending = pending
+        return sums
+
+    def _comm(self, th: _ThreadAgg, kind: I64, index: I64, t0: I64, dur: I64, it_pos: I64,
+              it_counted: Mask) -> I64:
+        """Communication time inside each iteration of the block, and its total per operation
+        over the counted ones; a range belongs to the next iteration to end when it began
+        inside it (not before: between iterations, in an extension, before the loop)."""
+        n_it = len(it_pos)
+        sums = np.zeros(n_it, dtype=np.int64)
+        c = np.flatnonzero(kind == _K_COMM)
+        pending = th.comm_pending
+        if not len(c) and (pending is None or not n_it):
+            return sums
+        rows = np.column_stack([t0[c], dur[c], index[c]])
+        owner = np.searchsorted(it_pos, c)
+        if pending is not None:  # ended before this block: the block's first iteration's
+            rows = np.vstack([pending, rows])
+            owner = np.concatenate([np.zeros(len(pending), dtype=np.int64), owner])
+        within = owner < n_it
+        inside = within.copy()
+        inside[within] = rows[within, 0] >= t0[it_pos[owner[within]]]
+        sums += _bincount(owner[inside], rows[inside, 1], n_it)
+        counted = inside.copy()
+        counted[inside] = it_counted[owner[inside]]
+        if counted.any():
+            totals, keys = th.comm_total, self.keys
+            for idx, ns in _sum_by(rows[counted, 2], rows[counted, 1]):
+                key = keys[idx] if idx < len(keys) else "?"
+                totals[key] = totals.get(key, 0) + ns
+        later = rows[~within]
+        th.comm_pending = later[-_TAIL_ROWS:] if len(later) else None
         return sums
 
     def _keep_tail(self, th: _ThreadAgg, a: I64, kind: I64, it_pos: I64) -> None:
@@ -705,6 +743,8 @@ class Aggregator:
             "wait_phase_total_ms": {key: th.wait_total[i] / 1e6
                                     for i, key in enumerate(PHASE_KEYS)},
             "waits_recorded": th.waits_seen,
+            "comm_ms": values[12].tolist(),
+            "comm_total_ms": {key: ns / 1e6 for key, ns in th.comm_total.items()},
             "slowest": th.slowest.items() if th.slowest is not None else [],
         }
         fields.update(extra)
@@ -714,7 +754,7 @@ class Aggregator:
 def _wanted(kinds: I64) -> Mask:
     """Rows the slow-iteration details look at: phases, collections, named ranges."""
     wanted: Mask = ((kinds >= _K_PHASE0) | (kinds == _K_GC) | (kinds == _K_QUIET)
-                    | (kinds == _K_OTHER) | (kinds == _K_NO_UPDATE))
+                    | (kinds == _K_OTHER) | (kinds == _K_NO_UPDATE) | (kinds == _K_COMM))
     return wanted
 
 
@@ -761,6 +801,8 @@ def _kind_of(name: str, category: str) -> tuple[int, str]:
         return _K_GC, name
     if category == names.GPU_WAIT:
         return _K_WAIT, name
+    if category == names.COMM:
+        return _K_COMM, name
     if category == names.AGENT:  # the agent's own work: one outside key, whatever its name
         return _K_OTHER, AGENT_OWN
     return _K_OTHER, name

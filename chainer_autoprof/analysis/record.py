@@ -181,21 +181,33 @@ RANK_ROW = Section([
     Field("iterations", INT, "counted iterations"),
     Field("iteration_ms_median", NON_NEGATIVE, "median iteration", "ms"),
     Field("iteration_ms_mean", NON_NEGATIVE, "mean iteration", "ms"),
-    Field("comm_ms_per_iteration", NUMBER, "median time in comm:* ranges per iteration", "ms"),
-    Field("comm_share", NUMBER, "its share of the iteration"),
-    Field("compute_ms_per_iteration", NUMBER, "the rest of the iteration (median)", "ms"),
+    Field("comm_ms_per_iteration", NUMBER, "mean time in comm:* ranges per counted iteration",
+          "ms"),
+    Field("comm_share", NUMBER, "its share of the mean iteration"),
+    Field("compute_ms_per_iteration", NUMBER, "the rest of the iteration (mean: "
+          "iteration_ms_mean = comm_ms_per_iteration + compute_ms_per_iteration)", "ms"),
     Field("comm_outside_iterations_ms", NUMBER, "communication outside iterations", "ms"),
+    Field("comm_ms_max", NUMBER, "the most time in comm:* ranges in one counted iteration",
+          "ms", required=False),
+    Field("wait_ms_max", NUMBER, "the longest wait for the other ranks in one counted "
+          "iteration (communication beyond the fastest rank's)", "ms", required=False),
 ], doc="one process's iterations (report/merge.py)")
 
 STRAGGLER = Section([
     Field("rank", INT, "the slowest rank"),
     Field("label", TEXT, "its label"),
     Field("compute_ms_per_iteration", NUMBER, "its compute per iteration", "ms"),
-    Field("others_compute_ms_per_iteration", NUMBER, "the others' (median)", "ms"),
+    Field("others_compute_ms_per_iteration", NUMBER, "the others' (mean)", "ms"),
     Field("extra_compute_ms_per_iteration", NUMBER, "the difference", "ms"),
-    Field("held_back_ms_per_iteration", NUMBER, "how long the others wait for it", "ms"),
+    Field("held_back_ms_per_iteration", NUMBER, "how long the others wait for it (mean)", "ms"),
     Field("held_back_share", NUMBER, "that wait's share of their iteration"),
-    Field("balanced", BOOL, "whether the wait is under BALANCED_SHARE"),
+    Field("balanced", BOOL, "whether every rank's waits are under BALANCED_SHARE of the "
+          "iteration, on average and in every iteration"),
+    Field("longest_wait_ms", NUMBER, "the longest wait of a rank for the others in one "
+          "counted iteration", "ms", required=False),
+    Field("longest_wait_rank", INT, "the rank that waited", required=False),
+    Field("longest_wait_iteration", INT, "in which counted iteration (from 0)",
+          required=False),
 ], doc="the rank the others wait for")
 
 MERGE_WHERE = Section([
@@ -354,6 +366,10 @@ _RUN_STATS_OWN: dict[str, tuple[Kind, str, str, bool]] = {
                             "agent's GPU waits", "ms", False),
     "waits_recorded": (BOOL, "whether the agent's GPU waits were recorded as ranges (else "
                        "they are estimated from sync_ms)", "", False),
+    "comm_ms": (ListOf(NON_NEGATIVE), "communication (comm:* ranges) per counted iteration "
+                "(the same sample)", "ms", False),
+    "comm_total_ms": (MapOf(NON_NEGATIVE, key="operation"), "communication inside the "
+                      "counted iterations, per operation", "ms", False),
 }
 #: Of the record's fields, those a saved copy must hold.
 _RUN_STATS_NEEDED = ("sync_level", "sync_calls", "overhead_ms")

@@ -119,6 +119,11 @@ class RunStats:
     #: whose samples were counted (0: unknown; the batch size then stands in).
     samples: int = 0
     sampled_iterations: int = 0
+    #: Communication (ChainerMN's ``comm:*`` ranges) inside the counted iterations: per
+    #: counted iteration (same sample as ``iteration_ms``), and in all per operation.  The
+    #: phases holding it (the update, for the gradient all-reduce) include it.
+    comm_ms: list[float] = field(default_factory=list)
+    comm_total_ms: dict[str, float] = field(default_factory=dict)
     #: GPU activity from CUPTI (:class:`~.gpu_figures.GpuActivityRecord`: GPU time per link,
     #: phase and iteration, busy share, top kernels), when recorded.
     gpu_activity: dict[str, Any] | None = None

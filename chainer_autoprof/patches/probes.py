@@ -4,7 +4,7 @@ What is looked at, and when:
 
 * when the first training ``Optimizer.update`` of the run returns (once; this
   and the counting hook's start and end are the agent's own time on the
-  program's thread, told to ``own_work``: the summary's "agent's own checks",
+  program's thread, told to ``own_work``: the summary's "agent's own work",
   not the program's idle time): the
   Chainer configuration in force (``type_check``, ``autotune``, ``use_cudnn``,
   ``enable_backprop``), CUDA/cuDNN availability, the optimizer's parameters
