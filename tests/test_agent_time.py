@@ -29,11 +29,12 @@ from chainer_autoprof.sinks.recorder import Recorder
 LOOP = program("agent_time_loop")
 
 
-def test_the_agents_checks_are_not_the_programs_idle_time(tmp_path: Path, twin: str):
+@pytest.mark.parametrize("loop", ["loop", "trainer"])
+def test_the_agents_checks_are_not_the_programs_idle_time(tmp_path: Path, twin: str, loop: str):
     script = write_script(tmp_path, "loop.py", LOOP)
     trace = tmp_path / "t.json"
     run = run_python(tmp_path, ["-m", "chainer_autoprof", "--warmup", "0", "--trace",
-                                str(trace), str(script)], nvtx=False, check=True)
+                                str(trace), str(script), loop], nvtx=False, check=True)
     events = [ev for ev in json.loads(trace.read_text())["traceEvents"] if ev.get("ph") == "X"]
     iterations = sorted((ev for ev in events if ev["name"] == "iteration"),
                         key=lambda ev: ev["ts"])
@@ -41,7 +42,7 @@ def test_the_agents_checks_are_not_the_programs_idle_time(tmp_path: Path, twin: 
     # the checks after the first update, and the counting hook's start and end
     checks = [ev for ev in events if ev["cat"] == "agent"]
     assert checks and all(ev["args"]["depth"] == 0 and ev["dur"] >= 0 for ev in checks)
-    for check in checks:  # each in a gap between two iterations
+    for check in checks:  # each in a gap between two iterations (never inside one)
         assert any(a["ts"] + a["dur"] <= check["ts"] and check["ts"] + check["dur"] <= b["ts"]
                    for a, b in zip(iterations, iterations[1:])), check
     first = min(checks, key=lambda ev: ev["ts"])

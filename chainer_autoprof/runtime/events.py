@@ -92,6 +92,7 @@ class ThreadState:
     """Per-thread state: the open ranges and the training-loop state machine."""
 
     __slots__ = (
+        "after_iteration",
         "await_update",
         "bwd_link",
         "bwd_link_tok",
@@ -159,6 +160,9 @@ class ThreadState:
         self.record: Any = None     # the recorder sink's per-thread buffer
         #: the recorder's: ``(t1, samples)`` of this thread's iterations not yet aggregated
         self.record_samples: list[tuple[int, int]] | None = None
+        #: the agent's own work waiting for this thread's iteration to end (the probes'
+        #: checks in an updater's iteration): run after it, between two iterations
+        self.after_iteration: list[Callable[[], None]] | None = None
 
 
 class SinkBasics(Protocol):
@@ -418,6 +422,11 @@ class Tracer:
             token = self._no_update(ts, 0)
         self.end(token, ts)
         self._iteration_over(ts)
+        waiting = ts.after_iteration
+        if waiting:
+            ts.after_iteration = None
+            for work in waiting:
+                work()  # (the agent's own: contains its errors)
 
     def _iteration_over(self, ts: ThreadState) -> None:
         """Forget the iteration of ``ts`` (its range ended, or is no longer ours to end)."""
