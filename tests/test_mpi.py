@@ -22,6 +22,7 @@ from support import EXAMPLES, REPO, clean_env, program
 from chainer_autoprof.common.rank import from_environ as rank_from_environ
 from chainer_autoprof.common.settings import SettingsError
 from chainer_autoprof.common.settings import from_environ as settings_from_environ
+from chainer_autoprof.report import merge as merge_module
 
 ITERATIONS = 10
 
@@ -492,3 +493,47 @@ def test_which_paths_tell_the_ranks_of_a_job_apart(trace, environ, refused):
     assert message.startswith(f"CHAINER_PROF_TRACE={trace!r} is not valid: accepted: a path "
                               "that differs per MPI rank: ")
     assert refused in message and "put %r (the rank) in it" in message
+
+
+def _rank(number: int, compute: list[float], comm: list[float]) -> merge_module.RankStats:
+    return merge_module.RankStats(
+        label=f"rank {number}", rank=number, host="h", pid=100 + number, child=False,
+        iterations=len(compute), iteration_ms=[a + b for a, b in zip(compute, comm)],
+        comm_ms=list(comm))
+
+
+@pytest.mark.parametrize("slow_at", [(3,), (3, 7), (1, 4, 8)])
+@pytest.mark.parametrize("wait_ms", [60.0, 140.0])
+def test_balanced_never_hides_waits_of_a_few_iterations(slow_at, wait_ms):
+    """Rank 0 is slower in a few iterations only: the medians of its parts are those of a
+    balanced job, the waits of rank 1 in those iterations are not."""
+    n = 10
+    compute0 = [18.0 + (wait_ms if k in slow_at else 0.0) for k in range(n)]
+    stats = [_rank(0, compute0, [2.0] * n),
+             _rank(1, [18.0] * n, [2.0 + (wait_ms if k in slow_at else 0.0) for k in range(n)])]
+    merge_module.note_waits(stats)
+    slow = merge_module.straggler(stats)
+    assert slow is not None and slow["rank"] == 0 and not slow["balanced"]
+    assert slow["longest_wait_ms"] == pytest.approx(wait_ms)
+    assert (slow["longest_wait_rank"], slow["longest_wait_iteration"]) == (1, slow_at[0])
+    rows = [s.as_dict() for s in stats]
+    for row in rows:  # means that add up
+        assert row["comm_ms_per_iteration"] + row["compute_ms_per_iteration"] == \
+            pytest.approx(row["iteration_ms_mean"])
+    assert rows[1]["wait_ms_max"] == pytest.approx(wait_ms)
+    text = merge_module.format_summary(
+        {"ranks": rows, "straggler": slow, "where": {"positions": [], "odd_one_out": [],
+                                                    "odd_one_out_text": ""},
+         "alignment": []}, "job.json")
+    assert "balanced" not in text
+    assert f"the longest wait: {wait_ms:.2f} ms, rank 1 in counted iteration {slow_at[0]}" \
+        in text
+
+
+def test_ranks_are_balanced_only_when_every_wait_is_short():
+    stats = [_rank(0, [18.0, 18.5, 18.2, 18.1], [2.0, 1.5, 1.8, 1.9]),
+             _rank(1, [18.3, 18.0, 18.4, 18.0], [1.7, 2.0, 1.6, 2.0])]
+    merge_module.note_waits(stats)
+    slow = merge_module.straggler(stats)
+    assert slow is not None and slow["balanced"]
+    assert slow["longest_wait_ms"] == pytest.approx(0.5)
