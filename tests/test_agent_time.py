@@ -16,15 +16,8 @@ import pytest
 from support import program, run_python, write_script
 
 from chainer_autoprof.analysis.stats import AGENT_OWN, IDLE
-from chainer_autoprof.common import names
-from chainer_autoprof.common.settings import Config
 from chainer_autoprof.report.summary import fmt_ms
 from chainer_autoprof.report.tracefile import stats_from_trace
-from chainer_autoprof.runtime import hotpath
-from chainer_autoprof.runtime.device import NullBackend
-from chainer_autoprof.runtime.events import Tracer
-from chainer_autoprof.runtime.policies import SyncPolicy
-from chainer_autoprof.sinks.recorder import Recorder
 
 LOOP = program("agent_time_loop")
 
@@ -65,26 +58,3 @@ def test_the_agents_checks_are_not_the_programs_idle_time(tmp_path: Path, twin: 
     verdict = next(line for line in lines if line.startswith("Verdict:"))
     assert "between iterations" not in verdict and "extension-bound" not in verdict
 
-
-def test_an_aggregation_between_iterations_is_the_agents_time(
-        implementation: hotpath.Implementation):
-    """The recorder aggregates its rows when a thread's buffer is full; at an iteration's end
-    that runs between two iterations, on the program's thread: a row of the agent's own
-    (both hot paths), not idle time."""
-    tracer = Tracer(names.PHASE_LEVEL, SyncPolicy(0, NullBackend()),
-                    implementation=implementation)
-    recorder = Recorder(Config({"summary": True, "trace": None, "warmup": 0}), tracer,
-                        chunk_ranges=4)
-    tracer.add_sink(recorder)
-    ts = tracer.state()
-    for _ in range(8):  # two rows an iteration (its phase, itself): full every second end
-        tracer.begin_iteration(ts, explicit=True)
-        tracer.begin_phase(ts, names.FORWARD)
-        tracer.end_phase(ts)
-        tracer.end_iteration(ts)
-    recorder.close(tracer)
-    stats = recorder.run_stats(tracer.clock())
-    tracer.forget_thread()
-    assert stats.iterations == 8
-    assert stats.outside_ms.get(AGENT_OWN, 0.0) > 0
-    assert recorder.own_ns == 0  # the aggregation's time is in the overhead figure already

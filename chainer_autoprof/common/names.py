@@ -42,11 +42,10 @@ FUNCTION = "function"
 #: the trace, never an NVTX range (the CUDA API row already shows the synchronize call).
 GPU_WAIT = "gpu_wait"
 #: The agent's own work on a program's thread between its iterations (its run-time checks
-#: after the first updates, an aggregation of the recorder's rows): recorded for the summary
-#: and the trace as the agent's time, never an NVTX range.
+#: after the first updates): recorded for the summary and the trace as the agent's time,
+#: never an NVTX range.
 AGENT = "agent"
 AGENT_CHECKS = "chainer_autoprof: run-time checks"
-AGENT_AGGREGATION = "chainer_autoprof: aggregation"
 
 #: category -> (level, ARGB colour)
 CATEGORIES: dict[str, tuple[int, int]] = {

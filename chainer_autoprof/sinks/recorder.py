@@ -88,7 +88,7 @@ class Recorder:
         #: the wait rows' names, by the category of the range they lie in (made at the first
         #: wait on a GPU, so that a CPU run registers no name it never uses)
         self._wait_infos: dict[str, RangeInfo] | None = None
-        self._own_infos: dict[str, RangeInfo] = {}  # the agent's own work (made at its first)
+        self._own_info: RangeInfo | None = None  # the agent's own checks (made at the first)
         self._wait_outside: Any = None
         sync = getattr(tracer, "sync", None)
         # (the waits are timed with perf_counter_ns: the tracer's clock, unless a test's own)
@@ -139,11 +139,7 @@ class Recorder:
         if not self.gpu_checked and (self.tracer.sync.devices or self._test_events):
             self._start_gpu_timer(ts)
         if len(buf) >= self.chunk_ranges:
-            # after the iteration's end, before the next: the agent's time, shown as such
-            clock = self.tracer.clock
-            begun = clock()
             self._flush_thread(ts)
-            self._own_row(begun, clock(), ts, names.AGENT_AGGREGATION)
 
     # -- the agent's own waits for the GPU -------------------------------------------
     def _make_waited(self) -> Callable[[int, int], None]:
@@ -197,29 +193,22 @@ class Recorder:
     # -- the agent's own work on a program's thread ---------------------------------
     def own_work(self, t0: int, t1: int) -> None:
         """The agent worked on this thread from ``t0`` to ``t1`` (the tracer's clock): its
-        run-time checks after the first updates (counted in the overhead figure; the
-        aggregation's time is counted there already).  A row of its own (category ``agent``) under
-        the innermost open range, so that the summary shows it as the agent's time, never
-        as the program's idle time between iterations; never NVTX.  Never raises."""
-        if self._own_row(t0, t1, self.tracer.state(), names.AGENT_CHECKS):
-            self.own_ns += t1 - t0
-
-    def _own_row(self, t0: int, t1: int, ts: ThreadState, name: str) -> bool:
-        """The row of the agent's own work ``t0..t1`` on ``ts``'s thread (its checks, or an
-        aggregation between two iterations); whether it was recorded.  Never raises."""
+        run-time checks after the first updates.  A row of its own (category ``agent``)
+        under the innermost open range, so that the summary shows it as the agent's time
+        (and the overhead figure counts it), never as the program's idle time between
+        iterations; never NVTX.  Never raises."""
         if self.closed or t1 <= t0:
-            return False
+            return
         try:
-            info = self._own_infos.get(name)
+            info = self._own_info
             if info is None:
-                info = self._own_infos[name] = self.tracer.info(name, names.AGENT)
+                info = self._own_info = self.tracer.info(names.AGENT_CHECKS, names.AGENT)
                 info.sync = False
-            self.native.end(info, t0, t1, ts)
-            return True
+            self.native.end(info, t0, t1, self.tracer.state())
+            self.own_ns += t1 - t0
         except Exception as exc:  # our error: the row is missing, the training goes on  # noqa: BLE001
-            log.error(f"recorder: {type(exc).__name__}: {exc}; the agent's own work is not "
-                      "recorded")
-            return False
+            log.error(f"recorder: {type(exc).__name__}: {exc}; the agent's own checks are "
+                      "not recorded")
 
     # -- aggregation ----------------------------------------------------------
     def _flush_thread(self, ts: ThreadState) -> None:
