@@ -48,6 +48,10 @@ CATEGORY_RANGES = {
     names.FUNCTION: "`<label>.forward` / `<label>.backward`: a FunctionNode",
     names.GPU_WAIT: ("`wait for GPU (<phase>)`: the agent's own wait for the GPU at sync level "
                      "1 and above, in the summary and the trace only, never an NVTX range"),
+    names.AGENT: (f"`{names.AGENT_CHECKS}`: the agent's own checks on the training thread "
+                  "after the first updates (most of a millisecond once), its overhead: the "
+                  "summary's \"agent's own work (overhead)\" row, never idle time, never an "
+                  "NVTX range"),
 }
 
 

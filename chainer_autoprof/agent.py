@@ -20,7 +20,7 @@ import importlib.util
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 import wrapt
 
@@ -86,7 +86,8 @@ class Agent:
         self.recorder: Recorder | None = None
         self._add_sinks()
         self.patches = ChainerPatches(self.tracer, cfg.link_depth, replay=_replay(cfg, self.tracer))
-        self.probes = _probes(cfg, self.tracer)
+        self.probes = _probes(cfg, self.tracer, self.recorder.own_work
+                              if self.recorder is not None else None)
         self.queue_probe = InputQueueProbe(self.tracer) if self.recorder is not None else None
         #: Every patch set, in the order they apply (a library's sets in this order).
         self.instrumentors: list[Instrumentor] = [self.patches]
@@ -400,13 +401,15 @@ def _replay(cfg: Config, tracer: Tracer) -> Replay | None:
     return Replay(tracer.facts)
 
 
-def _probes(cfg: Config, tracer: Tracer) -> Probes | None:
-    """Run-time facts for the advice, when advice is printed or a trace is written."""
+def _probes(cfg: Config, tracer: Tracer,
+            own_work: Callable[[int, int], None] | None) -> Probes | None:
+    """Run-time facts for the advice, when advice is printed or a trace is written; their own
+    time on the program's thread goes to ``own_work`` (the recorder's)."""
     if not (cfg.advice or cfg.trace):
         return None
     from .patches.probes import Probes  # only when advice or a trace will use the facts
 
-    return Probes(tracer)
+    return Probes(tracer, own_work=own_work)
 
 
 def _chainer_installed() -> bool:

@@ -9,7 +9,8 @@ communicator needs only MPI and mpi4py (no GPU, no NCCL)::
     python -m chainer_autoprof merge rank*.json -o job.json
 
 ``--slow-rank R --slow-ms T`` makes rank R spend T more milliseconds in each
-forward pass, a deliberate straggler.  ``--hang-rank R --hang-at N`` makes
+forward pass, a deliberate straggler (``--slow-every N``: in every N-th one only,
+uneven iterations).  ``--hang-rank R --hang-at N`` makes
 rank R stop in the forward pass of its iteration N (until the file
 ``--hang-until`` exists, else for good) while the other ranks wait for it in
 the gradient all-reduce: a hung job, for the stall report::
@@ -32,9 +33,9 @@ from chainer import training
 
 
 class MLP(chainer.Chain):
-    def __init__(self, n_units, n_out, delay=0.0, hang_at=-1, hang_until=None):
+    def __init__(self, n_units, n_out, delay=0.0, hang_at=-1, hang_until=None, every=1):
         super().__init__()
-        self.delay = delay
+        self.delay, self.every = delay, every
         self.hang_at, self.hang_until, self.calls = hang_at, hang_until, 0
         with self.init_scope():
             self.l1 = L.Linear(None, n_units)
@@ -45,7 +46,7 @@ class MLP(chainer.Chain):
         if self.calls == self.hang_at:
             hang(self.hang_until)
         self.calls += 1
-        if self.delay:
+        if self.delay and self.calls % self.every == 0:
             time.sleep(self.delay)
         h1 = F.relu(self.l1(x))
         h2 = F.relu(self.l2(h1))
@@ -80,6 +81,7 @@ def main():
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-ms", type=float, default=0.0)
+    parser.add_argument("--slow-every", type=int, default=1, help="every N-th forward only")
     parser.add_argument("--hang-rank", type=int, default=-1)
     parser.add_argument("--hang-at", type=int, default=5, help="iteration at which it hangs")
     parser.add_argument("--hang-until", default=None, help="file that ends the hang")
@@ -89,7 +91,7 @@ def main():
     comm = chainermn.create_communicator(args.communicator)
     delay = args.slow_ms / 1000.0 if comm.rank == args.slow_rank else 0.0
     hang_at = args.hang_at if comm.rank == args.hang_rank else -1
-    model = L.Classifier(MLP(args.unit, 10, delay, hang_at, args.hang_until))
+    model = L.Classifier(MLP(args.unit, 10, delay, hang_at, args.hang_until, args.slow_every))
     optimizer = chainermn.create_multi_node_optimizer(chainer.optimizers.Adam(), comm)
     optimizer.setup(model)
 

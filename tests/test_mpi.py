@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -21,6 +22,7 @@ from support import EXAMPLES, REPO, clean_env, program
 from chainer_autoprof.common.rank import from_environ as rank_from_environ
 from chainer_autoprof.common.settings import SettingsError
 from chainer_autoprof.common.settings import from_environ as settings_from_environ
+from chainer_autoprof.report import merge as merge_module
 
 ITERATIONS = 10
 
@@ -176,6 +178,50 @@ def test_slowed_rank_is_named_straggler(tmp_path):
     ranks = {r["rank"]: r for r in summary["ranks"]}
     assert ranks[1]["comm_ms_per_iteration"] > ranks[0]["comm_ms_per_iteration"] + slow_ms / 2
     assert "slowest rank (straggler): 0" in result.stdout
+
+
+@needs_mpi
+def test_uneven_waits_in_the_all_reduce_are_communication_and_never_balanced(tmp_path):
+    """Rank 0 is 100 ms slower in every 4th forward only: rank 1 waits that long in the
+    all-reduce inside its update.  Its summary shows the communication as a row and a verdict
+    of its own (not its update's compute); merge's columns add up (means per iteration) and
+    the long waits are named, never "balanced"."""
+    slow_ms = 100.0
+    run_mpi(tmp_path, ["--trace", "rank%r.json"], ["--slow-rank", "0", "--slow-ms",
+                                                   str(slow_ms), "--slow-every", "4"])
+    report = subprocess.run([sys.executable, "-m", "chainer_autoprof", "report", "rank1.json"],
+                            env=clean_env(), cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120)
+    assert report.returncode == 0, report.stderr
+    text = report.stdout
+    row = re.search(r"of those, communication \(comm:\*\)\s+\S+ m?s\s+([\d.]+)%", text)
+    assert row and float(row.group(1)) >= 25.0, text
+    verdict = next(line for line in text.splitlines() if line.startswith("Verdict:"))
+    assert verdict.startswith("Verdict: communication-bound"), text
+    assert "comm:multi_node_mean_grad" in text
+    assert "compute-bound" not in verdict and "the parameter update takes" not in text
+
+    result = merge(tmp_path, "rank0.json", "rank1.json", "-o", "job.json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "job.json").read_text())["otherData"]["chainer_autoprof"][
+        "summary"]
+    ranks = {r["rank"]: r for r in summary["ranks"]}
+    for r in ranks.values():  # the columns add up
+        assert r["comm_ms_per_iteration"] + r["compute_ms_per_iteration"] == \
+            pytest.approx(r["iteration_ms_mean"])
+    table = [line.split() for line in result.stdout.splitlines()
+             if line.startswith("  rank ")]
+    assert len(table) == 2
+    for cells in table:  # ... as printed too
+        iteration, comm, compute = float(cells[3]), float(cells[4]), float(cells[6])
+        assert iteration == pytest.approx(comm + compute, abs=0.011), cells
+    straggler = summary["straggler"]
+    assert straggler["rank"] == 0 and not straggler["balanced"]
+    assert ranks[1]["wait_ms_max"] > slow_ms / 2  # rank 1 waited in the slow iterations
+    assert straggler["longest_wait_ms"] >= ranks[1]["wait_ms_max"]
+    assert "balanced" not in result.stdout
+    assert (f"the longest wait: {straggler['longest_wait_ms']:.2f} ms, rank "
+            f"{straggler['longest_wait_rank']} in counted iteration") in result.stdout
 
 
 @needs_mpi
@@ -447,3 +493,47 @@ def test_which_paths_tell_the_ranks_of_a_job_apart(trace, environ, refused):
     assert message.startswith(f"CHAINER_PROF_TRACE={trace!r} is not valid: accepted: a path "
                               "that differs per MPI rank: ")
     assert refused in message and "put %r (the rank) in it" in message
+
+
+def _rank(number: int, compute: list[float], comm: list[float]) -> merge_module.RankStats:
+    return merge_module.RankStats(
+        label=f"rank {number}", rank=number, host="h", pid=100 + number, child=False,
+        iterations=len(compute), iteration_ms=[a + b for a, b in zip(compute, comm)],
+        comm_ms=list(comm))
+
+
+@pytest.mark.parametrize("slow_at", [(3,), (3, 7), (1, 4, 8)])
+@pytest.mark.parametrize("wait_ms", [60.0, 140.0])
+def test_balanced_never_hides_waits_of_a_few_iterations(slow_at, wait_ms):
+    """Rank 0 is slower in a few iterations only: the medians of its parts are those of a
+    balanced job, the waits of rank 1 in those iterations are not."""
+    n = 10
+    compute0 = [18.0 + (wait_ms if k in slow_at else 0.0) for k in range(n)]
+    stats = [_rank(0, compute0, [2.0] * n),
+             _rank(1, [18.0] * n, [2.0 + (wait_ms if k in slow_at else 0.0) for k in range(n)])]
+    merge_module.note_waits(stats)
+    slow = merge_module.straggler(stats)
+    assert slow is not None and slow["rank"] == 0 and not slow["balanced"]
+    assert slow["longest_wait_ms"] == pytest.approx(wait_ms)
+    assert (slow["longest_wait_rank"], slow["longest_wait_iteration"]) == (1, slow_at[0])
+    rows = [s.as_dict() for s in stats]
+    for row in rows:  # means that add up
+        assert row["comm_ms_per_iteration"] + row["compute_ms_per_iteration"] == \
+            pytest.approx(row["iteration_ms_mean"])
+    assert rows[1]["wait_ms_max"] == pytest.approx(wait_ms)
+    text = merge_module.format_summary(
+        {"ranks": rows, "straggler": slow, "where": {"positions": [], "odd_one_out": [],
+                                                    "odd_one_out_text": ""},
+         "alignment": []}, "job.json")
+    assert "balanced" not in text
+    assert f"the longest wait: {wait_ms:.2f} ms, rank 1 in counted iteration {slow_at[0]}" \
+        in text
+
+
+def test_ranks_are_balanced_only_when_every_wait_is_short():
+    stats = [_rank(0, [18.0, 18.5, 18.2, 18.1], [2.0, 1.5, 1.8, 1.9]),
+             _rank(1, [18.3, 18.0, 18.4, 18.0], [1.7, 2.0, 1.6, 2.0])]
+    merge_module.note_waits(stats)
+    slow = merge_module.straggler(stats)
+    assert slow is not None and slow["balanced"]
+    assert slow["longest_wait_ms"] == pytest.approx(0.5)

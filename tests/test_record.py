@@ -151,8 +151,9 @@ def test_a_reader_takes_null_as_absent_and_defaults_from_the_declaration():
     assert record.value(meta, "warmup_skip") == 0
     assert record.value(meta, "clock.duration_ns") is None
     assert record.stats_fields(meta) == {
-        "dropped_ranges": 0, "batch_size": None, "sync_level": 0, "sync_calls": 0,
-        "overhead_ms": 0.0, "overhead_method": "", "gpu_phase_ms": None, "gpu_activity": None}
+        "dropped_ranges": 0, "batch_size": None, "samples": 0, "sampled_iterations": 0,
+        "sync_level": 0, "sync_calls": 0, "overhead_ms": 0.0, "overhead_method": "",
+        "gpu_phase_ms": None, "gpu_activity": None}
     with pytest.raises(MalformedError, match=r"chainer_autoprof\.facts\.gc\.ms\[1\] is 'x'"):
         record.check({"facts": {"gc": {"ms": [0.5, "x"]}}})
 

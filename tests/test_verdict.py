@@ -209,7 +209,7 @@ def test_thresholds_are_documented():
                  "WAIT_BEHIND_SHARE", "WAIT_PER_SYNC_MS", "MIN_GPU_SAMPLES", "MIN_ITERATIONS",
                  "ADVICE_MIN_SHARE", "TRANSFER_ITERATION_SHARE", "BLAS_SLOW_GFLOPS",
                  "BLAS_MIN_COMPUTE_SHARE", "WARMUP_SLOW_FACTOR", "WARMUP_MIN_SHARE",
-                 "WARMUP_MIN_MS", "OVERHEAD_NOTE_SHARE"):
+                 "WARMUP_MIN_MS", "OVERHEAD_NOTE_SHARE", "COMM_SHARE"):
         value = getattr(vd, name)
         rows = [line for line in doc.splitlines() if line.startswith(f"| `{name}`")]
         assert len(rows) == 1, name

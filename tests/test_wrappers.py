@@ -11,6 +11,7 @@ limit is lower by what those frames take.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -108,3 +109,32 @@ def test_launcher_environment_has_the_agent(tmp_path: Path, twin: str):
                            "0", str(script), "call"], env=clean_env(), cwd=tmp_path,
                           capture_output=True, text=True, timeout=240)
     assert f"hot path: {twin}" in proc.stderr
+
+
+ODD_CALLS_PROGRAM = program("wrappers_odd_calls")
+#: The links of that program whose ``__call__`` is a partialmethod, a callable object, a
+#: staticmethod, a classmethod, a descriptor of its own, a functools.partial, a property.
+ODD_LINKS = ("scaled", "plain", "static", "by_class", "described", "partial", "proper")
+
+
+@pytest.mark.parametrize("when", ("launcher", "install"))
+def test_links_whose_call_is_no_function_are_profiled(tmp_path: Path, twin: str, when: str):
+    """A Link subclass whose ``__call__`` is a functools.partialmethod (or any callable that
+    is no plain function) is profiled like any link, defined after the agent wrapped Link or
+    before: the same results as without the agent, no hook turned off, a forward phase."""
+    script = write_script(tmp_path, "odd.py", ODD_CALLS_PROGRAM)
+    trace = tmp_path / "t.json"
+    plain = run_python(tmp_path, [str(script)], nvtx=False, check=True)
+    if when == "launcher":
+        run = run_python(tmp_path, ["-m", "chainer_autoprof", "--summary", "0", "--granularity",
+                                    "link", "--trace", str(trace), str(script)], nvtx=False,
+                         check=True)
+    else:
+        run = run_python(tmp_path, [str(script), "install", str(trace)], nvtx=False, check=True)
+    assert run.stdout == plain.stdout
+    assert run.stderr == ""
+    events = [ev for ev in json.loads(trace.read_text())["traceEvents"] if ev.get("ph") == "X"]
+    links = {ev["name"].split(" (")[0] for ev in events if ev["cat"] == "link"}
+    assert {f"predictor/{name}" for name in ODD_LINKS} <= links
+    forward = [ev for ev in events if ev["name"] == "forward"]
+    assert len(forward) == 8 and all(ev["dur"] > 0 for ev in forward)

@@ -30,8 +30,9 @@ Aggregation, per thread, as each range ends (children end before parents):
 * depth-0 ranges on the loop thread (the thread that ran most iterations)
   and the gaps between them make up the wall time: ``startup`` (before the
   first iteration), ``warm-up``, extension / inference / user ranges,
-  ``idle`` (gaps between iterations that no range covers) and ``shutdown``
-  (after the last iteration), so ``sum(iterations) + sum(outside) == wall``.
+  ``agent`` (the agent's own work, its overhead), ``idle`` (gaps between
+  iterations that no range covers) and ``shutdown`` (after the last
+  iteration), so ``sum(iterations) + sum(outside) == wall``.
 
 Memory: totals are exact running sums; the per-iteration lists keep every
 iteration up to :data:`MAX_KEPT_ITERATIONS`, then a uniform sample (every
@@ -48,6 +49,7 @@ import numpy as np
 from ..common import names
 from .outliers import SlowestIterations
 from .range_kinds import (
+    K_COMM,
     K_FUNCTION,
     K_GC,
     K_ITER,
@@ -87,19 +89,21 @@ if TYPE_CHECKING:
 _K_SKIP = K_FUNCTION
 #: Rows of an iteration still open at the end of a block kept for the slow-iteration details.
 _TAIL_ROWS = 2048
-#: Columns per counted iteration: its time, the 5 phase keys, gc, the waits per phase key.
-_SERIES_WIDTH = 2 + 2 * len(PHASE_KEYS)
+#: Columns per counted iteration: its time, the 5 phase keys, gc, the waits per phase key,
+#: communication.
+_SERIES_WIDTH = 3 + 2 * len(PHASE_KEYS)
 
 
 class _ThreadAgg:
     """Aggregation state of one thread carried from one block of ranges to the next,
     and the thread's figures (the result is the loop thread's)."""
 
-    __slots__ = ("child_ns", "counted", "gap_pending", "gc_pending", "gc_total", "iter_total",
-                 "iterations", "last_top_end", "link_totals", "links", "named_pending",
-                 "nested_counted", "nested_held", "nested_warm", "outside", "phase_ns",
-                 "phase_total", "seen_iter", "series", "slowest", "tail", "wait_ns", "wait_total",
-                 "waits_seen")
+    __slots__ = ("child_ns", "comm_pending", "comm_total", "counted", "gap_pending",
+                 "gc_pending", "gc_total", "iter_total", "iterations", "last_top_end",
+                 "link_totals", "links", "named_pending", "nested_counted", "nested_held",
+                 "nested_warm", "outside", "phase_ns", "phase_total", "sampled", "samples",
+                 "samples_pending", "seen_iter", "series", "slowest", "tail", "wait_ns",
+                 "wait_total", "waits_seen")
 
     def __init__(self, start_ns: int) -> None:
         self.counted = 0
@@ -126,6 +130,11 @@ class _ThreadAgg:
         self.wait_ns = [0] * len(PHASE_KEYS)     # waits of the iteration still open, per place
         self.wait_total = [0] * len(PHASE_KEYS)  # waits inside counted iterations, per place
         self.waits_seen = False
+        self.samples = 0                 # samples of the counted iterations whose count is known
+        self.sampled = 0                 # ...and how many
+        self.samples_pending: dict[int, int] = {}  # t1 of an iteration row -> its samples
+        self.comm_pending: I64 | None = None  # (t0, duration, index) of comm ranges to place
+        self.comm_total: dict[str, int] = {}  # communication in counted iterations, by name
 
 
 class Aggregator:
@@ -193,19 +202,25 @@ class Aggregator:
         return tables
 
     # -- feeding --------------------------------------------------------------
-    def feed(self, tid: int, rows: ArrayLike) -> None:
+    def feed(self, tid: int, rows: ArrayLike,
+             samples: Sequence[tuple[int, int]] | None = None) -> None:
         """Aggregate a block of rows of thread ``tid``, in end order.
 
         ``rows``: an int64 array of shape ``(n, 4)`` (or anything NumPy turns
-        into one).
+        into one).  ``samples``: ``(t1, samples)`` of iterations of this thread, each told
+        by the end of its row (:meth:`_samples`): of this block, or of a later one (kept
+        until its row comes).
         """
         a = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
         n = len(a)
-        if not n:
-            return
         th = self.threads.get(tid)
-        if th is None:
+        if th is None and (n or samples):
             th = self.threads[tid] = _ThreadAgg(self.start_ns)
+        if samples:
+            assert th is not None
+            th.samples_pending.update(samples)
+        if not n or th is None:
+            return
         self.ranges += n
         kinds_t, link_ids_t = self._tables()
         index = a[:, 0]
@@ -224,14 +239,17 @@ class Aggregator:
         self.seen += n_it
         th.iterations += n_it
 
+        if th.samples_pending and n_it:
+            self._samples(th, t1[it_pos], it_counted)
         self._links(th, a, kind, depth, dur, is_iter, it_pos, it_counted, link_ids_t)
         phases = self._phases(th, kind, dur, is_iter)
         gc_ns = self._gc(th, kind, t0, dur, it_pos)
         waits = self._waits(th, kind, index, dur, is_iter)
+        comm = self._comm(th, kind, index, t0, dur, it_pos, it_counted)
         if n_it:
             it_dur = dur[it_pos]
             other = it_dur - phases.sum(axis=1)
-            full = np.column_stack([it_dur, phases, other, gc_ns, waits])
+            full = np.column_stack([it_dur, phases, other, gc_ns, waits, comm])
             table = full[it_counted]
             if len(table):
                 th.counted += len(table)
@@ -249,6 +267,20 @@ class Aggregator:
                 self._slowest(th, a, kind, it_pos, it_counted, full, seq)
         self._keep_tail(th, a, kind, it_pos)
         self._top_level(th, kind, index, t0, t1, depth, dur, is_iter, it_pos, it_counted)
+
+    def _samples(self, th: _ThreadAgg, ends: I64, counted: Mask) -> None:
+        """The samples of the block's iterations (``ends``: their rows' ``t1``): summed over
+        the counted ones; those told for rows already fed and never matched are dropped,
+        those of rows still to come kept (bounded: one block's iterations at most)."""
+        pending = th.samples_pending
+        found = [pending.pop(t, 0) for t in ends.tolist()]
+        for (n, ok) in zip(found, counted.tolist()):
+            if ok and n:
+                th.samples += n
+                th.sampled += 1
+        last = int(ends.max())
+        for t in [t for t in pending if t <= last]:
+            del pending[t]
 
     def _phases(self, th: _ThreadAgg, kind: I64, dur: I64, is_iter: Mask) -> I64:
         """(iterations in block, 4) phase sums; the phases of an open iteration are carried.
@@ -343,6 +375,37 @@ class Aggregator:
                 later = np.column_stack([t0[left], dur[left]])
                 pending = later if pending is None else np.vstack([pending, later])[-_TAIL_ROWS:]
         th.gc_pending = pending
+        return sums
+
+    def _comm(self, th: _ThreadAgg, kind: I64, index: I64, t0: I64, dur: I64, it_pos: I64,
+              it_counted: Mask) -> I64:
+        """Communication time inside each iteration of the block, and its total per operation
+        over the counted ones; a range belongs to the next iteration to end when it began
+        inside it (not before: between iterations, in an extension, before the loop)."""
+        n_it = len(it_pos)
+        sums = np.zeros(n_it, dtype=np.int64)
+        c = np.flatnonzero(kind == K_COMM)
+        pending = th.comm_pending
+        if not len(c) and (pending is None or not n_it):
+            return sums
+        rows = np.column_stack([t0[c], dur[c], index[c]])
+        owner = np.searchsorted(it_pos, c)
+        if pending is not None:  # ended before this block: the block's first iteration's
+            rows = np.vstack([pending, rows])
+            owner = np.concatenate([np.zeros(len(pending), dtype=np.int64), owner])
+        within = owner < n_it
+        inside = within.copy()
+        inside[within] = rows[within, 0] >= t0[it_pos[owner[within]]]
+        sums += _bincount(owner[inside], rows[inside, 1], n_it)
+        counted = inside.copy()
+        counted[inside] = it_counted[owner[inside]]
+        if counted.any():
+            totals, keys = th.comm_total, self.keys
+            for idx, ns in _sum_by(rows[counted, 2], rows[counted, 1]):
+                key = keys[idx] if idx < len(keys) else "?"
+                totals[key] = totals.get(key, 0) + ns
+        later = rows[~within]
+        th.comm_pending = later[-_TAIL_ROWS:] if len(later) else None
         return sums
 
     def _keep_tail(self, th: _ThreadAgg, a: I64, kind: I64, it_pos: I64) -> None:
@@ -578,6 +641,13 @@ class Aggregator:
             best = next(iter(self.threads))
         return best
 
+    def samples_of(self, main_tid: int | None = None) -> dict[str, int]:
+        """The loop thread's samples in its counted iterations (the run record's fields)."""
+        tid = self.loop_thread(main_tid)
+        th = self.threads.get(tid) if tid is not None else None
+        return {"samples": th.samples if th is not None else 0,
+                "sampled_iterations": th.sampled if th is not None else 0}
+
     def thread_ended(self, tid: int) -> None:
         """Thread ``tid`` ended: forget it unless it may still be the loop thread."""
         th = self.threads.get(tid)
@@ -621,6 +691,7 @@ class Aggregator:
             "wall_ms": max(0, end_ns - self.start_ns) / 1e6,
             "links": links,
             "batch_size": None, "sync_level": 0, "sync_calls": 0, "overhead_ms": 0.0,
+            "samples": th.samples, "sampled_iterations": th.sampled,
             "gpu_phase_ms": None, "meta": {},
             "iteration_total_ms": th.iter_total / 1e6,
             "phase_total_ms": {key: th.phase_total[i] / 1e6
@@ -634,6 +705,8 @@ class Aggregator:
             "wait_phase_total_ms": {key: th.wait_total[i] / 1e6
                                     for i, key in enumerate(PHASE_KEYS)},
             "waits_recorded": th.waits_seen,
+            "comm_ms": values[12].tolist(),
+            "comm_total_ms": {key: ns / 1e6 for key, ns in th.comm_total.items()},
             "slowest": th.slowest.items() if th.slowest is not None else [],
         }
         fields.update(extra)
@@ -643,7 +716,7 @@ class Aggregator:
 def _wanted(kinds: I64) -> Mask:
     """Rows the slow-iteration details look at: phases, collections, named ranges."""
     wanted: Mask = ((kinds >= K_PHASE0) | (kinds == K_GC) | (kinds == K_QUIET)
-                    | (kinds == K_OTHER) | (kinds == K_NO_UPDATE))
+                    | (kinds == K_OTHER) | (kinds == K_NO_UPDATE) | (kinds == K_COMM))
     return wanted
 
 

@@ -11,7 +11,7 @@ the links the same way (:class:`LinkIds`).
 from __future__ import annotations
 
 from ..common import names
-from .stats import PHASE_KEYS
+from .stats import AGENT_OWN, PHASE_KEYS
 
 #: Kinds of a range name.  ``K_PHASE0 + i``: the phase ``PHASE_KEYS[i]`` (data, forward,
 #: backward, update), above every other kind.
@@ -20,6 +20,8 @@ K_OTHER, K_ITER, K_LINK, K_LINK_BWD, K_GC, K_QUIET, K_FUNCTION, K_WAIT = range(8
 #: What began as an iteration but reached no update (:data:`~..common.names.NO_UPDATE`): its
 #: phases are not the next iteration's; otherwise time outside iterations, as inference.
 K_NO_UPDATE = 8
+#: A communication (ChainerMN's ``comm:*``): inside an iteration, a column of its own.
+K_COMM = 9
 K_PHASE0 = 10
 
 
@@ -47,6 +49,10 @@ def range_kind(name: str, category: str) -> tuple[int, str]:
         return K_GC, name
     if category == names.GPU_WAIT:
         return K_WAIT, name
+    if category == names.COMM:
+        return K_COMM, name
+    if category == names.AGENT:  # the agent's own work: one outside key, whatever its name
+        return K_OTHER, AGENT_OWN
     return K_OTHER, name
 
 

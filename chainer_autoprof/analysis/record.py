@@ -181,21 +181,33 @@ RANK_ROW = Section([
     Field("iterations", INT, "counted iterations"),
     Field("iteration_ms_median", NON_NEGATIVE, "median iteration", "ms"),
     Field("iteration_ms_mean", NON_NEGATIVE, "mean iteration", "ms"),
-    Field("comm_ms_per_iteration", NUMBER, "median time in comm:* ranges per iteration", "ms"),
-    Field("comm_share", NUMBER, "its share of the iteration"),
-    Field("compute_ms_per_iteration", NUMBER, "the rest of the iteration (median)", "ms"),
+    Field("comm_ms_per_iteration", NUMBER, "mean time in comm:* ranges per counted iteration",
+          "ms"),
+    Field("comm_share", NUMBER, "its share of the mean iteration"),
+    Field("compute_ms_per_iteration", NUMBER, "the rest of the iteration (mean: "
+          "iteration_ms_mean = comm_ms_per_iteration + compute_ms_per_iteration)", "ms"),
     Field("comm_outside_iterations_ms", NUMBER, "communication outside iterations", "ms"),
+    Field("comm_ms_max", NUMBER, "the most time in comm:* ranges in one counted iteration",
+          "ms", required=False),
+    Field("wait_ms_max", NUMBER, "the longest wait for the other ranks in one counted "
+          "iteration (communication beyond the fastest rank's)", "ms", required=False),
 ], doc="one process's iterations (report/merge.py)")
 
 STRAGGLER = Section([
     Field("rank", INT, "the slowest rank"),
     Field("label", TEXT, "its label"),
     Field("compute_ms_per_iteration", NUMBER, "its compute per iteration", "ms"),
-    Field("others_compute_ms_per_iteration", NUMBER, "the others' (median)", "ms"),
+    Field("others_compute_ms_per_iteration", NUMBER, "the others' (mean)", "ms"),
     Field("extra_compute_ms_per_iteration", NUMBER, "the difference", "ms"),
-    Field("held_back_ms_per_iteration", NUMBER, "how long the others wait for it", "ms"),
+    Field("held_back_ms_per_iteration", NUMBER, "how long the others wait for it (mean)", "ms"),
     Field("held_back_share", NUMBER, "that wait's share of their iteration"),
-    Field("balanced", BOOL, "whether the wait is under BALANCED_SHARE"),
+    Field("balanced", BOOL, "whether every rank's waits are under BALANCED_SHARE of the "
+          "iteration, on average and in every iteration"),
+    Field("longest_wait_ms", NUMBER, "the longest wait of a rank for the others in one "
+          "counted iteration", "ms", required=False),
+    Field("longest_wait_rank", INT, "the rank that waited", required=False),
+    Field("longest_wait_iteration", INT, "in which counted iteration (from 0)",
+          required=False),
 ], doc="the rank the others wait for")
 
 MERGE_WHERE = Section([
@@ -291,6 +303,12 @@ _STATS_FIELDS = [
           by=By.EXIT | By.READ, default=0, stats="dropped_ranges"),
     Field("batch_size", INT, "the training batch's length (null: unknown)", by=RUN,
           stats="batch_size", nullable=True),
+    Field("samples", INT, "samples the counted iterations trained on, as the iterator "
+          "handed them out (else as the converter was handed them): every batch of a step, "
+          "each as long as it was", by=By.EXIT, default=0, stats="samples",
+          required=False),  # (newer than the oldest traces read: tests/data/gpu)
+    Field("sampled_iterations", INT, "the counted iterations whose samples were counted",
+          by=By.EXIT, default=0, stats="sampled_iterations", required=False),
     Field("sync_level", Int(0, 3), "the GPU synchronization level in effect", by=RUN,
           default=0, stats="sync_level"),
     Field("sync_calls", INT, "GPU synchronizations the agent made", by=RUN, default=0,
@@ -348,6 +366,10 @@ _RUN_STATS_OWN: dict[str, tuple[Kind, str, str, bool]] = {
                             "agent's GPU waits", "ms", False),
     "waits_recorded": (BOOL, "whether the agent's GPU waits were recorded as ranges (else "
                        "they are estimated from sync_ms)", "", False),
+    "comm_ms": (ListOf(NON_NEGATIVE), "communication (comm:* ranges) per counted iteration "
+                "(the same sample)", "ms", False),
+    "comm_total_ms": (MapOf(NON_NEGATIVE, key="operation"), "communication inside the "
+                      "counted iterations, per operation", "ms", False),
 }
 #: Of the record's fields, those a saved copy must hold.
 _RUN_STATS_NEEDED = ("sync_level", "sync_calls", "overhead_ms")
@@ -405,7 +427,8 @@ RECORD = Section([
     Field("main_tid", INT, "the main thread's native id (its track comes first)", by=RUN),
     Field("process_name", TEXT, "the process track's name (the final trace holds it as its "
           "process_name event)", by=By.SO_FAR),
-    *(_BY_STATS[name] for name in ("batch_size", "sync_level", "sync_calls", "overhead_ms",
+    *(_BY_STATS[name] for name in ("batch_size", "samples", "sampled_iterations",
+                                   "sync_level", "sync_calls", "overhead_ms",
                                    "overhead_method", "gpu_phase_ms", "gpu_activity")),
     Field("ranges", INT, "ranges recorded in the run (kept or dropped)", by=By.EXIT,
           default=0),
@@ -485,6 +508,8 @@ class StatsFields(TypedDict):
 
     dropped_ranges: int
     batch_size: int | None
+    samples: int
+    sampled_iterations: int
     sync_level: int
     sync_calls: int
     overhead_ms: float

@@ -13,6 +13,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from ..common import figures
+
 #: Keys of :attr:`RunStats.phase_ms`: the four phases and the rest of the iteration.
 PHASE_KEYS = ("data", "forward", "backward", "update", "other")
 #: Per-iteration values kept before the lists are thinned to a uniform sample.
@@ -30,6 +32,9 @@ BEFORE_WINDOW = "before window"
 #: A run read from its partial trace: the time after its last complete iteration.
 UNFINISHED = "unfinished"
 AFTER_WINDOW = "after window"
+#: The agent's own work on the program's thread outside iterations (its run-time checks):
+#: its overhead, neither the program's idle time nor the loop's.
+AGENT_OWN = "agent"
 
 
 def median(values: Sequence[float]) -> float:
@@ -109,6 +114,16 @@ class RunStats:
     wait_phase_total_ms: dict[str, float] = field(default_factory=dict)
     #: Whether the waits were recorded (a run before they were, or one without a GPU: no).
     waits_recorded: bool = False
+    #: Samples the counted iterations trained on (counted at the iterator, else the
+    #: converter: every batch of a step, each as long as it was), and the counted iterations
+    #: whose samples were counted (0: unknown; the batch size then stands in).
+    samples: int = 0
+    sampled_iterations: int = 0
+    #: Communication (ChainerMN's ``comm:*`` ranges) inside the counted iterations: per
+    #: counted iteration (same sample as ``iteration_ms``), and in all per operation.  The
+    #: phases holding it (the update, for the gradient all-reduce) include it.
+    comm_ms: list[float] = field(default_factory=list)
+    comm_total_ms: dict[str, float] = field(default_factory=dict)
     #: GPU activity from CUPTI (:class:`~.gpu_figures.GpuActivityRecord`: GPU time per link,
     #: phase and iteration, busy share, top kernels), when recorded.
     gpu_activity: dict[str, Any] | None = None
@@ -130,11 +145,36 @@ class RunStats:
         """Counted iterations per second of iteration time."""
         return 1000.0 / self.mean() if self.iterations and self.mean() > 0 else 0.0
 
+    def samples_per_iteration(self) -> float | None:
+        """Samples a counted iteration trained on, on average: what the iterator handed out
+        (every batch of a step, each as long as it was); else the batch size; else ``None``."""
+        if self.sampled_iterations:
+            return self.samples / self.sampled_iterations
+        return float(self.batch_size) if self.batch_size else None
+
     def samples_per_second(self) -> float | None:
-        """Samples per second, when the batch size is known."""
-        if not self.batch_size:
+        """Samples per second of iteration time, when the samples or the batch size are
+        known."""
+        per_iteration = self.samples_per_iteration()
+        if per_iteration is None:
             return None
-        return self.iterations_per_second() * self.batch_size
+        if self.sampled_iterations == self.iterations and self.iteration_total_ms > 0:
+            return self.samples * 1000.0 / self.iteration_total_ms  # exact
+        return self.iterations_per_second() * per_iteration
+
+    def samples_text(self) -> str:
+        """What the samples per second are made of, for people: ``batch 32``, ``64.0 samples
+        per iteration on average, batch 16`` (four batches a step), ``25.0 ...`` (a partial
+        last batch)."""
+        per_iteration = self.samples_per_iteration()
+        if per_iteration is None:
+            return ""
+        if not self.sampled_iterations:
+            return f"batch {self.batch_size}"
+        if per_iteration == self.batch_size:
+            return f"batch {self.batch_size}"
+        batch = f", batch {self.batch_size}" if self.batch_size else ""
+        return f"{figures.fixed(per_iteration)} samples per iteration on average{batch}"
 
     # -- phases --------------------------------------------------------------
     def phase_total(self, phase: str) -> float:

@@ -25,8 +25,11 @@ work runs behind the host's) or the host (the GPU waits for it).  Then the kinds
   or (CPU) each function call is short (under :data:`HOST_US_PER_FUNCTION`, or under the
   time of :data:`HOST_CHECKS_PER_FUNCTION` type checks, over at least
   :data:`HOST_MIN_FUNCTIONS` calls per iteration);
+* ``communication-bound``: ChainerMN's ``comm:*`` ranges inside the counted iterations
+  (a rank's waits in the gradient all-reduce, inside its update) take :data:`COMM_SHARE`
+  of the iteration time or more (:mod:`.communication`);
 * ``compute-bound`` (CPU): forward + backward + update take :data:`COMPUTE_SHARE`
-  of the iteration time or more (their collections left out);
+  of the iteration time or more (their collections and communication left out);
 * ``balanced``: none of the above; the shares are printed;
 * ``unknown``: not enough evidence (no or too few counted iterations, no phase ranges, or
   on a GPU nothing that tells GPU-bound from host-bound): what is known, and what to run.
@@ -51,7 +54,8 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..common import figures as fmt
 from ..common.wording import counted
-from . import whatif
+from . import communication, whatif
+from .communication import COMM_SHARE as COMM_SHARE
 
 # the GPU evidence's thresholds, re-exported so that every threshold reads ``verdict.NAME``
 from .gpu_evidence import BEHIND_MARGIN as BEHIND_MARGIN
@@ -146,7 +150,8 @@ IDLE_WORDS = {"host": "waiting for the host to launch", "copies": "waiting for c
               "other": "waiting on dependencies"}
 
 #: Outside-iteration keys that are not part of the training loop.
-_NOT_LOOP = ("startup", "warm-up", "shutdown", "before window", "after window", "unfinished")
+_NOT_LOOP = ("startup", "warm-up", "shutdown", "before window", "after window", "unfinished",
+             "agent")  # (the agent's own checks: its overhead, not the loop's)
 
 
 #: Phase keys of the model's own work.
@@ -354,8 +359,11 @@ def _figures(stats: RunStats, gpu: GpuEvidence | None) -> dict[str, float]:
     fig["compute_own_share"] = sum(fig[f"{k}_own_share"] for k in _COMPUTE)
     fig["gc_ms"] = float(getattr(stats, "gc_total_ms", 0.0) or 0.0)
     fig["gc_share"] = _share(fig["gc_ms"], host_total)
-    # the model's own work: the collections inside the phases are the collector's
-    fig["compute_net_share"] = max(0.0, fig["compute_own_share"] - fig["gc_share"])
+    fig["comm_ms"] = communication.comm_ms(stats)
+    fig["comm_share"] = _share(fig["comm_ms"], host_total)
+    # the model's own work: the collections and the communication inside the phases are not
+    fig["compute_net_share"] = max(0.0, fig["compute_own_share"] - fig["gc_share"]
+                                   - fig["comm_share"])
     fig["extension_share"] = _share(fig["extension_ms"], fig["loop_ms"])
     whole = sync_ms(stats)
     if whole is not None:
@@ -380,6 +388,8 @@ def _candidates(stats: RunStats, fig: dict[str, float],
     out: list[tuple[str, float, float]] = []
     if fig["extension_share"] >= EXTENSION_SHARE:
         out.append(("extension-bound", fig["extension_ms"], fig["extension_share"]))
+    if fig["comm_share"] >= COMM_SHARE:
+        out.append(("communication-bound", fig["comm_ms"], fig["comm_share"]))
     if gpu is not None:
         if gpu.limit == "gpu" and gpu.busy_share is not None:
             # the host's phase times hold its waits for the GPU: no host-side kind applies
@@ -905,9 +915,15 @@ def _balanced(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None) -
     return v
 
 
+def _communication(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
+                   replay: RunStats | None) -> Verdict:
+    return Verdict("communication-bound", communication.title(stats),
+                   communication.evidence(stats), communication.suggestions(stats))
+
+
 _BUILDERS = {"extension-bound": _extension, "input-bound": _input, "gc-bound": _gc,
              "host-bound": _host, "compute-bound": _compute, "GPU-bound": _gpu_bound,
-             "host- and GPU-bound": _both}
+             "host- and GPU-bound": _both, "communication-bound": _communication}
 
 
 def _notes(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None) -> list[str]:

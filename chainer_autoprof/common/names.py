@@ -41,6 +41,11 @@ FUNCTION = "function"
 #: The agent's own waits for the GPU (sync level 1 and above): recorded for the summary and
 #: the trace, never an NVTX range (the CUDA API row already shows the synchronize call).
 GPU_WAIT = "gpu_wait"
+#: The agent's own work on a program's thread between its iterations (its run-time checks
+#: after the first updates): recorded for the summary and the trace as the agent's time,
+#: never an NVTX range.
+AGENT = "agent"
+AGENT_CHECKS = "chainer_autoprof: run-time checks"
 
 #: category -> (level, ARGB colour)
 CATEGORIES: dict[str, tuple[int, int]] = {
@@ -58,6 +63,7 @@ CATEGORIES: dict[str, tuple[int, int]] = {
     LINK_BACKWARD: (LINK_LEVEL, 0xFFBDEBFF),
     FUNCTION: (FUNCTION_LEVEL, 0xFFC8C8C8),
     GPU_WAIT: (ITERATION_LEVEL, 0xFFB0413E),
+    AGENT: (ITERATION_LEVEL, 0xFF9E9E9E),
 }
 
 #: category -> its number (``RangeInfo.category_index``), and its bit in a sink's category mask.

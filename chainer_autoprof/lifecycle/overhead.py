@@ -3,7 +3,8 @@
 At exit the cost of one recorded range (tracer begin/end plus the recorder)
 and of one instrumented call that emits nothing (the wrapper) are measured
 on a scratch tracer; the estimate is ``ranges x range cost + wrapper calls x
-wrapper cost + the aggregation time actually measured``.
+wrapper cost + the aggregation time actually measured + the run-time checks' time
+measured on the program's thread``.
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ def estimate(recorder: Recorder, granularity_level: int, hits: int,
         return 0.0, f"{impl.describe()} hot path; not measured ({type(exc).__name__}: {exc})"
     ranges = recorder.agg.ranges
     quiet_calls = max(0, hits - ranges)
-    total_ns = ranges * range_ns + quiet_calls * call_ns + recorder.flush_ns
+    total_ns = ranges * range_ns + quiet_calls * call_ns + recorder.flush_ns + recorder.own_ns
+    checks = f" + {recorder.own_ns / 1e6:.1f} ms run-time checks" if recorder.own_ns else ""
     method = (f"{impl.describe()} hot path; "
               f"calibrated at exit: {ranges:,} ranges x {range_ns / 1000:.2f} us"
               f" + {quiet_calls:,} other instrumented calls x {call_ns / 1000:.2f} us"
-              f" + {recorder.flush_ns / 1e6:.1f} ms aggregation")
+              f" + {recorder.flush_ns / 1e6:.1f} ms aggregation{checks}")
     return total_ns / 1e6, method
 
 

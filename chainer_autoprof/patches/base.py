@@ -144,7 +144,7 @@ class Patch:
         """The wrapper of ``original`` (``method``: it is found in a class)."""
         if method and not isinstance(original, types.FunctionType) \
                 and hotpath.wrapper_switch(original) is None:  # (another patch's wrapper)
-            raise TypeError(f"{self.attr} is a {type(original).__name__}, not a function")
+            original = as_method(original, self.attr)
         hooks, impl = self._hooks, self.impl
         if isinstance(hooks, Around):
             return impl.around(original, self.switch, hooks.enter, hooks.exit, self.fail,
@@ -173,19 +173,22 @@ class Patch:
                 return
             self._wrap_class(self.owner)
             if self.subclasses and isinstance(self.owner, type):
-                missed = []
                 for cls in _all_subclasses(self.owner):
-                    try:
-                        self._wrap_class(cls, only_own=True)
-                    except Exception as exc:  # one odd subclass must not cost the rest  # noqa: BLE001
-                        missed.append(f"{qualified_name(cls)} ({type(exc).__name__}: {exc})")
-                if missed:
-                    self.reason = "not wrapped: " + "; ".join(missed)
+                    self._wrap_subclass(cls)
                 self._hook_future_subclasses()
             self.status = "patched"
         except Exception as exc:  # contain: never break the user's import  # noqa: BLE001
             self.remove()
             self.status, self.reason = "failed", f"{type(exc).__name__}: {exc}"
+
+    def _wrap_subclass(self, cls: Any) -> None:
+        """Wrap a subclass's own attribute; one that cannot be wrapped (``__call__ = None``)
+        is left as it is and named in the status, the other classes stay instrumented."""
+        try:
+            self._wrap_class(cls, only_own=True)
+        except Exception as exc:  # one odd subclass must not cost the rest  # noqa: BLE001
+            missed = f"{qualified_name(cls)} ({type(exc).__name__}: {exc})"
+            self.reason = f"{self.reason}; {missed}" if self.reason else f"not wrapped: {missed}"
 
     def _wrap_class(self, cls: Any, only_own: bool = False) -> None:
         own = getattr(cls, "__dict__", {})
@@ -218,10 +221,7 @@ class Patch:
             else:
                 super(base, cls).__init_subclass__(**kwargs)
             if patch.on and patch.status == "patched" and patch.attr in cls.__dict__:
-                try:
-                    patch._wrap_class(cls, only_own=True)
-                except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
-                    patch.fail(exc)
+                patch._wrap_subclass(cls)
 
         __init_subclass__._chainer_autoprof = True  # type: ignore[attr-defined]
         base.__init_subclass__ = classmethod(__init_subclass__)
@@ -253,6 +253,28 @@ class Patch:
         if self.status == "patched":
             self.status = "removed"
         self.owners.clear()
+
+
+def as_method(attribute: Any, attr: str) -> AnyFunction:
+    """A class attribute that is no plain function (a ``functools.partialmethod``, a
+    ``staticmethod`` or ``classmethod``, a callable object, any descriptor) as the function
+    ``method(self, *args)`` that calls what Python itself would: ``type(self).attr`` bound to
+    the instance through its ``__get__``, or, without one, the object as it is.  The
+    wrappers take a function of the instance; the original stays the one restored."""
+    get = getattr(type(attribute), "__get__", None)
+    if get is None and not callable(attribute):
+        raise TypeError(f"{attr} is a {type(attribute).__name__}, which cannot be called")
+    if get is None:
+        def method(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+            return attribute(*args, **kwargs)
+    else:
+        def method(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+            return get(attribute, self, type(self))(*args, **kwargs)
+    method.__name__ = attr
+    method.__qualname__ = str(getattr(attribute, "__qualname__", attr))
+    method.__doc__ = getattr(attribute, "__doc__", None)
+    method.__wrapped__ = attribute  # type: ignore[attr-defined]  # (what introspection unwraps to)
+    return method
 
 
 def _all_subclasses(cls: type) -> list[type]:

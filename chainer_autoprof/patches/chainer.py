@@ -311,8 +311,16 @@ class ChainerPatches(Instrumentor):
         def source_of(instance: Any, args: Args) -> Any:
             return (args[0] if args else None) if module_function else instance
 
+        def examples(args: Args, kwargs: Kwargs) -> int:
+            """The examples a converter is handed (its ``batch``: a list or tuple of them)."""
+            if is_iterator:
+                return 0
+            at = 1 if module_function else 0
+            batch = args[at] if len(args) > at else kwargs.get("batch")
+            return len(batch) if type(batch) is list or type(batch) is tuple else 0
+
         def close_data(ts: ThreadState, instance: Any, result: Any,
-                       exc: BaseException | None) -> None:
+                       exc: BaseException | None, converted: int = 0) -> None:
             try:
                 tracer.end_phase(ts)
                 if exc is not None and ts.iter_busy and not ts.iter_counts:
@@ -322,8 +330,15 @@ class ChainerPatches(Instrumentor):
                         tracer.end_iteration(ts)
             except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
+            if exc is None:
+                # the samples this step trains on, as many batches as it takes (gradient
+                # accumulation), each as long as it is (a partial last one)
+                ts.iter_converted += converted
+                if is_iterator and (type(result) is list or type(result) is tuple):
+                    ts.iter_samples += len(result)
             if is_iterator and type(result) is list:
-                facts["batch_size"] = len(result)
+                # the batch size: the longest training batch (not a partial last one)
+                facts["batch_size"] = max(len(result), facts.get("batch_size") or 0)
                 facts.setdefault("iterator", type(instance).__name__)
 
         if replay is not None:
@@ -337,17 +352,23 @@ class ChainerPatches(Instrumentor):
                 except BaseException as exc:
                     close_data(ts, instance, None, exc)
                     raise
-                close_data(ts, instance, result, None)
+                close_data(ts, instance, result, None, examples(args, kwargs))
                 return result
 
             return Body(body)
 
         def enter(instance: Any, args: Args, kwargs: Kwargs) -> Any:
             ts = state()
-            return (ts, instance) if open_data(ts, source_of(instance, args)) else None
+            if not open_data(ts, source_of(instance, args)):
+                return None
+            try:
+                return (ts, instance, examples(args, kwargs))
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
+                patch.fail(exc)
+                return (ts, instance, 0)
 
         def exit(st: Any, result: Any, exc: BaseException | None) -> None:
-            close_data(st[0], st[1], result, exc)
+            close_data(st[0], st[1], result, exc, st[2])
 
         return Around(enter, exit)
 

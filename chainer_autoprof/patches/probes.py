@@ -2,7 +2,11 @@
 
 What is looked at, and when:
 
-* when the first training ``Optimizer.update`` of the run returns (once): the
+* when the first training ``Optimizer.update`` of the run returns (once; this
+  and the counting hook's start and end are the agent's own time on the
+  program's thread, told to ``own_work``: the summary's "agent's own work",
+  not the program's idle time; inside an updater's iteration they wait for
+  its end, so that they are never the iteration's time either): the
   Chainer configuration in force (``type_check``, ``autotune``, ``use_cudnn``,
   ``enable_backprop``), CUDA/cuDNN availability, the optimizer's parameters
   (count, dtypes, devices), convolution links and their devices, and NumPy's
@@ -25,6 +29,7 @@ into the trace.  A probe's own error turns that probe off, reported once.
 
 from __future__ import annotations
 
+import functools
 import sys
 from time import perf_counter_ns, thread_time_ns
 from typing import TYPE_CHECKING, Any, Callable
@@ -64,9 +69,13 @@ class Probes(Instrumentor):
     reported = False
     requires = ("chainer",)
 
-    def __init__(self, tracer: Tracer, count_iteration: int = COUNT_ITERATION) -> None:
+    def __init__(self, tracer: Tracer, count_iteration: int = COUNT_ITERATION,
+                 own_work: Callable[[int, int], None] | None = None) -> None:
         super().__init__(tracer.hotpath)
         self.tracer = tracer
+        #: told of each stretch of the probes' own work on the program's thread (t0, t1 on
+        #: the tracer's clock): the agent's time, shown as such (the recorder's row)
+        self.own_work = own_work
         self.facts: dict[str, Any] = tracer.facts
         self.count_iteration = count_iteration
         self.chainer: Any = None  # the chainer module once applied (read only after)
@@ -127,14 +136,32 @@ class Probes(Instrumentor):
             # not inside an extension, inference, a trainer's gap
             return (instance,) if not state().quiet else None
 
-        def exit(st: Any, result: Any, exc: BaseException | None) -> None:
-            if exc is not None:
-                return
+        clock = self.tracer.clock
+
+        def check(optimizer: Any) -> None:
+            t0 = clock()
             try:
-                self._after_training_update(st[0])
+                self._after_training_update(optimizer)
             except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
                 patch.fail(err)
                 self.close()
+            own_work = self.own_work
+            if own_work is not None:
+                own_work(t0, clock())
+
+        def exit(st: Any, result: Any, exc: BaseException | None) -> None:
+            if exc is not None:
+                return
+            ts = state()
+            if not ts.iter_busy:  # the step's update ended its iteration: between two
+                check(st[0])
+                return
+            # an updater's iteration (or a step still owing updates): after its end, so that
+            # the agent's time is never the iteration's
+            waiting = ts.after_iteration
+            if waiting is None:
+                waiting = ts.after_iteration = []
+            waiting.append(functools.partial(check, st[0]))
 
         return Around(enter, exit)
 

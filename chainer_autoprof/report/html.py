@@ -444,7 +444,7 @@ def key_figures(stats: RunStats, gpu: GpuEvidence | None = None) -> str:
         sps = stats.samples_per_second()
         rate = f"{figures.fixed(stats.iterations_per_second())} it/s"
         if sps:
-            rate += f", {figures.count(round(sps))} samples/s (batch {stats.batch_size})"
+            rate += f", {figures.count(round(sps))} samples/s ({stats.samples_text()})"
         shown.append(("throughput", rate))
     shown.append(("wall time", _ms(stats.wall_ms)))
     settings = meta.get("settings") or {}
@@ -685,6 +685,8 @@ padding:1px 8px;font-weight:700;margin:0 0 6px}
 .kind-GPU-bound{border-left-color:#2e7d32}.kind-GPU-bound .kind{background:#2e7d32}
 .kind-host-bound{border-left-color:#3d85c6}.kind-host-bound .kind{background:#3d85c6}
 .kind-gc-bound{border-left-color:#5a5a5a}.kind-gc-bound .kind{background:#5a5a5a}
+.kind-communication-bound{border-left-color:#8b4513}
+.kind-communication-bound .kind{background:#8b4513}
 .kind-balanced .kind,.kind-unknown .kind{background:#888}
 .verdict .title{font-size:15px;font-weight:600;margin:0 0 6px}
 .evidence li,.suggest li{margin:2px 0}.note,.also{color:var(--muted);margin:6px 0 0}

@@ -33,10 +33,16 @@ that is somewhere else while the others wait in the collective.
 Per-rank statistics need no alignment: the first ``warmup`` iterations of each
 rank (the recorder's setting, or ``--warmup``) are left out; communication is
 the time in ``comm:*`` ranges inside the counted iterations; compute is the
-rest of the iteration.  In a data-parallel job every rank waits in the
-gradient all-reduce for the slowest one, so the rank with the most compute per
-iteration is the straggler and the others' extra communication time is how
-long it holds them back.
+rest of the iteration.  Every figure per iteration is a mean over the counted
+iterations, so that the columns add up (iteration = communication + compute;
+medians of parts do not sum to the median of the whole when iterations are
+uneven).  In a data-parallel job every rank waits in the gradient all-reduce
+for the slowest one, so the rank with the most compute per iteration is the
+straggler and the others' extra communication time is how long it holds them
+back.  A rank's wait in one iteration is its communication time beyond the
+fastest rank's in the same (k-th counted) iteration; the longest one is always
+said, and the ranks are called balanced only when the waits are under
+:data:`BALANCED_SHARE` of the iteration time on average and in every iteration.
 """
 
 from __future__ import annotations
@@ -106,10 +112,14 @@ class RankRow(TypedDict):
     iterations: int
     iteration_ms_median: float
     iteration_ms_mean: float
+    #: means per counted iteration: iteration_ms_mean = comm + compute
     comm_ms_per_iteration: float
     comm_share: float
     compute_ms_per_iteration: float
     comm_outside_iterations_ms: float
+    #: the most communication in one counted iteration, and the longest wait for another rank
+    comm_ms_max: float
+    wait_ms_max: float
 
 
 class Straggler(TypedDict):
@@ -123,6 +133,11 @@ class Straggler(TypedDict):
     held_back_ms_per_iteration: float
     held_back_share: float
     balanced: bool
+    #: the longest wait of any rank for another in one counted iteration: how long, which
+    #: rank waited, in which counted iteration (from 0, after the warm-up)
+    longest_wait_ms: float
+    longest_wait_rank: int | None
+    longest_wait_iteration: int
 
 
 class Positions(TypedDict):
@@ -164,21 +179,26 @@ class RankStats:
     iteration_ms: list[float] = field(default_factory=list)
     comm_ms: list[float] = field(default_factory=list)
     comm_outside_ms: float = 0.0
+    #: per counted iteration: communication beyond the fastest rank's (:func:`note_waits`)
+    wait_ms: list[float] = field(default_factory=list)
 
     @property
     def compute_ms(self) -> list[float]:
         return [it - c for it, c in zip(self.iteration_ms, self.comm_ms)]
 
     def as_dict(self) -> RankRow:
+        iteration, comm = _mean(self.iteration_ms), _mean(self.comm_ms)
         return {
             "label": self.label, "rank": self.rank, "host": self.host, "pid": self.pid,
             "child": self.child, "iterations": self.iterations,
             "iteration_ms_median": median(self.iteration_ms),
-            "iteration_ms_mean": _mean(self.iteration_ms),
-            "comm_ms_per_iteration": median(self.comm_ms),
-            "comm_share": _share(median(self.comm_ms), median(self.iteration_ms)),
-            "compute_ms_per_iteration": median(self.compute_ms),
+            "iteration_ms_mean": iteration,
+            "comm_ms_per_iteration": comm,
+            "comm_share": _share(comm, iteration),
+            "compute_ms_per_iteration": iteration - comm,
             "comm_outside_iterations_ms": self.comm_outside_ms,
+            "comm_ms_max": max(self.comm_ms, default=0.0),
+            "wait_ms_max": max(self.wait_ms, default=0.0),
         }
 
 
@@ -328,19 +348,48 @@ def rank_stats(inp: Input, events: list[object], warmup: int | None) -> RankStat
         comm_outside_ms=outside / 1e6)
 
 
+def _ranks(stats: list[RankStats]) -> list[RankStats]:
+    """The ranks of the job (children and processes without a rank left out)."""
+    return [s for s in stats if not s.child and s.iterations and s.rank is not None]
+
+
+def note_waits(stats: list[RankStats]) -> None:
+    """Each rank's wait per counted iteration: its communication time beyond the fastest
+    rank's in the same (k-th counted) iteration, what it spent waiting for the others."""
+    ranks = _ranks(stats)
+    if len(ranks) < 2:
+        return
+    n = min(len(s.comm_ms) for s in ranks)
+    fastest = [min(s.comm_ms[k] for s in ranks) for k in range(n)]
+    for s in ranks:
+        s.wait_ms = [s.comm_ms[k] - fastest[k] for k in range(n)]
+
+
 def straggler(stats: list[RankStats]) -> Straggler | None:
-    """The rank the others wait for, and for how long (``None`` with fewer than two ranks)."""
-    ranks = [s for s in stats if not s.child and s.iterations and s.rank is not None]
+    """The rank the others wait for, and for how long (``None`` with fewer than two ranks).
+
+    Means per counted iteration throughout (a rank slow in some iterations only holds the
+    others back by its total, which a median of the iterations leaves out)."""
+    ranks = _ranks(stats)
     if len(ranks) < 2:
         return None
-    slow = max(ranks, key=lambda s: median(s.compute_ms))
+    slow = max(ranks, key=lambda s: _mean(s.compute_ms))
     others = [s for s in ranks if s is not slow]
-    slow_compute = median(slow.compute_ms)
-    others_compute = median([median(s.compute_ms) for s in others])
-    slow_comm = median(slow.comm_ms)
-    waits = [max(0.0, median(s.comm_ms) - slow_comm) for s in others]
-    held_back = median(waits)
-    others_iter = median([median(s.iteration_ms) for s in others])
+    slow_compute = _mean(slow.compute_ms)
+    others_compute = _mean([_mean(s.compute_ms) for s in others])
+    slow_comm = _mean(slow.comm_ms)
+    held_back = _mean([max(0.0, _mean(s.comm_ms) - slow_comm) for s in others])
+    others_iter = _mean([_mean(s.iteration_ms) for s in others])
+    longest, who, when = 0.0, None, -1
+    for s in ranks:
+        for k, wait in enumerate(s.wait_ms):
+            if wait > longest:
+                longest, who, when = wait, s.rank, k
+    iteration = median([median(s.iteration_ms) for s in ranks])
+    waits = [_mean(s.wait_ms) for s in ranks]
+    balanced = (_share(held_back, others_iter) < BALANCED_SHARE
+                and _share(max(waits), iteration) < BALANCED_SHARE
+                and _share(longest, iteration) < BALANCED_SHARE)
     return {
         "rank": slow.rank, "label": slow.label,
         "compute_ms_per_iteration": slow_compute,
@@ -348,7 +397,8 @@ def straggler(stats: list[RankStats]) -> Straggler | None:
         "extra_compute_ms_per_iteration": slow_compute - others_compute,
         "held_back_ms_per_iteration": held_back,
         "held_back_share": _share(held_back, others_iter),
-        "balanced": _share(held_back, others_iter) < BALANCED_SHARE,
+        "balanced": balanced,
+        "longest_wait_ms": longest, "longest_wait_rank": who, "longest_wait_iteration": when,
     }
 
 
@@ -407,6 +457,7 @@ def merge(paths: Sequence[str], output: str, method: str = "auto",
     for i in inputs:
         if i.stats is not None:
             i.stats.label = i.label
+    note_waits(stats)
     snaps = [snap for snap in (last_position(i) for i in inputs if not i.child) if snap]
     found = odd_one_out([position(snap) for snap in snaps]) if len(snaps) > 1 else None
     summary: MergeSummary = {
@@ -463,13 +514,21 @@ def format_summary(summary: MergeSummary, output: str) -> str:
     lines = [f"merged {len(rows)} trace(s) into {output} (clocks: "
              f"{', '.join(methods) if methods else 'one process'})", ""]
     header = (f"  {'process':<28} {'iters':>6} {'iter ms':>9} {'comm ms':>9} {'comm':>5} "
-              f"{'compute ms':>10}")
+              f"{'compute ms':>10} {'longest wait ms':>15}")
     lines.append(header)
     for r in rows:
-        lines.append(f"  {r['label']:<28} {r['iterations']:>6} {r['iteration_ms_median']:>9.2f} "
-                     f"{r['comm_ms_per_iteration']:>9.2f} {r['comm_share']:>5.0%} "
-                     f"{r['compute_ms_per_iteration']:>10.2f}")
-    lines.append("  (medians per iteration; comm: time in comm:* ranges, compute: the rest)")
+        # shown as they add up: compute = iteration - communication, each as printed
+        iteration, comm = round(r["iteration_ms_mean"], 2), round(r["comm_ms_per_iteration"], 2)
+        lines.append(f"  {r['label']:<28} {r['iterations']:>6} {iteration:>9.2f} {comm:>9.2f} "
+                     f"{r['comm_share']:>5.0%} {iteration - comm:>10.2f} "
+                     f"{r.get('wait_ms_max', 0.0):>15.2f}")
+    lines += ["  (means per counted iteration, iter ms = comm ms + compute ms; iter: the "
+              "iteration's time;",
+              "   comm: in comm:* ranges, waiting for the other ranks included; compute: the "
+              "rest (data,",
+              "   forward, backward, the update's own work); longest wait: the most one "
+              "iteration spent",
+              "   in comm beyond the fastest rank's)"]
     slow = summary.get("straggler")
     if slow is not None:
         lines += ["", f"slowest rank (straggler): {slow['rank']}: "
@@ -478,9 +537,15 @@ def format_summary(summary: MergeSummary, output: str) -> str:
                       f"the others wait {slow['held_back_ms_per_iteration']:.2f} ms per "
                       f"iteration for it ({slow['held_back_share']:.0%} of their iteration "
                       "time)"]
+        longest = (f"the longest wait: {slow['longest_wait_ms']:.2f} ms, rank "
+                   f"{slow['longest_wait_rank']} in counted iteration "
+                   f"{slow['longest_wait_iteration']}") \
+            if slow.get("longest_wait_rank") is not None else "no rank waited for another"
         if slow["balanced"]:
             lines.append(f"  the ranks are balanced (waits under {BALANCED_SHARE:.0%} of the "
-                         "iteration time)")
+                         f"iteration time on average and in every iteration; {longest})")
+        else:
+            lines.append(f"  {longest}")
     where = summary.get("where") or {}
     if where.get("positions"):
         lines += ["", side_by_side(where["positions"],

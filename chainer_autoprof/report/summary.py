@@ -25,12 +25,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from ..analysis import communication
 from ..analysis.advice import Finding, check
 from ..analysis.gpu_evidence import Waits, busy_text, gather, on_gpu, waits
 from ..analysis.gpu_figures import GpuFigures
 from ..analysis.outliers import OUTLIER_FACTOR, SlowIteration, slow_iterations, stutter
 from ..analysis.stats import (
     AFTER_WINDOW,
+    AGENT_OWN,
     BEFORE_WINDOW,
     IDLE,
     PHASE_KEYS,
@@ -85,6 +87,8 @@ WAIT_LABEL = "waiting for the GPU (agent's sync)"
 WAIT_INSIDE_LABEL = "of which waiting for the GPU"
 SYNC_LABEL = "the agent's synchronize calls"
 SYNC_INSIDE_LABEL = "of which the agent's synchronize"
+#: Communication inside the counted iterations (in the phases above: the update's all-reduce).
+COMM_LABEL = "of those, communication (comm:*)"
 
 OUTSIDE_LABELS = {
     "wait for GPU": "waiting for the GPU (agent's sync)",
@@ -95,10 +99,11 @@ OUTSIDE_LABELS = {
     SHUTDOWN: "after the last iteration",
     UNFINISHED: "unfinished (the run did not end)",
     AFTER_WINDOW: "after the capture window",
+    AGENT_OWN: "the agent's own work (overhead)",
 }
 
 #: Outside-iteration keys that are not part of the training loop.
-_NOT_LOOP = (STARTUP, BEFORE_WINDOW, WARMUP, SHUTDOWN, AFTER_WINDOW, UNFINISHED)
+_NOT_LOOP = (STARTUP, BEFORE_WINDOW, WARMUP, SHUTDOWN, AFTER_WINDOW, UNFINISHED, AGENT_OWN)
 
 _OUTSIDE_ORDER = {STARTUP: 0, BEFORE_WINDOW: 0, WARMUP: 1, IDLE: 8, SHUTDOWN: 9, AFTER_WINDOW: 9,
                   UNFINISHED: 9}
@@ -174,7 +179,7 @@ def _iteration_lines(stats: RunStats) -> list[str]:
     rate = f"{figures.fixed(stats.iterations_per_second())} it/s"
     sps = stats.samples_per_second()
     if sps is not None:
-        rate += f", {figures.count(round(sps))} samples/s (batch {stats.batch_size})"
+        rate += f", {figures.count(round(sps))} samples/s ({stats.samples_text()})"
     lines.append(f"  iteration time  median {fmt_ms(stats.median())}, p95 {fmt_ms(stats.p95())}; "
                  + rate)
     if stats.sample_stride > 1:
@@ -200,6 +205,7 @@ def _time_table(stats: RunStats) -> list[str]:
         else:
             lines.append("      (no phase ranges: granularity iteration)")
             lines += _wait_rows(stats, waited, "other")
+        lines += _comm_rows(stats)
         total = stats.iteration_total_ms
         lines.append(_row("  all counted iterations", fmt_ms(total), "100%",
                           fmt_pct(stats.wall_share(total)), fmt_ms(stats.median())))
@@ -214,6 +220,16 @@ def _time_table(stats: RunStats) -> list[str]:
         lines.append("    (~ estimated: the agent's waits were not recorded where they happened; "
                      "they come from the run's total wait)")
     return lines
+
+
+def _comm_rows(stats: RunStats) -> list[str]:
+    """Communication (ChainerMN's ``comm:*``) inside the phases above, a row of its own."""
+    total = communication.comm_ms(stats)
+    if total <= 0:
+        return []
+    share = total / stats.iteration_total_ms if stats.iteration_total_ms > 0 else 0.0
+    return [_row("  " + COMM_LABEL, fmt_ms(total), fmt_pct(share),
+                 fmt_pct(stats.wall_share(total)), fmt_ms(median(stats.comm_ms)))]
 
 
 def _phase_rows(stats: RunStats, key: str, waited: Waits) -> list[str]:
@@ -566,6 +582,9 @@ def dominant_sentence(stats: RunStats) -> str:
         each = " each" if len(tied) > 1 else ""
         return (f"{words} {fmt_pct(share)} of each iteration{each} (the agent's "
                 f"{what}, {fmt_pct(waited.total_ms / stats.iteration_total_ms)}, left out).")
+    comm = communication.sentence(stats)
+    if comm is not None:
+        return comm
     phase = stats.dominant_phase() or "other"
     keys = PHASE_KEYS if stats.has_phases else ("other",)
     tied = leaders({k: stats.phase_share(k) for k in keys}, fmt_pct)

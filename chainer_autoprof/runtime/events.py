@@ -314,6 +314,7 @@ class Tracer:
         ts.iter_counts = explicit
         ts.iter_owed = ts.iter_trained = ts.iter_by_data = False
         ts.iter_opener = opener
+        ts.iter_samples = ts.iter_converted = 0
         ts.iter_tok = self.begin(self.info(names.ITERATION, names.ITERATION), ts)
 
     def end_iteration(self, ts: ThreadState) -> None:
@@ -324,6 +325,11 @@ class Tracer:
             token = self._no_update(ts, 0)
         self.end(token, ts)
         self._iteration_over(ts)
+        waiting = ts.after_iteration
+        if waiting:
+            ts.after_iteration = None
+            for work in waiting:
+                work()  # (the agent's own: contains its errors)
 
     def _iteration_over(self, ts: ThreadState) -> None:
         """Forget the iteration of ``ts`` (its range ended, or is no longer ours to end)."""
@@ -331,6 +337,7 @@ class Tracer:
         ts.iter_busy = ts.iter_explicit = ts.iter_counts = ts.iter_owed = False
         ts.iter_trained = ts.iter_by_data = False
         ts.iter_opener = None
+        ts.iter_samples = ts.iter_converted = 0
         ts.step_links.clear()
         ts.step_optimizers.clear()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from ..common import names
 
@@ -42,6 +42,7 @@ class ThreadState:
     """Per-thread state: the open ranges and the training-loop state machine."""
 
     __slots__ = (
+        "after_iteration",
         "await_update",
         "bwd_link",
         "bwd_link_tok",
@@ -50,10 +51,12 @@ class ThreadState:
         "in_trainer",
         "iter_busy",
         "iter_by_data",
+        "iter_converted",
         "iter_counts",
         "iter_explicit",
         "iter_opener",
         "iter_owed",
+        "iter_samples",
         "iter_tok",
         "iter_trained",
         "links",
@@ -63,6 +66,7 @@ class ThreadState:
         "phase_tok",
         "quiet",
         "record",
+        "record_samples",
         "stack",
         "step_links",
         "step_optimizers",
@@ -83,6 +87,9 @@ class ThreadState:
         self.iter_trained = False   # ...a phase other than data began in it
         self.iter_by_data = False   # ...a batch fetched or converted opened it
         self.iter_opener: int | None = None  # id() of what opened the implicit one
+        # ...the samples its training batches held: fetched from an iterator, converted
+        self.iter_samples = 0
+        self.iter_converted = 0
         self.by_updater = False     # this thread trains in an updater: outside one, no training
         # the patches': outermost links called in the step (id -> weak reference), the ids of
         # the optimizers updated in it, the id() of the data source whose fetch began the last
@@ -101,3 +108,8 @@ class ThreadState:
         self.user: list[RangeInfo | None] = []  # tokens of the open annotate() blocks
         self.in_trainer = 0         # >0 inside Trainer.run
         self.record: Any = None     # the recorder sink's per-thread buffer
+        #: the recorder's: ``(t1, samples)`` of this thread's iterations not yet aggregated
+        self.record_samples: list[tuple[int, int]] | None = None
+        #: the agent's own work waiting for this thread's iteration to end (the probes'
+        #: checks in an updater's iteration): run after it, between two iterations
+        self.after_iteration: list[Callable[[], None]] | None = None

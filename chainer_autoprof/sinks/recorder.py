@@ -88,6 +88,7 @@ class Recorder:
         #: the wait rows' names, by the category of the range they lie in (made at the first
         #: wait on a GPU, so that a CPU run registers no name it never uses)
         self._wait_infos: dict[str, RangeInfo] | None = None
+        self._own_info: RangeInfo | None = None  # the agent's own checks (made at the first)
         self._wait_outside: Any = None
         sync = getattr(tracer, "sync", None)
         # (the waits are timed with perf_counter_ns: the tracer's clock, unless a test's own)
@@ -115,6 +116,7 @@ class Recorder:
         self.gpu: GpuPhaseTimer | None = None
         self.gpu_checked = False
         self.fork_child = False
+        self.own_ns = 0  # the agent's own work on the program's threads (own_work)
 
     # -- sink protocol ------------------------------------------------------
     def prepare(self, info: RangeInfo) -> None:
@@ -126,6 +128,12 @@ class Recorder:
     def _iteration_ended(self, buf: list[tuple[int, int, int, int]], t0: int, t1: int,
                          ts: ThreadState) -> None:
         number = self.tracer.iterations  # this iteration's number + 1
+        samples = ts.iter_samples or ts.iter_converted  # the iterator's count, else the converter's
+        if samples:
+            pending = ts.record_samples
+            if pending is None:
+                pending = ts.record_samples = []
+            pending.append((t1, samples))  # before the row: a flush taking the row finds it
         buf.append((self._iter_info.index, t0, t1, len(ts.stack) | (number << DEPTH_BITS)))
         self.iterations_ended += 1
         if not self.gpu_checked and (self.tracer.sync.devices or self._test_events):
@@ -182,14 +190,36 @@ class Recorder:
         self._wait_outside = outside
         return infos
 
+    # -- the agent's own work on a program's thread ---------------------------------
+    def own_work(self, t0: int, t1: int) -> None:
+        """The agent worked on this thread from ``t0`` to ``t1`` (the tracer's clock): its
+        run-time checks after the first updates.  A row of its own (category ``agent``)
+        under the innermost open range, so that the summary shows it as the agent's time
+        (and the overhead figure counts it), never as the program's idle time between
+        iterations; never NVTX.  Never raises."""
+        if self.closed or t1 <= t0:
+            return
+        try:
+            info = self._own_info
+            if info is None:
+                info = self._own_info = self.tracer.info(names.AGENT_CHECKS, names.AGENT)
+                info.sync = False
+            self.native.end(info, t0, t1, self.tracer.state())
+            self.own_ns += t1 - t0
+        except Exception as exc:  # our error: the row is missing, the training goes on  # noqa: BLE001
+            log.error(f"recorder: {type(exc).__name__}: {exc}; the agent's own checks are "
+                      "not recorded")
+
     # -- aggregation ----------------------------------------------------------
     def _flush_thread(self, ts: ThreadState) -> None:
         if ts.record:
             self._absorb(ts.tid, None, ts)
 
-    def _absorb(self, tid: int, block: RangeRows | None, ts: ThreadState | None = None) -> None:
+    def _absorb(self, tid: int, block: RangeRows | None, ts: ThreadState | None = None,
+                samples: list[tuple[int, int]] | None = None) -> None:
         """Aggregate ``block``, or the buffer of ``ts`` taken under the lock: a thread that
-        waits for the lock keeps its rows where another's flush (the exit's) finds them."""
+        waits for the lock keeps its rows where another's flush (the exit's) finds them.
+        ``samples``: ``(t1, samples)`` of iterations among the rows (else ``ts``'s)."""
         with self._lock:
             if ts is not None and not ts.record:
                 return
@@ -198,8 +228,10 @@ class Recorder:
             try:
                 if ts is not None:  # the rows, the thread's buffer emptied
                     block = _rows(self.native.take(ts))
+                    if ts.record_samples:  # (taken after the rows: see feed)
+                        samples, ts.record_samples = ts.record_samples, []
                 assert block is not None
-                self.agg.feed(tid, block)
+                self.agg.feed(tid, block, samples)
                 if self.keep:
                     self._retain(tid, block)
                 handover = self.gpu_handover
@@ -239,10 +271,12 @@ class Recorder:
         if self.closed:
             return
         self._flush_thread(ts)
-        self._absorb(ts.tid, np.array(
-            [(info.index, t0, max(t0, end_ns), depth)
-             for depth, (info, t0) in reversed(list(enumerate(entries)))],
-            dtype=np.int64).reshape(-1, 4))
+        rows = np.array([(info.index, t0, max(t0, end_ns), depth)
+                         for depth, (info, t0) in reversed(list(enumerate(entries)))],
+                        dtype=np.int64).reshape(-1, 4)
+        samples = ts.iter_samples or ts.iter_converted  # an iteration cut short: its samples
+        ended = rows[rows[:, 0] == self._iter_info.index, 2].tolist() if samples else []
+        self._absorb(ts.tid, rows, samples=[(t1, samples) for t1 in ended] or None)
 
     def thread_ended(self, ts: ThreadState) -> None:
         """``ts``'s thread has ended: aggregate what it buffered; its figures may go."""
@@ -336,7 +370,8 @@ class Recorder:
 
         tracer = self.tracer
         figures.update(batch_size=tracer.facts.get("batch_size"), sync_level=tracer.sync.level,
-                       sync_calls=tracer.sync.calls, dropped_ranges=self.dropped)
+                       sync_calls=tracer.sync.calls, dropped_ranges=self.dropped,
+                       **self.agg.samples_of(threading.main_thread().native_id))
         return self.agg.result(end_ns, threading.main_thread().native_id,
                                meta=meta if meta is not None else {},
                                **record.stats_fields(figures))
