@@ -71,7 +71,7 @@ def report_run(recorder: Recorder, tracer: Tracer, cfg: Config, hits: int,
     meta = metadata(cfg, tracer, recorder, end_ns, extra_meta)
     stats = recorder.run_stats(end_ns, cost, meta)
     if gpu is not None:
-        stats.gpu_activity = dict(gpu.record)
+        stats.gpu_activity = gpu.record
     if cfg.trace and trace_path is not None:
         record.add(stats.meta, By.LIVE,
                    trace_path=_write_trace(recorder, tracer, trace_path(), stats, event_args,

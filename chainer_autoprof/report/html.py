@@ -505,7 +505,6 @@ def activity_html(stats: RunStats) -> str:
     if fig is None:
         return ""
     n = fig.iterations
-    record = stats.gpu_activity or {}
     parts = [("busy", fig.busy_ms, GPU_ROW_COLOR)]
     parts += [(IDLE_LABELS.get(k, k), v, IDLE_COLORS.get(k, OTHER_COLOR))
               for k, v in fig.idle_ms.items()]
@@ -548,10 +547,10 @@ def activity_html(stats: RunStats) -> str:
         f'<td class="name">'
         f'{_e(names.link_range_text(k["link"], k["backward"]) if k["link"] else "-")}'
         "</td></tr>" for k in fig.top_kernels)
-    notes = "".join(f'<p class="gpunote">{_e(line)}</p>' for line in record.get("notes") or [])
+    notes = "".join(f'<p class="gpunote">{_e(line)}</p>' for line in fig.notes)
     return (f'<div id="gpu-activity"><h3>GPU activity</h3>'
             f'<p class="gpunote">Busy {_e(figures.pct(fig.busy_share or 0.0))} of the GPU\'s '
-            f"time over {n} counted iterations ({_e(record.get('source', ''))}).</p>{bar}"
+            f"time over {n} counted iterations ({_e(fig.source)}).</p>{bar}"
             '<table class="gputable"><thead><tr><th>phase</th><th>host, median</th>'
             "<th>GPU kernel time launched, per iteration</th><th>kernels / iter</th>"
             "<th>copies, per iteration</th></tr></thead><tbody>" + phase_rows

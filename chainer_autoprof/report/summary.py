@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..analysis.advice import Finding, check
 from ..analysis.gpu_evidence import Waits, busy_text, gather, on_gpu, waits
-from ..analysis.gpu_figures import GpuFigures
+from ..analysis.gpu_record import GpuActivity, GpuFigures
 from ..analysis.outliers import OUTLIER_FACTOR, SlowIteration, slow_iterations, stutter
 from ..analysis.stats import (
     AFTER_WINDOW,
@@ -268,13 +268,10 @@ def _wait_rows(stats: RunStats, waited: Waits, key: str | None,
                  mark + fmt_pct(stats.wall_share(total)), med)]
 
 
-def activity(stats: RunStats) -> GpuFigures | None:
+def activity(stats: RunStats) -> GpuActivity | None:
     """The run's GPU activity figures (CUPTI), when it has counted iterations of them."""
-    record = stats.gpu_activity
-    if not record:
-        return None
-    fig = GpuFigures.from_dict(record)
-    return fig if fig.iterations else None
+    fig = stats.gpu_activity
+    return fig if fig is not None and fig.iterations else None
 
 
 #: What each idle cause of the GPU is, in the summary's words.
@@ -309,7 +306,7 @@ def _activity_lines(stats: RunStats, fig: GpuFigures) -> list[str]:
         lines.append(f"                  (kernels outside the counted iterations: warm-up "
                      f"{fmt_ms(fig.warmup_kernel_ms)}, outside iterations "
                      f"{fmt_ms(fig.outside_kernel_ms)})")
-    for note in (stats.gpu_activity or {}).get("notes") or []:
+    for note in stats.gpu_activity.notes if stats.gpu_activity is not None else []:
         lines.append(f"                  note: {note}")
     return lines
 

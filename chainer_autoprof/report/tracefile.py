@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from ..analysis import record
 from ..analysis.aggregate import Aggregator
-from ..analysis.gpu_figures import activity_record
+from ..analysis.gpu_record import GpuActivity, activity_record
 from ..analysis.shapes import MalformedError
 from ..analysis.stats import DEPTH_BITS, SHUTDOWN, UNFINISHED, RunStats
 from ..common.outputs import atomic_text
@@ -135,7 +135,7 @@ class Trace:
             stats.gpu_activity = self.gpu_activity()
         return _unfinished(stats)
 
-    def gpu_activity(self) -> dict[str, object] | None:
+    def gpu_activity(self) -> GpuActivity | None:
         """The GPU figures of a trace whose record holds none (written by another tool, or
         edited): its GPU events attributed again to its ranges."""
         from . import gpu_events, gpu_replay  # they read Trace: loaded when needed
@@ -145,9 +145,9 @@ class Trace:
         if fig is None:
             return None
         kernels = sum(int(p["kernels"]) for p in fig.phases.values())
-        return dict(activity_record(
+        return activity_record(
             fig, f"the trace's GPU kernel events, {kernels} kernels over {fig.iterations} "
-            "counted iterations, each tied again to the range that launched it", {}, []))
+            "counted iterations, each tied again to the range that launched it", {}, [])
 
 
 def _unfinished(stats: RunStats) -> RunStats:
