@@ -58,7 +58,7 @@ from .shapes import (
     section_of,
     shape,
 )
-from .stats import LinkStat, RunStats, SlowIteration
+from .stats import LinkStat, RunStats, SlowestEntry
 
 __all__ = ["RECORD", "RUN_STATS", "WHERE", "By", "MalformedError", "RecordError", "RunRecord",
            "add", "build", "check", "check_run_stats", "from_stats", "markdown", "stats_fields",
@@ -263,7 +263,7 @@ class MergeSummary(TypedDict, total=False):
 # -- the saved statistics: RunStats' own declaration -----------------------------------------------
 RUN_STATS = section_of(RunStats)
 LINK = section_of(LinkStat)
-SLOW = section_of(SlowIteration)
+SLOW = section_of(SlowestEntry)
 #: The record fields that feed RunStats (declared there, with a writer).
 _STATS_FIELDS: list[Field] = []
 

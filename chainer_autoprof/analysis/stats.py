@@ -74,7 +74,7 @@ _GC_ROW = Triple("gc", INT)
 _RANGE_ROW = Triple("ranges", TEXT)
 
 
-class SlowIteration(TypedDict, total=False):
+class SlowestEntry(TypedDict, total=False):
     """One of the slowest iterations (analysis/outliers.py)."""
 
     iteration: Annotated[int, F("its number", default=NEEDED)]
@@ -148,7 +148,7 @@ class RunStats:
         field(default_factory=list)
     gc_total_ms: Annotated[Ms, F("collection time inside counted iterations")] = 0.0
     #: The slowest counted iterations with what ran inside them (:mod:`.outliers`).
-    slowest: Annotated[List[SlowIteration], F("the slowest counted iterations")] = \
+    slowest: Annotated[List[SlowestEntry], F("the slowest counted iterations")] = \
         field(default_factory=list)
     #: The agent's own waits for the GPU inside the counted iterations, per phase key (the
     #: phase they lay in, ``other`` between phases): per counted iteration (same sample as
