@@ -161,7 +161,8 @@ def test_a_reader_takes_null_as_absent_and_defaults_from_the_declaration():
     assert record.value(meta, "clock.duration_ns") is None
     assert record.stats_fields(meta) == {
         "dropped_ranges": 0, "batch_size": None, "sync_level": 0, "sync_calls": 0,
-        "overhead_ms": 0.0, "overhead_method": "", "gpu_phase_ms": None, "gpu_activity": None}
+        "overhead_ms": 0.0, "overhead_method": "", "gpu_phase_ms": None, "gpu_activity": None,
+        "memory": None}
     with pytest.raises(MalformedError, match=r"chainer_autoprof\.facts\.gc\.ms\[1\] is 'x'"):
         record.check({"facts": {"gc": {"ms": [0.5, "x"]}}})
 
@@ -187,7 +188,7 @@ def test_run_stats_and_link_stat_fields_are_all_declared():
     feeding = [f for f in record.RECORD.fields if f.stats]
     assert {f.stats for f in feeding} == {"dropped_ranges", "batch_size", "sync_level",
                                           "sync_calls", "overhead_ms", "overhead_method",
-                                          "gpu_phase_ms", "gpu_activity"}
+                                          "gpu_phase_ms", "gpu_activity", "memory"}
     for f in feeding:  # the record's and the saved copy's kinds are one declaration
         assert record.RUN_STATS.by_name[f.stats].kind is f.kind
 

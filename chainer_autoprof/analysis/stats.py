@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, TypedDict
 
 from .gpu_record import GpuActivity
+from .memory import Memory
 from .shapes import INT, NEEDED, TEXT, Annotated, By, F, Int, ListOf, Ms, Triple, shape
 
 #: Keys of :attr:`RunStats.phase_ms`: the four phases and the rest of the iteration.
@@ -169,6 +170,10 @@ class RunStats:
         "GPU time per link, phase and iteration from CUPTI activity "
         "(CHAINER_PROF_GPU_ACTIVITY=1; null: not recorded)", by=By.EXIT,
         required=False)] = None
+    #: Memory at each counted iteration's end (:mod:`.memory`), where it could be read.
+    memory: Annotated[Optional[Memory], F(
+        "memory at each counted iteration's end: the process's resident memory, and CuPy's "
+        "pools where it is in use (null: not read)", by=By.EXIT, required=False)] = None
 
     # -- iterations --------------------------------------------------------
     def median(self) -> float:

@@ -25,7 +25,7 @@ from ..common.one_line import command_line
 from ..common.settings import SETTINGS, Config, to_environ_value
 from ..common.version import __version__
 from ..report.summary import format_summary
-from ..report.trace_events import Track
+from ..report.trace_events import MEMORY, Track
 from ..report.tracefile import ThreadRanges, write_trace
 from ..runtime.device import device_names
 from ..sinks.recorder import Recorder
@@ -180,6 +180,8 @@ def _write_trace(recorder: Recorder, tracer: Tracer, path: str, stats: RunStats,
         threads = [ThreadRanges(tid, thread_names.get(tid, f"thread {tid}"), blocks)
                    for tid, blocks in per_thread.items()]
         tracks: list[Track] = []
+        if stats.memory is not None:
+            tracks.append((MEMORY, stats.memory))
         top: JsonObject | None = None
         if gpu is not None:
             # GPU activity's encoding loads only in a run that has it (every process exits here)
@@ -189,7 +191,7 @@ def _write_trace(recorder: Recorder, tracer: Tracer, path: str, stats: RunStats,
                 gpu.analysis, other, pid=os.getpid(), start_ns=recorder.start_ns,
                 rows_by_thread={tid: np.concatenate(blocks) for tid, blocks in per_thread.items()},
                 loop_tid=None)  # the thread with the most iterations
-            tracks, top = built.tracks, built.top
+            tracks, top = tracks + list(built.tracks), built.top
             event_args = _joined(event_args, built.range_args)
         write_trace(path, pid=os.getpid(), start_ns=recorder.start_ns, infos=recorder.infos,
                     threads=threads, other=other, process_name=process_name(),

@@ -28,7 +28,7 @@ from ..analysis.verdict import Verdict, decide, pick_replay
 from ..common import figures, log, names
 from ..common.outputs import atomic_text
 from .stall import ended_abnormally
-from .summary import IDLE_LABELS, activity, describe_slow
+from .summary import IDLE_LABELS, activity, describe_slow, memory_lines
 
 if TYPE_CHECKING:
     from ..analysis.advice import Finding
@@ -443,6 +443,10 @@ def key_figures(stats: RunStats, gpu: GpuEvidence | None = None) -> str:
             rate += f", {figures.count(round(sps))} samples/s (batch {stats.batch_size})"
         shown.append(("throughput", rate))
     shown.append(("wall time", _ms(stats.wall_ms)))
+    mem = memory_lines(stats)
+    if mem:
+        shown.append(("memory", " ".join(" ".join(line.split()) for line in mem)
+                      .replace("memory at iteration ends: ", "at iteration ends: ")))
     settings = meta.get("settings") or {}
     shown.append(("sync level", f"{stats.sync_level} ({figures.count(stats.sync_calls)} "
                                 "synchronize calls)"))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from ..analysis import memory
 from ..analysis.advice import Finding, check
 from ..analysis.gpu_evidence import Waits, busy_text, gather, on_gpu, waits
 from ..analysis.gpu_record import GpuActivity, GpuFigures
@@ -130,6 +131,7 @@ def format_summary(stats: RunStats, advice: bool = True, title: str | None = Non
     lines += _slow_lines(stats)
     lines += _link_lines(stats)
     lines += _gc_lines(stats)
+    lines += memory_lines(stats)
     lines += _agent_lines(stats)
     sections: list[Callable[[RunStats], str | None]] = [verdict_section] if advice else []
     sections += SECTIONS
@@ -462,6 +464,34 @@ def _gc_lines(stats: RunStats) -> list[str]:
         line += (f"; {fmt_ms(stats.gc_total_ms)} inside counted iterations "
                  f"({fmt_pct(stats.gc_total_ms / stats.iteration_total_ms)})")
     return [line]
+
+
+def memory_lines(stats: RunStats) -> list[str]:
+    """Memory at each counted iteration's end: each figure's median and peak, a steady growth
+    (the advice names its causes), a CuPy pool that caches."""
+    mem = stats.memory
+    if mem is None:
+        return []
+    shown = [c for c in memory.COLUMNS if mem.bytes.get(c)
+             and (c == memory.RSS or mem.peak_bytes.get(c, 0) > 0)]
+    rows = [f"{memory.LABELS[c]} median {figures.size(mem.median(c))}, peak "
+            f"{figures.size(mem.peak_bytes[c])} (iteration {mem.peak_iteration[c]})"
+            for c in shown]
+    if not rows:
+        return []
+    lines = ["  memory          at iteration ends: " + rows[0]]
+    lines += ["                  " + row for row in rows[1:]]
+    grown = memory.leak(mem)
+    if grown is not None:
+        lines.append(f"                  {memory.LABELS[grown.column]} grows "
+                     f"{figures.size(grown.per_iteration)} per iteration since iteration "
+                     f"{grown.start_iteration}, steadily: a leak")
+    cache = memory.caching(mem)
+    if cache is not None:
+        lines.append(f"                  CuPy's pool holds {figures.size(cache.held_bytes)} since "
+                     f"iteration {cache.until_iteration}: freed blocks kept for reuse (caching, "
+                     "not a leak)")
+    return lines
 
 
 def _agent_lines(stats: RunStats) -> list[str]:
