@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from ..analysis import record
+from ..analysis.findings import find
 from ..analysis.record import By
 from ..analysis.stats import RunStats
 from ..common import log, rank
@@ -78,7 +79,8 @@ def report_run(recorder: Recorder, tracer: Tracer, cfg: Config, hits: int,
                                            gpu))
     if cfg.summary:
         try:
-            sys.stderr.write(format_summary(stats, advice=bool(cfg.advice)) + "\n")
+            findings = find(stats, advice=bool(cfg.advice))  # once: the summary renders them
+            sys.stderr.write(format_summary(findings, advice=bool(cfg.advice)) + "\n")
             sys.stderr.flush()
         except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"no summary ({type(exc).__name__}: {exc})")
