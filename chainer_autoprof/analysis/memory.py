@@ -3,10 +3,11 @@
 The recorder reads memory once per iteration, as the iteration ends (never per
 link): the process's resident memory (``/proc/self/statm``) and, where the
 program imported CuPy, its default memory pool's bytes in use and held, and
-its pinned memory pool's held bytes.  :class:`MemoryTrack` keeps them for the
-counted iterations (a uniform sample beyond :data:`~.stats.MAX_KEPT_ITERATIONS`,
-the peaks exact); :class:`Memory` is what :class:`~.stats.RunStats` and the run
-record hold.
+its pinned memory pool's held bytes where the pool tells them (CuPy's own
+``PinnedMemoryPool`` has no byte count: that figure is then absent).
+:class:`MemoryTrack` keeps them for the counted iterations (a uniform sample
+beyond the recorder's ``max_kept``, the peaks exact); :class:`Memory` is what
+:class:`~.stats.RunStats` and the run record hold.
 
 :func:`leak` tells the leak from the rest: memory that grows steadily across the
 counted iterations -- ``sum_loss += loss`` keeping every iteration's graph alive,
