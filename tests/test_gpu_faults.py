@@ -195,10 +195,10 @@ def test_a_buffer_that_cannot_be_read_is_one_note_and_the_rest_stands(tmp_path):
 
     run = replay_live("b16", tmp_path, collector_records=records, pace_s=0.02)
     assert run.outcome is not None
-    notes = run.outcome.notes + run.stats.gpu_activity["notes"]
+    notes = run.outcome.notes + run.stats.gpu_activity.notes
     assert any("1 CUPTI buffer(s) could not be read (RuntimeError: CUPTI_ERROR_INVALID_KIND)"
                in n for n in notes)
-    assert run.stats.gpu_activity["collector"]["callback_errors"] == 1
+    assert run.stats.gpu_activity.collector["callback_errors"] == 1
     fig = run.outcome.figures
     assert 0 < fig.ops["kernel"] < int((run.recording.batch.ops.kind == 0).sum())
     assert fig.iterations > 0

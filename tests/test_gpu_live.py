@@ -86,8 +86,8 @@ def test_every_record_went_through_the_queues_and_was_attributed(live):
     assert session.ranges_received == len(live.trace.ranges)
     assert session.dropped_ranges == session.dropped_ops == 0
     assert session.drains >= 3  # the drain thread fed the analysis while the run went on
-    assert live.outcome.notes == [] and live.stats.gpu_activity["notes"] == []
-    counts = live.stats.gpu_activity["collector"]
+    assert live.outcome.notes == [] and live.stats.gpu_activity.notes == []
+    counts = live.stats.gpu_activity.collector
     assert counts["buffers"] == 12 and counts["callback_errors"] == 0
     if live.reader == "native":  # what the tests' libcupti served: the quiet calls are off
         assert live.session.reader.startswith("native (")
@@ -226,7 +226,7 @@ def test_the_live_trace_follows_the_viewers_rules_and_reads_back(live, tmp_path)
     check_trace_file(stripped)
     saved = trace.stats()
     assert saved.iterations == live.stats.iterations
-    assert saved.gpu_activity == json.loads(json.dumps(live.stats.gpu_activity))
+    assert saved.gpu_activity.to_dict() == json.loads(json.dumps(live.stats.gpu_activity.to_dict()))
 
 
 def test_report_on_the_saved_trace_gives_the_same_gpu_figures(live, tmp_path):
@@ -242,10 +242,10 @@ def test_report_on_the_saved_trace_gives_the_same_gpu_figures(live, tmp_path):
     bare = tmp_path / "events_only.json"
     bare.write_text(json.dumps(data))
     again = read_trace(str(bare)).stats().gpu_activity
-    assert again is not None and again["source"].startswith("the trace's GPU kernel events")
+    assert again is not None and again.source.startswith("the trace's GPU kernel events")
     live_fig = live.stats.gpu_activity
     for key in ("links", "phases", "top_kernels", "iterations", "ops", "idle_ms", "busy_ms"):
-        assert _rounded(again[key]) == _rounded(live_fig[key]), key
+        assert _rounded(getattr(again, key)) == _rounded(getattr(live_fig, key)), key
 
 
 def _rounded(value):
@@ -400,7 +400,7 @@ def test_over_the_record_limit_the_trace_keeps_whole_iterations_not_the_evaluati
     assert keeper.dropped == len(rec.batch.ops) - len(ops)
     note = (f"the trace keeps {len(steps)} whole iterations' GPU operations (record limit); "
             f"left out: {15 - len(steps)} iterations' (")
-    assert any(line.startswith(note) for line in run.stats.gpu_activity["notes"])
+    assert any(line.startswith(note) for line in run.stats.gpu_activity.notes)
     assert f"note: {note}" in format_summary(run.stats)
     # HolisticTraceAnalysis on the trace as written, as a user calls it
     hta = hta_as_written(run.path, tmp_path / "hta")

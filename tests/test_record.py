@@ -15,6 +15,7 @@ import json
 import re
 import runpy
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 from support import REPO, program, run_python, write_script
@@ -22,7 +23,15 @@ from support import REPO, program, run_python, write_script
 from chainer_autoprof.analysis import facts as facts_module
 from chainer_autoprof.analysis import record
 from chainer_autoprof.analysis.record import By, RecordError
-from chainer_autoprof.analysis.shapes import ListOf, MalformedError, MapOf, Section
+from chainer_autoprof.analysis.shapes import (
+    Annotated,
+    F,
+    ListOf,
+    MalformedError,
+    MapOf,
+    Section,
+    section_of,
+)
 from chainer_autoprof.analysis.stats import LinkStat, RunStats
 from chainer_autoprof.report import partial as partial_format
 from chainer_autoprof.report.tracefile import read_trace
@@ -153,7 +162,7 @@ def test_a_reader_takes_null_as_absent_and_defaults_from_the_declaration():
     assert record.stats_fields(meta) == {
         "dropped_ranges": 0, "batch_size": None, "samples": 0, "sampled_iterations": 0,
         "sync_level": 0, "sync_calls": 0, "overhead_ms": 0.0, "overhead_method": "",
-        "gpu_phase_ms": None, "gpu_activity": None}
+        "gpu_phase_ms": None, "gpu_activity": None, "memory": None}
     with pytest.raises(MalformedError, match=r"chainer_autoprof\.facts\.gc\.ms\[1\] is 'x'"):
         record.check({"facts": {"gc": {"ms": [0.5, "x"]}}})
 
@@ -171,15 +180,26 @@ def test_a_saved_run_stats_is_checked_against_run_stats_own_fields():
         record.check_run_stats(dict(saved, wall_ms=None))
 
 
-# -- one declaration, kept in step with the code that has the same shapes --------------------------
+# -- one declaration: the typed classes, the sections derived from them --------------------------
 def test_run_stats_and_link_stat_fields_are_all_declared():
     assert [f.name for f in record.RUN_STATS.fields] == \
         [f.name for f in dataclasses.fields(RunStats)]
     assert [f.name for f in record.LINK.fields] == [f.name for f in dataclasses.fields(LinkStat)]
     feeding = [f for f in record.RECORD.fields if f.stats]
-    assert {f.stats for f in feeding} == set(record.StatsFields.__annotations__)
+    assert {f.stats for f in feeding} == {"dropped_ranges", "batch_size", "sync_level",
+                                          "sync_calls", "overhead_ms", "overhead_method",
+                                          "gpu_phase_ms", "gpu_activity", "memory"}
     for f in feeding:  # the record's and the saved copy's kinds are one declaration
         assert record.RUN_STATS.by_name[f.stats].kind is f.kind
+
+
+def test_a_record_field_of_the_statistics_must_have_their_type():
+    """A record field taken from RunStats is checked against RunStats' type when declared."""
+    class Wrong(TypedDict, total=False):
+        sync_level: Annotated[str, F(stats=True)]
+
+    with pytest.raises(TypeError, match="sync_level"):
+        section_of(Wrong, stats=record.RUN_STATS)
 
 
 @pytest.mark.parametrize("where", sorted(facts_module.TYPED))
@@ -189,20 +209,38 @@ def test_the_facts_types_match_their_declaration(where):
 
 
 def test_the_gpu_activity_record_matches_its_declaration():
-    """The run record's ``gpu_activity`` is GpuActivityRecord key for key, its parts too."""
-    from chainer_autoprof.analysis import gpu_figures as g
+    """The run record's ``gpu_activity`` is GpuActivity field for field, its parts too."""
+    from chainer_autoprof.analysis import gpu_record as g
 
-    def keys(typed: type) -> list[str]:
-        out: list[str] = []
-        for klass in reversed(typed.__mro__):
-            out += [k for k in getattr(klass, "__annotations__", {}) if k not in out]
-        return out
-
-    assert keys(g.GpuActivityRecord) == [f.name for f in record.GPU_ACTIVITY.fields]
+    assert [f.name for f in dataclasses.fields(g.GpuActivity)] == \
+        [f.name for f in record.GPU_ACTIVITY.fields]
     for typed, section in ((g.LinkGpuDict, record.GPU_LINK), (g.PhaseGpuDict, record.GPU_PHASE),
                            (g.KernelGpuDict, record.GPU_KERNEL),
                            (g.TimelineDict, record.GPU_TIMELINE)):
         assert list(typed.__annotations__) == [f.name for f in section.fields], typed
+
+
+def test_the_gpu_figures_are_one_typed_object_through_the_record():
+    """Written as JSON by the record's build, read back as the same object by its check."""
+    from chainer_autoprof.analysis.gpu_record import GpuActivity
+
+    activity = GpuActivity(
+        iterations=2, span_ms=10.0, busy_ms=6.0, busy_share=0.6, active_share=0.7,
+        idle_ms={"host": 3.0, "other": 1.0}, iteration_ms={"span": [5.0, 5.0]},
+        devices=[{"device": 0, "windows": 2, "span_ms": 10.0, "busy_ms": 6.0,
+                  "idle_ms": {"host": 3.0}}],
+        phases={"forward": {"kernel_ms": 4.0, "kernels": 8, "copy_ms": 0.5}},
+        links=[{"name": "l1", "fwd_ms": 4.0, "fwd_kernels": 8, "bwd_ms": 2.0, "bwd_kernels": 4,
+                "copy_ms": 0.0}],
+        top_kernels=[{"name": "sgemm", "link": None, "backward": False, "ms": 3.0, "calls": 4}],
+        ops={"kernel": 12}, clock={"pairs": 3, "drift_ppm": 0.5}, source="CUPTI",
+        collector={"buffers": 1}, notes=["a note"])
+    built = record.build(By.EXIT, _final(gpu_activity=activity))
+    assert built["gpu_activity"] == activity.to_dict()
+    read = record.check(json.loads(json.dumps(built)))
+    assert record.stats_fields(read)["gpu_activity"] == activity
+    with pytest.raises(MalformedError, match=r"gpu_activity\.busy_share is 1\.5, out of range"):
+        record.check(dict(read, gpu_activity=dict(read["gpu_activity"], busy_share=1.5)))
 
 
 def test_every_fact_the_probes_record_is_declared():

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Callable
 
 from ..common import figures as fmt
 from ..common import log
+from . import memory, whatif
 from . import verdict as vd
-from . import whatif
 from .gpu_evidence import on_gpu
 from .outliers import OUTLIER_FACTOR, slow_iterations, stutter
 
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 PERFORMANCE_DOC = "https://docs.chainer.org/en/stable/performance.html"
 GC_DOC = "https://docs.python.org/3/library/gc.html#gc.freeze"
 CONFIG_DOC = "https://docs.chainer.org/en/stable/reference/configuration.html"
+UNCHAIN_DOC = ("https://docs.chainer.org/en/stable/reference/generated/chainer.Variable.html"
+               "#chainer.Variable.unchain_backward")
 
 #: Link class names whose work cuDNN accelerates (besides convolutions).
 CUDNN_LINKS = ("Convolution", "BatchNormalization", "LSTM", "GRU", "RNN")
@@ -330,11 +332,32 @@ def check_slow_extension(stats: RunStats, verdict: Verdict, facts: Facts) -> Fin
         f"{PERFORMANCE_DOC}")
 
 
+def check_memory_leak(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
+    grown = memory.leak(stats.memory)
+    if grown is None:
+        return None
+    what = memory.LABELS[grown.column]
+    rate = fmt.size(grown.per_iteration)
+    return Finding(
+        "memory_leak", f"memory grows by {rate} per iteration (since iteration "
+        f"{grown.start_iteration}): something keeps every iteration's objects alive",
+        f"{what} memory at each iteration's end went from {fmt.size(grown.start_bytes)} "
+        f"(iteration {grown.start_iteration}) to {fmt.size(grown.end_bytes)} (iteration "
+        f"{grown.end_iteration}), steadily, and still grows at the end",
+        f"{fmt.size(grown.per_iteration * 1000)} more per 1,000 iterations, until the process "
+        "runs out of memory",
+        "keep no Variable across iterations: accumulate float(loss.array) (or loss.array), "
+        "not loss (sum_loss += loss keeps every iteration's graph alive); call "
+        "loss.unchain_backward() on a Variable you keep; evaluate under "
+        "chainer.no_backprop_mode(); do not append Variables to a list",
+        UNCHAIN_DOC)
+
+
 #: Every check, in the order findings are printed.
 CHECKS: tuple[Callable[[RunStats, Verdict, Facts], Finding | None], ...] = (
     check_serial_iterator, check_type_check, check_eval_backprop, check_transfers,
     check_cudnn, check_autotune, check_float64_gpu, check_blas, check_warmup, check_gc,
-    check_slow_extension,
+    check_slow_extension, check_memory_leak,
 )
 
 

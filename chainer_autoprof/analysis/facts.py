@@ -2,212 +2,152 @@
 
 The patches put plain JSON values into ``tracer.facts`` while the program runs
 (off the hot path); the run record carries them as ``facts``
-(:mod:`.record`).  :data:`FACTS` declares each one (the writers' check, the
-readers' check, the documentation); :class:`Facts` gives the same shape to
-type checkers (``tests/test_record.py`` keeps the two in step).  Every fact is
-optional: a probe that never ran leaves its fact out.
+(:mod:`.record`).  :class:`Facts` and its parts declare each one, once: type
+checkers read the classes, and :data:`FACTS` (the writers' check, the readers'
+check, the documentation) is derived from them.  Every fact is optional: a
+probe that never ran leaves its fact out.
 """
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Dict, List, Optional, TypedDict
 
 from ..common.typedefs import GcTotals
-from .shapes import ANY, BOOL, INT, NON_NEGATIVE, TEXT, Field, Kind, ListOf, MapOf, Section
+from .shapes import ANY, NON_NEGATIVE, Annotated, F, Section, section_of, shape
 
-
-def _fact(name: str, kind: Kind, doc: str, unit: str = "") -> Field:
-    """A fact: present only once its probe has seen it."""
-    return Field(name, kind, doc, unit=unit, required=False)
-
-
-#: Per generation (0, 1, 2).
-_PER_GENERATION = ListOf(INT)
-
-GC = Section([
-    Field("collections", _PER_GENERATION, "collections per generation"),
-    Field("collected", _PER_GENERATION, "objects freed per generation"),
-    Field("uncollectable", _PER_GENERATION, "uncollectable objects found per generation"),
-    Field("ms", ListOf(NON_NEGATIVE), "time in collections per generation", "ms"),
-    Field("ranges", _PER_GENERATION, "collections recorded as ranges per generation"),
-    Field("unranged", INT, "collections outside any recorded range (no range of their own)"),
-], doc="garbage collections (runtime/gc_ranges.py)")
-
-INPUT_QUEUE = Section([
-    Field("capacity", INT, "batches the iterator prefetches at most"),
-    Field("fetches", INT, "training fetches seen"),
-    Field("ready", ListOf(INT), "fetches that found N batches ready, by N (0..capacity)"),
-], doc="one prefetching iterator (patches/input_queue.py)")
-
-CONFIG = Section([
-    _fact("train", ANY, "chainer.config.train"),
-    _fact("enable_backprop", ANY, "chainer.config.enable_backprop"),
-    _fact("type_check", ANY, "chainer.config.type_check"),
-    _fact("autotune", ANY, "chainer.config.autotune"),
-    _fact("use_cudnn", ANY, "chainer.config.use_cudnn"),
-    _fact("cudnn_deterministic", ANY, "chainer.config.cudnn_deterministic"),
-], doc="Chainer's configuration at the first update (a bool, int or string each)")
-
-CUDA = Section([
-    Field("available", BOOL, "chainer.backends.cuda.available"),
-    Field("cudnn_enabled", BOOL, "chainer.backends.cuda.cudnn_enabled"),
-], doc="Chainer's CUDA backend")
-
-PARAMS = Section([
-    Field("count", INT, "parameters of the optimizer's target"),
-    Field("size", INT, "their elements in all"),
-    Field("dtypes", MapOf(INT, key="dtype"), "parameters per dtype"),
-    Field("gpu", INT, "parameters on a GPU"),
-    _fact("float64_gpu_examples", ListOf(TEXT), "up to 5 float64 parameters on a GPU"),
-], doc="the model's parameters")
-
-CONV_LINKS = Section([
-    Field("count", INT, "convolution links"),
-    Field("gpu", INT, "of them on a GPU"),
-], doc="convolution links of the model")
-
-BLAS = Section([
-    Field("name", TEXT, "NumPy's BLAS library (null: unknown)"),
-    Field("optimized", BOOL, "whether it is a known optimized one (null: unknown)"),
-    Field("gflops", NON_NEGATIVE, "measured float32 matmul speed", "GFLOP/s"),
-], doc="NumPy's BLAS, on a CPU run")
-
-EVALUATION = Section([
-    Field("extension", TEXT, "the extension's range name"),
-    Field("functions", INT, "functions applied in the evaluation"),
-    Field("graph_functions", INT, "of them building a backward graph"),
-], doc="one evaluation extension run")
-
-TRANSFERS = Section([
-    Field("calls", INT, "host <-> device copies inside iterations"),
-    Field("by", MapOf(INT, key="call"), "copies per call (to_cpu, to_gpu, print, item)"),
-    Field("phases", MapOf(INT, key="phase"), "copies per phase"),
-    Field("iterations", INT, "iterations with a copy"),
-], doc="host <-> device copies (CuPy only)")
-
-REPLAY = Section([
-    Field("iterator", TEXT, "the replayed iterator's class"),
-    Field("iterator_mode", TEXT, "how its epoch state advanced"),
-    Field("converter", BOOL, "whether the converted batch was replayed too"),
-    Field("replayed", INT, "batches replayed"),
-    _fact("error", TEXT, "why the replay stopped"),
-], doc="the replay-batch experiment (patches/replay.py)")
-
-#: Every fact, in the order they usually appear.
-FACTS = Section([
-    _fact("gc", GC, "garbage collections (CHAINER_PROF_GC)"),
-    _fact("batch_size", INT, "the training batch's length"),
-    _fact("iterator", TEXT, "the training iterator's class"),
-    _fact("iterations", INT, "iterations the run began, warm-up and window included (how far "
-          "it got)"),
-    _fact("input_queue", MapOf(INPUT_QUEUE, key="iterator class"),
-          "batches ready at each training fetch, per prefetching iterator"),
-    _fact("config", CONFIG, "Chainer's configuration"),
-    _fact("cuda", CUDA, "Chainer's CUDA backend"),
-    _fact("params", PARAMS, "the model's parameters"),
-    _fact("conv_links", CONV_LINKS, "convolution links"),
-    _fact("blas", BLAS, "NumPy's BLAS (CPU runs)"),
-    _fact("evaluation", ListOf(EVALUATION), "evaluation extensions that ran"),
-    _fact("transfers", TRANSFERS, "host <-> device copies inside iterations"),
-    _fact("functions_per_iteration", INT, "functions applied in one training iteration"),
-    _fact("functions_counted_in", INT, "the iteration they were counted in"),
-    _fact("type_check_us", NON_NEGATIVE, "median time of a function's type check", "us"),
-    _fact("type_checks_timed", INT, "type checks timed"),
-    _fact("function_cpu_us", NON_NEGATIVE, "mean CPU time of one function call", "us"),
-    _fact("replay", REPLAY, "the replay-batch experiment"),
-], doc="run-time facts (analysis/facts.py)", ordered=False)
-
-# -- the same shapes for type checkers ----------------------------------------------------------
+#: Garbage collections (runtime/gc_ranges.py), declared where they are counted.
 GcFacts = GcTotals
+#: A fact present only once its probe has seen it.
+LATER = F(required=False)
 
 
 class InputQueueFacts(TypedDict, total=False):
-    capacity: int
-    fetches: int
-    ready: list[int]
+    """One prefetching iterator (patches/input_queue.py)."""
+
+    capacity: Annotated[int, F("batches the iterator prefetches at most")]
+    fetches: Annotated[int, F("training fetches seen")]
+    ready: Annotated[List[int], F("fetches that found N batches ready, by N (0..capacity)")]
 
 
 class ConfigFacts(TypedDict, total=False):
-    train: object
-    enable_backprop: object
-    type_check: object
-    autotune: object
-    use_cudnn: object
-    cudnn_deterministic: object
+    """Chainer's configuration at the first update (a bool, int or string each)."""
+
+    train: Annotated[object, LATER, F("chainer.config.train", kind=ANY)]
+    enable_backprop: Annotated[object, LATER, F("chainer.config.enable_backprop", kind=ANY)]
+    type_check: Annotated[object, LATER, F("chainer.config.type_check", kind=ANY)]
+    autotune: Annotated[object, LATER, F("chainer.config.autotune", kind=ANY)]
+    use_cudnn: Annotated[object, LATER, F("chainer.config.use_cudnn", kind=ANY)]
+    cudnn_deterministic: Annotated[object, LATER, F("chainer.config.cudnn_deterministic",
+                                                    kind=ANY)]
 
 
 class CudaFacts(TypedDict, total=False):
-    available: bool
-    cudnn_enabled: bool
+    """Chainer's CUDA backend."""
+
+    available: Annotated[bool, F("chainer.backends.cuda.available")]
+    cudnn_enabled: Annotated[bool, F("chainer.backends.cuda.cudnn_enabled")]
 
 
 class ParamsFacts(TypedDict, total=False):
-    count: int
-    size: int
-    dtypes: dict[str, int]
-    gpu: int
-    float64_gpu_examples: list[str]
+    """The model's parameters."""
+
+    count: Annotated[int, F("parameters of the optimizer's target")]
+    size: Annotated[int, F("their elements in all")]
+    dtypes: Annotated[Dict[str, int], F("parameters per dtype", key="dtype")]
+    gpu: Annotated[int, F("parameters on a GPU")]
+    float64_gpu_examples: Annotated[List[str], LATER, F("up to 5 float64 parameters on a GPU")]
 
 
 class ConvLinksFacts(TypedDict, total=False):
-    count: int
-    gpu: int
+    """Convolution links of the model."""
+
+    count: Annotated[int, F("convolution links")]
+    gpu: Annotated[int, F("of them on a GPU")]
 
 
 class BlasFacts(TypedDict, total=False):
-    name: str | None
-    optimized: bool | None
-    gflops: float
+    """NumPy's BLAS, on a CPU run."""
+
+    name: Annotated[Optional[str], F("NumPy's BLAS library (null: unknown)")]
+    optimized: Annotated[Optional[bool], F("whether it is a known optimized one (null: unknown)",
+                                        nullable=False)]
+    gflops: Annotated[float, F("measured float32 matmul speed", "GFLOP/s", NON_NEGATIVE)]
 
 
 class EvaluationFacts(TypedDict, total=False):
-    extension: str
-    functions: int
-    graph_functions: int
+    """One evaluation extension run."""
+
+    extension: Annotated[str, F("the extension's range name")]
+    functions: Annotated[int, F("functions applied in the evaluation")]
+    graph_functions: Annotated[int, F("of them building a backward graph")]
 
 
 class TransfersFacts(TypedDict, total=False):
-    calls: int
-    by: dict[str, int]
-    phases: dict[str, int]
-    iterations: int
+    """Host <-> device copies (CuPy only)."""
+
+    calls: Annotated[int, F("host <-> device copies inside iterations")]
+    by: Annotated[Dict[str, int], F("copies per call (to_cpu, to_gpu, print, item)", key="call")]
+    phases: Annotated[Dict[str, int], F("copies per phase", key="phase")]
+    iterations: Annotated[int, F("iterations with a copy")]
 
 
 class ReplayFacts(TypedDict, total=False):
-    iterator: str | None
-    iterator_mode: str | None
-    converter: bool
-    replayed: int
-    error: str
+    """The replay-batch experiment (patches/replay.py)."""
+
+    iterator: Annotated[Optional[str], F("the replayed iterator's class")]
+    iterator_mode: Annotated[Optional[str], F("how its epoch state advanced")]
+    converter: Annotated[bool, F("whether the converted batch was replayed too")]
+    replayed: Annotated[int, F("batches replayed")]
+    error: Annotated[str, LATER, F("why the replay stopped")]
 
 
+@shape(ordered=False)
 class Facts(TypedDict, total=False):
-    """``facts`` of the run record (:data:`FACTS`)."""
+    """Run-time facts (analysis/facts.py)."""
 
-    gc: GcFacts
-    batch_size: int
-    iterator: str
-    iterations: int
-    input_queue: dict[str, InputQueueFacts]
-    config: ConfigFacts
-    cuda: CudaFacts
-    params: ParamsFacts
-    conv_links: ConvLinksFacts
-    blas: BlasFacts
-    evaluation: list[EvaluationFacts]
-    transfers: TransfersFacts
-    functions_per_iteration: int
-    functions_counted_in: int
-    type_check_us: float
-    type_checks_timed: int
-    function_cpu_us: float
-    replay: ReplayFacts
+    gc: Annotated[GcFacts, LATER, F("garbage collections (CHAINER_PROF_GC)")]
+    batch_size: Annotated[int, LATER, F("the training batch's length")]
+    iterator: Annotated[str, LATER, F("the training iterator's class")]
+    iterations: Annotated[int, LATER, F("iterations the run began, warm-up and window included "
+                                        "(how far it got)")]
+    input_queue: Annotated[Dict[str, InputQueueFacts], LATER, F(
+        "batches ready at each training fetch, per prefetching iterator",
+        key="iterator class")]
+    config: Annotated[ConfigFacts, LATER, F("Chainer's configuration")]
+    cuda: Annotated[CudaFacts, LATER, F("Chainer's CUDA backend")]
+    params: Annotated[ParamsFacts, LATER, F("the model's parameters")]
+    conv_links: Annotated[ConvLinksFacts, LATER, F("convolution links")]
+    blas: Annotated[BlasFacts, LATER, F("NumPy's BLAS (CPU runs)")]
+    evaluation: Annotated[List[EvaluationFacts], LATER, F("evaluation extensions that ran")]
+    transfers: Annotated[TransfersFacts, LATER, F("host <-> device copies inside iterations")]
+    functions_per_iteration: Annotated[int, LATER, F("functions applied in one training "
+                                                     "iteration")]
+    functions_counted_in: Annotated[int, LATER, F("the iteration they were counted in")]
+    type_check_us: Annotated[float, LATER, F("median time of a function's type check", "us",
+                                             NON_NEGATIVE)]
+    type_checks_timed: Annotated[int, LATER, F("type checks timed")]
+    function_cpu_us: Annotated[float, LATER, F("mean CPU time of one function call", "us",
+                                               NON_NEGATIVE)]
+    replay: Annotated[ReplayFacts, LATER, F("the replay-batch experiment")]
 
 
-#: Each declared section and its type (the test that keeps them in step walks this).
-TYPED = {"facts": (FACTS, Facts), "facts.gc": (GC, GcFacts),
-         "facts.input_queue.*": (INPUT_QUEUE, InputQueueFacts),
-         "facts.config": (CONFIG, ConfigFacts), "facts.cuda": (CUDA, CudaFacts),
-         "facts.params": (PARAMS, ParamsFacts), "facts.conv_links": (CONV_LINKS, ConvLinksFacts),
-         "facts.blas": (BLAS, BlasFacts), "facts.evaluation[]": (EVALUATION, EvaluationFacts),
-         "facts.transfers": (TRANSFERS, TransfersFacts), "facts.replay": (REPLAY, ReplayFacts)}
+#: Every fact, in the order they usually appear (derived from :class:`Facts`).
+FACTS: Section = section_of(Facts)
+GC = section_of(GcFacts)
+
+
+def _typed() -> dict[str, tuple[Section, type]]:
+    """Each declared section of the facts and the class that declares it."""
+    out: dict[str, tuple[Section, type]] = {"facts": (FACTS, Facts)}
+    for f in FACTS.fields:
+        kind, suffix = f.kind, ""
+        while not isinstance(kind, Section) and hasattr(kind, "item"):
+            suffix += "[]" if type(kind).__name__ == "ListOf" else ".*"
+            kind = kind.item
+        if isinstance(kind, Section) and kind.cls is not None:
+            out[f"facts.{f.name}{suffix}"] = (kind, kind.cls)
+    return out
+
+
+#: Each declared section and its type (documentation and tests walk this).
+TYPED = _typed()

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence, TypedDict
 
 from ..common import figures
+from .gpu_record import GpuFigures
 from .stats import PHASE_KEYS, RunStats, median
 
 #: Phases timed with CUDA events (``other`` has no event of its own).
@@ -177,6 +178,8 @@ def gpu_activity(stats: RunStats) -> GpuActivity | None:
     :class:`GpuActivity` is read as it is.
     """
     value = getattr(stats, "gpu_activity", None)
+    if isinstance(value, GpuFigures):
+        return _from_figures(value)
     if value is None:
         value = (getattr(stats, "meta", None) or {}).get("gpu_activity")
     if not isinstance(value, Mapping):
@@ -209,34 +212,46 @@ def gpu_activity(stats: RunStats) -> GpuActivity | None:
     return out or None
 
 
+def _from_figures(fig: GpuFigures) -> GpuActivity | None:
+    """The short form of the agent's own GPU figures."""
+    out: GpuActivity = {}
+    if fig.busy_share is not None and fig.iterations:
+        out["busy_share"] = fig.busy_share
+    if fig.iterations:
+        out["kernel_ms_per_iteration"] = sum(p["kernel_ms"] for p in fig.phases.values()) \
+            / fig.iterations
+        out["link_ms"] = {x["name"]: (x["fwd_ms"] + x["bwd_ms"]) / fig.iterations
+                          for x in fig.links}
+    source = getattr(fig, "source", "")
+    if source:
+        out["source"] = source
+    return out or None
+
+
+def _figures(stats: RunStats) -> GpuFigures | None:
+    value = getattr(stats, "gpu_activity", None)
+    return value if isinstance(value, GpuFigures) else None
+
+
 def idle_split(stats: RunStats) -> dict[str, float]:
     """With GPU activity: the GPU's idle time over the counted iterations by cause, each as a
     share of the GPU's time there (largest first); empty without."""
-    value = getattr(stats, "gpu_activity", None)
-    if not isinstance(value, Mapping):
+    fig = _figures(stats)
+    span = fig.span_ms if fig is not None else 0.0
+    if fig is None or not span:
         return {}
-    span = _number(value.get("span_ms"))
-    idle = value.get("idle_ms")
-    if not span or not isinstance(idle, Mapping):
-        return {}
-    shares = {str(k): (_number(v) or 0.0) / span for k, v in idle.items()}
+    shares = {str(k): v / span for k, v in fig.idle_ms.items()}
     return dict(sorted(((k, v) for k, v in shares.items() if v > 0), key=lambda kv: -kv[1]))
 
 
 def activity_phases(stats: RunStats) -> list[tuple[str, float, float]]:
     """With GPU activity: ``(phase, kernel ms per iteration, share of the GPU's time)`` per
     phase the kernels were launched in, the most first; empty without."""
-    value = getattr(stats, "gpu_activity", None)
-    if not isinstance(value, Mapping):
+    fig = _figures(stats)
+    if fig is None or not fig.iterations or not fig.span_ms:
         return []
-    n = _number(value.get("iterations"))
-    span = _number(value.get("span_ms"))
-    phases = value.get("phases")
-    if not n or not span or not isinstance(phases, Mapping):
-        return []
-    out = [(str(k), (_number(p.get("kernel_ms")) or 0.0) / n,
-            (_number(p.get("kernel_ms")) or 0.0) / span)
-           for k, p in phases.items() if isinstance(p, Mapping)]
+    n, span = fig.iterations, fig.span_ms
+    out = [(str(k), p["kernel_ms"] / n, p["kernel_ms"] / span) for k, p in fig.phases.items()]
     return sorted((x for x in out if x[1] > 0), key=lambda x: -x[1])
 
 

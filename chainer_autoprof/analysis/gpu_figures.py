@@ -2,7 +2,7 @@
 
 :class:`GpuFigureBuilder` takes blocks of :class:`~.gpu_attribution.AttributedOps` in
 any order and keeps bounded state; :meth:`GpuFigureBuilder.result` gives a
-:class:`GpuFigures` (``to_dict``/``from_dict``: a field of the run record).
+:class:`~.gpu_record.GpuFigures` (declared with the run record's field, :mod:`.gpu_record`).
 
 By launch (order-free sums, over the counted iterations: warm-up excluded as the
 aggregator counts):
@@ -42,18 +42,17 @@ fills); one arriving behind what was placed is counted as late and left off the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping, TypedDict
-
 import numpy as np
 import numpy.typing as npt
 
 from ..common.gpu_records import KERNEL, MEMCPY, MEMSET, NameTable
 from .aggregate import Series
 from .gpu_attribution import PHASE_OUTSIDE, AttributedOps
+from .gpu_record import GpuFigures, KernelGpuDict, LinkGpuDict, PhaseGpuDict, TimelineDict
 from .stats import MAX_KEPT_ITERATIONS, PHASE_KEYS
 
 Int64Array = npt.NDArray[np.int64]
+__all__ = ["IDLE_KEYS", "TOP_KERNELS", "WINDOW_COLUMNS", "GpuFigureBuilder", "GpuFigures"]
 
 #: Kernels listed in :attr:`GpuFigures.top_kernels`.
 TOP_KERNELS = 20
@@ -68,136 +67,6 @@ LAUNCH_GAP_NS = 30_000
 #: Per-iteration columns (ms): the window, the kernels, then each idle category.
 WINDOW_COLUMNS = ("span", "busy", *IDLE_KEYS)
 _NEG = -(1 << 62)
-
-
-class LinkGpuDict(TypedDict):
-    name: str
-    fwd_ms: float
-    fwd_kernels: int
-    bwd_ms: float
-    bwd_kernels: int
-    copy_ms: float
-
-
-class PhaseGpuDict(TypedDict):
-    kernel_ms: float
-    kernels: int
-    copy_ms: float
-
-
-class KernelGpuDict(TypedDict):
-    name: str
-    link: str | None
-    backward: bool
-    ms: float
-    calls: int
-
-
-class TimelineDict(TypedDict):
-    device: int
-    windows: int
-    span_ms: float
-    busy_ms: float
-    idle_ms: dict[str, float]
-
-
-class GpuFiguresDict(TypedDict):
-    """The run record's ``gpu`` field (all times in ms, totals over the counted iterations
-    unless said; ``iteration_ms`` columns hold one value per counted iteration, thinned to
-    a uniform sample beyond :data:`~.stats.MAX_KEPT_ITERATIONS`)."""
-
-    iterations: int                 # counted iteration windows
-    warmup_skip: int
-    span_ms: float                  # their time on the GPU's timeline
-    busy_ms: float                  # a kernel running
-    busy_share: float | None
-    active_share: float | None      # kernels or copies running
-    idle_ms: dict[str, float]       # IDLE_KEYS -> ms
-    iteration_ms: dict[str, list[float]]   # WINDOW_COLUMNS -> per counted iteration
-    sample_stride: int
-    devices: list[TimelineDict]
-    phases: dict[str, PhaseGpuDict]  # PHASE_KEYS -> by launch
-    links: list[LinkGpuDict]        # by fwd_ms + bwd_ms, largest first
-    top_kernels: list[KernelGpuDict]
-    warmup_kernel_ms: float         # launched in warm-up iterations
-    outside_kernel_ms: float        # launched outside any iteration
-    ops: dict[str, int]             # kernel / memcpy / memset -> count (all)
-    statuses: dict[str, dict[str, float]]   # attribution status -> ops, ms
-    late_ops: int                   # arrived behind the placed timeline
-    clock: dict[str, float | int]   # the clock map (gpu_clock.ClockMap.to_dict)
-
-
-class GpuActivityRecord(GpuFiguresDict):
-    """The run record's ``gpu_activity`` (and ``RunStats.gpu_activity``): the figures, how
-    they were obtained, what the collection saw and what is missing."""
-
-    source: str                     # e.g. "CUPTI kernel activity (...)": the verdict says it
-    collector: dict[str, int]       # buffers, records, dropped records, ... (counts)
-    notes: list[str]                # what is missing from the figures, one line each
-
-
-def activity_record(figures: GpuFigures, source: str, collector: Mapping[str, int],
-                    notes: list[str]) -> GpuActivityRecord:
-    """``figures`` as the run record holds them."""
-    return GpuActivityRecord(**figures.to_dict(), source=source,
-                             collector={k: int(v) for k, v in collector.items()},
-                             notes=list(notes))
-
-
-@dataclass
-class GpuFigures:
-    """The GPU figures of a run (see :class:`GpuFiguresDict` for each field)."""
-
-    iterations: int = 0
-    warmup_skip: int = 0
-    span_ms: float = 0.0
-    busy_ms: float = 0.0
-    busy_share: float | None = None
-    active_share: float | None = None
-    idle_ms: dict[str, float] = field(default_factory=dict)
-    iteration_ms: dict[str, list[float]] = field(default_factory=dict)
-    sample_stride: int = 1
-    devices: list[TimelineDict] = field(default_factory=list)
-    phases: dict[str, PhaseGpuDict] = field(default_factory=dict)
-    links: list[LinkGpuDict] = field(default_factory=list)
-    top_kernels: list[KernelGpuDict] = field(default_factory=list)
-    warmup_kernel_ms: float = 0.0
-    outside_kernel_ms: float = 0.0
-    ops: dict[str, int] = field(default_factory=dict)
-    statuses: dict[str, dict[str, float]] = field(default_factory=dict)
-    late_ops: int = 0
-    clock: dict[str, float | int] = field(default_factory=dict)
-
-    def per_iteration(self, ms: float) -> float:
-        """A total over the counted iterations, per counted iteration."""
-        return ms / self.iterations if self.iterations else 0.0
-
-    def link(self, name: str) -> LinkGpuDict | None:
-        for entry in self.links:
-            if entry["name"] == name:
-                return entry
-        return None
-
-    def to_dict(self) -> GpuFiguresDict:
-        return GpuFiguresDict(
-            iterations=self.iterations, warmup_skip=self.warmup_skip, span_ms=self.span_ms,
-            busy_ms=self.busy_ms, busy_share=self.busy_share, active_share=self.active_share,
-            idle_ms=dict(self.idle_ms),
-            iteration_ms={k: list(v) for k, v in self.iteration_ms.items()},
-            sample_stride=self.sample_stride,
-            devices=[TimelineDict(**d) for d in self.devices],
-            phases={k: PhaseGpuDict(**v) for k, v in self.phases.items()},
-            links=[LinkGpuDict(**x) for x in self.links],
-            top_kernels=[KernelGpuDict(**x) for x in self.top_kernels],
-            warmup_kernel_ms=self.warmup_kernel_ms, outside_kernel_ms=self.outside_kernel_ms,
-            ops=dict(self.ops), statuses={k: dict(v) for k, v in self.statuses.items()},
-            late_ops=self.late_ops, clock=dict(self.clock))
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> GpuFigures:
-        """The figures a run record holds (unknown keys ignored, missing ones default)."""
-        known = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 class _Timeline:

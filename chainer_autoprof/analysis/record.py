@@ -1,7 +1,12 @@
 """THE run record: ``otherData.chainer_autoprof`` of a trace, declared once.
 
-Like the settings table (:mod:`..common.settings`), one declaration drives
-everything that touches the record:
+Each shape is declared once, as the typed class that carries it: :class:`RunRecord`
+and its parts here, :class:`~.stats.RunStats` (its fields marked with a writer are
+record fields too), the facts (:mod:`.facts`) and the GPU figures
+(:mod:`.gpu_record`).  A field's kind comes from its type, the rest (doc, unit, who
+writes it, default) from its :class:`~.shapes.F`; :func:`~.shapes.section_of`
+derives the run-time :class:`~.shapes.Section` that drives everything that touches
+the record:
 
 * the writers build it through :func:`build` (the final trace at exit and the
   live statistics, :mod:`..lifecycle.finish`; the trace so far's metadata;
@@ -25,41 +30,39 @@ statistics only.  Fields are never removed: older traces hold what they hold
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
-from typing import Any, Mapping, TypedDict
+from typing import Any, Dict, List, Mapping, Optional, TypedDict
 
 from ..common.settings import SETTINGS
-from .facts import FACTS
+from .facts import Facts
+from .gpu_record import GpuActivity, KernelGpuDict, LinkGpuDict, PhaseGpuDict, TimelineDict
 from .shapes import (
     ANY,
-    BOOL,
-    INT,
     NEEDED,
     NON_NEGATIVE,
-    NUMBER,
-    OBJECT,
-    SERIES,
     SIGNED,
-    TEXT,
+    Annotated,
     By,
+    F,
     Field,
-    Int,
     Kind,
     ListOf,
     MalformedError,
     MapOf,
-    Number,
+    Ms,
+    Ns,
     RecordError,
     Section,
-    Triple,
     Window,
     by_text,
+    section_of,
+    shape,
 )
-from .stats import LinkStat, RunStats
+from .stats import LinkStat, RunStats, SlowestEntry
 
-__all__ = ["RECORD", "RUN_STATS", "WHERE", "By", "MalformedError", "RecordError", "add", "build",
-           "check", "check_run_stats", "from_stats", "markdown", "stats_fields", "value"]
+__all__ = ["RECORD", "RUN_STATS", "WHERE", "By", "MalformedError", "RecordError", "RunRecord",
+           "add", "build", "check", "check_run_stats", "from_stats", "markdown", "stats_fields",
+           "value"]
 
 #: Where the record sits in a trace file (error lines name fields from here).
 WHERE = "otherData.chainer_autoprof"
@@ -68,378 +71,282 @@ WHERE = "otherData.chainer_autoprof"
 RUN = By.EXIT | By.SO_FAR
 #: The same, and the trace so far's reader (which rewrites or adds them).
 RUN_READ = By.EXIT | By.SO_FAR | By.READ
+S = Annotated[float, F(unit="s", kind=NON_NEGATIVE)]
 
 # -- sections ------------------------------------------------------------------------------------
 #: Settings newer than the oldest traces read with this declaration (tests/data/gpu): written
 #: always, but not required of a trace.
 _NEWER_SETTINGS = frozenset({"gpu_activity"})
 
+#: The settings' section comes from their own table (common/settings.py).
 SETTINGS_SECTION = Section(
     [Field(s.name, Window() if s.name == "iterations" else ANY, s.doc,
            required=s.name not in _NEWER_SETTINGS) for s in SETTINGS]
     + [Field("effective_sync_level", ANY, "the sync level in effect (SYNC and SYNC_LEVEL)")],
     doc="every setting as the run used it (common/settings.py)")
 
-CLOCK = Section([
-    Field("perf_counter_ns_at_start", INT, "time.perf_counter_ns() when the agent started",
-          "ns", by=RUN_READ),
-    Field("unix_time_ns_at_start", INT, "time.time_ns() at the same moment", "ns",
-          by=RUN_READ),
-    Field("duration_ns", INT, "from the start to the end of the run (the trace so far: to "
-          "its last write)", "ns", by=By.EXIT | By.READ),
-    Field("method", TEXT, "merge: the alignment asked for (--align)", by=By.MERGE),
-    Field("zero_perf_counter_ns", SIGNED, "merge: the merged timeline's zero on the "
-          "reference clock", "ns", by=By.MERGE),
-], doc="clock readings")
 
-DEVICE = Section([
-    Field("id", INT, "CUDA device number"),
-    Field("name", TEXT, "its name (where the program imported CuPy)", required=False),
-], doc="one GPU in use")
+class Clock(TypedDict, total=False):
+    """Clock readings."""
 
-IMPLEMENTATION = Section([
-    Field("name", TEXT, "native or python"),
-    Field("reason", TEXT, "why the Python one runs (empty for the native one)"),
-], doc="the hot path's implementation (runtime/hotpath)")
-
-CLOCK_REFERENCE = Section([
-    Field("method", TEXT, "how it was taken (first-collective)"),
-    Field("op", TEXT, "the collective"),
-    Field("perf_counter_ns", INT, "time.perf_counter_ns() at its end", "ns", default=NEEDED),
-    Field("unix_time_ns", INT, "time.time_ns() at its end", "ns"),
-], doc="the end of the first synchronizing collective (common/rank.py)")
-
-PROCESS = Section([
-    Field("mpi_rank", INT, "MPI rank (null outside an MPI job)"),
-    Field("world_size", INT, "ranks in the job"),
-    Field("rank_source", TEXT, "where the rank came from (a launcher's variable, ChainerMN)"),
-    Field("child", BOOL, "whether an agent started in a parent process"),
-    Field("parent_pid", INT, "the parent's pid"),
-    Field("clock_reference", CLOCK_REFERENCE, "merge's clock reference", required=False),
-], doc="the process's place in the job (lifecycle/processes.py)")
-
-OPEN_RANGE = Section([
-    Field("name", TEXT, "range name"),
-    Field("category", TEXT, "range category"),
-    Field("open_s", NON_NEGATIVE, "how long it has been open", "s"),
-], doc="a range still open", open=True)
-
-THREAD = Section([
-    Field("tid", INT, "native thread id"),
-    Field("name", TEXT, "thread name"),
-    Field("main", BOOL, "the main thread"),
-    Field("open", ListOf(OPEN_RANGE), "its open ranges, outermost first"),
-    Field("stack", ListOf(OBJECT), "its innermost frames not the agent's", required=False),
-], doc="one thread", open=True)
-
-SNAPSHOT = Section([
-    Field("reason", TEXT, "why it was taken (stall, dump, partial write)"),
-    Field("pid", INT, "process id"),
-    Field("host", TEXT, "host name"),
-    Field("rank", INT, "MPI rank"),
-    Field("world_size", INT, "ranks in the job"),
-    Field("parent_pid", INT, "the parent's pid"),
-    Field("unix_ns", INT, "when (wall clock)", "ns"),
-    Field("perf_ns", INT, "when (perf counter)", "ns"),
-    Field("iteration", INT, "the iteration begun last (from 0)"),
-    Field("in_iteration", BOOL, "whether the loop thread is inside it"),
-    Field("since_iteration_s", NON_NEGATIVE, "since the last iteration began", "s"),
-    Field("since_progress_s", NON_NEGATIVE, "since the last progress (a new iteration or any "
-          "instrumented call)", "s"),
-    Field("threshold_s", NON_NEGATIVE, "the stall threshold", "s"),
-    Field("threshold_rule", TEXT, "how the threshold was set (a number, or what auto learned)"),
-    Field("threads", ListOf(THREAD), "every thread with where it is"),
-    Field("notes", ListOf(ANY), "one line each (the input queue's state, ...)"),
-], doc="where the process was (lifecycle/where.py)", open=True)
-
-PARTIAL_STATE = Section([
-    Field("perf_ns", INT, "when the trace so far was last written (perf counter)", "ns"),
-    Field("unix_ns", INT, "the same, wall clock", "ns"),
-    Field("where", SNAPSHOT, "where every thread was then"),
-    Field("stalls", ListOf(SNAPSHOT), "the stall reports so far"),
-    Field("dropped", INT, "ranges dropped by the record limit before they were written"),
-    Field("path", TEXT, "the partial file read"),
-], doc="the trace so far's last state (report/partial.py)")
-
-INPUT = Section([
-    Field("path", TEXT, "the input file"),
-    Field("label", TEXT, "its process track's label"),
-    Field("pid", INT, "its pid"),
-    Field("merged_pid", INT, "its process track in the merged file"),
-    Field("rank", INT, "its MPI rank"),
-    Field("host", TEXT, "its host"),
-    Field("child", BOOL, "a child process"),
-    Field("meta", OBJECT, "its own run record"),
-], doc="one merged input")
-
-RANK_ROW = Section([
-    Field("label", TEXT, "process track label"),
-    Field("rank", INT, "MPI rank"),
-    Field("host", TEXT, "host"),
-    Field("pid", INT, "pid"),
-    Field("child", BOOL, "a child process"),
-    Field("iterations", INT, "counted iterations"),
-    Field("iteration_ms_median", NON_NEGATIVE, "median iteration", "ms"),
-    Field("iteration_ms_mean", NON_NEGATIVE, "mean iteration", "ms"),
-    Field("comm_ms_per_iteration", NUMBER, "mean time in comm:* ranges per counted iteration",
-          "ms"),
-    Field("comm_share", NUMBER, "its share of the mean iteration"),
-    Field("compute_ms_per_iteration", NUMBER, "the rest of the iteration (mean: "
-          "iteration_ms_mean = comm_ms_per_iteration + compute_ms_per_iteration)", "ms"),
-    Field("comm_outside_iterations_ms", NUMBER, "communication outside iterations", "ms"),
-    Field("comm_ms_max", NUMBER, "the most time in comm:* ranges in one counted iteration",
-          "ms", required=False),
-    Field("wait_ms_max", NUMBER, "the longest wait for the other ranks in one counted "
-          "iteration (communication beyond the fastest rank's)", "ms", required=False),
-], doc="one process's iterations (report/merge.py)")
-
-STRAGGLER = Section([
-    Field("rank", INT, "the slowest rank"),
-    Field("label", TEXT, "its label"),
-    Field("compute_ms_per_iteration", NUMBER, "its compute per iteration", "ms"),
-    Field("others_compute_ms_per_iteration", NUMBER, "the others' (mean)", "ms"),
-    Field("extra_compute_ms_per_iteration", NUMBER, "the difference", "ms"),
-    Field("held_back_ms_per_iteration", NUMBER, "how long the others wait for it (mean)", "ms"),
-    Field("held_back_share", NUMBER, "that wait's share of their iteration"),
-    Field("balanced", BOOL, "whether every rank's waits are under BALANCED_SHARE of the "
-          "iteration, on average and in every iteration"),
-    Field("longest_wait_ms", NUMBER, "the longest wait of a rank for the others in one "
-          "counted iteration", "ms", required=False),
-    Field("longest_wait_rank", INT, "the rank that waited", required=False),
-    Field("longest_wait_iteration", INT, "in which counted iteration (from 0)",
-          required=False),
-], doc="the rank the others wait for")
-
-MERGE_WHERE = Section([
-    Field("positions", ListOf(SNAPSHOT), "each rank's last position"),
-    Field("odd_one_out", ListOf(INT), "the ranks somewhere else"),
-    Field("odd_one_out_text", TEXT, "that, in words"),
-], doc="where each rank was")
-
-ALIGNMENT = Section([
-    Field("path", TEXT, "the input file"),
-    Field("label", TEXT, "its label"),
-    Field("method", TEXT, "reference, clock, collective or wall"),
-    Field("offset_ns", SIGNED, "its clock's offset to the merged timeline", "ns"),
-], doc="one input's clock alignment")
-
-MERGE_SUMMARY = Section([
-    Field("ranks", ListOf(RANK_ROW), "per process"),
-    Field("straggler", STRAGGLER, "the slowest rank (null with fewer than two ranks)"),
-    Field("where", MERGE_WHERE, "where the ranks were (hung and killed jobs)"),
-    Field("alignment", ListOf(ALIGNMENT), "how each input's clock was aligned"),
-], doc="the summary across ranks (report/merge.py)")
-
-# -- GPU activity (analysis/gpu_figures.py: GpuActivityRecord, key for key) ----------------------
-GPU_LINK = Section([
-    Field("name", TEXT, "the link (its key in the summary's link table)"),
-    Field("fwd_ms", NON_NEGATIVE, "kernel time launched in its forward range", "ms"),
-    Field("fwd_kernels", INT, "kernels launched there"),
-    Field("bwd_ms", NON_NEGATIVE, "kernel time launched in its backward range", "ms"),
-    Field("bwd_kernels", INT, "kernels launched there"),
-    Field("copy_ms", NON_NEGATIVE, "copy and memset time launched in either", "ms"),
-], doc="one link's GPU time over the counted iterations")
-
-GPU_PHASE = Section([
-    Field("kernel_ms", NON_NEGATIVE, "kernel time launched in the phase", "ms"),
-    Field("kernels", INT, "kernels launched there"),
-    Field("copy_ms", NON_NEGATIVE, "copy and memset time launched there", "ms"),
-], doc="one phase's GPU time over the counted iterations (by launch)")
-
-GPU_KERNEL = Section([
-    Field("name", TEXT, "the kernel"),
-    Field("link", TEXT, "the link that launched it (null: none)", nullable=True),
-    Field("backward", BOOL, "launched in that link's backward range"),
-    Field("ms", NON_NEGATIVE, "its time over the counted iterations", "ms"),
-    Field("calls", INT, "its launches there"),
-], doc="one of the kernels with the most time, with the link that launched it")
-
-GPU_TIMELINE = Section([
-    Field("device", INT, "CUDA device number"),
-    Field("windows", INT, "counted iteration windows on its timeline"),
-    Field("span_ms", NON_NEGATIVE, "their time", "ms"),
-    Field("busy_ms", NON_NEGATIVE, "a kernel running", "ms"),
-    Field("idle_ms", MapOf(NON_NEGATIVE, key="cause"), "idle time by cause", "ms"),
-], doc="one GPU's timeline over the counted iterations")
-
-GPU_ACTIVITY = Section([
-    Field("iterations", INT, "counted iteration windows on the GPU's timeline"),
-    Field("warmup_skip", INT, "warm-up iterations left out"),
-    Field("span_ms", NON_NEGATIVE, "the counted windows' time", "ms"),
-    Field("busy_ms", NON_NEGATIVE, "a kernel running (the union over streams)", "ms"),
-    Field("busy_share", Number(0, 1), "busy over span (null: no window)", nullable=True),
-    Field("active_share", Number(0, 1), "kernels or copies running over span",
-          nullable=True),
-    Field("idle_ms", MapOf(NON_NEGATIVE, key="cause"), "idle time by cause: host (launched "
-          "late), copies (only copies ran), between iterations, other", "ms"),
-    Field("iteration_ms", SERIES, "per counted iteration: span, busy and each idle cause "
-          "(a sample beyond 65,536)", "ms"),
-    Field("sample_stride", Int(1), "the lists hold every N-th counted iteration"),
-    Field("devices", ListOf(GPU_TIMELINE), "per GPU"),
-    Field("phases", MapOf(GPU_PHASE, key="phase"), "per phase (and other)"),
-    Field("links", ListOf(GPU_LINK), "per link, the most GPU time first"),
-    Field("top_kernels", ListOf(GPU_KERNEL), "the kernels with the most time"),
-    Field("warmup_kernel_ms", NON_NEGATIVE, "kernel time launched in warm-up iterations", "ms"),
-    Field("outside_kernel_ms", NON_NEGATIVE, "kernel time launched outside iterations", "ms"),
-    Field("ops", MapOf(INT, key="kind"), "operations recorded: kernel, memcpy, memset"),
-    Field("statuses", MapOf(MapOf(NUMBER, key="figure"), key="status"), "operations and their "
-          "time (ms) by attribution status: attributed, no launch record, unknown thread, "
-          "ranges dropped, ranges still open"),
-    Field("late_ops", INT, "operations that arrived behind the placed timeline (left off it)"),
-    Field("clock", MapOf(NUMBER, key="figure"), "CUPTI's clock on the agent's: pairs, "
-          "drift_ppm, residual_ns, read_ns, bound_ns"),
-    Field("source", TEXT, "how the figures were obtained (the verdict names it)"),
-    Field("collector", MapOf(INT, key="count"), "what the collection saw: buffers, records, "
-          "dropped records, incomplete operations, callback errors, operations and ranges "
-          "its queues dropped"),
-    Field("notes", ListOf(TEXT), "what is missing from the figures, one line each"),
-], doc="GPU activity from CUPTI, each operation tied to the range that launched it "
-       "(analysis/gpu_figures.py)")
-
-# -- the saved statistics (RunStats, field for field) --------------------------------------------
-#: The record fields that feed RunStats: one declaration for the record and for ``run_stats``.
-_STATS_FIELDS = [
-    Field("dropped_ranges", INT, "ranges the record limit dropped from the trace",
-          by=By.EXIT | By.READ, default=0, stats="dropped_ranges"),
-    Field("batch_size", INT, "the training batch's length (null: unknown)", by=RUN,
-          stats="batch_size", nullable=True),
-    Field("samples", INT, "samples the counted iterations trained on, as the iterator "
-          "handed them out (else as the converter was handed them): every batch of a step, "
-          "each as long as it was", by=By.EXIT, default=0, stats="samples",
-          required=False),  # (newer than the oldest traces read: tests/data/gpu)
-    Field("sampled_iterations", INT, "the counted iterations whose samples were counted",
-          by=By.EXIT, default=0, stats="sampled_iterations", required=False),
-    Field("sync_level", Int(0, 3), "the GPU synchronization level in effect", by=RUN,
-          default=0, stats="sync_level"),
-    Field("sync_calls", INT, "GPU synchronizations the agent made", by=RUN, default=0,
-          stats="sync_calls"),
-    Field("overhead_ms", NON_NEGATIVE, "the agent's own time, estimated", "ms", by=By.EXIT,
-          default=0.0, stats="overhead_ms"),
-    Field("overhead_method", TEXT, "how that estimate was made (one line)", by=By.EXIT,
-          default="", stats="overhead_method"),
-    Field("gpu_phase_ms", SERIES, "per counted iteration, the iteration and its phases timed "
-          "with CUDA events", "ms", by=By.EXIT, stats="gpu_phase_ms", nullable=True),
-    Field("gpu_activity", GPU_ACTIVITY, "GPU time per link, phase and iteration from CUPTI "
-          "activity (CHAINER_PROF_GPU_ACTIVITY=1; null: not recorded)", by=By.EXIT,
-          stats="gpu_activity", nullable=True, required=False),
-]
-_BY_STATS = {f.stats: f for f in _STATS_FIELDS}
-
-LINK = Section(
-    [Field(f.name, {"name": TEXT, "calls": INT, "bwd_calls": INT}.get(f.name, NUMBER),
-           f"LinkStat.{f.name}", "ms" if f.name.endswith("_ms") else "", default=NEEDED)
-     for f in dataclasses.fields(LinkStat)],
-    doc="one link's figures (analysis/stats.py LinkStat)", keep_only=True)
-
-SLOW = Section([
-    Field("iteration", INT, "its number", default=NEEDED),
-    Field("ms", NON_NEGATIVE, "its time", "ms", default=NEEDED),
-    Field("gc_ms", NON_NEGATIVE, "collections inside it", "ms"),
-    Field("phases", MapOf(NUMBER, key="phase"), "its phases", "ms"),
-    Field("gc", ListOf(Triple("gc", INT)), "its collections: [generation, ms, phase]"),
-    Field("ranges", ListOf(Triple("ranges", TEXT)), "its longest named ranges: [name, ms, "
-          "phase]"),
-], doc="one of the slowest iterations (analysis/outliers.py)")
-
-#: RunStats' own fields: (kind, doc, unit, whether a saved copy must hold it).
-_RUN_STATS_OWN: dict[str, tuple[Kind, str, str, bool]] = {
-    "iterations": (INT, "counted iterations", "", True),
-    "warmup": (INT, "warm-up iterations left out", "", True),
-    "iteration_ms": (ListOf(NON_NEGATIVE), "per counted iteration (a sample)", "ms", True),
-    "phase_ms": (SERIES, "per phase, per counted iteration (the same sample)", "ms", True),
-    "outside_ms": (MapOf(NUMBER, key="kind"), "time outside iterations by kind", "ms", True),
-    "wall_ms": (NON_NEGATIVE, "the run's wall time", "ms", True),
-    "links": (ListOf(LINK), "per link", "", True),
-    "meta": (OBJECT, "the run record (empty when saved)", "", False),
-    "iteration_total_ms": (NON_NEGATIVE, "exact total of the counted iterations", "ms", False),
-    "phase_total_ms": (MapOf(NUMBER, key="phase"), "exact per-phase totals", "ms", False),
-    "sample_stride": (Int(1), "the lists hold every N-th counted iteration", "", False),
-    "ranges": (INT, "ranges recorded", "", False),
-    "has_phases": (BOOL, "whether phase ranges were recorded", "", False),
-    "other_thread_iterations": (INT, "iterations run by other threads", "", False),
-    "gc_ms": (ListOf(NON_NEGATIVE), "collection time per counted iteration", "ms", False),
-    "gc_total_ms": (NON_NEGATIVE, "collection time inside counted iterations", "ms", False),
-    "slowest": (ListOf(SLOW), "the slowest counted iterations", "", False),
-    "wait_phase_ms": (SERIES, "the agent's GPU waits per phase (and the rest), per counted "
-                      "iteration (the same sample)", "ms", False),
-    "wait_phase_total_ms": (MapOf(NON_NEGATIVE, key="phase"), "exact per-phase totals of the "
-                            "agent's GPU waits", "ms", False),
-    "waits_recorded": (BOOL, "whether the agent's GPU waits were recorded as ranges (else "
-                       "they are estimated from sync_ms)", "", False),
-    "comm_ms": (ListOf(NON_NEGATIVE), "communication (comm:* ranges) per counted iteration "
-                "(the same sample)", "ms", False),
-    "comm_total_ms": (MapOf(NON_NEGATIVE, key="operation"), "communication inside the "
-                      "counted iterations, per operation", "ms", False),
-}
-#: Of the record's fields, those a saved copy must hold.
-_RUN_STATS_NEEDED = ("sync_level", "sync_calls", "overhead_ms")
+    perf_counter_ns_at_start: Annotated[int, F("time.perf_counter_ns() when the agent started",
+                                               "ns", by=RUN_READ)]
+    unix_time_ns_at_start: Annotated[int, F("time.time_ns() at the same moment", "ns",
+                                            by=RUN_READ)]
+    duration_ns: Annotated[int, F("from the start to the end of the run (the trace so far: to "
+                                  "its last write)", "ns", by=By.EXIT | By.READ)]
+    method: Annotated[str, F("merge: the alignment asked for (--align)", by=By.MERGE)]
+    zero_perf_counter_ns: Annotated[int, F("merge: the merged timeline's zero on the "
+                                           "reference clock", "ns", SIGNED, by=By.MERGE)]
 
 
-def _run_stats_field(f: dataclasses.Field) -> Field:  # type: ignore[type-arg]
-    """The declaration of RunStats' field ``f`` (a record field's own where it feeds one)."""
-    shared = _BY_STATS.get(f.name)
-    if shared is not None:
-        return Field(f.name, shared.kind, shared.doc, shared.unit,
-                     default=NEEDED if f.name in _RUN_STATS_NEEDED else shared.default,
-                     nullable=shared.nullable, stats=f.name)
-    kind, doc, unit, needed = _RUN_STATS_OWN[f.name]  # a RunStats field declared nowhere: fails
-    if needed:
-        default = NEEDED
-    elif f.default_factory is not dataclasses.MISSING:
-        default = f.default_factory()
-    else:
-        default = {} if f.default is dataclasses.MISSING else f.default  # meta
-    return Field(f.name, kind, doc, unit, default=default, nullable=f.name == "phase_total_ms",
-                 stats=f.name)
+class Device(TypedDict, total=False):
+    """One GPU in use."""
+
+    id: Annotated[int, F("CUDA device number")]
+    name: Annotated[str, F("its name (where the program imported CuPy)", required=False)]
 
 
-RUN_STATS = Section([_run_stats_field(f) for f in dataclasses.fields(RunStats)],
-                    doc="a saved RunStats (analysis/stats.py)", null_is_absent=False)
+class Implementation(TypedDict, total=False):
+    """The hot path's implementation (runtime/hotpath)."""
+
+    name: Annotated[str, F("native or python")]
+    reason: Annotated[str, F("why the Python one runs (empty for the native one)")]
+
+
+class ClockReference(TypedDict, total=False):
+    """The end of the first synchronizing collective (common/rank.py)."""
+
+    method: Annotated[str, F("how it was taken (first-collective)")]
+    op: Annotated[str, F("the collective")]
+    perf_counter_ns: Annotated[Ns, F("time.perf_counter_ns() at its end", default=NEEDED)]
+    unix_time_ns: Annotated[Ns, F("time.time_ns() at its end")]
+
+
+class Process(TypedDict, total=False):
+    """The process's place in the job (lifecycle/processes.py)."""
+
+    mpi_rank: Annotated[int, F("MPI rank (null outside an MPI job)")]
+    world_size: Annotated[int, F("ranks in the job")]
+    rank_source: Annotated[str, F("where the rank came from (a launcher's variable, ChainerMN)")]
+    child: Annotated[bool, F("whether an agent started in a parent process")]
+    parent_pid: Annotated[int, F("the parent's pid")]
+    clock_reference: Annotated[ClockReference, F("merge's clock reference", required=False)]
+
+
+@shape(open=True)
+class OpenRange(TypedDict, total=False):
+    """A range still open."""
+
+    name: Annotated[str, F("range name")]
+    category: Annotated[str, F("range category")]
+    open_s: Annotated[S, F("how long it has been open")]
+
+
+@shape(open=True)
+class Thread(TypedDict, total=False):
+    """One thread."""
+
+    tid: Annotated[int, F("native thread id")]
+    name: Annotated[str, F("thread name")]
+    main: Annotated[bool, F("the main thread")]
+    open: Annotated[List[OpenRange], F("its open ranges, outermost first")]
+    stack: Annotated[List[Dict[str, Any]], F("its innermost frames not the agent's",
+                                             required=False)]
+
+
+@shape(open=True)
+class Snapshot(TypedDict, total=False):
+    """Where the process was (lifecycle/where.py)."""
+
+    reason: Annotated[str, F("why it was taken (stall, dump, partial write)")]
+    pid: Annotated[int, F("process id")]
+    host: Annotated[str, F("host name")]
+    rank: Annotated[int, F("MPI rank")]
+    world_size: Annotated[int, F("ranks in the job")]
+    parent_pid: Annotated[int, F("the parent's pid")]
+    unix_ns: Annotated[Ns, F("when (wall clock)")]
+    perf_ns: Annotated[Ns, F("when (perf counter)")]
+    iteration: Annotated[int, F("the iteration begun last (from 0)")]
+    in_iteration: Annotated[bool, F("whether the loop thread is inside it")]
+    since_iteration_s: Annotated[S, F("since the last iteration began")]
+    since_progress_s: Annotated[S, F("since the last progress (a new iteration or any "
+                                     "instrumented call)")]
+    threshold_s: Annotated[S, F("the stall threshold")]
+    threshold_rule: Annotated[str, F("how the threshold was set (a number, or what auto "
+                                     "learned)")]
+    threads: Annotated[List[Thread], F("every thread with where it is")]
+    notes: Annotated[List[Any], F("one line each (the input queue's state, ...)")]
+
+
+class PartialState(TypedDict, total=False):
+    """The trace so far's last state (report/partial.py)."""
+
+    perf_ns: Annotated[Ns, F("when the trace so far was last written (perf counter)")]
+    unix_ns: Annotated[Ns, F("the same, wall clock")]
+    where: Annotated[Snapshot, F("where every thread was then")]
+    stalls: Annotated[List[Snapshot], F("the stall reports so far")]
+    dropped: Annotated[int, F("ranges dropped by the record limit before they were written")]
+    path: Annotated[str, F("the partial file read")]
+
+
+class MergedInput(TypedDict, total=False):
+    """One merged input."""
+
+    path: Annotated[str, F("the input file")]
+    label: Annotated[str, F("its process track's label")]
+    pid: Annotated[int, F("its pid")]
+    merged_pid: Annotated[int, F("its process track in the merged file")]
+    rank: Annotated[int, F("its MPI rank")]
+    host: Annotated[str, F("its host")]
+    child: Annotated[bool, F("a child process")]
+    meta: Annotated[Dict[str, Any], F("its own run record")]
+
+
+class RankRow(TypedDict, total=False):
+    """One process's iterations (report/merge.py)."""
+
+    label: Annotated[str, F("process track label")]
+    rank: Annotated[int, F("MPI rank")]
+    host: Annotated[str, F("host")]
+    pid: Annotated[int, F("pid")]
+    child: Annotated[bool, F("a child process")]
+    iterations: Annotated[int, F("counted iterations")]
+    iteration_ms_median: Annotated[Ms, F("median iteration")]
+    iteration_ms_mean: Annotated[Ms, F("mean iteration")]
+    comm_ms_per_iteration: Annotated[float, F("mean time in comm:* ranges per counted "
+                                              "iteration", "ms")]
+    comm_share: Annotated[float, F("its share of the mean iteration")]
+    compute_ms_per_iteration: Annotated[float, F(
+        "the rest of the iteration (mean: iteration_ms_mean = comm_ms_per_iteration + "
+        "compute_ms_per_iteration)", "ms")]
+    comm_outside_iterations_ms: Annotated[float, F("communication outside iterations", "ms")]
+    comm_ms_max: Annotated[float, F("the most time in comm:* ranges in one counted iteration",
+                                    "ms", required=False)]
+    wait_ms_max: Annotated[float, F("the longest wait for the other ranks in one counted "
+                                    "iteration (communication beyond the fastest rank's)", "ms",
+                                    required=False)]
+
+
+class Straggler(TypedDict, total=False):
+    """The rank the others wait for."""
+
+    rank: Annotated[int, F("the slowest rank")]
+    label: Annotated[str, F("its label")]
+    compute_ms_per_iteration: Annotated[float, F("its compute per iteration", "ms")]
+    others_compute_ms_per_iteration: Annotated[float, F("the others' (mean)", "ms")]
+    extra_compute_ms_per_iteration: Annotated[float, F("the difference", "ms")]
+    held_back_ms_per_iteration: Annotated[float, F("how long the others wait for it (mean)",
+                                                   "ms")]
+    held_back_share: Annotated[float, F("that wait's share of their iteration")]
+    balanced: Annotated[bool, F("whether every rank's waits are under BALANCED_SHARE of the "
+                                "iteration, on average and in every iteration")]
+    longest_wait_ms: Annotated[float, F("the longest wait of a rank for the others in one "
+                                        "counted iteration", "ms", required=False)]
+    longest_wait_rank: Annotated[int, F("the rank that waited", required=False)]
+    longest_wait_iteration: Annotated[int, F("in which counted iteration (from 0)",
+                                             required=False)]
+
+
+class MergeWhere(TypedDict, total=False):
+    """Where each rank was."""
+
+    positions: Annotated[List[Snapshot], F("each rank's last position")]
+    odd_one_out: Annotated[List[int], F("the ranks somewhere else")]
+    odd_one_out_text: Annotated[str, F("that, in words")]
+
+
+class Alignment(TypedDict, total=False):
+    """One input's clock alignment."""
+
+    path: Annotated[str, F("the input file")]
+    label: Annotated[str, F("its label")]
+    method: Annotated[str, F("reference, clock, collective or wall")]
+    offset_ns: Annotated[int, F("its clock's offset to the merged timeline", "ns", SIGNED)]
+
+
+class MergeSummary(TypedDict, total=False):
+    """The summary across ranks (report/merge.py)."""
+
+    ranks: Annotated[List[RankRow], F("per process")]
+    straggler: Annotated[Straggler, F("the slowest rank (null with fewer than two ranks)")]
+    where: Annotated[MergeWhere, F("where the ranks were (hung and killed jobs)")]
+    alignment: Annotated[List[Alignment], F("how each input's clock was aligned")]
+
+
+# -- the saved statistics: RunStats' own declaration -----------------------------------------------
+RUN_STATS = section_of(RunStats)
+LINK = section_of(LinkStat)
+SLOW = section_of(SlowestEntry)
+#: The record fields that feed RunStats (declared there, with a writer).
+_STATS_FIELDS: list[Field] = []
+
 
 # -- the record ------------------------------------------------------------------------------
+#: Where the record holds a field declared by RunStats (its type repeated here, checked to be
+#: the same); RunStats' fields with a writer placed nowhere here come at the record's end.
+STATS = F(stats=True)
+
+
+class RunRecord(TypedDict, total=False):
+    """The run record."""
+
+    version: Annotated[str, F("chainer_autoprof's version", by=RUN)]
+    pid: Annotated[int, F("the process id (its events' pid)", by=RUN)]
+    host: Annotated[str, F("host name", by=RUN)]
+    rank: Annotated[int, F("MPI rank (0 outside an MPI job)", by=RUN)]
+    command: Annotated[str, F("the command line", by=RUN)]
+    settings: Annotated[Dict[str, Any], F("every setting as the run used it", kind=SETTINGS_SECTION,
+                                          by=RUN)]
+    env: Annotated[Dict[str, str], F("the settings given explicitly, as their CHAINER_PROF_* "
+                                     "values", by=RUN, key="variable")]
+    versions: Annotated[Dict[str, str], F("Python's and the imported modules' versions", by=RUN,
+                                          key="module")]
+    devices: Annotated[List[Device], F("the GPUs in use", by=RUN)]
+    merged: Annotated[bool, F("a merged trace", by=By.MERGE)]
+    inputs: Annotated[List[MergedInput], F("the merged traces", by=By.MERGE)]
+    clock: Annotated[Clock, F("clock readings", by=RUN_READ | By.MERGE)]
+    warmup_skip: Annotated[int, F("iterations the statistics leave out at the start", by=RUN,
+                                  default=0)]
+    granularity: Annotated[str, F("the finest ranges emitted", by=RUN)]
+    implementation: Annotated[Implementation, F("the hot path's implementation", by=RUN)]
+    sync_ms: Annotated[Ms, F("time in the agent's GPU synchronizations (null: not recorded)",
+                             by=RUN)]
+    facts: Annotated[Facts, F("run-time facts the advice reads", by=RUN)]
+    process: Annotated[Process, F("the process's place in the job", by=RUN)]
+    stalls: Annotated[List[Snapshot], F("the stall reports of the run", by=By.EXIT,
+                                        required=False)]
+    dropped_ranges: Annotated[int, STATS]
+    main_tid: Annotated[int, F("the main thread's native id (its track comes first)", by=RUN)]
+    process_name: Annotated[str, F("the process track's name (the final trace holds it as its "
+                                   "process_name event)", by=By.SO_FAR)]
+    batch_size: Annotated[Optional[int], STATS]
+    samples: Annotated[int, STATS]
+    sampled_iterations: Annotated[int, STATS]
+    sync_level: Annotated[int, STATS]
+    sync_calls: Annotated[int, STATS]
+    overhead_ms: Annotated[float, STATS]
+    overhead_method: Annotated[str, STATS]
+    gpu_phase_ms: Annotated[Optional[Dict[str, List[float]]], STATS]
+    gpu_activity: Annotated[Optional[GpuActivity], STATS]
+    ranges: Annotated[int, F("ranges recorded in the run (kept or dropped)", by=By.EXIT,
+                             default=0)]
+    run_stats: Annotated[Dict[str, Any], F("the whole run's statistics, saved when the record "
+                                           "limit dropped ranges (the events then cover the "
+                                           "newest only)", kind=RUN_STATS, by=By.EXIT | By.READ,
+                                           required=False, lazy=True)]
+    partial: Annotated[PartialState, F("a trace so far read back: its last state", by=By.READ)]
+    trace_path: Annotated[str, F("where the final trace went (the summary's trace line)",
+                                 by=By.LIVE, required=False)]
+    summary: Annotated[MergeSummary, F("the summary across ranks", by=By.MERGE)]
+
+
 #: Every field of the run record, in the order the final trace holds them.
-RECORD = Section([
-    Field("version", TEXT, "chainer_autoprof's version", by=RUN),
-    Field("pid", INT, "the process id (its events' pid)", by=RUN),
-    Field("host", TEXT, "host name", by=RUN),
-    Field("rank", INT, "MPI rank (0 outside an MPI job)", by=RUN),
-    Field("command", TEXT, "the command line", by=RUN),
-    Field("settings", SETTINGS_SECTION, "every setting as the run used it", by=RUN),
-    Field("env", MapOf(TEXT, key="variable"), "the settings given explicitly, as their "
-          "CHAINER_PROF_* values", by=RUN),
-    Field("versions", MapOf(TEXT, key="module"), "Python's and the imported modules' "
-          "versions", by=RUN),
-    Field("devices", ListOf(DEVICE), "the GPUs in use", by=RUN),
-    Field("merged", BOOL, "a merged trace", by=By.MERGE),
-    Field("inputs", ListOf(INPUT), "the merged traces", by=By.MERGE),
-    Field("clock", CLOCK, "clock readings", by=RUN_READ | By.MERGE),
-    Field("warmup_skip", INT, "iterations the statistics leave out at the start", by=RUN,
-          default=0),
-    Field("granularity", TEXT, "the finest ranges emitted", by=RUN),
-    Field("implementation", IMPLEMENTATION, "the hot path's implementation", by=RUN),
-    Field("sync_ms", NON_NEGATIVE, "time in the agent's GPU synchronizations (null: not "
-          "recorded)", "ms", by=RUN),
-    Field("facts", FACTS, "run-time facts the advice reads", by=RUN),
-    Field("process", PROCESS, "the process's place in the job", by=RUN),
-    Field("stalls", ListOf(SNAPSHOT), "the stall reports of the run", by=By.EXIT,
-          required=False),
-    _BY_STATS["dropped_ranges"],
-    Field("main_tid", INT, "the main thread's native id (its track comes first)", by=RUN),
-    Field("process_name", TEXT, "the process track's name (the final trace holds it as its "
-          "process_name event)", by=By.SO_FAR),
-    *(_BY_STATS[name] for name in ("batch_size", "samples", "sampled_iterations",
-                                   "sync_level", "sync_calls", "overhead_ms",
-                                   "overhead_method", "gpu_phase_ms", "gpu_activity")),
-    Field("ranges", INT, "ranges recorded in the run (kept or dropped)", by=By.EXIT,
-          default=0),
-    Field("run_stats", RUN_STATS, "the whole run's statistics, saved when the record limit "
-          "dropped ranges (the events then cover the newest only)", by=By.EXIT | By.READ,
-          required=False, lazy=True),
-    Field("partial", PARTIAL_STATE, "a trace so far read back: its last state", by=By.READ),
-    Field("trace_path", TEXT, "where the final trace went (the summary's trace line)",
-          by=By.LIVE, required=False),
-    Field("summary", MERGE_SUMMARY, "the summary across ranks", by=By.MERGE),
-], doc="the run record")
+RECORD = section_of(RunRecord, stats=RUN_STATS)
+_STATS_FIELDS.extend(f for f in RECORD.fields if f.stats)
+GPU_ACTIVITY = section_of(GpuActivity)
+GPU_LINK, GPU_PHASE = section_of(LinkGpuDict), section_of(PhaseGpuDict)
+GPU_KERNEL, GPU_TIMELINE = section_of(KernelGpuDict), section_of(TimelineDict)
 
 
 # -- writing -------------------------------------------------------------------------------------
@@ -481,11 +388,14 @@ def check(meta: object) -> dict[str, Any]:
 
 def check_run_stats(data: object) -> dict[str, Any]:
     """A saved RunStats, checked, ready for :meth:`RunStats.from_dict`: each link reduced to
-    the fields a ``LinkStat`` has, an absent field given its default."""
+    the fields a ``LinkStat`` has, an absent field given its default, a section declared by a
+    dataclass (the GPU figures) an object of it."""
     out = RUN_STATS.check(data, f"{WHERE}.run_stats")
     for f in RUN_STATS.fields:
         if f.name not in out:
             out[f.name] = copy.copy(f.default)
+        elif isinstance(f.kind, Section) and out[f.name] is not None:
+            out[f.name] = f.kind.convert(out[f.name])  # an object of its declaring class
     return out
 
 
@@ -503,29 +413,14 @@ def value(meta: Mapping[str, Any], dotted: str) -> Any:
     return f.default if current is None and f.default is not NEEDED else current
 
 
-class StatsFields(TypedDict):
-    """The RunStats fields the run record feeds."""
-
-    dropped_ranges: int
-    batch_size: int | None
-    samples: int
-    sampled_iterations: int
-    sync_level: int
-    sync_calls: int
-    overhead_ms: float
-    overhead_method: str
-    gpu_phase_ms: dict[str, list[float]] | None
-    gpu_activity: dict[str, Any] | None
-
-
-def stats_fields(values: Mapping[str, Any]) -> StatsFields:
+def stats_fields(values: Mapping[str, Any]) -> dict[str, Any]:
     """RunStats' record fields from ``values`` (a checked record, or the live run's figures):
     each converted to RunStats' type, absent or null ones with their defaults."""
     out: dict[str, Any] = {}
     for f in _STATS_FIELDS:
         item = values.get(f.name)
         out[f.stats or f.name] = f.default if item is None else f.kind.convert(item)
-    return out  # type: ignore[return-value]
+    return out
 
 
 # -- documentation -------------------------------------------------------------------------------

@@ -17,10 +17,23 @@ writers build it (an undeclared key or a missing one is a bug, :class:`RecordErr
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
+import sys
+import types
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar, Union, get_args, get_origin
+
+if sys.version_info >= (3, 9):  # Annotated: the declaring classes' (re-exported)
+    from typing import Annotated as Annotated
+    from typing import get_type_hints
+else:  # Chainer's own dependency
+    from typing_extensions import Annotated as Annotated
+    from typing_extensions import get_type_hints
+
+#: ``X | Y`` (Python 3.10 and later), as ``Union[X, Y]`` is.
+_UNION_TYPES = (Union, getattr(types, "UnionType", Union))
 
 #: Bounds of a time in a trace (microseconds): 31 years; beyond, the nanosecond
 #: values would not fit the int64 arithmetic of the aggregation.
@@ -281,6 +294,10 @@ class Field:
     nullable: bool = False
     #: Checked only where a reader uses it (its own check), not with the object that holds it.
     lazy: bool = False
+    #: A RunStats field: its type there, and its default in the run record.
+    declared_type: Any = None
+    record_default: Any = None
+    record_by: By | None = None
 
 
 class Section(Kind):
@@ -309,6 +326,17 @@ class Section(Kind):
         self.keep_only = keep_only
         #: Written in declared order (else in the writer's: facts, in the order they were seen).
         self.ordered = ordered
+        #: The class that declares it (:func:`section_of`), if any.
+        self.cls: type | None = None
+
+    def convert(self, value: Any) -> Any:
+        """A checked object as its declaring class holds it (a dataclass: built; unknown
+        keys left out, absent ones at the class's defaults)."""
+        cls = self.cls
+        if cls is not None and dataclasses.is_dataclass(cls) and not isinstance(value, cls):
+            known = {f.name for f in dataclasses.fields(cls)}
+            return cls(**{k: v for k, v in value.items() if k in known})
+        return value
 
     def check(self, value: object, where: str) -> dict[str, object]:
         data = OBJECT.check(value, where)
@@ -357,7 +385,9 @@ class Section(Kind):
 
 def _built(kind: Kind, value: object, by: By, where: str, complete: bool) -> Any:
     """``value`` as a writer's object holds it: declared sections checked, through lists and
-    maps of them; anything else as given."""
+    maps of them (an object of a declaring dataclass as its JSON); anything else as given."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
     if isinstance(kind, Section) and not kind.open and isinstance(value, Mapping):
         return kind.build(value, by, where, complete)
     if isinstance(kind, ListOf) and isinstance(value, list):
@@ -367,3 +397,199 @@ def _built(kind: Kind, value: object, by: By, where: str, complete: bool) -> Any
         return {key: _built(kind.item, item, by, f"{where}.{key}", complete)
                 for key, item in value.items()}
     return value
+
+
+# -- sections declared by the typed classes that carry them ----------------------------------------
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+_UNSET: Any = _Unset()
+
+
+@dataclass(frozen=True)
+class F:
+    """What a field's type does not say, beside it: ``x: Annotated[float, F("doc", "ms")]``.
+
+    The kind is inferred from the type (``int``: an integer >= 0, ``float``: a number,
+    ``str``, ``bool``, ``list[...]``, ``dict[str, ...]``, ``X | None``: nullable, a
+    declared class: its section); ``kind`` only where the value is constrained further.
+    Several ``F`` in one ``Annotated`` (an alias such as :data:`Ms` inside) are merged,
+    the later winning.
+    """
+
+    doc: str = ""
+    unit: str = ""
+    kind: Kind | None = None
+    #: Who writes it (the run record's fields; ``None``: the writers of the object).
+    by: By | None = None
+    required: bool | None = None
+    #: A reader's value when absent or null (:data:`NEEDED`: the object is damaged).
+    default: Any = _UNSET
+    nullable: bool | None = None
+    lazy: bool | None = None
+    #: What a ``dict[str, ...]``'s keys are, in the documentation.
+    key: str | None = None
+    #: Where the run record holds :class:`~.stats.RunStats`' field of this name (declared there,
+    #: with its writer; one declared with a writer and placed nowhere comes at the end).
+    stats: bool = False
+
+
+#: A time in milliseconds (>= 0), in nanoseconds.
+Ms = Annotated[float, F(unit="ms", kind=NON_NEGATIVE)]
+Ns = Annotated[int, F(unit="ns")]
+
+
+def merged(items: Sequence[F]) -> F:
+    """The ``F`` s of one field, the later's values over the earlier's."""
+    out: dict[str, Any] = {}
+    for item in items:
+        for name, f in F.__dataclass_fields__.items():
+            value = getattr(item, name)
+            if value is not f.default:
+                out[name] = value
+    return F(**out)
+
+
+def shape(*, open: bool = False, null_is_absent: bool = True, keep_only: bool = False,
+          ordered: bool = True, defaults: bool = False,
+          stats: bool = False) -> Callable[[type[T]], type[T]]:
+    """Class decorator: how the section a class declares is read and written
+    (:class:`Section`'s options); ``defaults``: a dataclass's defaults are its readers'
+    (a field without one is needed), its ``F(default=...)`` the run record's; ``stats``:
+    each field is the :class:`~.stats.RunStats` attribute of its name."""
+    def mark(cls: type[T]) -> type[T]:
+        cls.__shape__ = {"open": open, "null_is_absent": null_is_absent,  # type: ignore[attr-defined]
+                         "keep_only": keep_only, "ordered": ordered}
+        cls.__shape_defaults__ = defaults  # type: ignore[attr-defined]
+        cls.__shape_stats__ = stats  # type: ignore[attr-defined]
+        return cls
+    return mark
+
+
+T = TypeVar("T")
+_SECTIONS: dict[type, Section] = {}
+
+
+def is_declared(tp: object) -> bool:
+    """Whether ``tp`` is a class that declares a section (a dataclass or a TypedDict)."""
+    return isinstance(tp, type) and (dataclasses.is_dataclass(tp) or (
+        issubclass(tp, dict) and hasattr(tp, "__total__")))
+
+
+def section_of(cls: type, *, stats: Section | None = None) -> Section:
+    """THE section a class declares: its fields in order, each field's kind from its type,
+    the rest from its ``F`` (the class's docstring's first line is the section's doc).
+
+    ``stats``: the section a field marked ``F(stats=True)`` is taken from (the run record's
+    fields that are RunStats'); its type must be the same there.
+    """
+    known = _SECTIONS.get(cls)
+    if known is not None:
+        return known
+    hints = get_type_hints(cls, include_extras=True)
+    own_defaults = bool(getattr(cls, "__shape_defaults__", False))
+    own_stats = bool(getattr(cls, "__shape_stats__", False))
+    if dataclasses.is_dataclass(cls):
+        defaults = {f.name: f for f in dataclasses.fields(cls)}
+        order = list(defaults)
+    else:
+        defaults, order = {}, list(hints)
+    fields: list[Field] = []
+    for name in order:
+        tp = hints[name]
+        meta = merged(_metadata(tp))
+        if meta.stats:
+            if stats is None or name not in stats.by_name:
+                raise TypeError(f"{cls.__name__}.{name}: no statistics field of that name")
+            fields.append(_shared(stats.by_name[name], tp, meta))
+            continue
+        kind, nullable = kind_of(tp, meta.key)
+        default = None if meta.default is _UNSET else meta.default
+        record_default = default
+        if own_defaults:
+            record_default = default if meta.default is not _UNSET else \
+                _class_default(defaults[name], None)
+            default = _class_default(defaults[name], NEEDED)
+        fields.append(Field(name, meta.kind or kind, meta.doc, meta.unit,
+                            by=None if own_stats else meta.by, record_by=meta.by,
+                            required=True if meta.required is None else meta.required,
+                            default=default,
+                            nullable=nullable if meta.nullable is None else meta.nullable,
+                            lazy=bool(meta.lazy), declared_type=tp,
+                            record_default=record_default, stats=name if own_stats else None))
+    if stats is not None:  # the statistics' other record fields, after the declared ones
+        placed = {f.name for f in fields}
+        fields += [_shared(f, f.declared_type, F()) for f in stats.fields
+                   if f.record_by is not None and f.name not in placed]
+    doc = (cls.__doc__ or cls.__name__).strip().split("\n\n")[0]
+    doc = " ".join(doc.split()).rstrip(".")
+    if doc[1:2].islower():  # "One GPU" -> "one GPU" (a kind's doc reads it inside a phrase)
+        doc = doc[:1].lower() + doc[1:]
+    section = Section(fields, doc=doc, **getattr(cls, "__shape__", {}))
+    section.cls = cls
+    _SECTIONS[cls] = section
+    return section
+
+
+def _class_default(f: dataclasses.Field[Any], none: Any) -> Any:
+    """A dataclass field's default (``none`` where it has none)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return none if f.default is dataclasses.MISSING else f.default
+
+
+def _shared(f: Field, tp: object, meta: F) -> Field:
+    """The run record's field that is a RunStats' one: its declaration there, with what the
+    record says of its own (who writes it, always or not, its default)."""
+    stats_tp = f.declared_type
+    if _strip(stats_tp) != _strip(tp):
+        raise TypeError(f"{f.name}: {tp} here, {stats_tp} in the statistics")
+    if f.record_by is None:
+        raise TypeError(f"{f.name}: the statistics' field names no writer (F(by=...))")
+    return dataclasses.replace(f, by=f.record_by, stats=f.name,
+                               required=f.required if meta.required is None else meta.required,
+                               default=f.record_default, lazy=False)
+
+
+def _metadata(tp: object) -> list[F]:
+    """The ``F`` s beside a type (a plain string there: the doc, for leaves below this layer)."""
+    return [m if isinstance(m, F) else F(m) for m in getattr(tp, "__metadata__", ())
+            if isinstance(m, (F, str))]
+
+
+def _strip(tp: object) -> object:
+    """``tp`` without its ``Annotated`` parts (at the top)."""
+    return get_args(tp)[0] if get_origin(tp) is Annotated else tp
+
+
+def kind_of(tp: object, key: str | None = None) -> tuple[Kind, bool]:
+    """The kind a type says, and whether null is one of its values."""
+    meta = merged(_metadata(tp))
+    tp = _strip(tp)
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in _UNION_TYPES and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        kind, _ = kind_of(rest[0] if len(rest) == 1 else Any, key)
+        return meta.kind or kind, True
+    if meta.kind is not None:
+        return meta.kind, False
+    if tp is bool:
+        return BOOL, False
+    if tp is int:
+        return INT, False
+    if tp is float:
+        return NUMBER, False
+    if tp is str:
+        return TEXT, False
+    if origin is list:
+        return (ListOf(kind_of(args[0])[0]) if args and args[0] is not Any
+                else ListOf(ANY)), False
+    if origin is dict or tp is dict:
+        if not args or args[1] in (Any, object):
+            return OBJECT, False
+        return MapOf(kind_of(args[1])[0], key=key or meta.key or "name"), False
+    if is_declared(tp):
+        return section_of(tp), False  # type: ignore[arg-type]
+    return ANY, False

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Dict, List, Optional, Sequence, TypedDict
 
 from ..common import figures
+from .gpu_record import GpuActivity
+from .memory import Memory
+from .shapes import INT, NEEDED, TEXT, Annotated, By, F, Int, ListOf, Ms, Triple, shape
 
 #: Keys of :attr:`RunStats.phase_ms`: the four phases and the rest of the iteration.
 PHASE_KEYS = ("data", "forward", "backward", "update", "other")
@@ -53,16 +56,17 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+@shape(keep_only=True, defaults=True)
 @dataclass
 class LinkStat:
     """One link (by its path in the model) over the counted iterations."""
 
-    name: str
-    calls: int
-    incl_ms: float
-    self_ms: float
-    bwd_calls: int
-    bwd_ms: float
+    name: Annotated[str, F("its path in the model and its class (the summary's key)")]
+    calls: Annotated[int, F("forward calls")]
+    incl_ms: Annotated[float, F("forward time, the links it calls included", "ms")]
+    self_ms: Annotated[float, F("forward time, the links it calls excluded", "ms")]
+    bwd_calls: Annotated[int, F("backward passes through it")]
+    bwd_ms: Annotated[float, F("backward time attributed to it", "ms")]
 
     @property
     def total_ms(self) -> float:
@@ -70,63 +74,128 @@ class LinkStat:
         return self.incl_ms + self.bwd_ms
 
 
+#: ``[what, ms, phase]`` rows of a slow iteration.
+_GC_ROW = Triple("gc", INT)
+_RANGE_ROW = Triple("ranges", TEXT)
+
+
+class SlowestEntry(TypedDict, total=False):
+    """One of the slowest iterations (analysis/outliers.py)."""
+
+    iteration: Annotated[int, F("its number", default=NEEDED)]
+    ms: Annotated[Ms, F("its time", default=NEEDED)]
+    gc_ms: Annotated[Ms, F("collections inside it")]
+    phases: Annotated[Dict[str, float], F("its phases", "ms", key="phase")]
+    gc: Annotated[List[Any], F("its collections: [generation, ms, phase]", kind=ListOf(_GC_ROW))]
+    ranges: Annotated[List[Any], F("its longest named ranges: [name, ms, phase]",
+                                   kind=ListOf(_RANGE_ROW))]
+
+
+#: Writers of a record field that is RunStats': the final trace, and the trace so far too.
+_RUN = By.EXIT | By.SO_FAR
+
+
+@shape(null_is_absent=False, defaults=True, stats=True)
 @dataclass
 class RunStats:
-    """Everything the summary prints, from a live run or a saved trace."""
+    """A saved RunStats (analysis/stats.py): everything the summary prints, from a live run
+    or a saved trace.
 
-    iterations: int
-    warmup: int
-    iteration_ms: list[float]
-    phase_ms: dict[str, list[float]]
-    outside_ms: dict[str, float]
-    wall_ms: float
-    links: list[LinkStat]
-    batch_size: int | None
-    sync_level: int
-    sync_calls: int
-    overhead_ms: float
-    gpu_phase_ms: dict[str, list[float]] | None
-    meta: dict[str, Any]
+    Its fields are declared once, here: the saved copy's (the run record's ``run_stats``),
+    and, for a field with a writer (``F(by=...)``), the run record's field of that name
+    (:class:`~.record.RunRecord` places it; a new one comes at the record's end), whose
+    reader's default in the record ``F(default=...)`` gives where it is not the class's.
+    """
+
+    iterations: Annotated[int, F("counted iterations")]
+    warmup: Annotated[int, F("warm-up iterations left out")]
+    iteration_ms: Annotated[List[Ms], F("per counted iteration (a sample)", "ms")]
+    phase_ms: Annotated[Dict[str, List[float]], F(
+        "per phase, per counted iteration (the same sample)", "ms", key="key")]
+    outside_ms: Annotated[Dict[str, float], F("time outside iterations by kind", "ms",
+                                              key="kind")]
+    wall_ms: Annotated[Ms, F("the run's wall time")]
+    links: Annotated[List[LinkStat], F("per link")]
+    sync_level: Annotated[int, F("the GPU synchronization level in effect", kind=Int(0, 3),
+                                 by=_RUN, default=0)]
+    sync_calls: Annotated[int, F("GPU synchronizations the agent made", by=_RUN,
+                                   default=0)]
+    overhead_ms: Annotated[Ms, F("the agent's own time, estimated", by=By.EXIT,
+                                 default=0.0)]
+    batch_size: Annotated[Optional[int], F("the training batch's length (null: unknown)",
+                                            by=_RUN)] = None
+    gpu_phase_ms: Annotated[Optional[Dict[str, List[float]]], F(
+        "per counted iteration, the iteration and its phases timed with CUDA events", "ms",
+        key="key", by=By.EXIT)] = None
+    meta: Annotated[Dict[str, Any], F("the run record (empty when saved)")] = \
+        field(default_factory=dict)
     #: Exact total of the counted iterations (the lists may be a sample).
-    iteration_total_ms: float = 0.0
+    iteration_total_ms: Annotated[Ms, F("exact total of the counted iterations")] = 0.0
     #: Exact per-phase totals over the counted iterations.
-    phase_total_ms: dict[str, float] = field(default_factory=dict)
+    phase_total_ms: Annotated[Dict[str, float], F("exact per-phase totals", "ms", key="phase",
+                                                  nullable=True)] = field(default_factory=dict)
     #: The lists hold every ``sample_stride``-th counted iteration.
-    sample_stride: int = 1
+    sample_stride: Annotated[int, F("the lists hold every N-th counted iteration",
+                                    kind=Int(1))] = 1
     #: Ranges recorded, and ranges dropped from the trace by the record limit.
-    ranges: int = 0
-    dropped_ranges: int = 0
+    ranges: Annotated[int, F("ranges recorded")] = 0
+    dropped_ranges: Annotated[int, F("ranges the record limit dropped from the trace",
+                                     by=By.EXIT | By.READ)] = 0
     #: Whether phase ranges were recorded (granularity phase or finer).
-    has_phases: bool = True
+    has_phases: Annotated[bool, F("whether phase ranges were recorded")] = True
     #: How the overhead figure was obtained (one line).
-    overhead_method: str = ""
+    overhead_method: Annotated[str, F("how that estimate was made (one line)",
+                                      by=By.EXIT)] = ""
     #: Iterations run by threads other than the loop thread (not in these figures).
-    other_thread_iterations: int = 0
+    other_thread_iterations: Annotated[int, F("iterations run by other threads")] = 0
     #: Collection time per counted iteration (same sample as ``iteration_ms``), and in all.
-    gc_ms: list[float] = field(default_factory=list)
-    gc_total_ms: float = 0.0
+    gc_ms: Annotated[List[Ms], F("collection time per counted iteration", "ms")] = \
+        field(default_factory=list)
+    gc_total_ms: Annotated[Ms, F("collection time inside counted iterations")] = 0.0
     #: The slowest counted iterations with what ran inside them (:mod:`.outliers`).
-    slowest: list[dict[str, Any]] = field(default_factory=list)
+    slowest: Annotated[List[SlowestEntry], F("the slowest counted iterations")] = \
+        field(default_factory=list)
     #: The agent's own waits for the GPU inside the counted iterations, per phase key (the
     #: phase they lay in, ``other`` between phases): per counted iteration (same sample as
     #: ``iteration_ms``) and in all.  The phases and ``other`` include them.
-    wait_phase_ms: dict[str, list[float]] = field(default_factory=dict)
-    wait_phase_total_ms: dict[str, float] = field(default_factory=dict)
+    wait_phase_ms: Annotated[Dict[str, List[float]], F(
+        "the agent's GPU waits per phase (and the rest), per counted iteration (the same "
+        "sample)", "ms", key="key")] = field(default_factory=dict)
+    wait_phase_total_ms: Annotated[Dict[str, Ms], F(
+        "exact per-phase totals of the agent's GPU waits", "ms", key="phase")] = \
+        field(default_factory=dict)
     #: Whether the waits were recorded (a run before they were, or one without a GPU: no).
-    waits_recorded: bool = False
+    waits_recorded: Annotated[bool, F(
+        "whether the agent's GPU waits were recorded as ranges (else they are estimated from "
+        "sync_ms)")] = False
     #: Samples the counted iterations trained on (counted at the iterator, else the
     #: converter: every batch of a step, each as long as it was), and the counted iterations
     #: whose samples were counted (0: unknown; the batch size then stands in).
-    samples: int = 0
-    sampled_iterations: int = 0
+    samples: Annotated[int, F(
+        "samples the counted iterations trained on, as the iterator handed them out (else as "
+        "the converter was handed them): every batch of a step, each as long as it was",
+        by=By.EXIT, required=False)] = 0  # (newer than the oldest traces read: tests/data/gpu)
+    sampled_iterations: Annotated[int, F(
+        "the counted iterations whose samples were counted", by=By.EXIT, required=False)] = 0
     #: Communication (ChainerMN's ``comm:*`` ranges) inside the counted iterations: per
     #: counted iteration (same sample as ``iteration_ms``), and in all per operation.  The
     #: phases holding it (the update, for the gradient all-reduce) include it.
-    comm_ms: list[float] = field(default_factory=list)
-    comm_total_ms: dict[str, float] = field(default_factory=dict)
-    #: GPU activity from CUPTI (:class:`~.gpu_figures.GpuActivityRecord`: GPU time per link,
-    #: phase and iteration, busy share, top kernels), when recorded.
-    gpu_activity: dict[str, Any] | None = None
+    comm_ms: Annotated[List[Ms], F(
+        "communication (comm:* ranges) per counted iteration (the same sample)", "ms")] = \
+        field(default_factory=list)
+    comm_total_ms: Annotated[Dict[str, Ms], F(
+        "communication inside the counted iterations, per operation", "ms",
+        key="operation")] = field(default_factory=dict)
+    #: GPU activity from CUPTI (GPU time per link, phase and iteration, busy share, top
+    #: kernels), when recorded.
+    gpu_activity: Annotated[Optional[GpuActivity], F(
+        "GPU time per link, phase and iteration from CUPTI activity "
+        "(CHAINER_PROF_GPU_ACTIVITY=1; null: not recorded)", by=By.EXIT,
+        required=False)] = None
+    #: Memory at each counted iteration's end (:mod:`.memory`), where it could be read.
+    memory: Annotated[Optional[Memory], F(
+        "memory at each counted iteration's end: the process's resident memory, and CuPy's "
+        "pools where it is in use (null: not read)", by=By.EXIT, required=False)] = None
 
     # -- iterations --------------------------------------------------------
     def median(self) -> float:

@@ -435,9 +435,9 @@ def _both_share(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence) -> flo
     """The host's own share of the iteration when it and the GPU are both saturated.  The
     iteration is the GPU's when longer (a short run at sync 0 whose host ran ahead of the
     GPU measured the host's pace, not the one the run settles at)."""
-    activity = stats.gpu_activity or {}
-    span = (activity.get("span_ms") or 0.0) / activity["iterations"] \
-        if activity.get("iterations") else 0.0
+    activity = stats.gpu_activity
+    span = activity.span_ms / activity.iterations \
+        if activity is not None and activity.iterations else 0.0
     pace = max(fig["iteration_mean_ms"], gpu.gpu_iteration_ms or 0.0, span)
     if gpu.busy_share is None or gpu.busy_share < BOTH_SHARE or pace <= 0:
         return None

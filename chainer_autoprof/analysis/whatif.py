@@ -219,9 +219,9 @@ def timeline(stats: RunStats) -> Timeline | None:
     estimated = {} if stats.waits_recorded else {k: v / n for k, v in w.by_key.items()}
     behind = {p.phase for p in ev.behind} if ev is not None else set()
     gpu_iteration = ev.gpu_iteration_ms if ev is not None else None
-    record = stats.gpu_activity if isinstance(stats.gpu_activity, Mapping) else {}
-    if gpu_iteration is None and record.get("iterations") and record.get("span_ms"):
-        gpu_iteration = float(record["span_ms"]) / float(record["iterations"])
+    record = stats.gpu_activity
+    if gpu_iteration is None and record is not None and record.iterations and record.span_ms:
+        gpu_iteration = record.span_ms / record.iterations
     ran_ahead = (stats.sync_level == 0 and gpu_iteration is not None
                  and stats.median() < gpu_iteration * (1.0 - BEHIND_MARGIN))
     # the GPU set the pace at sync 0: the host blocked on it somewhere in its phases
@@ -308,16 +308,15 @@ def _activity_times(stats: RunStats) -> Times | None:
     stretched by the GPU's idle time the host cannot remove (launch latency, dependencies,
     copies)."""
     record = stats.gpu_activity
-    if not isinstance(record, Mapping):
+    if record is None or record.iterations <= 0:
         return None
-    phases, n = record.get("phases"), record.get("iterations")
-    if not isinstance(phases, Mapping) or not isinstance(n, (int, float)) or n <= 0:
-        return None
-    kernel = {k: float((phases.get(k) or {}).get("kernel_ms") or 0.0) / n for k in PHASE_KEYS}
+    n = record.iterations
+    kernel = {k: float(p["kernel_ms"]) / n if (p := record.phases.get(k)) else 0.0
+              for k in PHASE_KEYS}
     busy = sum(kernel.values())
     if busy <= 0:
         return None
-    idle = record.get("idle_ms") or {}
+    idle = record.idle_ms
     gaps = sum(float(idle.get(k) or 0.0) for k in ("other", "copies")) / n
     stretch = 1.0 + gaps / busy
     return {k: v * stretch for k, v in kernel.items()}
@@ -326,12 +325,9 @@ def _activity_times(stats: RunStats) -> Times | None:
 def _links(stats: RunStats, n: int) -> list[tuple[str, float, float]]:
     """Each link's GPU time per iteration, forward and backward (CUPTI, or sync level 3)."""
     record = stats.gpu_activity
-    if isinstance(record, Mapping) and isinstance(record.get("links"), list) \
-            and record.get("iterations"):
-        k = float(record["iterations"])
-        out = [(str(x.get("name")), float(x.get("fwd_ms") or 0.0) / k,
-                float(x.get("bwd_ms") or 0.0) / k) for x in record["links"]
-               if isinstance(x, Mapping)]
+    if record is not None and record.links and record.iterations:
+        k = float(record.iterations)
+        out = [(x["name"], x["fwd_ms"] / k, x["bwd_ms"] / k) for x in record.links]
     elif (activity := gpu_activity(stats)) and activity.get("link_ms"):
         out = [(name, ms, 0.0) for name, ms in activity["link_ms"].items()]
     elif stats.sync_level >= 3 and stats.links:

@@ -103,3 +103,17 @@ def count(n: float) -> str:
     if float(n).is_integer():
         return f"{int(n):,}"
     return num(n)
+
+
+def size(n_bytes: float) -> str:
+    """A memory size given in bytes: ``812 KiB``, ``12.4 MiB``, ``1.25 GiB`` (negative: a
+    shrink)."""
+    if not _finite(n_bytes):
+        return UNKNOWN
+    if n_bytes < 0:
+        return "-" + size(-n_bytes)
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n_bytes >= 0.9995 * scale:
+            value = n_bytes / scale
+            return f"{value:.2f} {unit}" if value < 9.995 else f"{value:,.1f} {unit}"
+    return f"{n_bytes:.0f} B"

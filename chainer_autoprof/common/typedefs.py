@@ -9,7 +9,23 @@ everything else gets a precise type.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Tuple, TypedDict, Union
+import sys
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    List,
+    Mapping,
+    Tuple,
+    TypedDict,
+    Union,
+)
+
+if sys.version_info >= (3, 9):
+    from typing import Annotated
+else:  # Chainer's own dependency
+    from typing_extensions import Annotated
 
 if TYPE_CHECKING:  # NumPy is not imported at start-up (the .pth hook imports this package)
     import numpy as np
@@ -39,12 +55,16 @@ Facts = Dict[str, Any]
 
 
 class GcTotals(TypedDict):
-    """Per-generation counts of the collections seen: the run record's ``gc`` fact, as
-    ``runtime/gc_ranges.py`` counts it and the advice reads it (``analysis/facts.py``)."""
+    """Garbage collections (runtime/gc_ranges.py).
 
-    collections: list[int]
-    collected: list[int]
-    uncollectable: list[int]
-    ms: list[float]
-    ranges: list[int]
-    unranged: int
+    Per generation (0, 1, 2): the run record's ``gc`` fact as ``runtime/gc_ranges.py``
+    counts it and the advice reads it, declared here once (``analysis/facts.py`` derives
+    its check and documentation from the docs beside each type).
+    """
+
+    collections: Annotated[List[int], "collections per generation"]
+    collected: Annotated[List[int], "objects freed per generation"]
+    uncollectable: Annotated[List[int], "uncollectable objects found per generation"]
+    ms: Annotated[List[float], "time in collections per generation (ms)"]
+    ranges: Annotated[List[int], "collections recorded as ranges per generation"]
+    unranged: Annotated[int, "collections outside any recorded range (no range of their own)"]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from ..analysis import record
+from ..analysis.findings import find
 from ..analysis.record import By
 from ..analysis.stats import RunStats
 from ..common import log, rank
@@ -26,7 +27,7 @@ from ..common.readable import readable
 from ..common.settings import SETTINGS, Config, to_environ_value
 from ..common.version import __version__
 from ..report.summary import format_summary
-from ..report.trace_events import Track
+from ..report.trace_events import MEMORY, Track
 from ..report.tracefile import ThreadRanges, write_trace
 from ..runtime.device import device_names
 from ..sinks.recorder import Recorder
@@ -72,15 +73,16 @@ def report_run(recorder: Recorder, tracer: Tracer, cfg: Config, hits: int,
     meta = metadata(cfg, tracer, recorder, end_ns, extra_meta)
     stats = recorder.run_stats(end_ns, cost, meta)
     if gpu is not None:
-        stats.gpu_activity = dict(gpu.record)
+        stats.gpu_activity = gpu.record
     if cfg.trace and trace_path is not None:
         record.add(stats.meta, By.LIVE,
                    trace_path=_write_trace(recorder, tracer, trace_path(), stats, event_args,
                                            gpu))
     if cfg.summary:
         try:
-            write(sys.stderr, readable(format_summary(stats, advice=bool(cfg.advice)), stats.meta)
-                  + "\n")
+            findings = find(stats, advice=bool(cfg.advice))  # once: the summary renders them
+            write(sys.stderr, readable(format_summary(findings, advice=bool(cfg.advice)),
+                                       stats.meta) + "\n")
             sys.stderr.flush()
         except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"no summary ({type(exc).__name__}: {exc})")
@@ -182,6 +184,8 @@ def _write_trace(recorder: Recorder, tracer: Tracer, path: str, stats: RunStats,
         threads = [ThreadRanges(tid, thread_names.get(tid, f"thread {tid}"), blocks)
                    for tid, blocks in per_thread.items()]
         tracks: list[Track] = []
+        if stats.memory is not None:
+            tracks.append((MEMORY, stats.memory))
         top: JsonObject | None = None
         if gpu is not None:
             # GPU activity's encoding loads only in a run that has it (every process exits here)
@@ -191,7 +195,7 @@ def _write_trace(recorder: Recorder, tracer: Tracer, path: str, stats: RunStats,
                 gpu.analysis, other, pid=os.getpid(), start_ns=recorder.start_ns,
                 rows_by_thread={tid: np.concatenate(blocks) for tid, blocks in per_thread.items()},
                 loop_tid=None)  # the thread with the most iterations
-            tracks, top = built.tracks, built.top
+            tracks, top = tracks + list(built.tracks), built.top
             event_args = _joined(event_args, built.range_args)
         write_trace(path, pid=os.getpid(), start_ns=recorder.start_ns, infos=recorder.infos,
                     threads=threads, other=other, process_name=process_name(),

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Callable, Deque, Protocol, TypeVar
 
 from ..analysis.gpu_analysis import GpuAnalysis, Limits
 from ..analysis.gpu_clock import fit
-from ..analysis.gpu_figures import GpuActivityRecord, GpuFigures, activity_record
+from ..analysis.gpu_record import GpuActivity, GpuFigures, activity_record
 from ..common import figures, log
 from ..common.gpu_records import ActivityBatch, ClockPairs, NameTable
 from ..runtime import cupti_readers
@@ -108,7 +108,7 @@ class GpuOutcome:
     (what the trace keeps), and the lines saying what is missing."""
 
     figures: GpuFigures
-    record: GpuActivityRecord
+    record: GpuActivity
     analysis: GpuAnalysis
     notes: list[str] = field(default_factory=list)
 

@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Sequence
 
+from ..analysis.findings import find
 from ..analysis.gpu_evidence import compare_sync
 from ..analysis.stats import PHASE_KEYS, RunStats
 from ..analysis.verdict import pick_replay
@@ -98,25 +99,29 @@ def report(args: argparse.Namespace) -> str:
     before = runs[0][1]
     after = runs[1][1] if len(runs) > 1 else None
     advice = not args.no_advice
+    # the findings, computed once, are what the text and the page render
+    pair = pick_replay(before, after) if after is not None else None
     if after is None:
         title = (f"chainer_autoprof report of {one_line(paths[0])}: "
                  f"{one_line(str(before.meta.get('command', '')))}")
-        text = readable(format_summary(before, advice=advice, title=title.rstrip(": ")),
-                        before.meta)
+        text = readable(format_summary(find(before, advice=advice), advice=advice,
+                                       title=title.rstrip(": ")), before.meta)
     else:
         text = compare(before, after, args.trace, args.after)
-        pair = pick_replay(before, after) if advice else None
-        if pair is not None:  # a normal run and its replay run: data made free
-            text += "\n\n" + verdict_section(pair[0], replay=pair[1])
+        if pair is not None and advice:  # a normal run and its replay run: data made free
+            text += "\n\n" + verdict_section(find(pair[0], replay=pair[1]))
         text += "".join(f"\n  {line}" for line in compare_sync(before, after))
         text = wrap_long_lines(text)
-    if args.html and after is not None and pick_replay(before, after) is None:
+    if args.html and after is not None and pair is None:
         raise ReportError(f"--html shows one run (or a run beside its replay run), and "
                           f"{args.trace} and {args.after} are two runs: write a page of each "
                           "(report TRACE --html OUT.html)")
     if args.html:
+        # the page shows the first run; of a normal run and its replay run, the normal one
+        shown = runs[0] if pair is None or runs[0][1] is pair[0] else runs[1]
         try:
-            write_report(args.html, runs)
+            write_report(args.html, shown[0],
+                         find(shown[1], replay=pair[1] if pair is not None else None))
         except (OSError, ValueError) as exc:
             raise ReportError(f"cannot write {args.html}: {exc}") from None
     return text

@@ -20,22 +20,21 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from ..analysis.advice import check
-from ..analysis.gpu_evidence import GpuEvidence, busy_text, on_gpu
-from ..analysis.outliers import slow_iterations
+from ..analysis.gpu_evidence import GpuEvidence
 from ..analysis.stats import PHASE_KEYS, percentile
-from ..analysis.verdict import Verdict, decide, pick_replay
-from ..common import figures, log, names
+from ..analysis.verdict import Verdict
+from ..common import figures, names
 from ..common.one_line import write
 from ..common.outputs import atomic_text
 from ..common.readable import hint_form, launched
 from . import whatif_view
 from .html_table import drop_empty_columns
 from .stall import ended_abnormally
-from .summary import IDLE_LABELS, activity, describe_slow
+from .summary import IDLE_LABELS, describe_slow, memory_lines
 
 if TYPE_CHECKING:
     from ..analysis.advice import Finding
+    from ..analysis.findings import Findings
     from ..analysis.stats import RunStats
     from .tracefile import Trace
 
@@ -435,7 +434,8 @@ def advice_html(findings: Sequence[Finding]) -> str:
     return "".join(out)
 
 
-def key_figures(stats: RunStats, gpu: GpuEvidence | None = None) -> str:
+def key_figures(f: Findings) -> str:
+    stats = f.stats
     meta = stats.meta or {}
     shown = [("iterations", f"{stats.iterations} counted + {stats.warmup} warm-up")]
     if stats.iterations:
@@ -447,6 +447,10 @@ def key_figures(stats: RunStats, gpu: GpuEvidence | None = None) -> str:
             rate += f", {figures.count(round(sps))} samples/s ({stats.samples_text()})"
         shown.append(("throughput", rate))
     shown.append(("wall time", _ms(stats.wall_ms)))
+    mem = memory_lines(f)
+    if mem:
+        shown.append(("memory", " ".join(" ".join(line.split()) for line in mem)
+                      .replace("memory at iteration ends: ", "at iteration ends: ")))
     settings = meta.get("settings") or {}
     shown.append(("sync level", f"{stats.sync_level} ({figures.count(stats.sync_calls)} "
                                 "synchronize calls)"))
@@ -455,8 +459,8 @@ def key_figures(stats: RunStats, gpu: GpuEvidence | None = None) -> str:
     devices = meta.get("devices") or []
     shown.append(("devices", ", ".join(f"GPU {d.get('id')} {d.get('name', '')}".strip()
                                        for d in devices) or "CPU"))
-    if gpu is not None and gpu.busy_share is not None:
-        shown.append(("GPU busy", busy_text(gpu)))
+    if f.busy is not None:
+        shown.append(("GPU busy", f.busy))
     versions = meta.get("versions") or {}
     if versions:
         shown.append(("versions", ", ".join(f"{k} {v}" for k, v in versions.items())))
@@ -468,7 +472,7 @@ def key_figures(stats: RunStats, gpu: GpuEvidence | None = None) -> str:
     return "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>" for k, v in shown)
 
 
-def gpu_section(stats: RunStats, gpu: GpuEvidence | None, verdict: Verdict) -> str:
+def gpu_section(f: Findings, gpu: GpuEvidence | None, verdict: Verdict) -> str:
     """The GPU's phase times beside the host's, the agent's waits, the busy share."""
     if gpu is None:
         return '<p class="empty">The model ran on a GPU, but no iteration was counted.</p>'
@@ -495,7 +499,7 @@ def gpu_section(stats: RunStats, gpu: GpuEvidence | None, verdict: Verdict) -> s
              + "</tbody></table>" if rows else "")
     lines = []
     if gpu.busy_share is not None:
-        lines.append(f"GPU busy: {busy_text(gpu)}; {gpu.busy_method}")
+        lines.append(f"GPU busy: {f.busy}; {gpu.busy_method}")
     if gpu.limit is None and gpu.reason:
         lines.append(f"Not enough evidence to tell GPU-bound from host-bound: {gpu.reason}")
     if gpu.wait_source == "estimated":
@@ -505,14 +509,13 @@ def gpu_section(stats: RunStats, gpu: GpuEvidence | None, verdict: Verdict) -> s
     return table + text
 
 
-def activity_html(stats: RunStats) -> str:
+def activity_html(f: Findings) -> str:
     """The GPU's own time from its kernel activity (CUPTI): busy and idle by cause, GPU time
     by phase, the top links and kernels by GPU time; empty without GPU activity."""
-    fig = activity(stats)
+    stats, fig = f.stats, f.activity
     if fig is None:
         return ""
     n = fig.iterations
-    record = stats.gpu_activity or {}
     parts = [("busy", fig.busy_ms, GPU_ROW_COLOR)]
     parts += [(IDLE_LABELS.get(k, k), v, IDLE_COLORS.get(k, OTHER_COLOR))
               for k, v in fig.idle_ms.items()]
@@ -555,10 +558,10 @@ def activity_html(stats: RunStats) -> str:
         f'<td class="name">'
         f'{_e(names.link_range_text(k["link"], k["backward"]) if k["link"] else "-")}'
         "</td></tr>" for k in fig.top_kernels)
-    notes = "".join(f'<p class="gpunote">{_e(line)}</p>' for line in record.get("notes") or [])
+    notes = "".join(f'<p class="gpunote">{_e(line)}</p>' for line in fig.notes)
     return (f'<div id="gpu-activity"><h3>GPU activity</h3>'
             f'<p class="gpunote">Busy {_e(figures.pct(fig.busy_share or 0.0))} of the GPU\'s '
-            f"time over {n} counted iterations ({_e(record.get('source', ''))}).</p>{bar}"
+            f"time over {n} counted iterations ({_e(fig.source)}).</p>{bar}"
             '<table class="gputable"><thead><tr><th>phase</th><th>host, median</th>'
             "<th>GPU kernel time launched, per iteration</th><th>kernels / iter</th>"
             "<th>copies, per iteration</th></tr></thead><tbody>" + phase_rows
@@ -573,14 +576,12 @@ def activity_html(stats: RunStats) -> str:
 
 # -- the page ---------------------------------------------------------------------------------
 
-def render(trace: Trace, stats: RunStats, replay: RunStats | None = None) -> str:
-    """The whole HTML page for ``trace`` (``stats`` computed from it)."""
-    try:
-        verdict = decide(stats, replay)
-        findings = check(stats, verdict)
-    except Exception as exc:  # our bug or damaged facts: the rest of the page stands  # noqa: BLE001
-        verdict = Verdict("unknown", "no verdict", [log.contained("the verdict", exc)])
-        findings = []
+def render(trace: Trace, f: Findings) -> str:
+    """The whole HTML page for ``trace`` (``f``: the findings of its statistics)."""
+    stats = f.stats
+    verdict = f.verdict or Verdict("unknown", "no verdict",
+                                   [f.errors.get("verdict", "no verdict was made")])
+    findings = f.advice
     rows = iteration_rows(trace)
     heading, line = timeline(trace, rows, stats)
     meta = stats.meta or {}
@@ -591,17 +592,17 @@ def render(trace: Trace, stats: RunStats, replay: RunStats | None = None) -> str
     gpu = verdict.gpu
     if gpu is not None and gpu.busy_share is not None:
         data["gpu_busy_share"] = round(gpu.busy_share, 4)
-    gpu_html = (f'<section id="gpu"><h2>GPU</h2>{gpu_section(stats, gpu, verdict)}'
-                f"{activity_html(stats)}</section>"
-                if gpu is not None or on_gpu(stats) or stats.gpu_activity else "")
-    fig = activity(stats)
+    gpu_html = (f'<section id="gpu"><h2>GPU</h2>{gpu_section(f, gpu, verdict)}'
+                f"{activity_html(f)}</section>"
+                if gpu is not None or f.on_gpu or stats.gpu_activity else "")
+    fig = f.activity
     if fig is not None:
         data["gpu_activity_busy_share"] = round(fig.busy_share or 0.0, 4)
         data["gpu_top_link"] = fig.links[0]["name"] if fig.links else None
     abnormal = "".join(f"<p>{_e(line.strip())}</p>" for line in ended_abnormally(meta))
     if abnormal:
         abnormal = f'<section id="abnormal" class="abnormal">{abnormal}</section>'
-    slow = slow_iterations(stats)
+    slow = f.slow
     slow_html = ("<section id=\"slow\"><h2>Slowest iterations</h2><ul>"
                  + "".join(f"<li>{_e(describe_slow(item))}</li>" for item in slow[:10])
                  + "</ul></section>") if slow else ""
@@ -613,12 +614,12 @@ def render(trace: Trace, stats: RunStats, replay: RunStats | None = None) -> str
 <style>{_CSS}</style></head>
 <body>
 <header><h1>chainer_autoprof report</h1><p class="cmd">{_e(command)}</p>
-<dl class="figures">{key_figures(stats, gpu)}</dl></header>
+<dl class="figures">{key_figures(f)}</dl></header>
 {abnormal}
 <section id="verdict" class="verdict kind-{_e(verdict.kind)}"><h2>Verdict</h2>
 {verdict_html(verdict)}</section>
 <section id="advice"><h2>Advice</h2>{advice_html(findings)}</section>
-{whatif_view.chart_html(stats)}
+{whatif_view.chart_html(f.whatif)}
 {gpu_html}
 <section id="wall"><h2>Where the wall time went</h2>{wall_bar(stats)}</section>
 <section id="phases"><h2>Phase times per iteration</h2>{phase_chart(rows)}</section>
@@ -644,23 +645,13 @@ def _json(data: object) -> str:
     return json.dumps(data).translate(_SCRIPT_SAFE)
 
 
-def write_report(out_path: str, runs: Sequence[tuple[Trace, RunStats]]) -> None:
-    """Write the page for ``runs`` (``(trace, stats)`` pairs, one or two) to ``out_path``.
-
-    The page shows the first run; when one of two runs is a replay run, it
-    shows the normal one, compared with the replay.
-    """
-    trace, stats = runs[0]
-    replay = None
-    if len(runs) > 1:
-        pair = pick_replay(runs[0][1], runs[1][1])
-        if pair is not None:
-            trace, stats = runs[0] if runs[0][1] is pair[0] else runs[1]
-            replay = pair[1]
-    page = render(trace, stats, replay)
-    with atomic_text(out_path) as f:  # whole or not at all; a regular file only
+def write_report(out_path: str, trace: Trace, f: Findings) -> None:
+    """Write the page for ``trace`` and its findings to ``out_path`` (``report`` picks the run:
+    of a normal run and its replay run, the normal one, compared with the replay)."""
+    page = render(trace, f)
+    with atomic_text(out_path) as out:  # whole or not at all; a regular file only
         # no control character of a name reaches the page raw; hints as the run was started
-        write(f, hint_form(page, launched(stats.meta)))
+        write(out, hint_form(page, launched(f.stats.meta)))
 
 
 _CSS = """

@@ -11,8 +11,9 @@ outside iterations, links, overhead, notes) and then appends, in order:
 
 A section that raises is left out (with a one-line note): the summary never
 fails the program (under the tests it raises: :func:`..common.log.contained`).
-The figures and findings come from :mod:`..analysis`; only their wording
-lives here, every figure through :mod:`..common.figures`.
+The figures and findings come from :mod:`..analysis`, computed once
+(:class:`~..analysis.findings.Findings`); only their wording lives here, every
+figure through :mod:`..common.figures`.
 
 On a GPU at sync level 1 and above, the agent's own waits for the GPU are a
 row of their own (between phases: at an iteration's end, at a phase's start)
@@ -25,11 +26,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from ..analysis import communication
-from ..analysis.advice import Finding, check
-from ..analysis.gpu_evidence import Waits, busy_text, gather, on_gpu, waits
-from ..analysis.gpu_figures import GpuFigures
-from ..analysis.outliers import OUTLIER_FACTOR, SlowIteration, slow_iterations, stutter
+from ..analysis import memory
+from ..analysis.advice import Finding
+from ..analysis.findings import Findings, find
+from ..analysis.gpu_evidence import Waits
+from ..analysis.gpu_record import GpuActivity, GpuFigures
+from ..analysis.outliers import OUTLIER_FACTOR, SlowIteration
 from ..analysis.stats import (
     AFTER_WINDOW,
     AGENT_OWN,
@@ -43,8 +45,7 @@ from ..analysis.stats import (
     RunStats,
     median,
 )
-from ..analysis.verdict import Verdict, decide, facts_of
-from ..analysis.window import unreached
+from ..analysis.verdict import Verdict
 from ..common import figures, log, names
 from ..common.one_line import one_line
 from ..common.wording import counted, joined, leaders
@@ -127,27 +128,32 @@ def _outside_items(stats: RunStats) -> list[tuple[str, float]]:
                   key=lambda kv: (_OUTSIDE_ORDER.get(kv[0], 5), -kv[1], kv[0]))
 
 
-def format_summary(stats: RunStats, advice: bool = True, title: str | None = None) -> str:
-    """The whole summary block (no trailing newline)."""
+def format_summary(run: Findings | RunStats, advice: bool = True,
+                   title: str | None = None) -> str:
+    """The whole summary block (no trailing newline) of a run's findings (a RunStats: its
+    findings computed first, once, :func:`~..analysis.findings.find`)."""
+    f = run if isinstance(run, Findings) else find(run, advice=advice)
+    stats = f.stats
     lines = [title or _title(stats)]
     lines += ended_abnormally(stats.meta)
-    lines += _iteration_lines(stats)
-    lines += _time_table(stats)
-    lines += _gpu_lines(stats)
-    lines += _slow_lines(stats)
-    lines += _link_lines(stats)
-    lines += _gc_lines(stats)
-    lines += _agent_lines(stats)
-    sections: list[Callable[[RunStats], str | None]] = [verdict_section] if advice else []
-    sections += SECTIONS
-    for section in sections:
+    lines += _iteration_lines(f)
+    lines += _time_table(f)
+    lines += _gpu_lines(f)
+    lines += _slow_lines(f)
+    lines += _link_lines(f)
+    lines += _gc_lines(f)
+    lines += memory_lines(f)
+    lines += _agent_lines(f)
+    if advice:
+        lines += verdict_section(f).split("\n")
+    for section in SECTIONS:
         try:
             text = section(stats)
         except Exception as exc:  # our bug: the rest of the summary stands  # noqa: BLE001
             text = "  (" + log.contained(getattr(section, "__qualname__", "section"), exc) + ")"
         if text:
             lines += text.rstrip("\n").split("\n")
-    lines.append("  => " + dominant_sentence(stats))
+    lines.append("  => " + dominant_sentence(f))
     return "\n".join(lines)
 
 
@@ -161,13 +167,14 @@ def _title(stats: RunStats) -> str:
     return f"chainer_autoprof summary ({where}): {command}".rstrip(": ")
 
 
-def _iteration_lines(stats: RunStats) -> list[str]:
+def _iteration_lines(f: Findings) -> list[str]:
+    stats = f.stats
     warm_setting = (stats.meta.get("settings") or {}).get("warmup")
     warm = f"{stats.warmup} warm-up excluded"
     if warm_setting is not None:
         warm += f" (CHAINER_PROF_WARMUP={warm_setting})"
     lines = [f"  iterations      {stats.iterations} counted, {warm}"]
-    window = unreached(stats)
+    window = f.window
     if window is not None:
         lines.append(f"  capture window  {window.start}:{window.stop} never reached: "
                      f"{window.progress()}; {window.setting()}")
@@ -192,20 +199,21 @@ def _row(label: str, total: str, iter_share: str, wall_share: str, med: str) -> 
     return f"    {label:<42} {total:>10} {iter_share:>7} {wall_share:>7} {med:>11}"
 
 
-def _time_table(stats: RunStats) -> list[str]:
+def _time_table(f: Findings) -> list[str]:
+    stats = f.stats
     lines = ["  " + f"{'time':<44} {'total':>10} {'% iter':>7} {'% wall':>7} {'median/iter':>11}"]
     if stats.iterations:
         lines.append("    in iterations:")
-        waited = waits(stats) if stats.sync_level >= 1 else Waits()
+        waited = f.waits
         if stats.has_phases:
             for key in PHASE_KEYS:
-                lines += _phase_rows(stats, key, waited)
+                lines += _phase_rows(f, key, waited)
                 if key == "data":
-                    lines += [f"        {line}" for line in queue_lines(stats)]
+                    lines += [f"        {line}" for line in queue_lines(f)]
         else:
             lines.append("      (no phase ranges: granularity iteration)")
-            lines += _wait_rows(stats, waited, "other")
-        lines += _comm_rows(stats)
+            lines += _wait_rows(f, waited, "other")
+        lines += _comm_rows(f)
         total = stats.iteration_total_ms
         lines.append(_row("  all counted iterations", fmt_ms(total), "100%",
                           fmt_pct(stats.wall_share(total)), fmt_ms(stats.median())))
@@ -222,9 +230,9 @@ def _time_table(stats: RunStats) -> list[str]:
     return lines
 
 
-def _comm_rows(stats: RunStats) -> list[str]:
+def _comm_rows(f: Findings) -> list[str]:
     """Communication (ChainerMN's ``comm:*``) inside the phases above, a row of its own."""
-    total = communication.comm_ms(stats)
+    stats, total = f.stats, f.comm_ms
     if total <= 0:
         return []
     share = total / stats.iteration_total_ms if stats.iteration_total_ms > 0 else 0.0
@@ -232,20 +240,21 @@ def _comm_rows(stats: RunStats) -> list[str]:
                  fmt_pct(stats.wall_share(total)), fmt_ms(median(stats.comm_ms)))]
 
 
-def _phase_rows(stats: RunStats, key: str, waited: Waits) -> list[str]:
+def _phase_rows(f: Findings, key: str, waited: Waits) -> list[str]:
     """A phase's row; with the agent's waits in it, an "of which" row (inside a phase) or,
     for the rest of the iteration, a row of their own and the rest without them."""
+    stats = f.stats
     total = stats.phase_total(key)
     med = stats.phase_median(key)
     if key != "other":
         row = _row("  " + PHASE_LABELS[key], fmt_ms(total), fmt_pct(stats.phase_share(key)),
                    fmt_pct(stats.wall_share(total)), fmt_ms(med))
         if waited.source == "recorded":
-            return [row, *_wait_rows(stats, waited, key, inside=True)]
+            return [row, *_wait_rows(f, waited, key, inside=True)]
         return [row]
-    lines = _wait_rows(stats, waited, "other")
+    lines = _wait_rows(f, waited, "other")
     if waited.source == "estimated" and stats.sync_level >= 2:
-        lines += _wait_rows(stats, waited, None, inside=True)
+        lines += _wait_rows(f, waited, None, inside=True)
     in_rest = waited.by_key.get("other", 0.0)
     if in_rest > 0:
         total = max(0.0, total - in_rest)
@@ -263,10 +272,11 @@ def _phase_rows(stats: RunStats, key: str, waited: Waits) -> list[str]:
     return lines
 
 
-def _wait_rows(stats: RunStats, waited: Waits, key: str | None,
+def _wait_rows(f: Findings, waited: Waits, key: str | None,
                inside: bool = False) -> list[str]:
     """The agent's waits for the GPU in ``key`` (``None``: all of them, estimated inside the
     phases), as a row of their own or an "of which" row."""
+    stats = f.stats
     total = waited.total_ms if key is None else waited.by_key.get(key, 0.0)
     if total <= 0:
         return []
@@ -274,7 +284,7 @@ def _wait_rows(stats: RunStats, waited: Waits, key: str | None,
     mark = "~" if estimated else ""
     series = [] if estimated or key is None else stats.wait_phase_ms.get(key, [])
     med = fmt_ms(median(series)) if series else mark + fmt_ms(total / stats.iterations)
-    gpu = on_gpu(stats)
+    gpu = f.on_gpu
     if inside and key is not None:
         label = "    " + (WAIT_INSIDE_LABEL if gpu else SYNC_INSIDE_LABEL)
     elif inside:
@@ -286,13 +296,10 @@ def _wait_rows(stats: RunStats, waited: Waits, key: str | None,
                  mark + fmt_pct(stats.wall_share(total)), med)]
 
 
-def activity(stats: RunStats) -> GpuFigures | None:
+def activity(stats: RunStats) -> GpuActivity | None:
     """The run's GPU activity figures (CUPTI), when it has counted iterations of them."""
-    record = stats.gpu_activity
-    if not record:
-        return None
-    fig = GpuFigures.from_dict(record)
-    return fig if fig.iterations else None
+    fig = stats.gpu_activity
+    return fig if fig is not None and fig.iterations else None
 
 
 #: What each idle cause of the GPU is, in the summary's words.
@@ -327,7 +334,7 @@ def _activity_lines(stats: RunStats, fig: GpuFigures) -> list[str]:
         lines.append(f"                  (kernels outside the counted iterations: warm-up "
                      f"{fmt_ms(fig.warmup_kernel_ms)}, outside iterations "
                      f"{fmt_ms(fig.outside_kernel_ms)})")
-    for note in (stats.gpu_activity or {}).get("notes") or []:
+    for note in stats.gpu_activity.notes if stats.gpu_activity is not None else []:
         lines.append(f"                  note: {note}")
     return lines
 
@@ -348,7 +355,8 @@ def _kernel_lines(fig: GpuFigures) -> list[str]:
     return lines
 
 
-def _gpu_lines(stats: RunStats) -> list[str]:
+def _gpu_lines(f: Findings) -> list[str]:
+    stats = f.stats
     gpu = stats.gpu_phase_ms
     lines = []
     if gpu:
@@ -356,23 +364,21 @@ def _gpu_lines(stats: RunStats) -> list[str]:
         n = len(gpu.get("iteration", []))
         lines.append(f"  GPU time (CUDA events, median per iteration over {n}): "
                      + ", ".join(parts))
-    if stats.iterations and on_gpu(stats):
-        try:
-            ev = gather(stats)
-        except Exception as exc:  # our bug: the rest of the summary stands  # noqa: BLE001
-            return [*lines, "  (" + log.contained("the GPU's busy share", exc) + ")"]
-        if ev.busy_share is not None and not ev.busy_exact:  # measured: the activity's line
-            behind = ", ".join(p.phase for p in ev.behind)
-            lines.append(f"  GPU busy        {busy_text(ev)}"
-                         + (f"; the GPU ran behind the host in {behind}" if behind else ""))
-    fig = activity(stats)
+    if "gpu" in f.errors:
+        return [*lines, "  (" + f.errors["gpu"] + ")"]
+    ev = f.gpu
+    if ev is not None and ev.busy_share is not None and not ev.busy_exact:
+        behind = ", ".join(p.phase for p in ev.behind)  # measured: the activity's line
+        lines.append(f"  GPU busy        {f.busy}"
+                     + (f"; the GPU ran behind the host in {behind}" if behind else ""))
+    fig = f.activity
     if fig is not None:
         lines += _activity_lines(stats, fig)
     return lines
 
 
-def _link_lines(stats: RunStats) -> list[str]:
-    fig = activity(stats)
+def _link_lines(f: Findings) -> list[str]:
+    stats, fig = f.stats, f.activity
     if fig is not None and fig.links:
         return _gpu_link_lines(stats, fig) + _kernel_lines(fig)
     if fig is not None:  # GPU activity without link ranges: the kernels still say a lot
@@ -420,10 +426,10 @@ def _gpu_link_lines(stats: RunStats, fig: GpuFigures) -> list[str]:
     return lines
 
 
-def queue_lines(stats: RunStats) -> list[str]:
+def queue_lines(f: Findings) -> list[str]:
     """The input queue of each prefetching iterator: how often it was empty when asked."""
     lines = []
-    for name, q in sorted((facts_of(stats).get("input_queue") or {}).items()):
+    for name, q in sorted((f.facts.get("input_queue") or {}).items()):
         fetches = int(q.get("fetches") or 0)
         ready = list(q.get("ready") or [])
         if not fetches or not ready:
@@ -456,11 +462,10 @@ def describe_slow(item: SlowIteration) -> str:
     return f"{head}: every phase a little slower, no single cause"
 
 
-def _slow_lines(stats: RunStats) -> list[str]:
-    slow = slow_iterations(stats)
-    if not slow:
+def _slow_lines(f: Findings) -> list[str]:
+    slow, share = f.slow, f.stutter
+    if not slow or share is None:
         return []
-    share = stutter(stats)
     lines = [f"  slowest iterations ({figures.num(OUTLIER_FACTOR)}x the median or more: "
              f"{share.count} of {share.sampled} counted, {fmt_pct(share.share)} of the "
              "iteration time above the median)"]
@@ -468,8 +473,9 @@ def _slow_lines(stats: RunStats) -> list[str]:
     return lines
 
 
-def _gc_lines(stats: RunStats) -> list[str]:
-    gc = facts_of(stats).get("gc")
+def _gc_lines(f: Findings) -> list[str]:
+    stats = f.stats
+    gc = f.facts.get("gc")
     if not isinstance(gc, dict) or not sum(gc.get("collections") or ()):
         return []
     counts = list(gc.get("collections") or [])
@@ -485,29 +491,56 @@ def _gc_lines(stats: RunStats) -> list[str]:
     return [line]
 
 
-def _agent_lines(stats: RunStats) -> list[str]:
+def memory_lines(f: Findings) -> list[str]:
+    """Memory at each counted iteration's end: each figure's median and peak, a steady growth
+    (the advice names its causes), a CuPy pool that caches."""
+    mem = f.stats.memory
+    if mem is None:
+        return []
+    shown = [c for c in memory.COLUMNS if mem.bytes.get(c)
+             and (c == memory.RSS or mem.peak_bytes.get(c, 0) > 0)]
+    rows = [f"{memory.LABELS[c]} median {figures.size(mem.median(c))}, peak "
+            f"{figures.size(mem.peak_bytes[c])} (iteration {mem.peak_iteration[c]})"
+            for c in shown]
+    if not rows:
+        return []
+    lines = ["  memory          at iteration ends: " + rows[0]]
+    lines += ["                  " + row for row in rows[1:]]
+    grown = f.leak
+    if grown is not None:
+        lines.append(f"                  {memory.LABELS[grown.column]} grows "
+                     f"{figures.size(grown.per_iteration)} per iteration since iteration "
+                     f"{grown.start_iteration}, steadily: a leak")
+    cache = f.cache
+    if cache is not None:
+        lines.append(f"                  CuPy's pool holds {figures.size(cache.held_bytes)} since "
+                     f"iteration {cache.until_iteration}: freed blocks kept for reuse (caching, "
+                     "not a leak)")
+    return lines
+
+
+def _agent_lines(f: Findings) -> list[str]:
+    stats = f.stats
     lines = []
     over = stats.overhead_ms
     lines.append(f"  agent overhead  ~{fmt_ms(over)} ({fmt_pct(stats.wall_share(over))} of wall)"
                  + (f"; {stats.overhead_method}" if stats.overhead_method else ""))
     line = (f"  sync level      {stats.sync_level} "
             f"({counted(figures.count(stats.sync_calls), 'synchronize call')})")
-    waited = waits(stats) if stats.sync_level >= 1 else Waits()
+    waited = f.waits
     if waited.total_ms > 0 and stats.iterations:
         mark = "~" if waited.source == "estimated" else ""
         line += (f"; the agent waited {mark}{fmt_ms(waited.total_ms / stats.iterations)} per "
-                 f"counted iteration{' for the GPU' if on_gpu(stats) else ''} ({mark}"
+                 f"counted iteration{' for the GPU' if f.on_gpu else ''} ({mark}"
                  f"{fmt_pct(waited.total_ms / stats.iteration_total_ms)})")
-        if on_gpu(stats):
-            try:
-                ev = gather(stats)
-            except Exception as exc:  # our bug: the rest of the summary stands  # noqa: BLE001
-                line += " (" + log.contained("the synchronization's cost", exc) + ")"
-            else:
-                if ev.sync_cost_ms is not None:
-                    line += (f", costing {'up to' if ev.sync_cost_bound else 'about'} "
-                             f"{fmt_ms(ev.sync_cost_ms)} of overlap per iteration (the "
-                             "agent's overhead)")
+        if f.on_gpu:
+            ev = f.gpu
+            if ev is None and "gpu" in f.errors:
+                line += " (" + f.errors["gpu"] + ")"
+            elif ev is not None and ev.sync_cost_ms is not None:
+                line += (f", costing {'up to' if ev.sync_cost_bound else 'about'} "
+                         f"{fmt_ms(ev.sync_cost_ms)} of overlap per iteration (the "
+                         "agent's overhead)")
     lines.append(line)
     gpu_in_use = bool(stats.meta.get("devices")) or bool(stats.gpu_phase_ms)
     if gpu_in_use and stats.sync_level >= 3:
@@ -537,9 +570,10 @@ def _agent_lines(stats: RunStats) -> list[str]:
     return lines
 
 
-def dominant_sentence(stats: RunStats) -> str:
+def dominant_sentence(f: Findings) -> str:
     """One plain sentence saying what dominates."""
-    window = unreached(stats)
+    stats = f.stats
+    window = f.window
     if window is not None:
         return (f"nothing was recorded: the capture window {window.start}:{window.stop} was never "
                 f"reached; {window.progress()}.")
@@ -565,16 +599,16 @@ def dominant_sentence(stats: RunStats) -> str:
     if not stats.has_phases:
         return (f"iterations take {fmt_pct(in_iterations)} of the training loop (no phase "
                 "ranges: use granularity phase or finer to see inside them).")
-    if on_gpu(stats):
-        sentence = _gpu_sentence(stats)
+    if f.on_gpu:
+        sentence = _gpu_sentence(f)
         if sentence:
             return sentence
-    waited = waits(stats) if stats.sync_level >= 1 else Waits()
+    waited = f.waits
     if waited.total_ms > 0:  # the host's own time: the agent's waits left out
         own = {k: max(0.0, stats.phase_total(k) - waited.by_key.get(k, 0.0)) for k in PHASE_KEYS}
         phase = max(PHASE_KEYS, key=lambda k: own[k])
         share = own[phase] / stats.iteration_total_ms if stats.iteration_total_ms > 0 else 0.0
-        what = "waits for the GPU" if on_gpu(stats) else "synchronize calls"
+        what = "waits for the GPU" if f.on_gpu else "synchronize calls"
         tied = leaders({k: own[k] / stats.iteration_total_ms if stats.iteration_total_ms > 0
                         else 0.0 for k in PHASE_KEYS}, fmt_pct)
         words = (f"{joined([PHASE_WORDS[k] for k in tied])} take" if len(tied) > 1
@@ -582,9 +616,8 @@ def dominant_sentence(stats: RunStats) -> str:
         each = " each" if len(tied) > 1 else ""
         return (f"{words} {fmt_pct(share)} of each iteration{each} (the agent's "
                 f"{what}, {fmt_pct(waited.total_ms / stats.iteration_total_ms)}, left out).")
-    comm = communication.sentence(stats)
-    if comm is not None:
-        return comm
+    if f.comm_sentence is not None:
+        return f.comm_sentence
     phase = stats.dominant_phase() or "other"
     keys = PHASE_KEYS if stats.has_phases else ("other",)
     tied = leaders({k: stats.phase_share(k) for k in keys}, fmt_pct)
@@ -594,15 +627,12 @@ def dominant_sentence(stats: RunStats) -> str:
     return f"{PHASE_WORDS[phase]} takes {fmt_pct(stats.phase_share(phase))} of each iteration."
 
 
-def _gpu_sentence(stats: RunStats) -> str | None:
+def _gpu_sentence(f: Findings) -> str | None:
     """On a GPU that sets the pace: the phase (with GPU activity: and the link) with the most
     GPU time."""
-    try:
-        ev = gather(stats)
-    except Exception as exc:  # our bug: the plain sentence stands  # noqa: BLE001
-        log.warning(log.contained("the GPU sentence", exc))
+    ev, fig = f.gpu, f.activity
+    if ev is None:
         return None
-    fig = activity(stats)
     if ev.limit == "gpu" and fig is not None:
         n = fig.iterations
         launched = {k: float(p["kernel_ms"]) for k, p in fig.phases.items()}
@@ -657,14 +687,16 @@ def format_advice(findings: list[Finding]) -> str:
     return "\n".join(lines)
 
 
-def verdict_section(stats: RunStats, replay: RunStats | None = None) -> str:
-    """The verdict and the advice, as printed at the end of the summary."""
-    verdict = decide(stats, replay)
-    text = format_verdict(verdict)
-    levers = whatif_view.summary_text(stats)
+def verdict_section(run: Findings | RunStats, replay: RunStats | None = None) -> str:
+    """The verdict, the what-if predictions and the advice, as printed at the end of the
+    summary (a RunStats: its findings computed first, with ``replay``)."""
+    f = run if isinstance(run, Findings) else find(run, replay)
+    if f.verdict is None:
+        return "  (" + f.errors.get("verdict", "no verdict was asked for") + ")"
+    text = format_verdict(f.verdict)
+    levers = whatif_view.summary_text(f.whatif)
     if levers:
         text += "\n" + levers
-    findings = check(stats, verdict)
-    if findings:
-        text += "\n\n" + format_advice(findings)
+    if f.advice:
+        text += "\n\n" + format_advice(f.advice)
     return text

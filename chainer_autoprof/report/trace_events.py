@@ -63,6 +63,7 @@ from typing import (
 
 import numpy as np
 
+from ..analysis.memory import LABELS, Memory
 from ..analysis.shapes import (
     INT,
     MAX_US,
@@ -375,6 +376,29 @@ def moved_pid(track: object, pid: int) -> int:
     if is_gpu_pid(track):
         return gpu_pid(pid, (track - GPU_PID_BASE) % MAX_DEVICES)
     return pid
+
+
+class MemoryCounters(EventKind[object]):
+    """Memory at each counted iteration's end as a counter track under the process (Perfetto
+    draws one chart per counter name, a series per ``args`` key)."""
+
+    name = "memory"
+    ph = "C"
+    doc = ("memory at an iteration's end (a counter track under the process): resident, and "
+           "CuPy's pools where in use")
+    args_doc = "MiB per figure: `resident`, `CuPy pool in use`, `CuPy pool held`, ..."
+
+    def encode(self, items: Memory, timeline: Timeline) -> Iterator[str]:
+        """``items``: the run's memory figures (one event per sample)."""
+        columns = [(LABELS[c], values) for c, values in items.bytes.items() if c in LABELS]
+        for i, at_ns in enumerate(items.at_ns):
+            args = {label: round(values[i] / (1 << 20), 3) for label, values in columns
+                    if i < len(values) and values[i] >= 0}
+            yield (f'{{"ph":"C","name":"memory","pid":{timeline.pid},"tid":0,'
+                   f'"ts":{fixed3(at_ns - timeline.start_ns)},"args":{json.dumps(args)}}}')
+
+
+MEMORY = register(MemoryCounters())
 
 
 class GpuEventKind(EventKind[Dict[str, object]]):

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..analysis import record
 from ..analysis.aggregate import Aggregator
-from ..analysis.gpu_figures import activity_record
+from ..analysis.gpu_record import GpuActivity, activity_record
 from ..analysis.shapes import MalformedError
 from ..analysis.stats import DEPTH_BITS, SHUTDOWN, UNFINISHED, RunStats
 from ..common.gpu_records import Int64Array
@@ -156,7 +156,7 @@ class Trace:
             stats.gpu_activity = self.gpu_activity()
         return _unfinished(stats)
 
-    def gpu_activity(self) -> dict[str, object] | None:
+    def gpu_activity(self) -> GpuActivity | None:
         """The GPU figures of a trace whose record holds none (written by another tool, or
         edited): its GPU events attributed again to its ranges."""
         from . import gpu_events  # loaded when needed
@@ -166,9 +166,9 @@ class Trace:
         if fig is None:
             return None
         kernels = sum(int(p["kernels"]) for p in fig.phases.values())
-        return dict(activity_record(
+        return activity_record(
             fig, f"the trace's GPU kernel events, {kernels} kernels over {fig.iterations} "
-            "counted iterations, each tied again to the range that launched it", {}, []))
+            "counted iterations, each tied again to the range that launched it", {}, [])
 
 
 def _unfinished(stats: RunStats) -> RunStats:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from html import escape
 
 from ..analysis import whatif
-from ..analysis.stats import RunStats
+from ..analysis.whatif import WhatIf
 from ..common import figures, log
 
 #: The chart's size (px): a label column, then the bars.
@@ -14,12 +14,8 @@ WIDTH, LABEL_W, BAR_H, GAP = 820, 330, 18, 6
 NOW_COLOR, LEVER_COLOR, BAND_COLOR = "#757575", "#1565c0", "#0d2a4d"
 
 
-def summary_text(stats: RunStats) -> str:
-    """The levers' lines under a heading (empty when the model has nothing to say); the
-    replay's error goes to the debug log."""
-    wf = whatif.model(stats)
-    if wf is not None:
-        log.debug(wf.replay_text())
+def summary_text(wf: WhatIf | None) -> str:
+    """The levers' lines under a heading (empty when the model has nothing to say)."""
     if wf is None or not wf.predictions:
         return ""
     head = ("What-if (this run's step replayed with one change; band: the iterations' "
@@ -28,17 +24,16 @@ def summary_text(stats: RunStats) -> str:
     return "\n".join([head] + [f"  {line}" for line in whatif.lines(wf)])
 
 
-def chart_html(stats: RunStats) -> str:
+def chart_html(wf: WhatIf | None) -> str:
     """An SVG bar per lever beside the iteration now, each with its band as a whisker;
     empty when the model has nothing to say (or, under a bug of ours, one line)."""
     try:
-        return _chart(stats)
+        return _chart(wf)
     except Exception as exc:  # our bug: the rest of the page stands  # noqa: BLE001
         return f'<p class="note">{escape(log.contained("the what-if chart", exc))}</p>'
 
 
-def _chart(stats: RunStats) -> str:
-    wf = whatif.model(stats)
+def _chart(wf: WhatIf | None) -> str:
     if wf is None or not wf.predictions:
         return ""
     now = wf.predictions[0].now_ms

@@ -35,6 +35,7 @@ The recorder never reports: at exit it flushes, and the agent pulls
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections import deque
 from time import perf_counter_ns, thread_time_ns
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ..analysis.aggregate import Aggregator
+from ..analysis.memory import MemoryTrack
 from ..analysis.stats import DEPTH_BITS, MAX_KEPT_ITERATIONS, RunStats
 from ..common import log, names
 from ..common.settings import Config
@@ -56,6 +58,11 @@ if TYPE_CHECKING:
 
 #: Ranges a thread buffers before they are aggregated.
 CHUNK_RANGES = 4096
+#: The resident memory's line (pages: size, resident, ...), read once per iteration.
+STATM = "/proc/self/statm"
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+#: No CuPy pool figures (CuPy not in use): pool used, pool held, pinned held.
+_NO_POOLS = (-1, -1, -1)
 #: Test-only: time phases with the backend's event timer even without a GPU
 #: (the counting backend's host timer), to exercise the GPU-timing path on CPU.
 ENV_TEST_EVENTS = "CHAINER_AUTOPROF_TEST_EVENTS"
@@ -76,6 +83,9 @@ class Recorder:
         self.infos: list[tuple[str, str, int]] = []
         self._iter_info = tracer.info(names.ITERATION, names.ITERATION)
         self._test_events = os.environ.get(ENV_TEST_EVENTS, "") == "1"
+        #: ``(pid, descriptor)`` of STATM (-1: none here); memory read at iteration ends
+        self._statm: tuple[int, int] | None = None
+        self._memory_on = True
         self._reset(tracer.start_ns)
         #: The per-range append (the native core runs it in C), calling back at iteration ends
         #: and full buffers.
@@ -117,6 +127,7 @@ class Recorder:
         self.gpu_checked = False
         self.fork_child = False
         self.own_ns = 0  # the agent's own work on the program's threads (own_work)
+        self.memory = MemoryTrack(self.warm_skip, self.max_kept)
 
     # -- sink protocol ------------------------------------------------------
     def prepare(self, info: RangeInfo) -> None:
@@ -136,10 +147,38 @@ class Recorder:
             pending.append((t1, samples))  # before the row: a flush taking the row finds it
         buf.append((self._iter_info.index, t0, t1, len(ts.stack) | (number << DEPTH_BITS)))
         self.iterations_ended += 1
+        if self._memory_on:
+            self._read_memory(number - 1, t1)
         if not self.gpu_checked and (self.tracer.sync.devices or self._test_events):
             self._start_gpu_timer(ts)
         if len(buf) >= self.chunk_ranges:
             self._flush_thread(ts)
+
+    def _read_memory(self, iteration: int, at_ns: int) -> None:
+        """Memory at this iteration's end: the resident size (one ``pread`` of STATM, kept
+        open), and CuPy's pools where the program imported CuPy (their own bookkeeping: no
+        CUDA call).  Our error stops the reading, with one line; the training goes on."""
+        try:
+            pid = os.getpid()
+            statm = self._statm
+            if statm is None or statm[0] != pid:  # first, or a forked child (its own file)
+                try:
+                    statm = (pid, os.open(STATM, os.O_RDONLY | os.O_CLOEXEC))
+                except OSError:
+                    statm = (pid, -1)  # not Linux: no resident figure
+                self._statm = statm
+            rss = int(os.pread(statm[1], 128, 0).split()[1]) * _PAGE if statm[1] >= 0 else -1
+            pools = _NO_POOLS
+            cupy = sys.modules.get("cupy")
+            if cupy is not None and hasattr(cupy, "get_default_memory_pool"):
+                pool = cupy.get_default_memory_pool()
+                pinned = getattr(cupy.get_default_pinned_memory_pool(), "total_bytes", None)
+                pools = (int(pool.used_bytes()), int(pool.total_bytes()),
+                         int(pinned()) if pinned is not None else -1)
+            self.memory.add(iteration, at_ns, (rss, *pools))
+        except Exception as exc:  # our error: no memory figures, the run goes on  # noqa: BLE001
+            self._memory_on = False
+            log.error(f"recorder: {type(exc).__name__}: {exc}; memory is not read any more")
 
     # -- the agent's own waits for the GPU -------------------------------------------
     def _make_waited(self) -> Callable[[int, int], None]:
@@ -371,7 +410,8 @@ class Recorder:
         tracer = self.tracer
         figures.update(batch_size=tracer.facts.get("batch_size"), sync_level=tracer.sync.level,
                        sync_calls=tracer.sync.calls, dropped_ranges=self.dropped,
-                       **self.agg.samples_of(threading.main_thread().native_id))
+                       **self.agg.samples_of(threading.main_thread().native_id),
+                       memory=self.memory.result())
         return self.agg.result(end_ns, threading.main_thread().native_id,
                                meta=meta if meta is not None else {},
                                **record.stats_fields(figures))
