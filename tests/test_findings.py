@@ -35,7 +35,7 @@ ENTRY_POINTS = {
     outliers: ("slow_iterations", "stutter"),
     window: ("unreached",),
     memory: ("leak", "caching"),
-    whatif: ("model", "timeline"),
+    whatif: ("model",),
     communication: ("comm_ms", "sentence", "comm_share"),
 }
 

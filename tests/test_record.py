@@ -186,9 +186,10 @@ def test_run_stats_and_link_stat_fields_are_all_declared():
         [f.name for f in dataclasses.fields(RunStats)]
     assert [f.name for f in record.LINK.fields] == [f.name for f in dataclasses.fields(LinkStat)]
     feeding = [f for f in record.RECORD.fields if f.stats]
-    assert {f.stats for f in feeding} == {"dropped_ranges", "batch_size", "sync_level",
-                                          "sync_calls", "overhead_ms", "overhead_method",
-                                          "gpu_phase_ms", "gpu_activity", "memory"}
+    assert {f.stats for f in feeding} == {"dropped_ranges", "batch_size", "samples",
+                                          "sampled_iterations", "sync_level", "sync_calls",
+                                          "overhead_ms", "overhead_method", "gpu_phase_ms",
+                                          "gpu_activity", "memory"}
     for f in feeding:  # the record's and the saved copy's kinds are one declaration
         assert record.RUN_STATS.by_name[f.stats].kind is f.kind
 
