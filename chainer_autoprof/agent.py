@@ -180,8 +180,10 @@ class Agent:
         if self.gpu is not None:  # CUPTI from CuPy's import on: before any kernel it launches
             wrapt.register_post_import_hook(lambda module: self._start_gpu(), "cupy")
         if self.recorder is not None:
-            # SIGTERM: summary and trace, then the default death
+            # SIGTERM at its default action, once there is a run: summary and trace, then the
+            # default death (never held up)
             exit_hooks.install(self.at_exit, lambda: self.closed, self.recorder)
+            self.tracer.when_training_begins(exit_hooks.arm)
         atexit.register(self.at_exit)
         if self.hotpath.wrapper_frames:  # uncaught tracebacks leave our wrappers' frames out
             tracebacks.install_excepthook()
@@ -260,6 +262,7 @@ class Agent:
     def _after_fork_in_child(self) -> None:
         try:
             self.tracer.reset_after_fork()
+            exit_hooks.after_fork()
             processes.after_fork()
             self.monitor.after_fork()
             if self.gpu is not None:
@@ -270,6 +273,8 @@ class Agent:
                 self.switch_off()
             else:
                 processes.close_at_worker_exit(self, self.at_exit)
+                if self.recorder is not None:
+                    self.tracer.when_training_begins(exit_hooks.arm)
                 self.monitor.start()
         except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"could not reset after fork: {exc}")
