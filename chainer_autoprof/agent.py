@@ -28,7 +28,7 @@ from .common import log, names, rank, tracebacks
 from .common.settings import Config, SettingsError, from_environ
 from .lifecycle import exit as exit_hooks
 from .lifecycle import processes
-from .lifecycle.flusher import Flusher
+from .lifecycle.flusher import SAMPLE, Flusher
 from .lifecycle.monitor import Monitor
 from .patches.base import Instrumentor
 from .patches.chainer import ChainerPatches
@@ -139,7 +139,8 @@ class Agent:
             gc_details = self.gc_ranges.details_since if self.gc_ranges is not None else None
             flusher = Flusher(recorder, self.trace_path, int(cfg.record_limit),
                               self._partial_metadata, gc_details,
-                              lambda: recorder.stats_now(self.tracer.clock()).to_dict())
+                              lambda: recorder.stats_now(self.tracer.clock(),
+                                                         sample=SAMPLE).to_dict())
         notes = self.queue_probe.describe if self.queue_probe is not None else None
         return Monitor(self.tracer, cfg.stall, flusher, float(cfg.flush_interval), notes,
                        self.calls_made, self.trainer_runs)

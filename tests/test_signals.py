@@ -98,3 +98,15 @@ def test_sigterm_in_a_training_loop_still_gets_the_summary(tmp_path):
     assert err.count(HEADER) == 1, err
     assert (tmp_path / "t.json").exists() and not (tmp_path / "t.json.partial").exists()
     assert out.startswith("default\n")
+
+
+def test_forked_children_die_by_sigterm_at_once_and_pools_end(tmp_path):
+    """SIGTERM sent right after a fork (a pool's terminate, a supervisor) finds the default
+    action in the child, never a handler inherited from the parent's agent."""
+    script = write_script(tmp_path, "pool.py", program("signals_pool"))
+    proc = subprocess.run([sys.executable, str(script), "40", "20"],
+                          env=clean_env(CHAINER_PROF_ENABLE="1",
+                                        CHAINER_PROF_TRACE=str(tmp_path / "t.json")),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["alive 0", "pools done"], proc.stderr
