@@ -190,6 +190,7 @@ class Agent:
             tracebacks.install_excepthook()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork_in_child)
+        processes.hook_exec(self._before_exec)
         if self.gc_ranges is not None:
             self.gc_ranges.install()
         self.monitor.start()
@@ -290,6 +291,17 @@ class Agent:
                 _agent = None
 
     # -- end ------------------------------------------------------------------
+    def _before_exec(self) -> None:
+        """``os.exec*`` replaces this image: its summary and trace now (none without an
+        iteration), the trace so far deleted."""
+        if _agent is not self or self.closed:
+            return
+        if self.tracer.iterations:
+            self.at_exit()
+        else:
+            self._stop_watching()
+            self.monitor.finish(True)
+
     def at_exit(self) -> None:
         """Close open ranges, flush sinks, report the run and the patch status (once)."""
         if self.closed:
@@ -384,6 +396,7 @@ class Agent:
         try:
             atexit.unregister(self.at_exit)
             exit_hooks.uninstall()
+            processes.unhook_exec()
             tracebacks.uninstall_excepthook()
         except Exception:  # uninstalling: each part undoes what it can  # noqa: BLE001
             pass
