@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from ..sinks.recorder import Recorder
 
 #: Seconds the main thread has, after SIGTERM, to begin the agent's end (else: killed now).
-GRACE_S = 0.1
+GRACE_S = 0.25
 #: Seconds the agent's end may take after SIGTERM before the kill comes anyway.
 LIMIT_S = 10.0
 

@@ -31,7 +31,7 @@ static volatile sig_atomic_t fired = 0;      /* SIGTERM came */
 static volatile sig_atomic_t finishing = 0;  /* the Python side began the agent's end */
 static volatile pid_t owner = 0;             /* the process that armed the guard */
 static int notice_signal = 0;                /* the private signal (0: none) */
-static double grace_s = 0.1, limit_s = 10.0;
+static double grace_s = 0.25, limit_s = 10.0;
 static int wake[2] = {-1, -1};
 static int reaper_running = 0;
 static int atfork_registered = 0;
