@@ -121,7 +121,7 @@ def uninstall() -> None:
     if _installed:
         try:
             atexit.unregister(_after_close)
-        except Exception:  # noqa: BLE001 - uninstalling: best effort
+        except Exception:  # uninstalling: best effort  # noqa: BLE001
             pass
         _installed = False
 
