@@ -38,9 +38,10 @@ def start(tmp: Path, name: str, args: list[str], activation: str, **env: str
                             stderr=subprocess.PIPE, text=True)
 
 
-def terminate(proc: subprocess.Popen[str], after: str) -> tuple[int | None, float, str, str]:
-    """Wait for the line ``after``, send SIGTERM; (status or None if alive 3 s later, seconds
-    it took to end, stdout, stderr)."""
+def terminate(proc: subprocess.Popen[str], after: str, wait: float = 60.0
+              ) -> tuple[int | None, float, str, str]:
+    """Wait for the line ``after``, send SIGTERM; (status or None if alive ``wait`` s later,
+    seconds it took to end, stdout, stderr)."""
     lines = []
     try:
         while True:
@@ -53,7 +54,7 @@ def terminate(proc: subprocess.Popen[str], after: str) -> tuple[int | None, floa
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         try:
-            status: int | None = proc.wait(3)
+            status: int | None = proc.wait(wait)
         except subprocess.TimeoutExpired:
             status = None
         took = time.monotonic() - sent
@@ -84,7 +85,7 @@ def test_the_programs_sigterm_handler_saves_its_checkpoint(tmp_path, activation,
 @pytest.mark.parametrize("trains", ["trains", "never trains"])
 def test_blocked_in_c_dies_at_once_by_sigterm(tmp_path, activation, trains):
     proc = start(tmp_path, "signals_blocked_in_c", [trains.split()[0]], activation)
-    status, took, out, err = terminate(proc, "blocked")
+    status, took, out, err = terminate(proc, "blocked", wait=3.0)
     assert status == -signal.SIGTERM, err
     assert took < 1.0
     assert out == "default\nblocked\n"  # no handler of the agent's, even once it trains
