@@ -30,7 +30,7 @@ from .common.readable import launched_here
 from .common.settings import Config, SettingsError, from_environ
 from .lifecycle import exit as exit_hooks
 from .lifecycle import processes
-from .lifecycle.flusher import Flusher
+from .lifecycle.flusher import SAMPLE, Flusher
 from .lifecycle.monitor import Monitor
 from .patches.base import Instrumentor
 from .patches.chainer import ChainerPatches
@@ -145,7 +145,8 @@ class Agent:
             gc_details = self.gc_ranges.details_since if self.gc_ranges is not None else None
             flusher = Flusher(recorder, self.trace_path, int(cfg.record_limit),
                               self._partial_metadata, gc_details,
-                              lambda: recorder.stats_now(self.tracer.clock()).to_dict())
+                              lambda: recorder.stats_now(self.tracer.clock(),
+                                                         sample=SAMPLE).to_dict())
         notes = self.queue_probe.describe if self.queue_probe is not None else None
         return Monitor(self.tracer, cfg.stall, flusher, float(cfg.flush_interval), notes,
                        self.calls_made, self.trainer_runs)
@@ -186,13 +187,16 @@ class Agent:
         if self.gpu is not None:  # CUPTI from CuPy's import on: before any kernel it launches
             wrapt.register_post_import_hook(lambda module: self._start_gpu(), "cupy")
         if self.recorder is not None:
-            # SIGTERM: summary and trace, then the default death
+            # SIGTERM at its default action, once there is a run: summary and trace, then the
+            # default death (never held up)
             exit_hooks.install(self.at_exit, lambda: self.closed, self.recorder)
+            self.tracer.when_training_begins(exit_hooks.arm)
         atexit.register(self.at_exit)
         if self.hotpath.wrapper_frames:  # uncaught tracebacks leave our wrappers' frames out
             tracebacks.install_excepthook()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork_in_child)
+        processes.hook_exec(self._before_exec)
         if self.gc_ranges is not None:
             self.gc_ranges.install()
         self.monitor.start()
@@ -267,6 +271,7 @@ class Agent:
     def _after_fork_in_child(self) -> None:
         try:
             self.tracer.reset_after_fork()
+            exit_hooks.after_fork()
             processes.after_fork()
             self.monitor.after_fork()
             if self.gpu is not None:
@@ -277,6 +282,8 @@ class Agent:
                 self.switch_off()
             else:
                 processes.close_at_worker_exit(self, self.at_exit)
+                if self.recorder is not None:
+                    self.tracer.when_training_begins(exit_hooks.arm)
                 self.monitor.start()
         except Exception as exc:  # our error: one line, the program goes on  # noqa: BLE001
             log.error(f"could not reset after fork: {exc}")
@@ -291,6 +298,17 @@ class Agent:
                 _agent = None
 
     # -- end ------------------------------------------------------------------
+    def _before_exec(self) -> None:
+        """``os.exec*`` replaces this image: its summary and trace now (none without an
+        iteration), the trace so far deleted."""
+        if _agent is not self or self.closed:
+            return
+        if self.tracer.iterations:
+            self.at_exit()
+        else:
+            self._stop_watching()
+            self.monitor.finish(True)
+
     def at_exit(self) -> None:
         """Close open ranges, flush sinks, report the run and the patch status (once)."""
         if self.closed:
@@ -385,6 +403,7 @@ class Agent:
         try:
             atexit.unregister(self.at_exit)
             exit_hooks.uninstall()
+            processes.unhook_exec()
             tracebacks.uninstall_excepthook()
         except Exception:  # uninstalling: each part undoes what it can  # noqa: BLE001
             pass

@@ -32,3 +32,21 @@ def test_new_names_and_new_threads_do_not_grow_memory(tmp_path: Path):
     assert run.stderr == ""
     names = {ev.text for ev in run.events if ev.event == "push"}
     assert "step 11999" in names  # NVTX still names every range
+
+
+LONG_TRAINING = program("bounded_memory_long_training")
+
+
+def test_the_trace_so_far_takes_the_same_memory_at_any_run_length(tmp_path: Path):
+    """Once the record limit drops ranges, each background write carries the figures so far:
+    their per-iteration lists are a bounded sample, so a write (every few seconds, for the
+    whole run) takes about as much memory after 16,000 iterations as after 2,000 (three
+    times as much before: the lists whole, at every write)."""
+    script = write_script(tmp_path, "long.py", LONG_TRAINING)
+    run = run_python(tmp_path, [str(script), "2000", "16000"], nvtx=False,
+                     env={"CHAINER_PROF_ENABLE": "1", "CHAINER_PROF_TRACE": "t.json",
+                          "CHAINER_PROF_RECORD_LIMIT": "1000",
+                          "CHAINER_PROF_FLUSH_INTERVAL": "3600"})
+    assert run.returncode == 0, run.stderr
+    peaks = json.loads(run.stdout.splitlines()[-1])
+    assert peaks["late"] < 2 * peaks["early"], peaks

@@ -9,6 +9,8 @@ activated from the environment alone.
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +18,8 @@ from pathlib import Path
 
 import pytest
 from support import clean_env, program, write_script
+
+from chainer_autoprof.report.tracefile import stats_from_trace
 
 SCRIPTS = {
     "raise": program("exit_status_raise"),
@@ -83,3 +87,28 @@ def test_ctrl_c_while_the_summary_is_written_ends_quietly(tmp_path: Path):
     assert "Traceback" not in run.stderr and "Exception ignored" not in run.stderr, run.stderr
     assert run.stderr.splitlines() == ["chainer_autoprof: interrupted while finishing: the "
                                        "summary or the trace may be missing"]
+
+
+EXEC_SELF = program("exit_status_exec_self")
+
+
+@pytest.mark.parametrize("how", ["execv", "execlpe"])
+def test_a_program_that_execs_itself_keeps_each_images_profile(tmp_path: Path, how: str):
+    """Restart wrappers replace the process (os.exec*): no atexit runs.  Each image prints its
+    summary; the first image's trace lies beside the one asked for (.exec1), the last image's
+    at the path itself; no trace so far is left behind."""
+    script = write_script(tmp_path, "restart.py", EXEC_SELF)
+    env = clean_env(CHAINER_PROF_ENABLE="1", CHAINER_PROF_TRACE="t.json",
+                    CHAINER_PROF_FLUSH_INTERVAL="0.05")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.run([sys.executable, str(script), "1", how], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "image 1\nimage 2\n"
+    counted = re.findall(r"iterations\s+(\d+) counted, (\d+) warm-up", proc.stderr)
+    assert counted == [("2", "3"), ("4", "3")], proc.stderr  # image 1's, then image 2's
+    first = stats_from_trace(str(tmp_path / "t.exec1.json"))
+    last = stats_from_trace(str(tmp_path / "t.json"))
+    assert (first.iterations, last.iterations) == (2, 4)
+    assert sorted(p.name for p in tmp_path.iterdir() if "json" in p.name) == \
+        ["t.exec1.json", "t.json"]

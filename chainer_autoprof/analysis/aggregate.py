@@ -657,8 +657,11 @@ class Aggregator:
                                      for key, other in self.threads.items() if key != tid):
             del self.threads[tid]
 
-    def result(self, end_ns: int, main_tid: int | None = None, **extra: Any) -> RunStats:
-        """The statistics so far (the loop thread's), the run ending at ``end_ns``."""
+    def result(self, end_ns: int, main_tid: int | None = None, sample: int | None = None,
+               **extra: Any) -> RunStats:
+        """The statistics so far (the loop thread's), the run ending at ``end_ns``; ``sample``:
+        at most that many values per per-iteration list (a uniform sample, for the trace so
+        far written every few seconds: its size must not follow the run's length)."""
         tid = self.loop_thread(main_tid)
         outside_ns: dict[str, int] = {}
         th = self.threads.get(tid) if tid is not None else None
@@ -674,7 +677,12 @@ class Aggregator:
         if th is None:
             th = _ThreadAgg(self.start_ns)
         series = th.series or Series(self.max_kept, _SERIES_WIDTH)
-        values = series.values
+        values: Sequence[Sequence[float]] = series.values
+        stride = series.stride
+        if sample is not None and len(values[0]) > sample > 0:
+            step = -(-len(values[0]) // sample)
+            values = [column[::step] for column in values]
+            stride *= step
         links = []
         if th.link_totals is not None:
             for key, s in zip(self.link_keys, th.link_totals.tolist()):
@@ -685,8 +693,8 @@ class Aggregator:
             "iterations": th.counted,
             "warmup": th.iterations - th.counted,
             "other_thread_iterations": self.seen - th.iterations,
-            "iteration_ms": values[0].tolist(),
-            "phase_ms": {key: values[i + 1].tolist() for i, key in enumerate(PHASE_KEYS)},
+            "iteration_ms": list(values[0]),
+            "phase_ms": {key: list(values[i + 1]) for i, key in enumerate(PHASE_KEYS)},
             "outside_ms": {k: v / 1e6 for k, v in outside_ns.items() if v > 0},
             "wall_ms": max(0, end_ns - self.start_ns) / 1e6,
             "links": links,
@@ -696,16 +704,16 @@ class Aggregator:
             "iteration_total_ms": th.iter_total / 1e6,
             "phase_total_ms": {key: th.phase_total[i] / 1e6
                                for i, key in enumerate(PHASE_KEYS)},
-            "sample_stride": series.stride,
+            "sample_stride": stride,
             "ranges": self.ranges,
             "has_phases": self.phase_seen or th.counted == 0,
-            "gc_ms": values[6].tolist(),
+            "gc_ms": list(values[6]),
             "gc_total_ms": th.gc_total / 1e6,
-            "wait_phase_ms": {key: values[7 + i].tolist() for i, key in enumerate(PHASE_KEYS)},
+            "wait_phase_ms": {key: list(values[7 + i]) for i, key in enumerate(PHASE_KEYS)},
             "wait_phase_total_ms": {key: th.wait_total[i] / 1e6
                                     for i, key in enumerate(PHASE_KEYS)},
             "waits_recorded": th.waits_seen,
-            "comm_ms": values[12].tolist(),
+            "comm_ms": list(values[12]),
             "comm_total_ms": {key: ns / 1e6 for key, ns in th.comm_total.items()},
             "slowest": th.slowest.items() if th.slowest is not None else [],
         }

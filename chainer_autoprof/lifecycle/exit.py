@@ -6,17 +6,29 @@
   on a flag that running source text resets (``namedtuple``, ``dataclass``
   and the imports that use them do): :func:`keep_interrupt_status` puts it
   back after the agent's exit-time work.
-* SIGTERM with no handler of the user's: the default action would kill the
-  process without ``atexit``.  :func:`install` sets a handler that runs the
-  agent's ``finish`` (close the open ranges, write the summary and the
-  trace), then restores the default action and sends SIGTERM again, so the
-  exit status still says "killed by SIGTERM" to the caller (a shell, a
-  scheduler, ``Popen``).
+* SIGTERM: the program's handlers and the default action stay the
+  program's.  The agent never sets a Python handler on SIGTERM (one only runs
+  when the main thread runs bytecode: a process blocked in C would no longer
+  die), and nothing at all until the first iteration begins (:func:`arm`;
+  before it there is nothing to save).  Then, where SIGTERM's action is still
+  the default one, the native guard (``term_guard.c``) takes it in C:
+  Python's own table still says ``SIG_DFL``, so a program that installs its
+  handler "if default", or chains to the one it found, sees the default, and
+  its ``signal.signal`` replaces the guard outright.  On SIGTERM the guard
+  trips a private real-time signal whose Python handler (set only then, on
+  the main thread) runs the agent's ``finish`` (close the open ranges, write
+  the summary and the trace), then restores the default action and sends
+  SIGTERM again: the exit status still says "killed by SIGTERM".  Where the
+  main thread cannot begin that within :data:`GRACE_S` (C code holds it), or
+  finish within :data:`LIMIT_S`, the guard's own thread restores the default
+  action and kills: the kill is never held up.  A second SIGTERM kills at
+  once; a forked child starts with the default action (reset inside
+  ``fork()``).  Without the native extension there is no guard: SIGTERM
+  kills as it would (the trace so far, if any, stays on disk).
 
 If the signal arrives while the agent is already finishing (or while this
 thread is in the middle of aggregating ranges), the handler only notes it;
-the kill follows as soon as that work is done.  A handler the user installs
-later simply replaces ours.
+the kill follows as soon as that work is done (within :data:`LIMIT_S`).
 """
 
 from __future__ import annotations
@@ -27,7 +39,8 @@ import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+import typing
+from typing import TYPE_CHECKING, Callable, Protocol
 
 if TYPE_CHECKING:
     import ctypes
@@ -35,57 +48,176 @@ if TYPE_CHECKING:
 
     from ..sinks.recorder import Recorder
 
+#: Seconds the main thread has, after SIGTERM, to begin the agent's end (else: killed now).
+GRACE_S = 0.25
+#: Seconds the agent's end may take after SIGTERM before the kill comes anyway.
+LIMIT_S = 10.0
+
 _finish: Callable[[], None] | None = None    # the agent's end: summary and trace
 _finished: Callable[[], bool] | None = None  # whether that end has begun
 _recorder: Recorder | None = None                        # its aggregation must not be cut in half
 _installed = False
+_armed = False
 _finishing = False
 _kill_pending = False
 _closed = False  # the agent's atexit work is over
+_chosen: int | None = None  # the private signal the guard trips (chosen when armed)
+_notice: int | None = None  # that signal, once its handler is ours
+_notice_previous: object = None  # what was there before ours
 
 
 def install(finish: Callable[[], None], finished: Callable[[], bool],
             recorder: Recorder | None = None) -> bool:
-    """Take over SIGTERM for the agent when nobody else handles it (main thread only).
+    """Know the agent's end (nothing is set on any signal yet: see :func:`arm`).
 
     ``finish`` ends the agent (idempotent), ``finished`` says whether that has
     begun, ``recorder`` (optional) is asked whether a signal interrupted its
     aggregation.  Call before the agent registers its own ``atexit``
     function: the check registered here then runs after the agent has closed.
     """
-    global _finish, _finished, _recorder, _installed
+    global _finish, _finished, _recorder, _installed, _closed
     _finish, _finished, _recorder = finish, finished, recorder
-    if _installed:
-        return True
-    if threading.current_thread() is not threading.main_thread():
+    if not _installed:
+        atexit.register(_after_close)
+        _installed = True
+        _closed = False
+    return True
+
+
+def arm() -> bool:
+    """The first iteration began: guard SIGTERM's default action (from any thread).
+
+    ``False`` where the program (or its launcher) handles or ignores SIGTERM
+    itself, or where the native guard is unavailable: the signal then does
+    exactly what it would without the agent.
+    """
+    global _armed, _chosen
+    if _armed or _finish is None or _closed:
+        return _armed
+    native = _native()
+    if native is None:
         return False
     try:
         if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
-            return False  # the program (or its launcher) handles SIGTERM itself
-        signal.signal(signal.SIGTERM, _on_sigterm)
+            return False  # the program's own handler, or SIG_IGN: left as it is
+        _chosen = _notice_signal()
+        if not native.term_arm(_chosen or 0, GRACE_S, LIMIT_S):
+            return False
     except (ValueError, OSError, AttributeError):
         return False
-    atexit.register(_after_close)
-    _installed = True
+    _armed = True
+    if threading.current_thread() is threading.main_thread():
+        _listen()
+    else:  # signal.signal() runs on the main thread only: there, as soon as it runs Python
+        native.call_on_main(_listen)
     return True
 
 
 def uninstall() -> None:
-    """Give SIGTERM back to the default action, if the handler is still ours."""
+    """Give SIGTERM back to the default action, if the guard is still there."""
     global _installed, _finish, _finished, _recorder
     _finish = _finished = _recorder = None
-    if not _installed:
+    _disarm()
+    if _installed:
+        try:
+            atexit.unregister(_after_close)
+        except Exception:  # uninstalling: best effort  # noqa: BLE001
+            pass
+        _installed = False
+
+
+def after_fork() -> None:
+    """In a forked child: no guard (reset inside ``fork()``), no handler of ours."""
+    global _armed, _finishing, _kill_pending
+    _armed = _finishing = _kill_pending = False
+    _unlisten()
+
+
+def _disarm() -> None:
+    global _armed
+    if _armed:
+        native = _native()
+        if native is not None:
+            native.term_disarm()
+        _armed = False
+    _unlisten()
+
+
+class _TermGuard(Protocol):
+    """What the native extension holds of the guard (``term_guard.c``)."""
+
+    def term_arm(self, notice: int, grace: float, limit: float, /) -> bool: ...
+    def term_disarm(self) -> None: ...
+    def term_fired(self) -> bool: ...
+    def term_finishing(self) -> None: ...
+    def call_on_main(self, call: Callable[[], None], /) -> bool: ...
+
+
+def _native() -> _TermGuard | None:
+    """The extension that holds the guard (``None``: not built here)."""
+    try:  # the same extension as the native hot path, whichever hot path runs
+        from ..runtime.hotpath import load_native
+
+        module = load_native()
+    except Exception:  # not built, or stale: no guard  # noqa: BLE001
+        return None
+    return typing.cast(_TermGuard, module) if hasattr(module, "term_arm") else None
+
+
+def _notice_signal() -> int | None:
+    """A real-time signal the program leaves alone (its action the default one)."""
+    low, high = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
+    if low is None or high is None:
+        return None
+    for number in range(int(high) - 1, int(low) + 1, -1):
+        try:
+            if signal.getsignal(number) in (signal.SIG_DFL, None):
+                return number
+        except (ValueError, OSError):
+            continue
+    return None
+
+
+def _listen() -> None:
+    """On the main thread: the private signal's handler (runs the end at once if SIGTERM
+    came before it was set)."""
+    global _notice, _notice_previous
+    number = _chosen
+    if not _armed or _notice is not None or number is None:
         return
     try:
-        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if signal.getsignal(number) not in (signal.SIG_DFL, None):
+            return  # the program took it meanwhile: the guard kills after its grace
+        _notice_previous = signal.signal(number, _on_notice)
+        _notice = number
     except (ValueError, OSError):
-        pass
-    _installed = False
+        return
+    native = _native()
+    if native is not None and native.term_fired():
+        _on_notice(number, None)
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+def _unlisten() -> None:
+    global _notice, _notice_previous
+    number, _notice = _notice, None
+    if number is None:
+        return
+    try:
+        if signal.getsignal(number) is _on_notice:
+            previous = _notice_previous
+            signal.signal(number, previous if callable(previous) or
+                          isinstance(previous, int) else signal.SIG_DFL)
+    except (ValueError, OSError):
+        pass  # not on the main thread: the handler stays, and ignores what is not SIGTERM
+    _notice_previous = None
+
+
+def _on_notice(signum: int, frame: FrameType | None) -> None:
     global _kill_pending
+    native = _native()
+    if native is None or not native.term_fired():
+        return  # not SIGTERM (the private signal sent by someone else): nothing to do
+    native.term_finishing()
     if _finish is None or _closed:
         _die()
         return
@@ -112,11 +244,13 @@ def _finish_and_die() -> None:
 
 
 def _after_close() -> None:
-    """Runs after the agent's own ``atexit`` function: a SIGTERM noted meanwhile kills now."""
+    """Runs after the agent's own ``atexit`` function: a SIGTERM noted meanwhile kills now,
+    and one after it gets the default action."""
     global _closed
     _closed = True
     if _kill_pending:
         _die()
+    _disarm()
 
 
 def _die() -> None:

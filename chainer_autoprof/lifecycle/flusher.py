@@ -56,6 +56,9 @@ class _Records(Protocol):
 
 #: Bytes of metadata and states a file may gather before it is rewritten.
 STATE_BYTES = 8 << 20
+#: Values per per-iteration list in the figures a write carries once ranges were dropped
+#: (a uniform sample: each write's size, and the memory it takes, bounded at any run length).
+SAMPLE = 4096
 
 
 class Flusher:

@@ -20,7 +20,12 @@ what that was.
   that blocks would let the program run on under the reader).
 * **One timer per process.**  A program that uses it itself keeps it: its
   calls go through the module's functions, wrapped while the agent watches,
-  and from the first one on the agent leaves the timer alone.
+  and from the first one on the agent leaves the timer alone.  A timer set
+  before the agent could see it (``install(stall=...)`` in a program that
+  imported faulthandler first; faulthandler cannot say whether one is set)
+  is taken to be the program's: the agent never sets the timer then.
+* **Asleep until asked.**  The thread waits without a timeout while the
+  watchdog wants no timer (before the first iteration, after training).
 * **fork.**  A child inherits the timer's state but not its thread, and
   cancelling it there (at the child's normal exit) would wait forever: the
   timer is cancelled before every ``os.fork()``, set again after it.
@@ -31,12 +36,21 @@ what that was.
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import stat
+import sys
 import threading
 from time import monotonic
 from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
+
+#: Whether the program may have used faulthandler's timer unseen: it imported the module
+#: before this one (the interpreter's own -X faulthandler sets no timer); after the agent
+#: unwraps the functions (uninstall), the same.
+_unseen = "faulthandler" in sys.modules and not (
+    "faulthandler" in getattr(sys, "_xoptions", {})
+    or (os.environ.get("PYTHONFAULTHANDLER") and not sys.flags.ignore_environment))
+
+import faulthandler  # noqa: E402 - after the look above
 
 try:  # the room left in a pipe (Linux)
     import fcntl
@@ -120,6 +134,8 @@ class LastResort:
         """Be ready: the thread, the program's own use seen, forks taken care of."""
         global _current, _hooks_registered
         self._stderr = _stderr_identity()
+        if _unseen:
+            self.program_uses = True  # a timer of the program's may be set: never replaced
         self._wrap()
         with _hooks_lock:
             _current = self
@@ -134,7 +150,7 @@ class LastResort:
 
     def stop(self) -> None:
         """No more watching: the thread ends, the timer is cancelled, the functions restored."""
-        global _current
+        global _current, _unseen
         self.wanted = None
         thread, self._thread = self._thread, None
         if thread is not None:
@@ -148,6 +164,7 @@ class LastResort:
         for name, wrapper in self._wrappers.items():
             if getattr(faulthandler, name, None) is wrapper:
                 setattr(faulthandler, name, self._originals[name])
+                _unseen = True  # the program's calls go unseen from now on
         self._wrappers, self._originals = {}, {}
 
     def _wrap(self) -> None:
@@ -185,7 +202,7 @@ class LastResort:
         wake = self._wake
         while self._thread is not None:
             wanted = self.wanted
-            wake.wait(min(1.0, wanted / 4) if wanted else 1.0)
+            wake.wait(min(1.0, wanted / 4) if wanted else None)  # unasked: until want()
             wake.clear()
             if self._thread is None:
                 return

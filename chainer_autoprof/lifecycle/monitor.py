@@ -1,7 +1,7 @@
 """Watching a running process: the stall watchdog, background flushing, on-demand reports.
 
 One daemon thread per process (started with the agent when a stall setting
-or a trace asks for it) wakes up a few times a second at most, reads the
+or a trace asks for it; waking only as often as they need) reads the
 tracer's iteration count and the patches' call counters and, every few
 seconds, writes the trace so far (:mod:`.flusher`).  Nothing here runs on
 the program's threads or touches the hot path: what it reads, the training
@@ -130,16 +130,25 @@ class Monitor:
         self._reset_watch()
 
     def _poll(self) -> float:
-        waits = [1.0]
+        """Seconds between looks: what the stall watch needs, else the next background write
+        (a thread that wakes for nothing costs every process it runs in)."""
+        waits = []
+        if self.stall is not None:
+            waits.append(1.0)
         if isinstance(self.stall, float):
             waits.append(max(0.05, self.stall / 10))
         if self.flush_interval > 0:
             waits.append(self.flush_interval)
-        return min(waits)
+        return min(waits) if waits else 3600.0
 
     def _run(self) -> None:
         next_flush = monotonic() + self.flush_interval
-        while not self._stop.wait(self._poll()):
+        while True:
+            wait = self._poll()
+            if self.flush_interval > 0:
+                wait = min(wait, max(0.01, next_flush - monotonic()))
+            if self._stop.wait(wait):
+                return
             now = monotonic()
             if self.stall is not None:
                 try:

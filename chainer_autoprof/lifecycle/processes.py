@@ -13,6 +13,14 @@
   (range names stay the same on every rank) and in the trace metadata and
   file name (``%r``).
 
+* **exec.**  A program that replaces itself (``os.exec*``: restart-on-failure
+  wrappers) would lose the image's profile (no ``atexit`` runs) and leave its
+  trace so far behind.  :func:`hook_exec` runs the agent's end just before
+  the exec: each image prints its own summary, and writes its own trace, the
+  earlier ones beside the path asked for with ``.execN`` added (``t.exec1.json``:
+  the first image), the last one at the path itself; the image's number
+  travels to the next in ``_CHAINER_PROF_EXEC_IMAGE`` (``PID:N``, this pid only).
+
 Nothing here adds communication: a rank that is not profiled, or that runs
 without the agent, can never be kept waiting by one that is.
 """
@@ -44,6 +52,10 @@ _lock = threading.Lock()
 _exported: dict[str, str | None] = {}  # variables admit() set: name -> previous value
 _per_rank = False  # the trace path is shared by the ranks: .rank%r added (rank_known)
 _launcher_said = False  # the launcher's variables gave the rank at the start (settings checked)
+#: This image's number among the images of this process (os.exec*), for the next one.
+EXEC_VAR = INTERNAL_PREFIX + "EXEC_IMAGE"
+_exec_suffix: int | None = None  # this image is being replaced: its trace gets .execN
+_exec_originals: dict[str, Callable[..., Any]] = {}
 
 
 # -- who profiles ------------------------------------------------------------------
@@ -237,7 +249,57 @@ def child_trace_template(template: str) -> str:
     """
     if _per_rank:
         template = per_rank_template(template)
+    if _exec_suffix is not None:  # an earlier image of an exec'ing process: beside the last's
+        stem, ext = os.path.splitext(template)
+        template = f"{stem}.exec{_exec_suffix}{ext}"
     if "%p" in template or not is_child():
         return template
     stem, ext = os.path.splitext(template)
     return f"{stem}.%p{ext}"
+
+
+# -- os.exec*: each image's profile -------------------------------------------------------------
+def exec_image() -> int:
+    """This image's number among the images of this process (1: the first)."""
+    pid, _, number = os.environ.get(EXEC_VAR, "").partition(":")
+    if pid != str(os.getpid()) or not number.isdigit():
+        return 1  # none, or another process's (inherited by a subprocess)
+    return max(1, int(number))
+
+
+def hook_exec(before: Callable[[], None]) -> None:
+    """``before()`` runs just before ``os.execv``/``os.execve`` replace this image (the
+    other ``os.exec*`` functions call these two)."""
+    for name in ("execv", "execve"):
+        original = getattr(os, name, None)
+        if original is None or name in _exec_originals:
+            continue
+        _exec_originals[name] = original
+        setattr(os, name, functools.partial(_exec, before, original))
+
+
+def unhook_exec() -> None:
+    """``os.execv``/``os.execve`` as they were (where still ours)."""
+    for name, original in list(_exec_originals.items()):
+        if isinstance(getattr(os, name, None), functools.partial):
+            setattr(os, name, original)
+        del _exec_originals[name]
+
+
+def _exec(before: Callable[[], None], original: Callable[..., Any], path: Any, args: Any,
+          *env: Any) -> Any:
+    """The agent's end for this image, then the exec (the next image numbered after it)."""
+    global _exec_suffix
+    number = exec_image()
+    _exec_suffix = number
+    try:
+        before()
+    except Exception as exc:  # our error: one line, the exec goes on  # noqa: BLE001
+        log.error(f"no profile of this image before exec ({type(exc).__name__}: {exc})")
+    finally:
+        _exec_suffix = None
+    following = f"{os.getpid()}:{number + 1}"
+    os.environ[EXEC_VAR] = following
+    if env and env[0] is not None:
+        env = (dict(env[0], **{EXEC_VAR: following}), *env[1:])
+    return original(path, args, *env)

@@ -301,6 +301,24 @@ class Tracer:
     # one (:meth:`confirm_iteration`): a step cut short counts, as an updater's does.  NVTX
     # shows it as pushed (an ``iteration``): what follows a range's push cannot change it.
 
+    def when_training_begins(self, call: Callable[[], object]) -> None:
+        """``call()`` once, at the start of this process's first iteration (at once if one has
+        begun): what needs a run to exist waits for it, and costs nothing per iteration after
+        (the instance's ``begin_iteration`` is the class's own again)."""
+        if self.iterations:
+            call()
+            return
+
+        def first(ts: ThreadState, explicit: bool, opener: int | None = None) -> None:
+            self.__dict__.pop("begin_iteration", None)
+            try:
+                call()
+            except Exception:  # noqa: BLE001
+                pass  # an observer's error never reaches the program's call
+            self.begin_iteration(ts, explicit, opener)
+
+        self.begin_iteration = first  # type: ignore[method-assign]
+
     def begin_iteration(self, ts: ThreadState, explicit: bool, opener: int | None = None
                         ) -> None:
         """Open an iteration on ``ts`` (caller checked ``ts.iter_busy`` is False); ``opener``:

@@ -372,10 +372,12 @@ class Recorder:
         blocks.reverse()
         return blocks, total
 
-    def stats_now(self, end_ns: int, meta: dict[str, object] | None = None) -> RunStats:
-        """The statistics aggregated so far, asked from another thread while the program runs."""
+    def stats_now(self, end_ns: int, meta: dict[str, object] | None = None,
+                  sample: int | None = None) -> RunStats:
+        """The statistics aggregated so far, asked from another thread while the program runs
+        (``sample``: at most that many values per per-iteration list)."""
         with self._lock:
-            return self._result(end_ns, meta)
+            return self._result(end_ns, meta, sample=sample)
 
     def flushing_here(self) -> bool:
         """Whether this thread is in the middle of aggregating (signal handlers ask)."""
@@ -400,7 +402,8 @@ class Recorder:
         return self._result(end_ns, meta, overhead_ms=overhead[0], overhead_method=overhead[1],
                             gpu_phase_ms=self.gpu.result() if self.gpu is not None else None)
 
-    def _result(self, end_ns: int, meta: dict[str, object] | None, **figures: object) -> RunStats:
+    def _result(self, end_ns: int, meta: dict[str, object] | None, sample: int | None = None,
+                **figures: object) -> RunStats:
         """RunStats of what is aggregated: the run record's figures (:mod:`..analysis.record`)
         as this run has them, the rest (``figures``) at their defaults unless given."""
         # the record's declaration loads when statistics are first asked for: start-up stays
@@ -412,7 +415,7 @@ class Recorder:
                        sync_calls=tracer.sync.calls, dropped_ranges=self.dropped,
                        **self.agg.samples_of(threading.main_thread().native_id),
                        memory=self.memory.result())
-        return self.agg.result(end_ns, threading.main_thread().native_id,
+        return self.agg.result(end_ns, threading.main_thread().native_id, sample,
                                meta=meta if meta is not None else {},
                                **record.stats_fields(figures))
 

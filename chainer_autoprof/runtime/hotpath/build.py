@@ -35,7 +35,7 @@ from types import ModuleType
 HERE = Path(__file__).resolve().parent
 #: The C files of the extension, compiled together (``module.c`` holds its init).
 SOURCES = tuple(HERE / name for name in ("module.c", "util.c", "core.c", "nvtx_domain.c",
-                                         "record.c", "wrappers.c"))
+                                         "record.c", "wrappers.c", "term_guard.c"))
 #: What they include of ours.
 HEADERS = (HERE / "native.h",)
 #: Where the protocol's version is defined (and nowhere else).

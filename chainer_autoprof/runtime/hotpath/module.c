@@ -22,6 +22,7 @@ __attribute__((visibility("default"))) PyMODINIT_FUNC PyInit__native(void)
     if (m == NULL)
         return NULL;
     if (core_ready(m) < 0 || nvtx_ready(m) < 0 || record_ready(m) < 0 || wrappers_ready(m) < 0
+        || term_guard_ready(m) < 0
         || PyModule_AddIntConstant(m, "PROTOCOL", CHAINER_AUTOPROF_PROTOCOL) < 0
         /* its wrappers are C: no Python frame of ours while the user's code runs */
         || PyModule_AddObject(m, "WRAPPER_FRAMES", Py_NewRef(Py_False)) < 0) {

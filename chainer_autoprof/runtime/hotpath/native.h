@@ -14,6 +14,8 @@
  *                  recorder sink run by the core -- record.py
  *   wrappers.c     Switch, Wrapper: what replaces a patched function (around, link,
  *                  apply, backprop) -- wrappers.py
+ *   term_guard.c   SIGTERM at the default action: the agent's end, the kill never held
+ *                  up (lifecycle/exit.py; no Python twin: without it, no guard)
  *
  * A sink the core runs in C is a *native sink kind* (native_sink_kind below): its
  * part's type and its begin/end in C.  core.c lists the kinds; a new one is a C file
@@ -262,6 +264,7 @@ int core_ready(PyObject *module);
 int nvtx_ready(PyObject *module);
 int record_ready(PyObject *module);
 int wrappers_ready(PyObject *module);
+int term_guard_ready(PyObject *module);  /* SIGTERM's guard: the lifecycle's, not the hot path's */
 
 /* Add `type` to `module` as `name` (after PyType_Ready). */
 int add_type(PyObject *module, PyTypeObject *type, const char *name);
