@@ -36,6 +36,7 @@ from ..common.gpu_records import (
     ApiCalls,
     ExternalIds,
     GpuOps,
+    LocateKernel,
     NameTable,
 )
 from .gpu_activity import (
@@ -77,6 +78,19 @@ def load_extension() -> ModuleType:
         raise ImportError("the _cupti extension was built for other columns: rebuild it")
     module: ModuleType = _cupti
     return module
+
+
+def locate_kernel(kinds: tuple[int, ...]) -> LocateKernel | None:
+    """The attribution's range lookup in C (``cupti_locate.c``), where the extension loads
+    and counts range kinds as ``kinds`` (the attribution's); else ``None`` (NumPy's twin)."""
+    try:
+        ext = load_extension()
+    except ImportError:
+        return None
+    if tuple(getattr(ext, "LOCATE_KINDS", ())) != tuple(kinds):
+        return None
+    kernel: LocateKernel = ext.locate
+    return kernel
 
 
 def libcupti_candidates() -> list[str]:
