@@ -281,11 +281,13 @@ def _attributed(analysis):
 
 
 @pytest.mark.parametrize("name", RECORDINGS)
-def test_the_range_lookup_in_c_attributes_as_its_numpy_twin(name, extension):
+def test_the_range_lookup_in_c_attributes_as_its_numpy_twin(name, extension, monkeypatch):
     """Both lookups on a recording, whole and cut into buffers that come shuffled: every
     operation's columns and every figure alike (the live session uses C where built)."""
+    import functools
     import random
 
+    from chainer_autoprof.analysis.gpu_analysis import GpuAnalysis
     from chainer_autoprof.analysis.gpu_clock import fit
     from chainer_autoprof.report import gpu_replay
     from chainer_autoprof.report.tracefile import read_trace
@@ -295,9 +297,11 @@ def test_the_range_lookup_in_c_attributes_as_its_numpy_twin(name, extension):
     pieces = rec.batch.split(17)
     random.Random(3).shuffle(pieces)
     for batches in ([rec.batch], pieces):
-        runs = [gpu_replay.analyse(trace, batches, fit(rec.clock), rec.batch.names,
-                                   locate=kernel)
-                for kernel in (None, extension.locate)]
+        runs = []
+        for kernel in (None, extension.locate):
+            monkeypatch.setattr(gpu_replay, "GpuAnalysis",
+                                functools.partial(GpuAnalysis, locate=kernel))
+            runs.append(gpu_replay.analyse(trace, batches, fit(rec.clock), rec.batch.names))
         twin, native = runs
         assert twin.attributor.locate is None and native.attributor.locate is not None
         assert twin.finish().to_dict() == native.finish().to_dict()

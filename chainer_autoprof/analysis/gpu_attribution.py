@@ -39,18 +39,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ..common import names
-from ..common.gpu_records import (
-    ActivityBatch,
-    ApiCalls,
-    Columns,
-    GpuOps,
-    LocateKernel,
-    RowIndex,
-)
+from ..common.gpu_records import ActivityBatch, ApiCalls, Columns, GpuOps, RowIndex
 from .gpu_clock import ClockMap
 from .stats import DEPTH_BITS, DEPTH_MASK, PHASE_KEYS
 
 if TYPE_CHECKING:
+    from ..common.gpu_records import LocateKernel
     from ..common.typedefs import RangeRows
 
 Int64Array = npt.NDArray[np.int64]
@@ -58,8 +52,6 @@ Int64Array = npt.NDArray[np.int64]
 # Kinds of a range name.
 K_OTHER, K_ITER, K_LINK, K_LINK_BWD, K_GC, K_QUIET, K_FUNCTION = 0, 1, 2, 3, 4, 5, 6
 K_PHASE0 = 10  # + index in PHASE_KEYS (data, forward, backward, update)
-#: The kinds a range lookup in C must count alike (``runtime/cupti_locate.c``).
-LOCATE_KINDS = (K_ITER, K_LINK, K_LINK_BWD, K_GC, K_PHASE0)
 
 #: Attribution.phase: an index in PHASE_KEYS (4, "other": in an iteration, outside its
 #: phases), or PHASE_OUTSIDE (not in an iteration).
@@ -78,6 +70,9 @@ STATUSES = ("attributed", "no launch record", "unknown thread", "ranges dropped"
 #: Containment fallback for CUPTI threads without a map: launches needed, share inside.
 MIN_VOTES = 16
 MIN_SHARE = 0.9
+
+#: The kinds a range lookup in C must count alike (``runtime/cupti_locate.c``).
+LOCATE_KINDS = (K_ITER, K_LINK, K_LINK_BWD, K_GC, K_PHASE0)
 
 
 @dataclass
@@ -539,12 +534,15 @@ class LaunchAttributor:
         return items
 
     def _count(self, ops: GpuOps, status: Int64Array) -> None:
-        dur = ops.end - ops.start
-        for s in range(len(STATUSES)):
-            sel = status == s
-            if sel.any():
-                self.status_ops[s] += int(sel.sum())
-                self.status_ns[s] += int(dur[sel].sum())
+        if not len(status):
+            return
+        n = len(STATUSES)  # float sums of integer ns: exact below 2**53 ns (104 days)
+        calls = np.bincount(status, minlength=n).tolist()
+        ns = np.bincount(status, weights=ops.end - ops.start, minlength=n).tolist()
+        for s in range(n):
+            if calls[s]:
+                self.status_ops[s] += calls[s]
+                self.status_ns[s] += int(ns[s])
 
     # -- threads without a map ----------------------------------------------------------
     def _map_by_containment(self, final: bool) -> AttributedOps:

@@ -86,16 +86,23 @@ def _empty() -> Int64Array:
 T = TypeVar("T", bound="Columns")
 
 
+#: Each Columns class's column names, in field order.
+_COLUMNS: dict[type, tuple[str, ...]] = {}
+
+
 @dataclass
 class Columns:
     """Equal-length int64 columns (one dataclass field each)."""
 
     def __len__(self) -> int:
-        return len(getattr(self, fields(self)[0].name))
+        return len(getattr(self, self.columns()[0]))
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
+        found = _COLUMNS.get(cls)
+        if found is None:  # once per class: dataclasses.fields() is dear on a hot path
+            found = _COLUMNS[cls] = tuple(f.name for f in fields(cls))
+        return found
 
     @classmethod
     def empty(cls: type[T]) -> T:

@@ -19,7 +19,7 @@ import numpy.typing as npt
 from ..analysis.gpu_analysis import GpuAnalysis, Limits
 from ..analysis.gpu_clock import ClockMap, fit
 from ..analysis.stats import DEPTH_BITS
-from ..common.gpu_records import ActivityBatch, LocateKernel, NameTable, Recording
+from ..common.gpu_records import ActivityBatch, NameTable, Recording
 from . import gpu_events
 from .trace_events import Timeline
 from .tracefile import Trace
@@ -48,17 +48,15 @@ def trace_rows(trace: Trace) -> tuple[list[tuple[str, str]], dict[int, Int64Arra
 
 def analyse(trace: Trace, batches: Iterable[ActivityBatch], clock: ClockMap,
             names: NameTable, *, identity_threads: bool = False,
-            record_limit: int | None = None, limits: Limits | None = None,
-            locate: LocateKernel | None = None) -> GpuAnalysis:
-    """Feed ``trace``'s ranges and the activity ``batches`` to a new analysis; finished
-    (``locate``: the range lookup in C, else NumPy's)."""
+            record_limit: int | None = None, limits: Limits | None = None) -> GpuAnalysis:
+    """Feed ``trace``'s ranges and the activity ``batches`` to a new analysis; finished."""
     meta = trace.meta
     settings = meta.get("settings") or {}
     limit = record_limit if record_limit is not None else int(
         settings.get("record_limit") or 200_000)
     analysis = GpuAnalysis(clock, names, int(meta.get("warmup_skip") or 0),
                            record_limit=limit, identity_threads=identity_threads,
-                           loop_tid=meta.get("main_tid"), limits=limits, locate=locate)
+                           loop_tid=meta.get("main_tid"), limits=limits)
     range_names, rows = trace_rows(trace)
     for i, (name, category) in enumerate(range_names):
         analysis.add_name(i, name, category)
@@ -72,12 +70,10 @@ def analyse(trace: Trace, batches: Iterable[ActivityBatch], clock: ClockMap,
 
 
 def replay(trace: Trace, recording: Recording, pieces: int = 8, *,
-           record_limit: int | None = None, limits: Limits | None = None,
-           locate: LocateKernel | None = None) -> GpuAnalysis:
+           record_limit: int | None = None, limits: Limits | None = None) -> GpuAnalysis:
     """The recording, cut into ``pieces`` batches as buffers would come, analysed."""
     return analyse(trace, recording.batch.split(pieces), fit(recording.clock),
-                   recording.batch.names, record_limit=record_limit, limits=limits,
-                   locate=locate)
+                   recording.batch.names, record_limit=record_limit, limits=limits)
 
 
 def counted_span(trace: Trace) -> tuple[int, int] | None:
