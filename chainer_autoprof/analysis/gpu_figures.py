@@ -70,6 +70,8 @@ WINDOW_COLUMNS = ("span", "busy", *IDLE_KEYS)
 _NEG = -(1 << 62)
 #: A top kernel's key: its name id above this many bits, below them (link + 1) * 2 + backward.
 _NAME_SHIFT = 32
+#: Kernel keys (names x links x directions) counted by a dense index rather than sorted.
+_DENSE_KEYS = 1 << 16
 
 
 def _unpacked(key: int) -> tuple[int, int, int]:
@@ -449,10 +451,22 @@ class GpuFigureBuilder:
     def _add_kernels(self, name: Int64Array, link: Int64Array, backward: Int64Array,
                      dur: Int64Array) -> None:
         """Add counted kernels to the (name, link, direction) sums, new keys in that order."""
-        key = (name << _NAME_SHIFT) | ((link + 1) << 1) | (backward == 1)
-        uniq, inverse = np.unique(key, return_inverse=True)
-        ns = np.bincount(inverse, weights=dur).astype(np.int64)
-        calls = np.bincount(inverse)
+        width = 2 * (len(self.link_keys) + 1)  # (link + 1) * 2 + backward below width
+        top = int(name.max()) + 1
+        if top * width <= _DENSE_KEYS and int(name.min()) >= 0 and int(link.min()) >= -1:
+            # few names and links: counted by a dense index, no sort (the usual)
+            dense = name * width + (link + 1) * 2 + (backward & 1)
+            calls = np.bincount(dense, minlength=top * width)
+            present = np.flatnonzero(calls)
+            ns = np.bincount(dense, weights=dur, minlength=top * width)[present].astype(
+                np.int64)
+            calls = calls[present]
+            uniq = ((present // width) << _NAME_SHIFT) | (present % width)
+        else:
+            key = (name << _NAME_SHIFT) | ((link + 1) << 1) | (backward == 1)
+            uniq, inverse = np.unique(key, return_inverse=True)
+            ns = np.bincount(inverse, weights=dur).astype(np.int64)
+            calls = np.bincount(inverse)
         found = self.kernel_keys
         pos = [found.get(k, -1) for k in uniq.tolist()]
         if -1 in pos:  # new keys, in key order; beyond MAX_KERNEL_KEYS they are "other"
