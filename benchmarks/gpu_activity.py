@@ -27,11 +27,13 @@ figures' making, once per run) is counted apart.  The verdict is on ``native-liv
 
 The training thread: what GPU activity adds to it is the recorder's handover of each block
 of ranges to the session (a deque append): counted as the recorder's absorbing of the
-recorded loop's ranges with and without the handover, per iteration (twice each, the least
-taken; a few hundred instructions either way are noise).
+recorded loop's ranges with and without the handover, per iteration (four times each, the
+least taken: the same code's turns differ by up to 1% of the segment, a few thousand
+instructions per iteration).
 
     python benchmarks/gpu_activity.py            # both recordings, ~10 minutes
     python benchmarks/gpu_activity.py b16        # one
+    python benchmarks/gpu_activity.py --runs native-x10 b16   # the live buffers and those
 
 Target: at most 250 instructions per record (native reader, live buffers), per recording.
 """
@@ -288,7 +290,7 @@ def child(name: str, runs: tuple[str, ...] = ()) -> None:
             control.stop()
             for part in ("read", "attribute", "finish"):
                 print(f"segment {part}:{label} {records}", flush=True)
-        for turn in ("off", "on", "off", "on"):  # the training thread's part, per iteration
+        for turn in ("off", "on") * 4:  # the training thread's part, per iteration
             primed = Primed(name, "native", Path(tmp) / f"thread-{turn}", cache)
             recorder = primed.recorder
             recorder.gpu_handover = None if turn == "off" else primed.session._queue.append

@@ -375,8 +375,8 @@ class LaunchAttributor:
         found = ok & (api.correlation[pos] == ops.correlation) if len(api) else ok & False
         out: list[AttributedOps] = []
         every = bool(found.all())  # the usual: no row taken apart
-        missing = GpuOps.empty() if every else ops.take(~found)
-        if len(missing):
+        missing = None if every else ops.take(~found)
+        if missing is not None and len(missing):
             if force:
                 out.append(self._conclude(missing, NO_API))
             else:
@@ -439,21 +439,22 @@ class LaunchAttributor:
         else:
             ready = launch <= th.done_ns
         every = bool(ready.all())  # the usual: no row taken apart
-        rest = AttributedOps.empty() if every else waiting.take(~ready)
-        forced = AttributedOps.empty()
-        if len(rest) > self.max_pending:  # the oldest launches are attributed as they stand
-            order = np.argsort(rest.attr.api_start, kind="stable")
+        rest = None if every else waiting.take(~ready)
+        forced = None
+        if rest is not None and len(rest) > self.max_pending:  # the oldest launches are
+            order = np.argsort(rest.attr.api_start, kind="stable")  # attributed as they stand
             cut = len(rest) - self.max_pending
             forced = rest.take(order[:cut])
             rest = rest.take(order[cut:])
-        if len(rest):
+        if rest is not None and len(rest):
             self._wait_ranges[tid] = rest
         else:
             del self._wait_ranges[tid]
-        done = waiting if every else AttributedOps.concat([waiting.take(ready), forced])
+        done = waiting if every else AttributedOps.concat(
+            [waiting.take(ready), *([forced] if forced is not None else [])])
         if not len(done):
             return done
-        return self._locate(tid, th, done, open_known=not (force or len(forced) == 0))
+        return self._locate(tid, th, done, open_known=not (force or forced is None))
 
     def _locate(self, tid: int, th: _ThreadRanges | None, items: AttributedOps,
                 open_known: bool) -> AttributedOps:

@@ -106,7 +106,8 @@ class Columns:
 
     @classmethod
     def empty(cls: type[T]) -> T:
-        return cls(**{name: _empty() for name in cls.columns()})
+        none = _empty()  # one zero-length array for every column (no row to write)
+        return cls(**dict.fromkeys(cls.columns(), none))
 
     @classmethod
     def from_columns(cls: type[T], n: int, values: Mapping[str, Any]) -> T:
