@@ -214,6 +214,16 @@ class NameTable:
                 self.names.append(name)
         return found
 
+    def intern_all(self, names: list[str]) -> list[int]:
+        """Each name's id (:meth:`intern`), under one taking of the lock."""
+        with self._lock:
+            ids = self._ids
+            for name in names:
+                if name not in ids:
+                    ids[name] = len(self.names)
+                    self.names.append(name)
+            return [ids[name] for name in names]
+
     def name(self, index: int) -> str:
         return self.names[index] if 0 <= index < len(self.names) else f"kernel#{index}"
 

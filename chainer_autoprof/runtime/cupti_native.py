@@ -172,15 +172,15 @@ class NativeCuptiCollector(CuptiCollector):
         return ActivityBatch(gpu_ops, ApiCalls(*api_cols), ExternalIds.empty(), self.names)
 
     def _learn_names(self, fresh: list[tuple[int, str]]) -> None:
-        top = max(i for i, _ in fresh) + 1
+        index = [i for i, _ in fresh]
+        ours = self.names.intern_all([text for _, text in fresh])
+        top = max(index) + 1
         if top > len(self._remap):
             grown = np.full(max(top, 2 * len(self._remap)), -1, dtype=np.int64)
             grown[:len(self._remap)] = self._remap
             self._remap = grown
-        for index, text in fresh:
-            ours = self.names.intern(text)
-            self._remap[index] = ours
-            self._identity = self._identity and ours == index
+        self._remap[index] = ours  # all at once: a name's first buffer holds hundreds
+        self._identity = self._identity and index == ours
 
     def _sync_counts(self) -> None:
         ext = self._ext
