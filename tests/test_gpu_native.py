@@ -348,8 +348,12 @@ def test_the_range_lookup_in_c_on_nested_ranges_of_every_kind(extension):
             t = b
 
     nest(0, 200_000, 0)
+    for depth in range(30):  # and one deep chain, each range in the one before
+        rows.append((rng.randrange(len(categories) + 3), 300_000 + 97 * depth,
+                     400_000 - 89 * depth, depth))
     rows.sort(key=lambda r: r[2])
     launches = np.array([rng.randrange(-50, 200_050) for _ in range(3000)]
+                        + [rng.randrange(299_000, 401_000) for _ in range(1000)]
                         + [r[1] for r in rows] + [r[2] for r in rows], dtype=np.int64)
     launches = np.concatenate([np.sort(launches), launches[rng.sample(range(len(launches)),
                                                                       len(launches))]])
@@ -368,5 +372,6 @@ def test_the_range_lookup_in_c_on_nested_ranges_of_every_kind(extension):
     twin, native = got
     assert (twin.range >= 0).sum() > 1000 and (twin.link >= 0).sum() > 100
     assert (twin.iteration >= 0).sum() > 100 and (twin.phase >= 0).sum() > 100
+    assert twin.range_depth.max() > 16
     for column in twin.columns():
         assert np.array_equal(getattr(twin, column), getattr(native, column)), column

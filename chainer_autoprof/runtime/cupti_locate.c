@@ -64,22 +64,25 @@ static Py_ssize_t last_at_or_before(const int64_t *a, Py_ssize_t m, int64_t x, P
     return lo;
 }
 
+/* The arrays' buffers held during a call (room for every one it takes). */
 typedef struct {
-    Py_buffer views[64];
-    int n;
+    Py_buffer *views;
+    Py_ssize_t n, cap;
 } held;
 
 static void release_all(held *h)
 {
     while (h->n > 0)
         PyBuffer_Release(&h->views[--h->n]);
+    PyMem_Free(h->views);
+    h->views = NULL;
 }
 
 /* obj's memory as int64[*count] (count -1: any length, set here); NULL with an error. */
 static int64_t *int64s(held *h, PyObject *obj, Py_ssize_t *count, int writable)
 {
-    if (h->n == (int)(sizeof(h->views) / sizeof(h->views[0]))) {
-        PyErr_SetString(PyExc_ValueError, "locate: too many arrays");
+    if (h->n == h->cap) {
+        PyErr_SetString(PyExc_ValueError, "locate: more arrays than counted");
         return NULL;
     }
     Py_buffer *v = &h->views[h->n];
@@ -108,10 +111,21 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
     PyObject *t_obj, *depths, *kinds_obj, *links_obj, *out_obj;
     if (!PyArg_ParseTuple(args, "OOOOO", &t_obj, &depths, &kinds_obj, &links_obj, &out_obj))
         return NULL;
-    held h = {.n = 0};
+    held h = {NULL, 0, 0};
     level *levels = NULL;
     PyObject *depth_seq = NULL, *out_seq = NULL, *result = NULL;
     Py_ssize_t n = -1, n_kinds = -1, n_links = -1;
+    depth_seq = PySequence_Fast(depths, "locate: depths is a sequence");
+    if (depth_seq == NULL)
+        goto done;
+    Py_ssize_t n_levels = PySequence_Fast_GET_SIZE(depth_seq);
+    h.cap = 3 + OUT_N + D_N * n_levels;
+    h.views = PyMem_Calloc((size_t)h.cap, sizeof(Py_buffer));
+    levels = PyMem_Calloc((size_t)(n_levels ? n_levels : 1), sizeof(level));
+    if (h.views == NULL || levels == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     const int64_t *t = int64s(&h, t_obj, &n, 0);
     const int64_t *kinds = t ? int64s(&h, kinds_obj, &n_kinds, 0) : NULL;
     const int64_t *link_ids = kinds ? int64s(&h, links_obj, &n_links, 0) : NULL;
@@ -134,15 +148,6 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
         out[c] = int64s(&h, PySequence_Fast_GET_ITEM(out_seq, c), &len, 1);
         if (out[c] == NULL)
             goto done;
-    }
-    depth_seq = PySequence_Fast(depths, "locate: depths is a sequence");
-    if (depth_seq == NULL)
-        goto done;
-    Py_ssize_t n_levels = PySequence_Fast_GET_SIZE(depth_seq);
-    levels = PyMem_Calloc((size_t)(n_levels ? n_levels : 1), sizeof(level));
-    if (levels == NULL) {
-        PyErr_NoMemory();
-        goto done;
     }
     for (Py_ssize_t d = 0; d < n_levels; d++) {
         PyObject *item = PySequence_Fast_GET_ITEM(depth_seq, d), *depth;
