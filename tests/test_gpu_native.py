@@ -273,5 +273,109 @@ def test_the_benchmark_measures_every_segment_of_both_readers():
     served = {label: int(n) for label, n in segments}
     assert served["read:native-live"] == served["read:python-live"] > 4000
     assert served["read:native-x10"] == 10 * served["read:native-live"]
-    assert labels[-5:] == ["thread:off", "thread:on", "thread:off", "thread:on",
-                           "launches:native-x10"]
+    assert labels[-9:] == ["thread:off", "thread:on"] * 4 + ["launches:native-x10"]
+
+
+# -- the attribution's range lookup in C (runtime/cupti_locate.c) and its NumPy twin --------
+def _attributed(analysis):
+    kept = analysis.records()
+    order = np.lexsort((kept.ops.start, kept.ops.correlation))
+    return {c: getattr(kept.attr, c)[order] for c in kept.attr.columns()}
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_the_range_lookup_in_c_attributes_as_its_numpy_twin(name, extension, monkeypatch):
+    """Both lookups on a recording, whole and cut into buffers that come shuffled: every
+    operation's columns and every figure alike (the live session uses C where built)."""
+    import functools
+    import random
+
+    from chainer_autoprof.analysis.gpu_analysis import GpuAnalysis
+    from chainer_autoprof.analysis.gpu_clock import fit
+    from chainer_autoprof.report import gpu_replay
+    from chainer_autoprof.report.tracefile import read_trace
+
+    trace = read_trace(str(DATA / name / "agent_trace.json"))
+    rec = recording(name)
+    pieces = rec.batch.split(17)
+    random.Random(3).shuffle(pieces)
+    for batches in ([rec.batch], pieces):
+        runs = []
+        for kernel in (None, extension.locate):
+            monkeypatch.setattr(gpu_replay, "GpuAnalysis",
+                                functools.partial(GpuAnalysis, locate=kernel))
+            runs.append(gpu_replay.analyse(trace, batches, fit(rec.clock), rec.batch.names))
+        twin, native = runs
+        assert twin.attributor.locate is None and native.attributor.locate is not None
+        assert twin.finish().to_dict() == native.finish().to_dict()
+        a, b = _attributed(twin), _attributed(native)
+        assert len(a["range"]) == len(rec.batch.ops)
+        for column, values in a.items():
+            assert np.array_equal(values, b[column]), column
+        assert (b["link"] >= 0).sum() > len(rec.batch.ops) // 2  # links found, not all -1
+
+
+def test_the_range_lookup_in_c_on_nested_ranges_of_every_kind(extension):
+    """Random nested ranges of every kind (garbage collection passed over for its parent,
+    names the attribution does not know), launches out of order, on a range's edges and
+    outside any: the C lookup writes what NumPy's does."""
+    import random
+
+    from chainer_autoprof.analysis.gpu_attribution import (
+        LOCATE_KINDS,
+        AttributedOps,
+        LaunchAttributor,
+        _unlocated,
+    )
+    from chainer_autoprof.analysis.gpu_clock import fit
+    from chainer_autoprof.analysis.stats import DEPTH_BITS
+    from chainer_autoprof.common import names as range_names
+    from chainer_autoprof.common.gpu_records import ClockPairs
+
+    assert tuple(extension.LOCATE_KINDS) == LOCATE_KINDS
+    categories = [range_names.ITERATION, *range_names.PHASES, range_names.LINK,
+                  range_names.LINK_BACKWARD, range_names.GC, range_names.FUNCTION, "user"]
+    rng = random.Random(11)
+    rows: list[tuple[int, int, int, int]] = []
+
+    def nest(t0: int, t1: int, depth: int) -> None:
+        t = t0
+        while depth < 7 and t < t1 - 40:
+            a = t + rng.randrange(1, 20)
+            b = min(t1 - 1, a + rng.randrange(5, max(6, (t1 - a) // 2)))
+            if b <= a:
+                break
+            index = rng.randrange(len(categories) + 3)  # the last three: unknown names
+            nest(a, b, depth + 1)
+            number = (len(rows) + 1) if index == 0 else 0
+            rows.append((index, a, b, depth | (number << DEPTH_BITS)))
+            t = b
+
+    nest(0, 200_000, 0)
+    for depth in range(30):  # and one deep chain, each range in the one before
+        rows.append((rng.randrange(len(categories) + 3), 300_000 + 97 * depth,
+                     400_000 - 89 * depth, depth))
+    rows.sort(key=lambda r: r[2])
+    launches = np.array([rng.randrange(-50, 200_050) for _ in range(3000)]
+                        + [rng.randrange(299_000, 401_000) for _ in range(1000)]
+                        + [r[1] for r in rows] + [r[2] for r in rows], dtype=np.int64)
+    launches = np.concatenate([np.sort(launches), launches[rng.sample(range(len(launches)),
+                                                                      len(launches))]])
+    got = []
+    for kernel in (None, extension.locate):
+        att = LaunchAttributor(fit(ClockPairs.from_rows([(0, 0)])), 2, locate=kernel)
+        for i, category in enumerate(categories):
+            att.add_name(i, f"{category}-{i}", category)
+        att.feed_ranges(1, rows)
+        ops = GpuOps.from_columns(len(launches), {
+            "kind": np.zeros(len(launches)), "start": launches, "end": launches + 5})
+        attr = _unlocated(len(launches), 0, {"api_start": launches.copy(),
+                                              "tid": np.ones(len(launches))})
+        out = att._locate(1, att.threads[1], AttributedOps(ops, attr), open_known=True)
+        got.append(out.attr)
+    twin, native = got
+    assert (twin.range >= 0).sum() > 1000 and (twin.link >= 0).sum() > 100
+    assert (twin.iteration >= 0).sum() > 100 and (twin.phase >= 0).sum() > 100
+    assert twin.range_depth.max() > 16
+    for column in twin.columns():
+        assert np.array_equal(getattr(twin, column), getattr(native, column)), column

@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..common import figures
-from ..common.gpu_records import ActivityBatch, NameTable
+from ..common.gpu_records import ActivityBatch, LocateKernel, NameTable
 from .gpu_attribution import AttributedOps, LaunchAttributor
 from .gpu_clock import ClockMap
 from .gpu_figures import GpuFigureBuilder, GpuFigures
@@ -309,7 +309,7 @@ class GpuAnalysis:
     def __init__(self, clock: ClockMap, names: NameTable, warmup_skip: int = 0, *,
                  record_limit: int = 50_000, identity_threads: bool = False,
                  loop_tid: int | None = None, limits: Limits | None = None,
-                 keep_outside: bool = True) -> None:
+                 keep_outside: bool = True, locate: LocateKernel | None = None) -> None:
         lim = limits if limits is not None else Limits()
         #: Whether the trace keeps operations launched outside any iteration (a capture
         #: window keeps only its iterations': what runs after it would push them out).
@@ -317,7 +317,8 @@ class GpuAnalysis:
         self.names = names
         self.attributor = LaunchAttributor(
             clock, warmup_skip, identity_threads=identity_threads,
-            max_pending=lim.max_pending, max_api=lim.max_api, max_ranges=lim.max_ranges)
+            max_pending=lim.max_pending, max_api=lim.max_api, max_ranges=lim.max_ranges,
+            locate=locate)
         self.builder = GpuFigureBuilder(self.attributor.link_keys, names, warmup_skip,
                                         loop_tid=loop_tid, max_pool=lim.max_pool,
                                         max_kept=lim.max_kept)

@@ -45,6 +45,7 @@ from .range_kinds import K_ITER as K_ITER  # the iterations' ranges, for the tra
 from .stats import DEPTH_BITS, DEPTH_MASK, PHASE_KEYS
 
 if TYPE_CHECKING:
+    from ..common.gpu_records import LocateKernel
     from ..common.typedefs import RangeRows
 
 Int64Array = npt.NDArray[np.int64]
@@ -67,6 +68,9 @@ STATUSES = ("attributed", "no launch record", "unknown thread", "ranges dropped"
 #: Containment fallback for CUPTI threads without a map: launches needed, share inside.
 MIN_VOTES = 16
 MIN_SHARE = 0.9
+
+#: The kinds a range lookup in C must count alike (``runtime/cupti_locate.c``).
+LOCATE_KINDS = (K_ITER, K_LINK, K_LINK_BWD, K_GC, K_PHASE0)
 
 
 @dataclass
@@ -124,6 +128,25 @@ class AttributedOps:
         return self.ops.nbytes + self.attr.nbytes
 
 
+_ATTRIBUTION_COLUMNS = Attribution.columns()
+#: Attribution's columns that start at 0 (the rest at -1, status at the status given).
+_ZERO_COLUMNS = ("backward", "counted")
+
+
+def _unlocated(n: int, status: int, given: dict[str, Int64Array] | None = None) -> Attribution:
+    """``n`` rows of no attribution yet (``given``: columns known already); the columns not
+    given are rows of one block (one allocation)."""
+    given = given or {}
+    rest = [c for c in _ATTRIBUTION_COLUMNS if c not in given]
+    block = np.full((len(rest), n), -1, dtype=np.int64)
+    cols = dict(zip(rest, block))
+    cols["status"][:] = status
+    for name in _ZERO_COLUMNS:
+        cols[name][:] = 0
+    cols.update(given)
+    return Attribution(**cols)
+
+
 class _Depth:
     """One depth's ranges of a thread: disjoint, sorted by start."""
 
@@ -175,8 +198,11 @@ class LaunchAttributor:
 
     def __init__(self, clock: ClockMap, warmup_skip: int = 0, *,
                  identity_threads: bool = False, max_pending: int = 1 << 16,
-                 max_api: int = 1 << 18, max_ranges: int = 1 << 17) -> None:
+                 max_api: int = 1 << 18, max_ranges: int = 1 << 17,
+                 locate: LocateKernel | None = None) -> None:
         self.clock = clock
+        #: The range lookup in C where the caller has it (:data:`LocateKernel`); else NumPy.
+        self.locate = locate
         self.warmup_skip = warmup_skip
         self.identity_threads = identity_threads
         self.max_pending = max(1, max_pending)
@@ -323,8 +349,9 @@ class LaunchAttributor:
         pos = np.where(ok, pos, 0)
         found = ok & (api.correlation[pos] == ops.correlation) if len(api) else ok & False
         out: list[AttributedOps] = []
-        missing = ops.take(~found)
-        if len(missing):
+        every = bool(found.all())  # the usual: no row taken apart
+        missing = None if every else ops.take(~found)
+        if missing is not None and len(missing):
             if force:
                 out.append(self._conclude(missing, NO_API))
             else:
@@ -335,17 +362,13 @@ class LaunchAttributor:
                     missing = missing.take(order[cut:])
                 self._wait_api = [missing]
                 self._wait_api_n = len(missing)
-        if found.any():
-            got = ops.take(found)
-            p = pos[found]
-            attr = Attribution.from_columns(len(got), {
-                "status": np.full(len(got), ATTRIBUTED, dtype=np.int64),
+        if every or found.any():
+            got = ops if every else ops.take(found)
+            p = pos if every else pos[found]
+            attr = _unlocated(len(got), ATTRIBUTED, {
                 "api_start": api.start[p], "api_end": api.end[p],
                 "api_domain": api.domain[p], "cbid": api.cbid[p],
-                "tid": api.thread[p],  # CUPTI's thread id until tied to the agent's
-                "backward": np.zeros(len(got), dtype=np.int64),
-                "phase": np.full(len(got), PHASE_OUTSIDE, dtype=np.int64),
-                "counted": np.zeros(len(got), dtype=np.int64)})
+                "tid": api.thread[p]})  # CUPTI's thread id until tied to the agent's
             out.append(self._to_threads(AttributedOps(got, attr), force))
         return AttributedOps.concat(out)
 
@@ -354,9 +377,10 @@ class LaunchAttributor:
         cupti = items.attr.tid
         out: list[AttributedOps] = []
         touched: set[int] = set()
-        for c in np.unique(cupti).tolist():
-            sel = cupti == c
-            part = items.take(sel)
+        first = int(cupti[0]) if len(cupti) else 0
+        one = bool((cupti == first).all())  # the usual: one launching thread
+        for c in [first] if one else np.unique(cupti).tolist():
+            part = items if one else items.take(cupti == c)
             tid = c if self.identity_threads else self.thread_map.get(c)
             if tid is None:
                 prev = self._wait_thread.get(c)
@@ -389,21 +413,23 @@ class LaunchAttributor:
             ready = np.zeros(len(waiting), dtype=bool)
         else:
             ready = launch <= th.done_ns
-        rest = waiting.take(~ready)
-        forced = AttributedOps.empty()
-        if len(rest) > self.max_pending:  # the oldest launches are attributed as they stand
-            order = np.argsort(rest.attr.api_start, kind="stable")
+        every = bool(ready.all())  # the usual: no row taken apart
+        rest = None if every else waiting.take(~ready)
+        forced = None
+        if rest is not None and len(rest) > self.max_pending:  # the oldest launches are
+            order = np.argsort(rest.attr.api_start, kind="stable")  # attributed as they stand
             cut = len(rest) - self.max_pending
             forced = rest.take(order[:cut])
             rest = rest.take(order[cut:])
-        if len(rest):
+        if rest is not None and len(rest):
             self._wait_ranges[tid] = rest
         else:
             del self._wait_ranges[tid]
-        done = AttributedOps.concat([waiting.take(ready), forced])
+        done = waiting if every else AttributedOps.concat(
+            [waiting.take(ready), *([forced] if forced is not None else [])])
         if not len(done):
             return done
-        return self._locate(tid, th, done, open_known=not (force or len(forced) == 0))
+        return self._locate(tid, th, done, open_known=not (force or forced is None))
 
     def _locate(self, tid: int, th: _ThreadRanges | None, items: AttributedOps,
                 open_known: bool) -> AttributedOps:
@@ -416,6 +442,31 @@ class LaunchAttributor:
         kinds, link_ids = self._kind_tables()
         n = len(items)
         depth_hit = np.full(n, -1, dtype=np.int64)
+        out = (attr.range, attr.range_t0, attr.range_t1, attr.range_depth, attr.link,
+               attr.backward, attr.phase, attr.iteration, attr.number, attr.iter_end, depth_hit)
+        if self.locate is not None and all(c.flags.c_contiguous and c.flags.writeable
+                                           for c in out):
+            self.locate(np.ascontiguousarray(t), [
+                (d, slot.t0, slot.t1, slot.index, slot.ordinal, slot.number)
+                for d, slot in sorted(th.depths.items()) if len(slot.t0)],
+                kinds, link_ids, out)
+        else:
+            self._locate_numpy(t, th, kinds, link_ids, attr, depth_hit)
+        in_iter = attr.iteration >= 0
+        attr.phase[in_iter & (attr.phase == PHASE_OUTSIDE)] = PHASE_OTHER
+        attr.counted[:] = (in_iter & (attr.iteration >= self.warmup_skip)).astype(np.int64)
+        status = np.full(n, ATTRIBUTED, dtype=np.int64)
+        status[t < th.horizon_ns] = RANGES_DROPPED
+        if open_known:  # forced before the thread's ranges got past the launch
+            status[(depth_hit < 0) & (t > th.done_ns) & ~th.finished] = OPEN
+        attr.status[:] = status
+        self._count(items.ops, status)
+        return items
+
+    def _locate_numpy(self, t: Int64Array, th: _ThreadRanges, kinds: Int64Array,
+                      link_ids: Int64Array, attr: Attribution, depth_hit: Int64Array) -> None:
+        """The range lookup in NumPy (the C one's twin): per depth, shallowest first, the
+        range holding each launch fills the columns (a deeper one over a shallower one)."""
         for d in sorted(th.depths):
             slot = th.depths[d]
             if not len(slot.t0):
@@ -427,7 +478,7 @@ class LaunchAttributor:
             if not hit.any():
                 continue
             idx = slot.index[k]
-            known = idx < len(kinds)
+            known = (idx >= 0) & (idx < len(kinds))
             kind = np.where(known, kinds[np.where(known, idx, 0)], K_OTHER)
             inner = hit & (kind != K_GC)
             attr.range[inner] = idx[inner]
@@ -445,25 +496,10 @@ class LaunchAttributor:
             attr.iteration[is_iter] = slot.ordinal[k][is_iter]
             attr.number[is_iter] = slot.number[k][is_iter]
             attr.iter_end[is_iter] = slot.t1[k][is_iter]
-        in_iter = attr.iteration >= 0
-        attr.phase[in_iter & (attr.phase == PHASE_OUTSIDE)] = PHASE_OTHER
-        attr.counted[:] = (in_iter & (attr.iteration >= self.warmup_skip)).astype(np.int64)
-        status = np.full(n, ATTRIBUTED, dtype=np.int64)
-        status[t < th.horizon_ns] = RANGES_DROPPED
-        if open_known:  # forced before the thread's ranges got past the launch
-            status[(depth_hit < 0) & (t > th.done_ns) & ~th.finished] = OPEN
-        attr.status[:] = status
-        self._count(items.ops, status)
-        return items
 
     def _conclude(self, ops: GpuOps, status: int) -> AttributedOps:
         """Operations that get no attribution at all (their API call is missing)."""
-        n = len(ops)
-        attr = Attribution.from_columns(n, {
-            "status": np.full(n, status, dtype=np.int64),
-            "backward": np.zeros(n, dtype=np.int64),
-            "phase": np.full(n, PHASE_OUTSIDE, dtype=np.int64),
-            "counted": np.zeros(n, dtype=np.int64)})
+        attr = _unlocated(len(ops), status)
         self._count(ops, attr.status)
         return AttributedOps(ops, attr)
 
@@ -474,12 +510,15 @@ class LaunchAttributor:
         return items
 
     def _count(self, ops: GpuOps, status: Int64Array) -> None:
-        dur = ops.end - ops.start
-        for s in range(len(STATUSES)):
-            sel = status == s
-            if sel.any():
-                self.status_ops[s] += int(sel.sum())
-                self.status_ns[s] += int(dur[sel].sum())
+        if not len(status):
+            return
+        n = len(STATUSES)  # float sums of integer ns: exact below 2**53 ns (104 days)
+        calls = np.bincount(status, minlength=n).tolist()
+        ns = np.bincount(status, weights=ops.end - ops.start, minlength=n).tolist()
+        for s in range(n):
+            if calls[s]:
+                self.status_ops[s] += calls[s]
+                self.status_ns[s] += int(ns[s])
 
     # -- threads without a map ----------------------------------------------------------
     def _map_by_containment(self, final: bool) -> AttributedOps:

@@ -67,6 +67,16 @@ LAUNCH_GAP_NS = 30_000
 #: Per-iteration columns (ms): the window, the kernels, then each idle category.
 WINDOW_COLUMNS = ("span", "busy", *IDLE_KEYS)
 _NEG = -(1 << 62)
+#: A top kernel's key: its name id above this many bits, below them (link + 1) * 2 + backward.
+_NAME_SHIFT = 32
+#: Kernel keys (names x links x directions) counted by a dense index rather than sorted.
+_DENSE_KEYS = 1 << 16
+
+
+def _unpacked(key: int) -> tuple[int, int, int]:
+    """A packed top-kernel key -> (name id, link id, backward)."""
+    low = key & ((1 << _NAME_SHIFT) - 1)
+    return key >> _NAME_SHIFT, (low >> 1) - 1, low & 1
 
 
 class _Timeline:
@@ -222,7 +232,7 @@ class GpuFigureBuilder:
         self.max_kept = max_kept
         self.link_sums = np.zeros((0, 5), dtype=np.int64)  # fwd ns, fwd n, bwd ns, bwd n, copy ns
         self.phase_sums = np.zeros((len(PHASE_KEYS), 3), dtype=np.int64)  # kernel ns, n, copy ns
-        self.kernel_keys: dict[tuple[int, int, int], int] = {}
+        self.kernel_keys: dict[int, int] = {}  # packed (name, link, direction) -> row
         self.kernel_sums = np.zeros((0, 2), dtype=np.int64)  # ns, calls
         self.other_kernels = np.zeros(2, dtype=np.int64)
         self.warmup_ns = 0
@@ -235,53 +245,57 @@ class GpuFigureBuilder:
             return
         ops, attr = items.ops, items.attr
         dur = ops.end - ops.start
-        kernel = ops.kind == KERNEL
-        copy = (ops.kind == MEMCPY) | (ops.kind == MEMSET)
-        for k in (KERNEL, MEMCPY, MEMSET):
-            self.op_counts[k] += int((ops.kind == k).sum())
+        kind = ops.kind
+        kernel = kind == KERNEL
+        copy = ~kernel & ((kind == MEMCPY) | (kind == MEMSET))
+        for k, c in enumerate(np.bincount(kind, minlength=3)[:3].tolist()):
+            self.op_counts[k] += c
         counted = attr.counted == 1
         in_iter = attr.iteration >= 0
-        self.warmup_ns += int(dur[kernel & in_iter & ~counted].sum())
-        self.outside_ns += int(dur[kernel & ~in_iter].sum())
-        # per link
+        outside = kernel & ~in_iter
+        if outside.any():
+            self.outside_ns += int(dur[outside].sum())
+        kernel_counted = kernel & counted
+        warm = kernel & in_iter & ~counted
+        if warm.any():
+            self.warmup_ns += int(dur[warm].sum())
+        # per link: kernels by (link, direction) slot, copies by link (float sums of integer
+        # nanoseconds are exact below 2**53 ns, 104 days per buffer)
         n_links = len(self.link_keys)
         if len(self.link_sums) < n_links:
             self.link_sums = np.vstack([self.link_sums,
                                         np.zeros((n_links - len(self.link_sums), 5),
                                                  dtype=np.int64)])
-        linked = counted & (attr.link >= 0)
-        bwd = attr.backward == 1
-        for col, sel, values in ((0, linked & kernel & ~bwd, dur), (1, linked & kernel & ~bwd, 1),
-                                 (2, linked & kernel & bwd, dur), (3, linked & kernel & bwd, 1),
-                                 (4, linked & copy, dur)):
-            if sel.any():
-                vals = np.broadcast_to(np.asarray(values, dtype=np.int64), dur.shape)[sel]
-                np.add.at(self.link_sums[:, col], attr.link[sel], vals)
+        link = attr.link
+        linked = counted & (link >= 0)
+        sel = linked & kernel
+        if sel.any():
+            slot = 2 * link[sel] + (attr.backward[sel] == 1)
+            ns = np.bincount(slot, weights=dur[sel], minlength=2 * n_links)
+            calls = np.bincount(slot, minlength=2 * n_links)
+            self.link_sums[:n_links, 0:4] += np.column_stack(
+                (ns[0::2], calls[0::2], ns[1::2], calls[1::2])).astype(np.int64)
+        sel = linked & copy
+        if sel.any():
+            self.link_sums[:n_links, 4] += np.bincount(
+                link[sel], weights=dur[sel], minlength=n_links).astype(np.int64)
         # per phase
         phased = counted & (attr.phase != PHASE_OUTSIDE)
-        for col, sel, values in ((0, phased & kernel, dur), (1, phased & kernel, 1),
-                                 (2, phased & copy, dur)):
-            if sel.any():
-                vals = np.broadcast_to(np.asarray(values, dtype=np.int64), dur.shape)[sel]
-                np.add.at(self.phase_sums[:, col], attr.phase[sel], vals)
-        # top kernels
-        sel = counted & kernel
+        n_phases = len(PHASE_KEYS)
+        sel = phased & kernel
         if sel.any():
-            keys = np.column_stack([ops.name[sel], attr.link[sel], attr.backward[sel]])
-            uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-            inverse = np.asarray(inverse).reshape(-1)
-            ns = np.bincount(inverse, weights=dur[sel]).astype(np.int64)
-            calls = np.bincount(inverse).astype(np.int64)
-            for (name, link, back), t, c in zip(uniq.tolist(), ns.tolist(), calls.tolist()):
-                key = (name, link, back)
-                pos = self.kernel_keys.get(key)
-                if pos is None:
-                    if len(self.kernel_keys) >= MAX_KERNEL_KEYS:
-                        self.other_kernels += (t, c)
-                        continue
-                    pos = self.kernel_keys[key] = len(self.kernel_keys)
-                    self.kernel_sums = np.vstack([self.kernel_sums, np.zeros((1, 2), np.int64)])
-                self.kernel_sums[pos] += (t, c)
+            phase = attr.phase[sel]
+            self.phase_sums[:, 0] += np.bincount(phase, weights=dur[sel],
+                                                 minlength=n_phases).astype(np.int64)
+            self.phase_sums[:, 1] += np.bincount(phase, minlength=n_phases)
+        sel = phased & copy
+        if sel.any():
+            self.phase_sums[:, 2] += np.bincount(attr.phase[sel], weights=dur[sel],
+                                                 minlength=n_phases).astype(np.int64)
+        # top kernels: (name, link, direction) packed in one key, sorted as the triples
+        if kernel_counted.any():
+            self._add_kernels(ops.name[kernel_counted], link[kernel_counted],
+                              attr.backward[kernel_counted], dur[kernel_counted])
         # the timeline
         if self.loop_tid is None:
             with_iter = attr.tid[in_iter]
@@ -290,15 +304,58 @@ class GpuFigureBuilder:
         loop = (attr.tid == self.loop_tid).astype(np.int64)
         rows = np.column_stack([ops.start, ops.end, kernel.astype(np.int64), attr.api_start,
                                 np.where(loop == 1, attr.iteration, -1), attr.iter_end, loop])
-        for device in np.unique(ops.device).tolist():
-            tl = self.timelines.get(device)
+        device = ops.device
+        first = int(device[0])
+        one_device = bool((device == first).all())
+        for dev in [first] if one_device else np.unique(device).tolist():
+            tl = self.timelines.get(dev)
             if tl is None:
-                tl = self.timelines[device] = _Timeline(device, self.max_kept)
+                tl = self.timelines[dev] = _Timeline(dev, self.max_kept)
                 tl.warmup_skip = self.warmup_skip
-            tl.add(rows[ops.device == device])
+            tl.add(rows if one_device else rows[device == dev])
             if tl.pool_n > self.max_pool:  # place the oldest half
                 starts = np.sort(np.concatenate([p[:, 0] for p in tl.pool]))
                 tl.place(int(starts[len(starts) // 2]))
+
+    def _add_kernels(self, name: Int64Array, link: Int64Array, backward: Int64Array,
+                     dur: Int64Array) -> None:
+        """Add counted kernels to the (name, link, direction) sums, new keys in that order."""
+        width = 2 * (len(self.link_keys) + 1)  # (link + 1) * 2 + backward below width
+        top = int(name.max()) + 1
+        if top * width <= _DENSE_KEYS and int(name.min()) >= 0 and int(link.min()) >= -1:
+            # few names and links: counted by a dense index, no sort (the usual)
+            dense = name * width + (link + 1) * 2 + (backward & 1)
+            calls = np.bincount(dense, minlength=top * width)
+            present = np.flatnonzero(calls)
+            ns = np.bincount(dense, weights=dur, minlength=top * width)[present].astype(
+                np.int64)
+            calls = calls[present]
+            uniq = ((present // width) << _NAME_SHIFT) | (present % width)
+        else:
+            key = (name << _NAME_SHIFT) | ((link + 1) << 1) | (backward == 1)
+            uniq, inverse = np.unique(key, return_inverse=True)
+            ns = np.bincount(inverse, weights=dur).astype(np.int64)
+            calls = np.bincount(inverse)
+        found = self.kernel_keys
+        pos = [found.get(k, -1) for k in uniq.tolist()]
+        if -1 in pos:  # new keys, in key order; beyond MAX_KERNEL_KEYS they are "other"
+            new = 0
+            for i, k in enumerate(uniq.tolist()):
+                if pos[i] < 0 and len(found) < MAX_KERNEL_KEYS:
+                    pos[i] = found[k] = len(found)
+                    new += 1
+            if new:
+                self.kernel_sums = np.vstack([self.kernel_sums,
+                                              np.zeros((new, 2), dtype=np.int64)])
+            over = np.array([p < 0 for p in pos])
+            if over.any():
+                self.other_kernels += (int(ns[over].sum()), int(calls[over].sum()))
+                keep = ~over
+                uniq, ns, calls = uniq[keep], ns[keep], calls[keep]
+                pos = [p for p in pos if p >= 0]
+        at = np.array(pos, dtype=np.intp)
+        self.kernel_sums[at, 0] += ns
+        self.kernel_sums[at, 1] += calls
 
     def advance(self, watermark_ns: int) -> None:
         """No operation starting before ``watermark_ns`` (agent ns) will arrive any more."""
@@ -346,7 +403,7 @@ class GpuFigureBuilder:
             order = np.argsort(-self.kernel_sums[:, 0], kind="stable")[:TOP_KERNELS]
             keys = list(self.kernel_keys)
             for pos in order.tolist():
-                name, link, back = keys[pos]
+                name, link, back = _unpacked(keys[pos])
                 ns, calls = self.kernel_sums[pos].tolist()
                 tops.append(KernelGpuDict(
                     name=self.names.name(name),

@@ -39,7 +39,7 @@ import gzip
 import json
 import threading
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Mapping, Sequence, TypeVar, Union
+from typing import Any, Callable, Iterable, Mapping, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -47,6 +47,13 @@ import numpy.typing as npt
 Int64Array = npt.NDArray[np.int64]
 #: What selects rows of columns: a boolean mask, integer positions or a slice.
 RowIndex = Union[npt.NDArray[np.bool_], npt.NDArray[np.intp], Int64Array, slice]
+
+#: The attribution's range lookup in C (``runtime/cupti_locate.c``): ``(launches,
+#: ((depth, t0, t1, index, ordinal, number), ...) shallowest first, kinds, link ids, out)``,
+#: ``out`` the columns ``LaunchAttributor._locate_numpy`` fills, written in place.
+LocateKernel = Callable[[Int64Array, Sequence[Tuple[int, Int64Array, Int64Array, Int64Array,
+                                                     Int64Array, Int64Array]],
+                         Int64Array, Int64Array, Sequence[Int64Array]], None]
 
 #: GpuOps.kind
 KERNEL, MEMCPY, MEMSET = 0, 1, 2
@@ -79,20 +86,28 @@ def _empty() -> Int64Array:
 T = TypeVar("T", bound="Columns")
 
 
+#: Each Columns class's column names, in field order.
+_COLUMNS: dict[type, tuple[str, ...]] = {}
+
+
 @dataclass
 class Columns:
     """Equal-length int64 columns (one dataclass field each)."""
 
     def __len__(self) -> int:
-        return len(getattr(self, fields(self)[0].name))
+        return len(getattr(self, self.columns()[0]))
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
+        found = _COLUMNS.get(cls)
+        if found is None:  # once per class: dataclasses.fields() is dear on a hot path
+            found = _COLUMNS[cls] = tuple(f.name for f in fields(cls))
+        return found
 
     @classmethod
     def empty(cls: type[T]) -> T:
-        return cls(**{name: _empty() for name in cls.columns()})
+        none = _empty()  # one zero-length array for every column (no row to write)
+        return cls(**dict.fromkeys(cls.columns(), none))
 
     @classmethod
     def from_columns(cls: type[T], n: int, values: Mapping[str, Any]) -> T:
@@ -198,6 +213,16 @@ class NameTable:
                 found = self._ids[name] = len(self.names)
                 self.names.append(name)
         return found
+
+    def intern_all(self, names: list[str]) -> list[int]:
+        """Each name's id (:meth:`intern`), under one taking of the lock."""
+        with self._lock:
+            ids = self._ids
+            for name in names:
+                if name not in ids:
+                    ids[name] = len(self.names)
+                    self.names.append(name)
+            return [ids[name] for name in names]
 
     def name(self, index: int) -> str:
         return self.names[index] if 0 <= index < len(self.names) else f"kernel#{index}"

@@ -42,11 +42,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Deque, Protocol, TypeVar
 
 from ..analysis.gpu_analysis import GpuAnalysis, Limits
+from ..analysis.gpu_attribution import LOCATE_KINDS
 from ..analysis.gpu_clock import fit
 from ..analysis.gpu_record import GpuActivity, GpuFigures, activity_record
 from ..common import figures, log
-from ..common.gpu_records import ActivityBatch, ClockPairs, NameTable
-from ..runtime import cupti_readers
+from ..common.gpu_records import ActivityBatch, ClockPairs, LocateKernel, NameTable
+from ..runtime import cupti_native, cupti_readers
 
 if TYPE_CHECKING:
     from ..common.typedefs import RangeRows
@@ -144,6 +145,9 @@ class GpuSession:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.analysis: GpuAnalysis | None = None
+        #: The attribution's range lookup in C where the CUPTI extension is built (set at
+        #: start); ``None``: its NumPy twin.
+        self.locate: LocateKernel | None = None
         self._names_known = 0
         self._pairs_seen = 0
         self.drains = 0  # drains that fed the analysis (the drain thread's and the exit's)
@@ -188,6 +192,7 @@ class GpuSession:
             log.warning(f"GPU activity off: {got}")
             return
         self.collector = got
+        self.locate = cupti_native.locate_kernel(LOCATE_KINDS)
         self.reader = str(getattr(got, "reader", "python"))
         log.info(f"GPU activity: CUPTI's records read by the {self.reader} reader")
         self.state = "running"
@@ -237,7 +242,8 @@ class GpuSession:
             analysis = self.analysis = GpuAnalysis(
                 fit(collector.clock_pairs), self.names, self.warmup_skip,
                 record_limit=self.ops_limit, identity_threads=collector.system_thread_ids,
-                loop_tid=self.main_tid, limits=self.limits, keep_outside=not self.window)
+                loop_tid=self.main_tid, limits=self.limits, keep_outside=not self.window,
+                locate=self.locate)
             self._pairs_seen = collector.pair_count
         self.drains += 1
         items = _take(self._queue)

@@ -41,6 +41,8 @@
 #include <cupti_driver_cbid.h>
 #include <cupti_runtime_cbid.h>
 
+#include "cupti_locate.h"
+
 /* -- libcupti's functions, resolved by dlsym -------------------------------------------- */
 typedef CUptiResult (*register_fn)(CUpti_BuffersCallbackRequestFunc,
                                    CUpti_BuffersCallbackCompleteFunc);
@@ -791,6 +793,8 @@ static PyMethodDef methods[] = {
     {"result_string", py_result_string, METH_O, "CUPTI's name of a result code."},
     {"close", py_close, METH_NOARGS, "Completed buffers are freed unread from now on."},
     {"counts", py_counts, METH_NOARGS, "What the buffer callbacks saw (a dict)."},
+    {"locate", cupti_locate, METH_VARARGS,
+     "locate(t, depths, kinds, link_ids, out): the ranges around each launch (cupti_locate.c)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -847,6 +851,7 @@ PyMODINIT_FUNC PyInit__cupti(void)
         || PyModule_AddObject(m, "DRIVER_CBIDS", drv) < 0
         || PyModule_AddObject(m, "OP_COLUMNS", names_tuple(OP_COLUMNS, OP_NCOLS)) < 0
         || PyModule_AddObject(m, "API_COLUMNS", names_tuple(API_COLUMNS, API_NCOLS)) < 0
+        || PyModule_AddObject(m, "LOCATE_KINDS", cupti_locate_kinds()) < 0
         || PyModule_AddIntConstant(m, "API_SLOTS", API_SLOTS) < 0
         || PyModule_AddIntConstant(m, "CUPTI_API_VERSION", CUPTI_API_VERSION) < 0) {
         Py_DECREF(m);

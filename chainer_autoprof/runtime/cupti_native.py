@@ -36,6 +36,7 @@ from ..common.gpu_records import (
     ApiCalls,
     ExternalIds,
     GpuOps,
+    LocateKernel,
     NameTable,
 )
 from .gpu_activity import (
@@ -77,6 +78,19 @@ def load_extension() -> ModuleType:
         raise ImportError("the _cupti extension was built for other columns: rebuild it")
     module: ModuleType = _cupti
     return module
+
+
+def locate_kernel(kinds: tuple[int, ...]) -> LocateKernel | None:
+    """The attribution's range lookup in C (``cupti_locate.c``), where the extension loads
+    and counts range kinds as ``kinds`` (the attribution's); else ``None`` (NumPy's twin)."""
+    try:
+        ext = load_extension()
+    except ImportError:
+        return None
+    if tuple(getattr(ext, "LOCATE_KINDS", ())) != tuple(kinds):
+        return None
+    kernel: LocateKernel = ext.locate
+    return kernel
 
 
 def libcupti_candidates() -> list[str]:
@@ -158,15 +172,15 @@ class NativeCuptiCollector(CuptiCollector):
         return ActivityBatch(gpu_ops, ApiCalls(*api_cols), ExternalIds.empty(), self.names)
 
     def _learn_names(self, fresh: list[tuple[int, str]]) -> None:
-        top = max(i for i, _ in fresh) + 1
+        index = [i for i, _ in fresh]
+        ours = self.names.intern_all([text for _, text in fresh])
+        top = max(index) + 1
         if top > len(self._remap):
             grown = np.full(max(top, 2 * len(self._remap)), -1, dtype=np.int64)
             grown[:len(self._remap)] = self._remap
             self._remap = grown
-        for index, text in fresh:
-            ours = self.names.intern(text)
-            self._remap[index] = ours
-            self._identity = self._identity and ours == index
+        self._remap[index] = ours  # all at once: a name's first buffer holds hundreds
+        self._identity = self._identity and index == ours
 
     def _sync_counts(self) -> None:
         ext = self._ext

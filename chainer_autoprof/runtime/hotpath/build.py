@@ -48,8 +48,10 @@ LIBRARIES = ["dl"]  # NVTX loads the tool with dlopen
 
 
 #: The CUPTI reader: its C file and module (an extension of its own, see the docstring).
-CUPTI_SOURCES = (HERE.parent / "cupti_native.c",)
+CUPTI_SOURCES = (HERE.parent / "cupti_native.c", HERE.parent / "cupti_locate.c")
 CUPTI_MODULE = "chainer_autoprof.runtime._cupti"
+#: The header the reader's sources share.
+CUPTI_OWN_HEADER = HERE.parent / "cupti_locate.h"
 #: What ``cupti_native.c`` includes, and from where.
 CUPTI_HEADERS = ("cupti_activity.h", "cuda.h", "builtin_types.h", "crt/host_defines.h")
 
@@ -132,7 +134,7 @@ def build_cupti_in_place(force: bool = False) -> Path:
     :class:`BuildError`."""
     out = cupti_target()
     if force or not out.exists() or any(
-            out.stat().st_mtime < f.stat().st_mtime for f in CUPTI_SOURCES):
+            out.stat().st_mtime < f.stat().st_mtime for f in (*CUPTI_SOURCES, CUPTI_OWN_HEADER)):
         compile_cupti_to(out)
     return out
 
