@@ -305,10 +305,10 @@ def test_the_range_lookup_in_c_attributes_as_its_numpy_twin(name, extension, mon
             monkeypatch.setattr(gpu_replay, "GpuAnalysis",
                                 functools.partial(GpuAnalysis, locate=kernel))
             runs.append(gpu_replay.analyse(trace, batches, fit(rec.clock), rec.batch.names))
-        twin, native = runs
-        assert twin.attributor.locate is None and native.attributor.locate is not None
-        assert twin.finish().to_dict() == native.finish().to_dict()
-        a, b = _attributed(twin), _attributed(native)
+        numpy_run, native = runs
+        assert numpy_run.attributor.locate is None and native.attributor.locate is not None
+        assert numpy_run.finish().to_dict() == native.finish().to_dict()
+        a, b = _attributed(numpy_run), _attributed(native)
         assert len(a["range"]) == len(rec.batch.ops)
         for column, values in a.items():
             assert np.array_equal(values, b[column]), column
@@ -373,9 +373,9 @@ def test_the_range_lookup_in_c_on_nested_ranges_of_every_kind(extension):
                                               "tid": np.ones(len(launches))})
         out = att._locate(1, att.threads[1], AttributedOps(ops, attr), open_known=True)
         got.append(out.attr)
-    twin, native = got
-    assert (twin.range >= 0).sum() > 1000 and (twin.link >= 0).sum() > 100
-    assert (twin.iteration >= 0).sum() > 100 and (twin.phase >= 0).sum() > 100
-    assert twin.range_depth.max() > 16
-    for column in twin.columns():
-        assert np.array_equal(getattr(twin, column), getattr(native, column)), column
+    numpy_run, native = got
+    assert (numpy_run.range >= 0).sum() > 1000 and (numpy_run.link >= 0).sum() > 100
+    assert (numpy_run.iteration >= 0).sum() > 100 and (numpy_run.phase >= 0).sum() > 100
+    assert numpy_run.range_depth.max() > 16
+    for column in numpy_run.columns():
+        assert np.array_equal(getattr(numpy_run, column), getattr(native, column)), column

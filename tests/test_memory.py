@@ -50,6 +50,7 @@ def pair(request, tmp_path_factory):
             train(tmp, "fixed", granularity, env=twin_env(twin)))
 
 
+@pytest.mark.hotpath  # on each hot path (the pair fixture)
 def test_the_leak_gets_its_growth_its_start_and_the_advice(pair):
     (run, trace), _fixed = pair
     stats = read_trace(str(trace)).stats()
@@ -66,6 +67,7 @@ def test_the_leak_gets_its_growth_its_start_and_the_advice(pair):
     assert "steadily: a leak" in err
 
 
+@pytest.mark.hotpath  # on each hot path (the pair fixture)
 def test_the_fixed_twin_gets_no_leak(pair):
     _leak, (run, trace) = pair
     stats = read_trace(str(trace)).stats()
@@ -74,6 +76,7 @@ def test_the_fixed_twin_gets_no_leak(pair):
     assert "memory          at iteration ends: resident median" in run.stderr
 
 
+@pytest.mark.hotpath  # on each hot path (the pair fixture)
 def test_the_figures_and_the_counter_track_are_in_the_trace(pair):
     (run, trace), _fixed = pair
     data = json.loads(trace.read_text())
@@ -104,6 +107,7 @@ def _report(*args: str) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.hotpath  # on each hot path (the pair fixture)
 def test_report_and_the_html_report_say_it_too(pair, tmp_path):
     (run, trace), (_fixed_run, fixed_trace) = pair
     text = _report(str(trace)).stdout
