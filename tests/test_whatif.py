@@ -247,6 +247,11 @@ def test_host_and_gpu_both_saturated_names_both_and_which_pays_off_first():
     assert re.search(r"; the (host|GPU) pays off first$", verdict.title)
     assert any(LINE.match(line) and "host 2x faster" in line for line in verdict.evidence)
     assert any(LINE.match(line) and "GPU 2x faster" in line for line in verdict.evidence)
+    # the summary's closing line says the same: both, not "the GPU sets the pace"
+    stats.ranges = 20 * 6  # (the synthetic record's ranges, as a recorded run has them)
+    closing = format_summary(stats).rsplit("=> ", 1)[-1]
+    assert closing.startswith("the host and the GPU both set the pace"), closing
+    assert re.search(r"the (host|GPU) pays off first\.", " ".join(closing.split())), closing
     # the same GPU behind a host with time to spare (half the step waiting at sync 1) stays
     # GPU-bound
     light = {"data": 0.5, "forward": 6.0, "backward": 8.0, "update": 0.5, "other": 15.3}

@@ -570,6 +570,10 @@ def _agent_lines(f: Findings) -> list[str]:
     return lines
 
 
+#: The verdict of a run whose host and GPU are both saturated (analysis/verdict.py).
+BOTH_KIND = "host- and GPU-bound"
+
+
 def dominant_sentence(f: Findings) -> str:
     """One plain sentence saying what dominates."""
     stats = f.stats
@@ -629,8 +633,18 @@ def dominant_sentence(f: Findings) -> str:
 
 def _gpu_sentence(f: Findings) -> str | None:
     """On a GPU that sets the pace: the phase (with GPU activity: and the link) with the most
-    GPU time."""
+    GPU time; where host and GPU both do, both (as the verdict says)."""
     ev, fig = f.gpu, f.activity
+    verdict = f.verdict
+    if verdict is not None and verdict.kind == BOTH_KIND:
+        host = verdict.figures.get("host_busy_share")
+        busy = verdict.gpu.busy_share if verdict.gpu is not None else None
+        first = verdict.title.rsplit("; ", 1)[-1] if verdict.title.endswith("pays off first") \
+            else "see the what-if lines for which change pays off first"
+        return ("the host and the GPU both set the pace"
+                + (f" (the GPU busy {figures.pct(busy)}, the host's own work "
+                   f"{figures.pct(host)} of each iteration)" if busy is not None and host
+                   else "") + f": {first}.")
     if ev is None:
         return None
     if ev.limit == "gpu" and fig is not None:
