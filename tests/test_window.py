@@ -23,7 +23,9 @@ def launch(tmp: Path, flags: list[str], script: Path, *script_args: str, **kw):
 
 
 def trace_iterations(path: Path) -> tuple[list[int], list[dict]]:
-    xs = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
+    # the program's ranges (the agent's own work, category agent, is no NVTX range)
+    xs = [e for e in json.loads(path.read_text())["traceEvents"]
+          if e["ph"] == "X" and e.get("cat") != names.AGENT]
     return [e["args"]["iteration"] for e in xs if e["name"] == "iteration"], xs
 
 

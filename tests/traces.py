@@ -70,14 +70,15 @@ def trace_threads(path: Path) -> dict[str, list[tuple[str, float, float, int]]]:
     """{thread name: [(name, t0, t1, depth), ...]} of a recorder trace, in begin order.
 
     Garbage collections (category ``gc``) run wherever the collector happens
-    to start: left out.
+    to start, and the agent's own work (category ``agent``: its run-time checks, once, on
+    whichever thread trains first) is not the program's: both left out.
     """
     data = json.loads(path.read_text())
     thread_names = {ev["tid"]: ev["args"]["name"] for ev in data["traceEvents"]
              if ev["ph"] == "M" and ev["name"] == "thread_name"}
     out: dict[str, list[tuple[str, float, float, int]]] = {}
     for ev in data["traceEvents"]:
-        if ev["ph"] == "X" and ev["cat"] != "gc":
+        if ev["ph"] == "X" and ev["cat"] not in ("gc", "agent"):
             out.setdefault(thread_names[ev["tid"]], []).append(
                 (ev["name"], float(ev["ts"]), float(ev["ts"]) + float(ev["dur"]),
                  ev["args"]["depth"]))

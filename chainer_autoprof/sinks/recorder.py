@@ -238,13 +238,16 @@ class Recorder:
         iterations; never NVTX.  Never raises."""
         if self.closed or t1 <= t0:
             return
+        self.own_ns += t1 - t0
+        window = self.tracer.window
+        if window is not None and not window.open:
+            return  # outside the capture window nothing is recorded, the agent's work neither
         try:
             info = self._own_info
             if info is None:
                 info = self._own_info = self.tracer.info(names.AGENT_CHECKS, names.AGENT)
                 info.sync = False
             self.native.end(info, t0, t1, self.tracer.state())
-            self.own_ns += t1 - t0
         except Exception as exc:  # our error: the row is missing, the training goes on  # noqa: BLE001
             log.error(f"recorder: {type(exc).__name__}: {exc}; the agent's own checks are "
                       "not recorded")
