@@ -34,6 +34,7 @@ else:  # Chainer's own dependency
 
 #: ``X | Y`` (Python 3.10 and later), as ``Union[X, Y]`` is.
 _UNION_TYPES = (Union, getattr(types, "UnionType", Union))
+_T = TypeVar("_T")
 
 #: Bounds of a time in a trace (microseconds): 31 years; beyond, the nanosecond
 #: values would not fit the int64 arithmetic of the aggregation.
@@ -67,6 +68,13 @@ class Kind:
     def convert(self, value: Any) -> Any:
         """A checked value as :class:`~.stats.RunStats` holds it."""
         return value
+
+
+def of_type(value: object, where: str, cls: type[_T], said: str) -> _T:
+    """``value`` if it is a ``cls``, else :class:`MalformedError`: ``where`` is not ``said``."""
+    if not isinstance(value, cls):
+        raise MalformedError(f"{where} is {shown(value)}, not {said}")
+    return value
 
 
 class Int(Kind):
@@ -119,9 +127,7 @@ class Text(Kind):
     doc = "string"
 
     def check(self, value: object, where: str) -> str:
-        if not isinstance(value, str):
-            raise MalformedError(f"{where} is {shown(value)}, not a string")
-        return value
+        return of_type(value, where, str, "a string")
 
     def convert(self, value: Any) -> str:
         return str(value)
@@ -131,9 +137,7 @@ class Bool(Kind):
     doc = "true/false"
 
     def check(self, value: object, where: str) -> bool:
-        if not isinstance(value, bool):
-            raise MalformedError(f"{where} is {shown(value)}, not true/false")
-        return value
+        return of_type(value, where, bool, "true/false")
 
 
 class Object(Kind):
@@ -142,9 +146,7 @@ class Object(Kind):
     doc = "object"
 
     def check(self, value: object, where: str) -> dict[str, object]:
-        if not isinstance(value, dict):
-            raise MalformedError(f"{where} is {shown(value)}, not an object")
-        return value
+        return of_type(value, where, dict, "an object")
 
 
 class ListOf(Kind):
@@ -155,10 +157,9 @@ class ListOf(Kind):
         self.doc = f"list of {item.doc}" if type(item) is not Kind else "list"
 
     def check(self, value: object, where: str) -> list[object]:
-        if not isinstance(value, list):
-            raise MalformedError(f"{where} is {shown(value)}, not a list")
         check = self.item.check
-        return [check(item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return [check(item, f"{where}[{i}]")
+                for i, item in enumerate(of_type(value, where, list, "a list"))]
 
 
 class MapOf(Kind):

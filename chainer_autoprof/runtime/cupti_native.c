@@ -243,22 +243,75 @@ static int hand_api(api_slot *a, table *api)
     return 0;
 }
 
+/* An operation record's fields that every kind has (the CUPTI structs name them alike). */
+typedef struct {
+    int kind;
+    uint64_t start, end;
+    uint32_t corr, device, context, stream;
+} op_head;
+
+#define OP_HEAD(op_kind, r) \
+    ((op_head){(op_kind), (r)->start, (r)->end, (r)->correlationId, (r)->deviceId, \
+               (r)->contextId, (r)->streamId})
+
 /* A new operation's row with its common fields (each kind sets or clears the rest); its
  * index, or -1. */
-static long op_row(table *ops, int kind, uint64_t start, uint64_t end, uint32_t corr,
-                   uint32_t device, uint32_t context, uint32_t stream)
+static long op_row(table *ops, const op_head *h)
 {
     long i = table_row(ops);
     if (i < 0)
         return -1;
-    CELL(ops, OP_KIND, i) = kind;
-    CELL(ops, OP_START, i) = (int64_t)start;
-    CELL(ops, OP_END, i) = (int64_t)end;
-    CELL(ops, OP_CORR, i) = corr;
-    CELL(ops, OP_DEVICE, i) = device;
-    CELL(ops, OP_CONTEXT, i) = context;
-    CELL(ops, OP_STREAM, i) = stream;
+    CELL(ops, OP_KIND, i) = h->kind;
+    CELL(ops, OP_START, i) = (int64_t)h->start;
+    CELL(ops, OP_END, i) = (int64_t)h->end;
+    CELL(ops, OP_CORR, i) = h->corr;
+    CELL(ops, OP_DEVICE, i) = h->device;
+    CELL(ops, OP_CONTEXT, i) = h->context;
+    CELL(ops, OP_STREAM, i) = h->stream;
     return i;
+}
+
+/* Row `i`'s cells that only its kind has; the others' -1. */
+static void op_cells(const CUpti_Activity *record, table *ops, long i, table *fresh)
+{
+    switch (record->kind) {
+    case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        const CUpti_ActivityMemcpy7 *m = (const CUpti_ActivityMemcpy7 *)record;
+        CELL(ops, OP_BYTES, i) = (int64_t)m->bytes;
+        CELL(ops, OP_COPY_KIND, i) = m->copyKind;
+        CELL(ops, OP_SRC_KIND, i) = m->srcKind;
+        CELL(ops, OP_DST_KIND, i) = m->dstKind;
+        CELL(ops, OP_NAME, i) = CELL(ops, OP_VALUE, i) = -1;
+        for (int c = OP_GRID_X; c < OP_NCOLS; c++) /* a kernel's */
+            CELL(ops, c, i) = -1;
+        break;
+    }
+    case CUPTI_ACTIVITY_KIND_MEMSET: {
+        const CUpti_ActivityMemset5 *m = (const CUpti_ActivityMemset5 *)record;
+        CELL(ops, OP_BYTES, i) = (int64_t)m->bytes;
+        CELL(ops, OP_VALUE, i) = m->value;
+        for (int c = OP_NAME; c < OP_NCOLS; c++)
+            if (c != OP_BYTES && c != OP_VALUE)
+                CELL(ops, c, i) = -1;
+        break;
+    }
+    default: { /* a kernel */
+        const CUpti_ActivityKernel13 *k = (const CUpti_ActivityKernel13 *)record;
+        CELL(ops, OP_NAME, i) = name_id(k->name, fresh);
+        CELL(ops, OP_GRID_X, i) = k->gridX;
+        CELL(ops, OP_GRID_Y, i) = k->gridY;
+        CELL(ops, OP_GRID_Z, i) = k->gridZ;
+        CELL(ops, OP_BLOCK_X, i) = k->blockX;
+        CELL(ops, OP_BLOCK_Y, i) = k->blockY;
+        CELL(ops, OP_BLOCK_Z, i) = k->blockZ;
+        CELL(ops, OP_REGISTERS, i) = k->registersPerThread;
+        CELL(ops, OP_STATIC_SMEM, i) = k->staticSharedMemory;
+        CELL(ops, OP_DYNAMIC_SMEM, i) = k->dynamicSharedMemory;
+        for (int c = OP_BYTES; c <= OP_VALUE; c++) /* a copy's and a memset's */
+            CELL(ops, c, i) = -1;
+        break;
+    }
+    }
 }
 
 /* The operation's launching call, handed over with it (or awaited). */
@@ -272,108 +325,66 @@ static int launch_of(uint32_t corr, table *api)
     return 0;
 }
 
+/* A runtime or driver call's record, kept until its operation comes (or handed over now if
+ * it came first); 0, or -1 out of memory. */
+static int api_record(const CUpti_ActivityAPI *c, table *api)
+{
+    uint32_t corr = c->correlationId;
+    api_slot *a = &api_table[corr & (API_SLOTS - 1)];
+    a->start = (int64_t)c->start;
+    a->end = (int64_t)c->end;
+    a->corr = corr;
+    a->cbid = c->cbid;
+    a->thread = c->threadId;
+    a->used = 1;
+    a->domain = c->kind == CUPTI_ACTIVITY_KIND_RUNTIME ? DOMAIN_RUNTIME : DOMAIN_DRIVER;
+    a->handed = 0;
+    uint32_t *w = &waiting[corr & (WAIT_SLOTS - 1)];
+    if (*w == corr && corr != 0) { /* its operation came first */
+        *w = 0;
+        if (hand_api(a, api))
+            return -1;
+    }
+    return 0;
+}
+
 /* Walk `buffer` into `ops`, `api` and `fresh` (new name ids); 0, or -1 out of memory. */
 static int walk(uint8_t *buffer, size_t valid, table *ops, table *api, table *fresh)
 {
     CUpti_Activity *record = NULL;
     while (lib.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
+        op_head h;
         switch (record->kind) {
         case CUPTI_ACTIVITY_KIND_KERNEL:
-        case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
-            const CUpti_ActivityKernel13 *k = (const CUpti_ActivityKernel13 *)record;
-            counts.records++;
-            if (k->start == 0 || k->end < k->start) {
-                counts.incomplete++;
-                break;
-            }
-            long i = op_row(ops, KIND_KERNEL, k->start, k->end, k->correlationId, k->deviceId,
-                            k->contextId, k->streamId);
-            if (i < 0)
-                return -1;
-            CELL(ops, OP_NAME, i) = name_id(k->name, fresh);
-            CELL(ops, OP_GRID_X, i) = k->gridX;
-            CELL(ops, OP_GRID_Y, i) = k->gridY;
-            CELL(ops, OP_GRID_Z, i) = k->gridZ;
-            CELL(ops, OP_BLOCK_X, i) = k->blockX;
-            CELL(ops, OP_BLOCK_Y, i) = k->blockY;
-            CELL(ops, OP_BLOCK_Z, i) = k->blockZ;
-            CELL(ops, OP_REGISTERS, i) = k->registersPerThread;
-            CELL(ops, OP_STATIC_SMEM, i) = k->staticSharedMemory;
-            CELL(ops, OP_DYNAMIC_SMEM, i) = k->dynamicSharedMemory;
-            for (int c = OP_BYTES; c <= OP_VALUE; c++) /* a copy's and a memset's */
-                CELL(ops, c, i) = -1;
-            if (launch_of(k->correlationId, api))
-                return -1;
+        case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+            h = OP_HEAD(KIND_KERNEL, (const CUpti_ActivityKernel13 *)record);
             break;
-        }
-        case CUPTI_ACTIVITY_KIND_MEMCPY: {
-            const CUpti_ActivityMemcpy7 *m = (const CUpti_ActivityMemcpy7 *)record;
-            counts.records++;
-            if (m->start == 0 || m->end < m->start) {
-                counts.incomplete++;
-                break;
-            }
-            long i = op_row(ops, KIND_MEMCPY, m->start, m->end, m->correlationId, m->deviceId,
-                            m->contextId, m->streamId);
-            if (i < 0)
-                return -1;
-            CELL(ops, OP_BYTES, i) = (int64_t)m->bytes;
-            CELL(ops, OP_COPY_KIND, i) = m->copyKind;
-            CELL(ops, OP_SRC_KIND, i) = m->srcKind;
-            CELL(ops, OP_DST_KIND, i) = m->dstKind;
-            CELL(ops, OP_NAME, i) = CELL(ops, OP_VALUE, i) = -1;
-            for (int c = OP_GRID_X; c < OP_NCOLS; c++) /* a kernel's */
-                CELL(ops, c, i) = -1;
-            if (launch_of(m->correlationId, api))
-                return -1;
+        case CUPTI_ACTIVITY_KIND_MEMCPY:
+            h = OP_HEAD(KIND_MEMCPY, (const CUpti_ActivityMemcpy7 *)record);
             break;
-        }
-        case CUPTI_ACTIVITY_KIND_MEMSET: {
-            const CUpti_ActivityMemset5 *m = (const CUpti_ActivityMemset5 *)record;
-            counts.records++;
-            if (m->start == 0 || m->end < m->start) {
-                counts.incomplete++;
-                break;
-            }
-            long i = op_row(ops, KIND_MEMSET, m->start, m->end, m->correlationId, m->deviceId,
-                            m->contextId, m->streamId);
-            if (i < 0)
-                return -1;
-            CELL(ops, OP_BYTES, i) = (int64_t)m->bytes;
-            CELL(ops, OP_VALUE, i) = m->value;
-            for (int c = OP_NAME; c < OP_NCOLS; c++)
-                if (c != OP_BYTES && c != OP_VALUE)
-                    CELL(ops, c, i) = -1;
-            if (launch_of(m->correlationId, api))
-                return -1;
+        case CUPTI_ACTIVITY_KIND_MEMSET:
+            h = OP_HEAD(KIND_MEMSET, (const CUpti_ActivityMemset5 *)record);
             break;
-        }
         case CUPTI_ACTIVITY_KIND_RUNTIME:
-        case CUPTI_ACTIVITY_KIND_DRIVER: {
-            const CUpti_ActivityAPI *c = (const CUpti_ActivityAPI *)record;
+        case CUPTI_ACTIVITY_KIND_DRIVER:
             counts.records++;
-            uint32_t corr = c->correlationId;
-            api_slot *a = &api_table[corr & (API_SLOTS - 1)];
-            a->start = (int64_t)c->start;
-            a->end = (int64_t)c->end;
-            a->corr = corr;
-            a->cbid = c->cbid;
-            a->thread = c->threadId;
-            a->used = 1;
-            a->domain = record->kind == CUPTI_ACTIVITY_KIND_RUNTIME ? DOMAIN_RUNTIME
-                                                                   : DOMAIN_DRIVER;
-            a->handed = 0;
-            uint32_t *w = &waiting[corr & (WAIT_SLOTS - 1)];
-            if (*w == corr && corr != 0) { /* its operation came first */
-                *w = 0;
-                if (hand_api(a, api))
-                    return -1;
-            }
-            break;
-        }
+            if (api_record((const CUpti_ActivityAPI *)record, api))
+                return -1;
+            continue;
         default:
-            break;
+            continue;
         }
+        counts.records++;
+        if (h.start == 0 || h.end < h.start) {
+            counts.incomplete++;
+            continue;
+        }
+        long i = op_row(ops, &h);
+        if (i < 0)
+            return -1;
+        op_cells(record, ops, i, fresh);
+        if (launch_of(h.corr, api))
+            return -1;
     }
     return 0;
 }
@@ -689,29 +700,42 @@ static PyObject *py_system_thread_ids(PyObject *self, PyObject *noargs)
     return PyLong_FromLong((long)lib.thread_type(CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM));
 }
 
+/* `arg` as the unsigned 32-bit argument of a libcupti call: 0, or -1 with the error set (not
+ * such an integer, or libcupti not loaded). */
+static int lib_u32_arg(PyObject *arg, uint32_t *out)
+{
+    unsigned long value = PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred())
+        return -1;
+    if (lib.handle == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "libcupti is not loaded");
+        return -1;
+    }
+    *out = (uint32_t)value;
+    return 0;
+}
+
 static PyObject *py_flush_period(PyObject *self, PyObject *arg)
 {
     (void)self;
-    unsigned long ms = PyLong_AsUnsignedLong(arg);
-    if (PyErr_Occurred())
+    uint32_t ms;
+    if (lib_u32_arg(arg, &ms))
         return NULL;
-    NEED_LIB();
     if (lib.flush_period == NULL)
         return PyLong_FromLong(-1);
-    return PyLong_FromLong((long)lib.flush_period((uint32_t)ms));
+    return PyLong_FromLong((long)lib.flush_period(ms));
 }
 
 /* flush_all(flag): CUPTI calls back (perhaps on this thread) before it returns. */
 static PyObject *py_flush_all(PyObject *self, PyObject *arg)
 {
     (void)self;
-    unsigned long flag = PyLong_AsUnsignedLong(arg);
-    if (PyErr_Occurred())
+    uint32_t flag;
+    if (lib_u32_arg(arg, &flag))
         return NULL;
-    NEED_LIB();
     CUptiResult r;
     Py_BEGIN_ALLOW_THREADS
-    r = lib.flush_all((uint32_t)flag);
+    r = lib.flush_all(flag);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong((long)r);
 }

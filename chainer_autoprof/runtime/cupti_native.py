@@ -208,37 +208,34 @@ class NativeCuptiCollector(CuptiCollector):
             raise NativeCuptiError(f"{what}: {self._ext.result_string(code)}{_driver_missing()}",
                                    code)
 
-    def start(self) -> str | None:
-        """Load libcupti, register the extension's callbacks and enable the activity kinds;
-        ``None``, or why it could not."""
+    def _load(self) -> str | None:
+        """Load libcupti; ``None``, or why it could not be."""
         ext = self._ext
         if ext is None:
             return "the native CUPTI reader is not built"
         why = ext.load(self.library)
         if why is not None:
             return f"libcupti could not be loaded from {self.library} ({why})"
-        try:
-            self._check(ext.register(self.buffer_bytes, self._on_buffer),
-                        "cuptiActivityRegisterCallbacks")
-            self.system_thread_ids = ext.system_thread_ids() == SUCCESS
-            for kind in ACTIVITY_KIND_IDS:
-                self._check(ext.enable(kind), f"cuptiActivityEnable({kind})")
-                self._enabled.append(kind)
-            for domain, table, quiet in ((RUNTIME, ext.RUNTIME_CBIDS, QUIET_RUNTIME),
-                                         (DRIVER, ext.DRIVER_CBIDS, QUIET_DRIVER)):
-                for name in quiet:
-                    if name in table:  # a failure leaves the call recorded: harmless
-                        ext.enable_api(domain, table[name], False)
-            ext.flush_period(FLUSH_PERIOD_MS)  # -1 or an error: buffers go when full
-            self._pair()
-        except Exception as exc:  # CUPTI's error: GPU activity off, said once  # noqa: BLE001
-            reason = describe_error(exc)
-            self._disable()
-            ext.close()
-            self.closed = True
-            return reason
-        self.running = True
         return None
+
+    def _subscribe(self) -> None:
+        """Register the extension's callbacks and enable the activity kinds (CUPTI's error
+        raises)."""
+        ext = self._ext
+        assert ext is not None
+        self._check(ext.register(self.buffer_bytes, self._on_buffer),
+                    "cuptiActivityRegisterCallbacks")
+        self.system_thread_ids = ext.system_thread_ids() == SUCCESS
+        for kind in ACTIVITY_KIND_IDS:
+            self._check(ext.enable(kind), f"cuptiActivityEnable({kind})")
+            self._enabled.append(kind)
+        for domain, table, quiet in ((RUNTIME, ext.RUNTIME_CBIDS, QUIET_RUNTIME),
+                                     (DRIVER, ext.DRIVER_CBIDS, QUIET_DRIVER)):
+            for name in quiet:
+                if name in table:  # a failure leaves the call recorded: harmless
+                    ext.enable_api(domain, table[name], False)
+        ext.flush_period(FLUSH_PERIOD_MS)  # -1 or an error: buffers go when full
+        self._pair()
 
     def flush(self) -> None:
         ext = self._ext
@@ -266,6 +263,11 @@ class NativeCuptiCollector(CuptiCollector):
         if self._ext is not None:
             self._ext.close()
         self._ext = None
+
+    def _let_go(self) -> None:
+        """Completed buffers are freed unread from now on."""
+        if self._ext is not None:
+            self._ext.close()
 
     def _disable(self) -> None:
         ext = self._ext

@@ -174,6 +174,22 @@ class CuptiCollector:
     # -- control ------------------------------------------------------------------------
     def start(self) -> str | None:
         """Subscribe and enable the activity kinds; ``None``, or why it could not."""
+        why = self._load()
+        if why is not None:
+            return why
+        try:
+            self._subscribe()
+        except Exception as exc:  # CUPTI's error: GPU activity off, said once  # noqa: BLE001
+            reason = describe_error(exc)
+            self._disable()
+            self._let_go()
+            self.closed = True
+            return reason
+        self.running = True
+        return None
+
+    def _load(self) -> str | None:
+        """Make CUPTI callable; ``None``, or why it cannot be."""
         try:
             from cupti import cupti  # cupti-python; only when GPU activity is wanted
         except ImportError as exc:
@@ -182,35 +198,35 @@ class CuptiCollector:
         except Exception as exc:  # e.g. its CUDA bindings cannot load  # noqa: BLE001
             return f"cupti-python cannot be imported ({type(exc).__name__}: {exc})"
         self._cupti = cupti
-        try:
-            try:
-                cupti.set_thread_id_type(cupti.ActivityThreadIdType.SYSTEM)
-                self.system_thread_ids = True
-            except Exception as exc:
-                if _no_driver(exc):
-                    raise
-                self.system_thread_ids = False
-            cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
-            for name in ACTIVITY_KINDS:
-                kind = getattr(cupti.ActivityKind, name)
-                cupti.activity_enable(kind)
-                self._enabled.append(kind)
-            _quiet(cupti, "runtime_api_trace_cbid", "activity_enable_runtime_api",
-                   QUIET_RUNTIME)
-            _quiet(cupti, "driver_api_trace_cbid", "activity_enable_driver_api", QUIET_DRIVER)
-            try:
-                cupti.activity_flush_period(FLUSH_PERIOD_MS)
-            except Exception:  # noqa: BLE001
-                pass  # CUPTI hands buffers over when they fill, and at the end
-            self._pair()
-        except Exception as exc:  # CUPTI's error: GPU activity off, said once  # noqa: BLE001
-            reason = describe_error(exc)
-            self._disable()
-            self._cupti = None
-            self.closed = True
-            return reason
-        self.running = True
         return None
+
+    def _subscribe(self) -> None:
+        """Register the buffer callbacks and enable the activity kinds (CUPTI's error raises)."""
+        cupti = self._cupti
+        try:
+            cupti.set_thread_id_type(cupti.ActivityThreadIdType.SYSTEM)
+            self.system_thread_ids = True
+        except Exception as exc:
+            if _no_driver(exc):
+                raise
+            self.system_thread_ids = False
+        cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+        for name in ACTIVITY_KINDS:
+            kind = getattr(cupti.ActivityKind, name)
+            cupti.activity_enable(kind)
+            self._enabled.append(kind)
+        _quiet(cupti, "runtime_api_trace_cbid", "activity_enable_runtime_api",
+               QUIET_RUNTIME)
+        _quiet(cupti, "driver_api_trace_cbid", "activity_enable_driver_api", QUIET_DRIVER)
+        try:
+            cupti.activity_flush_period(FLUSH_PERIOD_MS)
+        except Exception:  # noqa: BLE001
+            pass  # CUPTI hands buffers over when they fill, and at the end
+        self._pair()
+
+    def _let_go(self) -> None:
+        """Nothing more of CUPTI is called."""
+        self._cupti = None
 
     def flush(self) -> None:
         """Hand over every record now (CUPTI calls back before this returns)."""

@@ -60,25 +60,9 @@ class BuildError(RuntimeError):
     """The extension could not be built; ``str(err)`` is one line saying why."""
 
 
-def nvtx_include_dir() -> Path | None:
-    """The directory holding ``nvtx3/nvToolsExt.h`` (the nvidia-nvtx wheel, else CUDA)."""
-    candidates: list[Path] = []
-    for key in ("purelib", "platlib"):
-        candidates += sorted(Path(sysconfig.get_paths()[key]).glob("nvidia/*/include"))
-    for entry in sys.path:
-        candidates += sorted(Path(entry or ".").glob("nvidia/*/include"))
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if cuda_home:
-        candidates.append(Path(cuda_home) / "include")
-    candidates.append(Path("/usr/local/cuda/include"))
-    for directory in candidates:
-        if (directory / "nvtx3" / "nvToolsExt.h").is_file():
-            return directory
-    return None
-
-
-def cupti_include_dirs() -> list[Path] | None:
-    """Directories holding :data:`CUPTI_HEADERS` (the nvidia wheels, else CUDA), or None."""
+def _include_candidates(*cuda_subdirs: str) -> list[Path]:
+    """Where headers may be, in order: the nvidia wheels' include dirs, then under CUDA_HOME
+    (or CUDA_PATH) and /usr/local/cuda each of ``cuda_subdirs``."""
     candidates: list[Path] = []
     for key in ("purelib", "platlib"):
         candidates += sorted(Path(sysconfig.get_paths()[key]).glob("nvidia/*/include"))
@@ -86,7 +70,21 @@ def cupti_include_dirs() -> list[Path] | None:
         candidates += sorted(Path(entry or ".").glob("nvidia/*/include"))
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     for root in ([Path(cuda_home)] if cuda_home else []) + [Path("/usr/local/cuda")]:
-        candidates += [root / "include", root / "extras" / "CUPTI" / "include"]
+        candidates += [root / sub for sub in cuda_subdirs]
+    return candidates
+
+
+def nvtx_include_dir() -> Path | None:
+    """The directory holding ``nvtx3/nvToolsExt.h`` (the nvidia-nvtx wheel, else CUDA)."""
+    for directory in _include_candidates("include"):
+        if (directory / "nvtx3" / "nvToolsExt.h").is_file():
+            return directory
+    return None
+
+
+def cupti_include_dirs() -> list[Path] | None:
+    """Directories holding :data:`CUPTI_HEADERS` (the nvidia wheels, else CUDA), or None."""
+    candidates = _include_candidates("include", "extras/CUPTI/include")
     found: list[Path] = []
     for header in CUPTI_HEADERS:
         where = next((d for d in candidates if (d / header).is_file()), None)
