@@ -83,8 +83,8 @@ class Recorder:
         self.infos: list[tuple[str, str, int]] = []
         self._iter_info = tracer.info(names.ITERATION, names.ITERATION)
         self._test_events = os.environ.get(ENV_TEST_EVENTS, "") == "1"
-        #: ``(pid, descriptor)`` of STATM (-1: none here); memory read at iteration ends
-        self._statm: tuple[int, int] | None = None
+        #: Whether STATM can be read here (not on every platform); memory read at iteration ends
+        self._statm_ok = True
         self._memory_on = True
         self._reset(tracer.start_ns)
         #: The per-range append (the native core runs it in C), calling back at iteration ends
@@ -155,19 +155,22 @@ class Recorder:
             self._flush_thread(ts)
 
     def _read_memory(self, iteration: int, at_ns: int) -> None:
-        """Memory at this iteration's end: the resident size (one ``pread`` of STATM, kept
-        open), and CuPy's pools where the program imported CuPy (their own bookkeeping: no
-        CUDA call).  Our error stops the reading, with one line; the training goes on."""
+        """Memory at this iteration's end: the resident size (STATM opened, read and closed:
+        no descriptor is held across the program's code, which may close and reuse any), and
+        CuPy's pools where the program imported CuPy (their own bookkeeping: no CUDA call).
+        Our error stops the reading, with one line; the training goes on."""
         try:
-            pid = os.getpid()
-            statm = self._statm
-            if statm is None or statm[0] != pid:  # first, or a forked child (its own file)
+            rss = -1
+            if self._statm_ok:
                 try:
-                    statm = (pid, os.open(STATM, os.O_RDONLY | os.O_CLOEXEC))
+                    fd = os.open(STATM, os.O_RDONLY | os.O_CLOEXEC)
                 except OSError:
-                    statm = (pid, -1)  # not Linux: no resident figure
-                self._statm = statm
-            rss = int(os.pread(statm[1], 128, 0).split()[1]) * _PAGE if statm[1] >= 0 else -1
+                    self._statm_ok = False  # not Linux: no resident figure
+                else:
+                    try:
+                        rss = int(os.read(fd, 128).split()[1]) * _PAGE
+                    finally:
+                        os.close(fd)
             pools = _NO_POOLS
             cupy = sys.modules.get("cupy")
             if cupy is not None and hasattr(cupy, "get_default_memory_pool"):
