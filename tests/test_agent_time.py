@@ -57,7 +57,7 @@ def test_the_agents_checks_are_not_the_programs_idle_time(tmp_path: Path, twin: 
     at = next(i for i, line in enumerate(lines) if line.startswith("  agent overhead"))
     # the row and the lines a long one is wrapped into (indented under its label)
     rest = itertools.takewhile(lambda line: line.startswith(" " * 17), lines[at + 1:])
-    overhead = " ".join([lines[at], *rest])
+    overhead = " ".join(line.strip() for line in [lines[at], *rest])
     assert "run-time checks" in overhead
     verdict = next(line for line in lines if line.startswith("Verdict:"))
     assert "between iterations" not in verdict and "extension-bound" not in verdict

@@ -17,6 +17,7 @@ from chainer_autoprof.analysis import (
     gpu_evidence,
     memory,
     outliers,
+    per_iteration,
     verdict,
     whatif,
     window,
@@ -35,6 +36,7 @@ ENTRY_POINTS = {
     outliers: ("slow_iterations", "stutter"),
     window: ("unreached",),
     memory: ("leak", "caching"),
+    per_iteration: ("judge",),
     whatif: ("model",),
     communication: ("comm_ms", "sentence", "comm_share"),
 }

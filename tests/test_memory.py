@@ -19,6 +19,7 @@ import pytest
 from support import clean_env, program, run_python, twin_env, twins, write_script
 
 from chainer_autoprof.analysis import memory
+from chainer_autoprof.analysis.per_iteration import Samples
 from chainer_autoprof.common import figures, names
 from chainer_autoprof.report.tracefile import read_trace
 
@@ -54,7 +55,7 @@ def pair(request, tmp_path_factory):
 def test_the_leak_gets_its_growth_its_start_and_the_advice(pair):
     (run, trace), _fixed = pair
     stats = read_trace(str(trace)).stats()
-    grown = memory.leak(stats.memory)
+    grown = memory.leak(stats.per_iteration.get("memory"))
     assert grown is not None and grown.column == memory.RSS
     # each iteration keeps its activations: 2 x 256 x 512 float32 at least (1 MiB)
     assert grown.per_iteration >= 1 << 20
@@ -71,7 +72,8 @@ def test_the_leak_gets_its_growth_its_start_and_the_advice(pair):
 def test_the_fixed_twin_gets_no_leak(pair):
     _leak, (run, trace) = pair
     stats = read_trace(str(trace)).stats()
-    assert stats.memory is not None and memory.leak(stats.memory) is None
+    mem = stats.per_iteration.get("memory")
+    assert mem is not None and memory.leak(mem) is None
     assert "[memory_leak]" not in run.stderr and "a leak" not in run.stderr
     assert "memory          at iteration ends: resident median" in run.stderr
 
@@ -80,11 +82,11 @@ def test_the_fixed_twin_gets_no_leak(pair):
 def test_the_figures_and_the_counter_track_are_in_the_trace(pair):
     (run, trace), _fixed = pair
     data = json.loads(trace.read_text())
-    mem = data["otherData"]["chainer_autoprof"]["memory"]
+    mem = data["otherData"]["chainer_autoprof"]["per_iteration"]["memory"]
     counted = ITERATIONS - WARMUP
     assert mem["iteration"] == list(range(WARMUP, ITERATIONS))
-    rss = mem["bytes"]["rss"]
-    assert len(rss) == counted and mem["peak_bytes"]["rss"] == max(rss)
+    rss = mem["values"]["rss"]
+    assert len(rss) == counted and mem["peak"]["rss"] == max(rss)
     assert mem["peak_iteration"]["rss"] == mem["iteration"][rss.index(max(rss))]
     pid = data["otherData"]["chainer_autoprof"]["pid"]
     counters = [e for e in data["traceEvents"] if e.get("ph") == "C"]
@@ -132,10 +134,10 @@ def test_a_pool_that_fills_then_holds_is_caching_not_a_leak(tmp_path):
     env = {"PYTHONPATH": clean_env()["PYTHONPATH"] + ":" + str(tmp_path / "stand_in")}
     run, trace = train(tmp_path, "fixed", "phase", "pool", env=env)
     stats = read_trace(str(trace)).stats()
-    mem = stats.memory
+    mem = stats.per_iteration.get("memory")
     assert mem is not None
-    assert set(mem.bytes["pool used"]) == {48 << 20}
-    assert mem.peak_bytes["pool held"] == 4 * (32 << 20)
+    assert set(mem.values["pool used"]) == {48 << 20}
+    assert mem.peak["pool held"] == 4 * (32 << 20)
     assert mem.peak_iteration["pool held"] == WARMUP  # it filled in the 4th (from 0)
     cache = memory.caching(mem)
     assert cache is not None and cache.held_bytes == 4 * (32 << 20)
@@ -150,10 +152,10 @@ def test_growth_that_starts_late_is_dated_and_a_cache_is_not_a_leak():
     figure that grew and then held is no leak."""
     flat, step = 200 << 20, 3 << 20
     rss = [flat] * 20 + [flat + k * step for k in range(40)]
-    late = memory.Memory(iteration=list(range(3, 63)), bytes={memory.RSS: rss})
+    late = Samples(iteration=list(range(3, 63)), values={memory.RSS: rss})
     grown = memory.leak(late)
     assert grown is not None and 22 <= grown.start_iteration <= 24
     assert grown.per_iteration == pytest.approx(step, rel=0.05)
     held = [flat + min(k, 10) * step for k in range(60)]
-    assert memory.leak(memory.Memory(iteration=list(range(3, 63)),
-                                     bytes={memory.RSS: held})) is None
+    assert memory.leak(Samples(iteration=list(range(3, 63)),
+                                     values={memory.RSS: held})) is None

@@ -162,7 +162,7 @@ def test_a_reader_takes_null_as_absent_and_defaults_from_the_declaration():
     assert record.stats_fields(meta) == {
         "dropped_ranges": 0, "batch_size": None, "samples": 0, "sampled_iterations": 0,
         "sync_level": 0, "sync_calls": 0, "overhead_ms": 0.0, "overhead_method": "",
-        "gpu_phase_ms": None, "gpu_activity": None, "memory": None}
+        "gpu_phase_ms": None, "gpu_activity": None, "per_iteration": {}}
     with pytest.raises(MalformedError, match=r"chainer_autoprof\.facts\.gc\.ms\[1\] is 'x'"):
         record.check({"facts": {"gc": {"ms": [0.5, "x"]}}})
 
@@ -189,7 +189,7 @@ def test_run_stats_and_link_stat_fields_are_all_declared():
     assert {f.stats for f in feeding} == {"dropped_ranges", "batch_size", "samples",
                                           "sampled_iterations", "sync_level", "sync_calls",
                                           "overhead_ms", "overhead_method", "gpu_phase_ms",
-                                          "gpu_activity", "memory"}
+                                          "gpu_activity", "per_iteration"}
     for f in feeding:  # the record's and the saved copy's kinds are one declaration
         assert record.RUN_STATS.by_name[f.stats].kind is f.kind
 

@@ -12,14 +12,15 @@ fails the tests (:func:`..common.log.contained`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from ..common import figures as fmt
 from ..common import log
-from . import memory, whatif
 from . import verdict as vd
+from . import whatif
+from .finding import Finding
 from .gpu_evidence import on_gpu
+from .iteration_figures import FIGURES
 from .outliers import OUTLIER_FACTOR, slow_iterations, stutter
 
 if TYPE_CHECKING:
@@ -30,23 +31,9 @@ if TYPE_CHECKING:
 PERFORMANCE_DOC = "https://docs.chainer.org/en/stable/performance.html"
 GC_DOC = "https://docs.python.org/3/library/gc.html#gc.freeze"
 CONFIG_DOC = "https://docs.chainer.org/en/stable/reference/configuration.html"
-UNCHAIN_DOC = ("https://docs.chainer.org/en/stable/reference/generated/chainer.Variable.html"
-               "#chainer.Variable.unchain_backward")
 
 #: Link class names whose work cuDNN accelerates (besides convolutions).
 CUDNN_LINKS = ("Convolution", "BatchNormalization", "LSTM", "GRU", "RNN")
-
-
-@dataclass
-class Finding:
-    """One piece of advice."""
-
-    key: str
-    title: str
-    seen: str
-    cost: str
-    fix: str
-    link: str
 
 
 def _config(facts: Facts) -> Facts:
@@ -332,32 +319,11 @@ def check_slow_extension(stats: RunStats, verdict: Verdict, facts: Facts) -> Fin
         f"{PERFORMANCE_DOC}")
 
 
-def check_memory_leak(stats: RunStats, verdict: Verdict, facts: Facts) -> Finding | None:
-    grown = memory.leak(stats.memory)
-    if grown is None:
-        return None
-    what = memory.LABELS[grown.column]
-    rate = fmt.size(grown.per_iteration)
-    return Finding(
-        "memory_leak", f"memory grows by {rate} per iteration (since iteration "
-        f"{grown.start_iteration}): something keeps every iteration's objects alive",
-        f"{what} memory at each iteration's end went from {fmt.size(grown.start_bytes)} "
-        f"(iteration {grown.start_iteration}) to {fmt.size(grown.end_bytes)} (iteration "
-        f"{grown.end_iteration}), steadily, and still grows at the end",
-        f"{fmt.size(grown.per_iteration * 1000)} more per 1,000 iterations, until the process "
-        "runs out of memory",
-        "keep no Variable across iterations: accumulate float(loss.array) (or loss.array), "
-        "not loss (sum_loss += loss keeps every iteration's graph alive); call "
-        "loss.unchain_backward() on a Variable you keep; evaluate under "
-        "chainer.no_backprop_mode(); do not append Variables to a list",
-        UNCHAIN_DOC)
-
-
 #: Every check, in the order findings are printed.
 CHECKS: tuple[Callable[[RunStats, Verdict, Facts], Finding | None], ...] = (
     check_serial_iterator, check_type_check, check_eval_backprop, check_transfers,
     check_cudnn, check_autotune, check_float64_gpu, check_blas, check_warmup, check_gc,
-    check_slow_extension, check_memory_leak,
+    check_slow_extension,
 )
 
 
@@ -377,6 +343,12 @@ def check(stats: RunStats, verdict: Verdict | None = None) -> list[Finding]:
             finding = None
         if finding is not None:
             findings.append(finding)
+    for fig in FIGURES:  # the figures read at each iteration's end
+        samples = stats.per_iteration.get(fig.name)
+        try:
+            findings += fig.advice(samples) if samples is not None else []
+        except Exception as exc:  # our bug  # noqa: BLE001
+            log.warning(log.contained(f"advice of {fig.name}", exc), once=True)
     try:
         return whatif.with_predictions(stats, findings)
     except Exception as exc:  # our bug: the findings stand without  # noqa: BLE001

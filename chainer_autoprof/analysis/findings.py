@@ -2,8 +2,8 @@
 
 At exit (:mod:`..lifecycle.finish`) and in ``report`` (:mod:`..report.compare`),
 :func:`find` computes one :class:`Findings` from a run's statistics -- the run-time
-facts, the GPU evidence, the slow iterations, the memory's growth, the verdict and
-the advice -- and the summary, ``report`` and the HTML report render it: they
+facts, the GPU evidence, the slow iterations, the figures read at each iteration's
+end, the verdict and the advice -- and the summary, ``report`` and the HTML report render it: they
 format what is here and never call back into the analysis while they do.
 
 A part that fails (a bug of ours, or facts of a shape it does not expect) is left
@@ -17,11 +17,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..common import log
-from . import communication, memory, whatif
-from .advice import Finding, check
+from . import communication, whatif
+from .advice import check
+from .finding import Finding
 from .gpu_evidence import GpuEvidence, Waits, busy_text, gather, on_gpu, waits
 from .gpu_record import GpuActivity
+from .iteration_figures import FIGURES
 from .outliers import SlowIteration, Stutter, slow_iterations, stutter
+from .per_iteration import Judged, judge
 from .verdict import Verdict, decide, facts_of
 from .whatif import WhatIf
 from .window import Unreached, unreached
@@ -52,9 +55,8 @@ class Findings:
     stutter: Stutter | None = None
     #: A capture window the run never reached.
     window: Unreached | None = None
-    #: Memory's steady growth (a leak), or a CuPy pool that caches.
-    leak: memory.Growth | None = None
-    cache: memory.Cache | None = None
+    #: The figures read at each iteration's end, judged (memory's leak, a pool that caches).
+    figures: list[Judged] = field(default_factory=list)
     #: Communication (ChainerMN's ``comm:*``) inside the counted iterations: its time, and
     #: the closing sentence when it sets the pace.
     comm_ms: float = 0.0
@@ -85,7 +87,7 @@ def find(stats: RunStats, replay: RunStats | None = None, *, advice: bool = True
     out.slow = slow_iterations(stats)
     out.stutter = stutter(stats) if out.slow else None
     out.window = unreached(stats)
-    out.leak, out.cache = memory.leak(stats.memory), memory.caching(stats.memory)
+    out.figures = judge(FIGURES, stats.per_iteration)
     out.comm_ms, out.comm_sentence = communication.comm_ms(stats), communication.sentence(stats)
     if advice:
         try:

@@ -1,34 +1,34 @@
 """Memory at each iteration's end, and the leak every Chainer user writes once.
 
-The recorder reads memory once per iteration, as the iteration ends (never per
-link): the process's resident memory (``/proc/self/statm``) and, where the
-program imported CuPy, its default memory pool's bytes in use and held, and
-its pinned memory pool's held bytes where the pool tells them (CuPy's own
-``PinnedMemoryPool`` has no byte count: that figure is then absent).
-:class:`MemoryTrack` keeps them for the counted iterations (a uniform sample
-beyond the recorder's ``max_kept``, the peaks exact); :class:`Memory` is what
-:class:`~.stats.RunStats` and the run record hold.
+:data:`MEMORY` is the figure (:mod:`.per_iteration`), read once per iteration as it ends
+(never per link): the process's resident memory (``/proc/self/statm``) and, where the
+program imported CuPy, its default memory pool's bytes in use and held, and its pinned
+memory pool's held bytes where the pool tells them (CuPy's own ``PinnedMemoryPool`` has
+no byte count: that series is then absent).
 
 :func:`leak` tells the leak from the rest: memory that grows steadily across the
 counted iterations -- ``sum_loss += loss`` keeping every iteration's graph alive,
-Variables appended to a list -- still growing at the end, by enough to matter.
-:func:`caching` tells a pool that grew in the first iterations and then held:
-CuPy keeps freed blocks for reuse, which is not a leak.
+Variables appended to a list -- still growing at the end, by enough to matter (the
+advice names the usual causes).  :func:`caching` tells a pool that grew in the first
+iterations and then held: CuPy keeps freed blocks for reuse, which is not a leak.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, List
+import os
+import sys
+from dataclasses import dataclass
 
 import numpy as np
 
-from .shapes import Annotated, F, Int
+from ..common import figures
+from .finding import Finding
+from .per_iteration import BYTES, IterationFigure, Samples
 
-#: The figures, in the order of :class:`MemoryTrack`'s rows.
+#: The series, in the order :meth:`Memory.read` gives them.
 RSS, POOL_USED, POOL_HELD, PINNED_HELD = "rss", "pool used", "pool held", "pinned held"
 COLUMNS = (RSS, POOL_USED, POOL_HELD, PINNED_HELD)
-#: What each figure is, in the summary's words.
+#: What each series is, in the summary's words.
 LABELS = {RSS: "resident", POOL_USED: "CuPy pool in use", POOL_HELD: "CuPy pool held",
           PINNED_HELD: "CuPy pinned pool held"}
 #: Counted iterations needed before growth is judged.
@@ -39,72 +39,93 @@ LEAK_MIN_BYTES = 8 << 20
 STEADY_SHARE = 0.5
 #: A pool that grew by this much and then held is said to cache.
 CACHE_MIN_BYTES = 1 << 20
+#: The resident memory's line (pages: size, resident, ...).
+STATM = "/proc/self/statm"
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+#: No CuPy pool figures (CuPy not in use): pool used, pool held, pinned held.
+_NO_POOLS = (-1, -1, -1)
+UNCHAIN_DOC = ("https://docs.chainer.org/en/stable/reference/generated/chainer.Variable.html"
+               "#chainer.Variable.unchain_backward")
 
 
-@dataclass
-class Memory:
-    """Memory at each counted iteration's end (analysis/memory.py)."""
+class Memory(IterationFigure):
+    """Memory in use at each iteration's end."""
 
-    iteration: Annotated[List[int], F("each sample's iteration (from 0)")] = \
-        field(default_factory=list)
-    at_ns: Annotated[List[int], F("when it ended (time.perf_counter_ns())", "ns")] = \
-        field(default_factory=list)
-    bytes: Annotated[Dict[str, List[int]], F(
-        "per sample: rss (the process's resident memory), and where CuPy is in use pool used, "
-        "pool held (its default memory pool) and pinned held (its pinned memory pool)",
-        "bytes", key="figure")] = field(default_factory=dict)
-    peak_bytes: Annotated[Dict[str, int], F("each figure's highest value (exact)", "bytes",
-                                            key="figure")] = field(default_factory=dict)
-    peak_iteration: Annotated[Dict[str, int], F("the iteration it was reached in",
-                                                key="figure")] = field(default_factory=dict)
-    sample_stride: Annotated[int, F("the lists hold every N-th counted iteration",
-                                    kind=Int(1))] = 1
+    name = "memory"
+    doc = ("the process's resident memory (rss), and where CuPy is in use its default memory "
+           "pool's bytes in use and held (pool used, pool held) and its pinned pool's held "
+           "bytes (pinned held); bytes")
+    series = COLUMNS
+    labels = LABELS
+    unit = BYTES
 
-    def median(self, column: str) -> float:
-        """The median of a figure over the counted iterations (bytes; 0.0 without)."""
-        values = self.bytes.get(column)
-        return float(np.median(values)) if values else 0.0
+    def __init__(self) -> None:
+        self._statm_ok = True
+
+    def read(self) -> tuple[int, ...]:
+        """The resident size (STATM opened, read and closed: no descriptor is held across the
+        program's code, which may close and reuse any), and CuPy's pools where the program
+        imported CuPy (their own bookkeeping: no CUDA call)."""
+        rss = -1
+        if self._statm_ok:
+            try:
+                fd = os.open(STATM, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self._statm_ok = False  # not Linux: no resident figure
+            else:
+                try:
+                    rss = int(os.read(fd, 128).split()[1]) * _PAGE
+                finally:
+                    os.close(fd)
+        pools = _NO_POOLS
+        cupy = sys.modules.get("cupy")
+        if cupy is not None and hasattr(cupy, "get_default_memory_pool"):
+            pool = cupy.get_default_memory_pool()
+            pinned = getattr(cupy.get_default_pinned_memory_pool(), "total_bytes", None)
+            pools = (int(pool.used_bytes()), int(pool.total_bytes()),
+                     int(pinned()) if pinned is not None else -1)
+        return (rss, *pools)
+
+    def shown(self, samples: Samples) -> list[str]:
+        """Resident memory, and the pools that ever held anything."""
+        return [c for c in COLUMNS if samples.values.get(c)
+                and (c == RSS or samples.peak.get(c, 0) > 0)]
+
+    def notes(self, samples: Samples) -> list[str]:
+        lines = []
+        grown = leak(samples)
+        if grown is not None:
+            lines.append(f"{LABELS[grown.column]} grows {figures.size(grown.per_iteration)} per "
+                         f"iteration since iteration {grown.start_iteration}, steadily: a leak")
+        cache = caching(samples)
+        if cache is not None:
+            lines.append(f"CuPy's pool holds {figures.size(cache.held_bytes)} since iteration "
+                         f"{cache.until_iteration}: freed blocks kept for reuse (caching, not a "
+                         "leak)")
+        return lines
+
+    def advice(self, samples: Samples) -> list[Finding]:
+        grown = leak(samples)
+        if grown is None:
+            return []
+        rate = figures.size(grown.per_iteration)
+        return [Finding(
+            "memory_leak", f"memory grows by {rate} per iteration (since iteration "
+            f"{grown.start_iteration}): something keeps every iteration's objects alive",
+            f"{LABELS[grown.column]} memory at each iteration's end went from "
+            f"{figures.size(grown.start_bytes)} (iteration {grown.start_iteration}) to "
+            f"{figures.size(grown.end_bytes)} (iteration {grown.end_iteration}), steadily, and "
+            "still grows at the end",
+            f"{figures.size(grown.per_iteration * 1000)} more per 1,000 iterations, until the "
+            "process runs out of memory",
+            "keep no Variable across iterations: accumulate float(loss.array) (or loss.array), "
+            "not loss (sum_loss += loss keeps every iteration's graph alive); call "
+            "loss.unchain_backward() on a Variable you keep; evaluate under "
+            "chainer.no_backprop_mode(); do not append Variables to a list",
+            UNCHAIN_DOC)]
 
 
-class MemoryTrack:
-    """The samples of the counted iterations, bounded: past ``max_kept``, every other one is
-    dropped and the stride doubles (the peaks stay exact)."""
-
-    def __init__(self, warm_skip: int, max_kept: int) -> None:
-        self.warm_skip = warm_skip
-        self.max_kept = max(2, max_kept)
-        self.seen = 0
-        self.stride = 1
-        self.rows: list[tuple[int, int, tuple[int, ...]]] = []
-        self.peaks: dict[int, tuple[int, int]] = {}
-
-    def add(self, iteration: int, at_ns: int, values: tuple[int, ...]) -> None:
-        """One iteration's end: ``values`` in :data:`COLUMNS` order (a figure the platform or
-        the run lacks: -1)."""
-        self.seen += 1
-        counted = self.seen - self.warm_skip
-        if counted <= 0:
-            return
-        for i, v in enumerate(values):
-            if v >= 0 and v > self.peaks.get(i, (-1, 0))[0]:
-                self.peaks[i] = (v, iteration)
-        if (counted - 1) % self.stride:
-            return
-        self.rows.append((iteration, at_ns, values))
-        if len(self.rows) > self.max_kept:
-            self.rows = self.rows[::2]
-            self.stride *= 2
-
-    def result(self) -> Memory | None:
-        """The figures (``None``: no counted iteration, or nothing readable)."""
-        if not self.rows or not self.peaks:
-            return None
-        columns = {COLUMNS[i]: [row[2][i] for row in self.rows] for i in sorted(self.peaks)}
-        return Memory(iteration=[row[0] for row in self.rows],
-                      at_ns=[row[1] for row in self.rows], bytes=columns,
-                      peak_bytes={COLUMNS[i]: v for i, (v, _) in sorted(self.peaks.items())},
-                      peak_iteration={COLUMNS[i]: n for i, (_, n) in sorted(self.peaks.items())},
-                      sample_stride=self.stride)
+MEMORY = Memory()
 
 
 @dataclass
@@ -131,7 +152,7 @@ class Cache:
     until_iteration: int
 
 
-def leak(memory: Memory | None) -> Growth | None:
+def leak(memory: Samples | None) -> Growth | None:
     """The figure that grows steadily (resident memory first, then CuPy's pool in use), or
     ``None``.
 
@@ -149,8 +170,8 @@ def leak(memory: Memory | None) -> Growth | None:
     return None
 
 
-def _growth(memory: Memory, column: str) -> Growth | None:
-    values = memory.bytes.get(column) or []
+def _growth(memory: Samples, column: str) -> Growth | None:
+    values = memory.values.get(column) or []
     n = len(values)
     if n < MIN_SAMPLES:
         return None
@@ -188,12 +209,12 @@ def _start(x: np.ndarray, y: np.ndarray) -> int:  # type: ignore[type-arg]
     return next(i for i, err in errors if err <= 1.25 * best + 1.0)
 
 
-def caching(memory: Memory | None) -> Cache | None:
+def caching(memory: Samples | None) -> Cache | None:
     """CuPy's pool holding what it grew to in the first iterations, with no steady growth
     since (caching freed blocks for reuse, not a leak), or ``None``."""
     if memory is None:
         return None
-    values = memory.bytes.get(POOL_HELD) or []
+    values = memory.values.get(POOL_HELD) or []
     if len(values) < MIN_SAMPLES or _growth(memory, POOL_HELD) is not None:
         return None
     last = values[-1]

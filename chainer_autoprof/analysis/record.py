@@ -389,13 +389,14 @@ def check(meta: object) -> dict[str, Any]:
 def check_run_stats(data: object) -> dict[str, Any]:
     """A saved RunStats, checked, ready for :meth:`RunStats.from_dict`: each link reduced to
     the fields a ``LinkStat`` has, an absent field given its default, a section declared by a
-    dataclass (the GPU figures) an object of it."""
+    dataclass (the GPU figures; each of a map's) an object of it."""
     out = RUN_STATS.check(data, f"{WHERE}.run_stats")
     for f in RUN_STATS.fields:
         if f.name not in out:
             out[f.name] = copy.copy(f.default)
-        elif isinstance(f.kind, Section) and out[f.name] is not None:
-            out[f.name] = f.kind.convert(out[f.name])  # an object of its declaring class
+        elif isinstance(f.kind, (Section, MapOf)) and out[f.name] is not None:
+            # an object of its declaring class (a map: each of its values)
+            out[f.name] = f.kind.convert(out[f.name])
     return out
 
 

@@ -175,7 +175,8 @@ class MapOf(Kind):
                 for name, item in OBJECT.check(value, where).items()}
 
     def convert(self, value: Any) -> dict[str, Any] | None:
-        return dict(value) if value else None
+        convert = self.item.convert
+        return {name: convert(item) for name, item in value.items()}
 
 
 class Window(Kind):

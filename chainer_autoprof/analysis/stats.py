@@ -15,7 +15,8 @@ from typing import Any, Dict, List, Optional, Sequence, TypedDict
 
 from ..common import figures
 from .gpu_record import GpuActivity
-from .memory import Memory
+from .iteration_figures import FIGURES
+from .per_iteration import Samples
 from .shapes import INT, NEEDED, TEXT, Annotated, By, F, Int, ListOf, Ms, Triple, shape
 
 #: Keys of :attr:`RunStats.phase_ms`: the four phases and the rest of the iteration.
@@ -192,10 +193,11 @@ class RunStats:
         "GPU time per link, phase and iteration from CUPTI activity "
         "(CHAINER_PROF_GPU_ACTIVITY=1; null: not recorded)", by=By.EXIT,
         required=False)] = None
-    #: Memory at each counted iteration's end (:mod:`.memory`), where it could be read.
-    memory: Annotated[Optional[Memory], F(
-        "memory at each counted iteration's end: the process's resident memory, and CuPy's "
-        "pools where it is in use (null: not read)", by=By.EXIT, required=False)] = None
+    #: The figures read at each counted iteration's end (:mod:`.iteration_figures`), by name.
+    per_iteration: Annotated[Dict[str, Samples], F(
+        "figures read at each counted iteration's end, by name: " + "; ".join(
+            f"`{fig.name}`, {fig.doc}" for fig in FIGURES), by=By.EXIT, required=False,
+        key="figure")] = field(default_factory=dict)
 
     # -- iterations --------------------------------------------------------
     def median(self) -> float:

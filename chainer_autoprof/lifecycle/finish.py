@@ -27,7 +27,7 @@ from ..common.readable import readable
 from ..common.settings import SETTINGS, Config, to_environ_value
 from ..common.version import __version__
 from ..report.summary import format_summary
-from ..report.trace_events import MEMORY, Track
+from ..report.trace_events import COUNTERS, Track
 from ..report.tracefile import ThreadRanges, write_trace
 from ..runtime.device import device_names
 from ..sinks.recorder import Recorder
@@ -184,8 +184,8 @@ def _write_trace(recorder: Recorder, tracer: Tracer, path: str, stats: RunStats,
         threads = [ThreadRanges(tid, thread_names.get(tid, f"thread {tid}"), blocks)
                    for tid, blocks in per_thread.items()]
         tracks: list[Track] = []
-        if stats.memory is not None:
-            tracks.append((MEMORY, stats.memory))
+        if stats.per_iteration:
+            tracks.append((COUNTERS, stats.per_iteration))
         top: JsonObject | None = None
         if gpu is not None:
             # GPU activity's encoding loads only in a run that has it (every process exits here)

@@ -36,8 +36,11 @@ def estimate(recorder: Recorder, granularity_level: int, hits: int,
         return 0.0, f"{impl.describe()} hot path; not measured ({type(exc).__name__}: {exc})"
     ranges = recorder.agg.ranges
     quiet_calls = max(0, hits - ranges)
-    total_ns = ranges * range_ns + quiet_calls * call_ns + recorder.flush_ns + recorder.own_ns
+    total_ns = ranges * range_ns + quiet_calls * call_ns + recorder.flush_ns + recorder.own_ns \
+        + recorder.figures_ns
     checks = f" + {recorder.own_ns / 1e6:.1f} ms run-time checks" if recorder.own_ns else ""
+    if recorder.figures_ns:
+        checks += f" + {recorder.figures_ns / 1e6:.1f} ms figures read at iteration ends"
     method = (f"{impl.describe()} hot path; "
               f"calibrated at exit: {ranges:,} ranges x {range_ns / 1000:.2f} us"
               f" + {quiet_calls:,} other instrumented calls x {call_ns / 1000:.2f} us"

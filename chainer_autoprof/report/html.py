@@ -30,10 +30,10 @@ from ..common.readable import hint_form, launched
 from . import whatif_view
 from .html_table import drop_empty_columns
 from .stall import ended_abnormally
-from .summary import IDLE_LABELS, describe_slow, memory_lines
+from .summary import IDLE_LABELS, describe_slow, figure_lines
 
 if TYPE_CHECKING:
-    from ..analysis.advice import Finding
+    from ..analysis.finding import Finding
     from ..analysis.findings import Findings
     from ..analysis.stats import RunStats
     from .tracefile import Trace
@@ -447,10 +447,8 @@ def key_figures(f: Findings) -> str:
             rate += f", {figures.count(round(sps))} samples/s ({stats.samples_text()})"
         shown.append(("throughput", rate))
     shown.append(("wall time", _ms(stats.wall_ms)))
-    mem = memory_lines(f)
-    if mem:
-        shown.append(("memory", " ".join(" ".join(line.split()) for line in mem)
-                      .replace("memory at iteration ends: ", "at iteration ends: ")))
+    for name, rows in figure_lines(f).items():
+        shown.append((name, "at iteration ends: " + " ".join(rows)))
     settings = meta.get("settings") or {}
     shown.append(("sync level", f"{stats.sync_level} ({figures.count(stats.sync_calls)} "
                                 "synchronize calls)"))

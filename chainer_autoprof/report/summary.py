@@ -26,8 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from ..analysis import memory
-from ..analysis.advice import Finding
+from ..analysis.finding import Finding
 from ..analysis.findings import Findings, find
 from ..analysis.gpu_evidence import Waits
 from ..analysis.gpu_record import GpuActivity, GpuFigures
@@ -142,7 +141,7 @@ def format_summary(run: Findings | RunStats, advice: bool = True,
     lines += _slow_lines(f)
     lines += _link_lines(f)
     lines += _gc_lines(f)
-    lines += memory_lines(f)
+    lines += _figure_lines(f)
     lines += _agent_lines(f)
     if advice:
         lines += verdict_section(f).split("\n")
@@ -491,31 +490,24 @@ def _gc_lines(f: Findings) -> list[str]:
     return [line]
 
 
-def memory_lines(f: Findings) -> list[str]:
-    """Memory at each counted iteration's end: each figure's median and peak, a steady growth
-    (the advice names its causes), a CuPy pool that caches."""
-    mem = f.stats.memory
-    if mem is None:
-        return []
-    shown = [c for c in memory.COLUMNS if mem.bytes.get(c)
-             and (c == memory.RSS or mem.peak_bytes.get(c, 0) > 0)]
-    rows = [f"{memory.LABELS[c]} median {figures.size(mem.median(c))}, peak "
-            f"{figures.size(mem.peak_bytes[c])} (iteration {mem.peak_iteration[c]})"
-            for c in shown]
-    if not rows:
-        return []
-    lines = ["  memory          at iteration ends: " + rows[0]]
-    lines += ["                  " + row for row in rows[1:]]
-    grown = f.leak
-    if grown is not None:
-        lines.append(f"                  {memory.LABELS[grown.column]} grows "
-                     f"{figures.size(grown.per_iteration)} per iteration since iteration "
-                     f"{grown.start_iteration}, steadily: a leak")
-    cache = f.cache
-    if cache is not None:
-        lines.append(f"                  CuPy's pool holds {figures.size(cache.held_bytes)} since "
-                     f"iteration {cache.until_iteration}: freed blocks kept for reuse (caching, "
-                     "not a leak)")
+def figure_lines(f: Findings) -> dict[str, list[str]]:
+    """Each figure read at each iteration's end (:mod:`..analysis.iteration_figures`), by
+    name: each series' median and peak, then what the analysis says of it (a leak, a pool
+    that caches)."""
+    out = {}
+    for judged in f.figures:
+        text = judged.figure.unit.text
+        rows = [f"{r.label} median {text(r.median)}, peak {text(r.peak)} (iteration "
+                f"{r.peak_iteration})" for r in judged.rows] + judged.notes
+        out[judged.figure.name] = rows
+    return out
+
+
+def _figure_lines(f: Findings) -> list[str]:
+    lines = []
+    for name, rows in figure_lines(f).items():
+        lines.append(f"  {name:<16}at iteration ends: {rows[0]}")
+        lines += ["                  " + row for row in rows[1:]]
     return lines
 
 

@@ -63,7 +63,8 @@ from typing import (
 
 import numpy as np
 
-from ..analysis.memory import LABELS, Memory
+from ..analysis.iteration_figures import FIGURES
+from ..analysis.per_iteration import Samples
 from ..analysis.shapes import (
     INT,
     MAX_US,
@@ -378,27 +379,36 @@ def moved_pid(track: object, pid: int) -> int:
     return pid
 
 
-class MemoryCounters(EventKind[object]):
-    """Memory at each counted iteration's end as a counter track under the process (Perfetto
-    draws one chart per counter name, a series per ``args`` key)."""
+class IterationCounters(EventKind[object]):
+    """The figures read at each counted iteration's end (:mod:`..analysis.iteration_figures`):
+    a counter track each under the process (Perfetto draws one chart per counter name, a
+    series per ``args`` key)."""
 
-    name = "memory"
+    name = "counter"
     ph = "C"
-    doc = ("memory at an iteration's end (a counter track under the process): resident, and "
-           "CuPy's pools where in use")
-    args_doc = "MiB per figure: `resident`, `CuPy pool in use`, `CuPy pool held`, ..."
+    doc = ("a figure read at an iteration's end, on its counter track under the process (named "
+           "after the figure: " + ", ".join(f"`{fig.name}`" for fig in FIGURES) + ")")
+    args_doc = "each series in words, in the figure's counter unit: " + "; ".join(
+        f"`{fig.name}` " + ", ".join(f"`{label}`" for label in fig.labels.values())
+        + (f" ({fig.unit.counter_unit})" if fig.unit.counter_unit else "") for fig in FIGURES)
 
-    def encode(self, items: Memory, timeline: Timeline) -> Iterator[str]:
-        """``items``: the run's memory figures (one event per sample)."""
-        columns = [(LABELS[c], values) for c, values in items.bytes.items() if c in LABELS]
-        for i, at_ns in enumerate(items.at_ns):
-            args = {label: round(values[i] / (1 << 20), 3) for label, values in columns
-                    if i < len(values) and values[i] >= 0}
-            yield (f'{{"ph":"C","name":"memory","pid":{timeline.pid},"tid":0,'
-                   f'"ts":{fixed3(at_ns - timeline.start_ns)},"args":{json.dumps(args)}}}')
+    def encode(self, items: Mapping[str, Samples], timeline: Timeline) -> Iterator[str]:
+        """``items``: the run's samples, by figure name (one event per figure and sample)."""
+        for fig in FIGURES:
+            samples = items.get(fig.name)
+            if samples is None:
+                continue
+            scale = fig.unit.counter_scale
+            series = [(fig.labels.get(s, s), values) for s, values in samples.values.items()]
+            for i, at_ns in enumerate(samples.at_ns):
+                args = {label: round(values[i] / scale, 3) for label, values in series
+                        if i < len(values) and values[i] >= 0}
+                yield (f'{{"ph":"C","name":{json.dumps(fig.name)},"pid":{timeline.pid},'
+                       f'"tid":0,"ts":{fixed3(at_ns - timeline.start_ns)},'
+                       f'"args":{json.dumps(args)}}}')
 
 
-MEMORY = register(MemoryCounters())
+COUNTERS = register(IterationCounters())
 
 
 class GpuEventKind(EventKind[Dict[str, object]]):

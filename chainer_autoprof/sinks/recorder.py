@@ -35,7 +35,6 @@ The recorder never reports: at exit it flushes, and the agent pulls
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from collections import deque
 from time import perf_counter_ns, thread_time_ns
@@ -44,7 +43,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ..analysis.aggregate import Aggregator
-from ..analysis.memory import MemoryTrack
+from ..analysis.iteration_figures import FIGURES
+from ..analysis.per_iteration import SampleTrack
 from ..analysis.stats import DEPTH_BITS, MAX_KEPT_ITERATIONS, RunStats
 from ..common import log, names
 from ..common.settings import Config
@@ -58,11 +58,6 @@ if TYPE_CHECKING:
 
 #: Ranges a thread buffers before they are aggregated.
 CHUNK_RANGES = 4096
-#: The resident memory's line (pages: size, resident, ...), read once per iteration.
-STATM = "/proc/self/statm"
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-#: No CuPy pool figures (CuPy not in use): pool used, pool held, pinned held.
-_NO_POOLS = (-1, -1, -1)
 #: Test-only: time phases with the backend's event timer even without a GPU
 #: (the counting backend's host timer), to exercise the GPU-timing path on CPU.
 ENV_TEST_EVENTS = "CHAINER_AUTOPROF_TEST_EVENTS"
@@ -83,9 +78,6 @@ class Recorder:
         self.infos: list[tuple[str, str, int]] = []
         self._iter_info = tracer.info(names.ITERATION, names.ITERATION)
         self._test_events = os.environ.get(ENV_TEST_EVENTS, "") == "1"
-        #: Whether STATM can be read here (not on every platform); memory read at iteration ends
-        self._statm_ok = True
-        self._memory_on = True
         self._reset(tracer.start_ns)
         #: The per-range append (the native core runs it in C), calling back at iteration ends
         #: and full buffers.
@@ -127,7 +119,9 @@ class Recorder:
         self.gpu_checked = False
         self.fork_child = False
         self.own_ns = 0  # the agent's own work on the program's threads (own_work)
-        self.memory = MemoryTrack(self.warm_skip, self.max_kept)
+        #: The figures read at each iteration's end, each with its samples.
+        self.figure_tracks = [SampleTrack(fig, self.warm_skip, self.max_kept) for fig in FIGURES]
+        self.figures_ns = 0
 
     # -- sink protocol ------------------------------------------------------
     def prepare(self, info: RangeInfo) -> None:
@@ -147,41 +141,26 @@ class Recorder:
             pending.append((t1, samples))  # before the row: a flush taking the row finds it
         buf.append((self._iter_info.index, t0, t1, len(ts.stack) | (number << DEPTH_BITS)))
         self.iterations_ended += 1
-        if self._memory_on:
-            self._read_memory(number - 1, t1)
+        if self.figure_tracks:
+            self._read_figures(number - 1, t1)
         if not self.gpu_checked and (self.tracer.sync.devices or self._test_events):
             self._start_gpu_timer(ts)
         if len(buf) >= self.chunk_ranges:
             self._flush_thread(ts)
 
-    def _read_memory(self, iteration: int, at_ns: int) -> None:
-        """Memory at this iteration's end: the resident size (STATM opened, read and closed:
-        no descriptor is held across the program's code, which may close and reuse any), and
-        CuPy's pools where the program imported CuPy (their own bookkeeping: no CUDA call).
-        Our error stops the reading, with one line; the training goes on."""
-        try:
-            rss = -1
-            if self._statm_ok:
-                try:
-                    fd = os.open(STATM, os.O_RDONLY | os.O_CLOEXEC)
-                except OSError:
-                    self._statm_ok = False  # not Linux: no resident figure
-                else:
-                    try:
-                        rss = int(os.read(fd, 128).split()[1]) * _PAGE
-                    finally:
-                        os.close(fd)
-            pools = _NO_POOLS
-            cupy = sys.modules.get("cupy")
-            if cupy is not None and hasattr(cupy, "get_default_memory_pool"):
-                pool = cupy.get_default_memory_pool()
-                pinned = getattr(cupy.get_default_pinned_memory_pool(), "total_bytes", None)
-                pools = (int(pool.used_bytes()), int(pool.total_bytes()),
-                         int(pinned()) if pinned is not None else -1)
-            self.memory.add(iteration, at_ns, (rss, *pools))
-        except Exception as exc:  # our error: no memory figures, the run goes on  # noqa: BLE001
-            self._memory_on = False
-            log.error(f"recorder: {type(exc).__name__}: {exc}; memory is not read any more")
+    def _read_figures(self, iteration: int, at_ns: int) -> None:
+        """The figures read at each iteration's end (:mod:`..analysis.iteration_figures`).
+        A figure that raises (our error) is not read any more, with one line; the training
+        goes on.  Their time is the agent's (``figures_ns``: in the overhead estimate)."""
+        start = perf_counter_ns()
+        for track in self.figure_tracks:
+            try:
+                track.add(iteration, at_ns, track.figure.read())
+            except Exception as exc:  # our error: that figure stops, the run goes on  # noqa: BLE001
+                self.figure_tracks = [t for t in self.figure_tracks if t is not track]
+                log.error(f"recorder: {type(exc).__name__}: {exc}; {track.figure.name} is not "
+                          "read any more")
+        self.figures_ns += perf_counter_ns() - start
 
     # -- the agent's own waits for the GPU -------------------------------------------
     def _make_waited(self) -> Callable[[int, int], None]:
@@ -420,7 +399,8 @@ class Recorder:
         figures.update(batch_size=tracer.facts.get("batch_size"), sync_level=tracer.sync.level,
                        sync_calls=tracer.sync.calls, dropped_ranges=self.dropped,
                        **self.agg.samples_of(threading.main_thread().native_id),
-                       memory=self.memory.result())
+                       per_iteration={t.figure.name: r for t in self.figure_tracks
+                                      if (r := t.result()) is not None})
         return self.agg.result(end_ns, threading.main_thread().native_id, sample,
                                meta=meta if meta is not None else {},
                                **record.stats_fields(figures))
