@@ -125,6 +125,23 @@ def test_report_and_the_html_report_say_it_too(pair, tmp_path):
     assert "memory_leak" in page and "chainer.no_backprop_mode()" in page
 
 
+@pytest.mark.hotpath  # on each hot path (the pair fixture)
+def test_a_trace_of_the_version_that_held_memory_apart_reads_the_same(pair, tmp_path):
+    """Before memory became one of the figures read at each iteration's end, the record
+    held it as ``memory`` (``bytes``, ``peak_bytes``): such a trace reports the same."""
+    (_run, trace), _fixed = pair
+    data = json.loads(trace.read_text())
+    rec = data["otherData"]["chainer_autoprof"]
+    mem = rec.pop("per_iteration")["memory"]
+    rec["memory"] = {"bytes" if k == "values" else "peak_bytes" if k == "peak" else k: v
+                     for k, v in mem.items()}
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    before, now = _report(str(old)).stdout, _report(str(trace)).stdout
+    assert "resident median" in now and "[memory_leak]" in now
+    assert before.splitlines()[1:] == now.splitlines()[1:]  # (the first names the file)
+
+
 def test_a_pool_that_fills_then_holds_is_caching_not_a_leak(tmp_path):
     """CuPy's pool read at each iteration's end (the stand-in ``cupy`` reports one that fills
     in the first iterations, then holds)."""

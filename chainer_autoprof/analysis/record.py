@@ -383,20 +383,34 @@ def check(meta: object) -> dict[str, Any]:
     the default), everything else as the file holds it, undeclared keys too.
     ``run_stats`` is checked where it is used (:func:`check_run_stats`).
     """
-    return RECORD.check(meta, WHERE)
+    return RECORD.check(_upgraded(meta), WHERE)
 
 
 def check_run_stats(data: object) -> dict[str, Any]:
     """A saved RunStats, checked, ready for :meth:`RunStats.from_dict`: each link reduced to
     the fields a ``LinkStat`` has, an absent field given its default, a section declared by a
     dataclass (the GPU figures; each of a map's) an object of it."""
-    out = RUN_STATS.check(data, f"{WHERE}.run_stats")
+    out = RUN_STATS.check(_upgraded(data), f"{WHERE}.run_stats")
     for f in RUN_STATS.fields:
         if f.name not in out:
             out[f.name] = copy.copy(f.default)
         elif isinstance(f.kind, (Section, MapOf)) and out[f.name] is not None:
             # an object of its declaring class (a map: each of its values)
             out[f.name] = f.kind.convert(out[f.name])
+    return out
+
+
+def _upgraded(data: object) -> object:
+    """A record or saved ``run_stats`` of the version that held memory as ``memory``
+    (``bytes``, ``peak_bytes``), with it where the figures read at each iteration's end are
+    now (``per_iteration.memory``: ``values``, ``peak``)."""
+    if not isinstance(data, dict) or "per_iteration" in data \
+            or not isinstance(data.get("memory"), dict):
+        return data
+    old = data["memory"]
+    renamed = {"bytes": "values", "peak_bytes": "peak"}
+    out = {k: v for k, v in data.items() if k != "memory"}
+    out["per_iteration"] = {"memory": {renamed.get(k, k): v for k, v in old.items()}}
     return out
 
 
