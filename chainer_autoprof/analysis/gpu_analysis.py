@@ -321,7 +321,9 @@ class GpuAnalysis:
             locate=locate)
         self.builder = GpuFigureBuilder(self.attributor.link_keys, names, warmup_skip,
                                         loop_tid=loop_tid, max_pool=lim.max_pool,
-                                        max_kept=lim.max_kept)
+                                        max_kept=lim.max_kept,
+                                        sums=getattr(getattr(locate, "__self__", None),
+                                                     "figure_sums", None))
         self.keeper = AttributedKeeper(record_limit)
         self.finished = False
 

@@ -45,9 +45,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from ..common.gpu_records import KERNEL, MEMCPY, MEMSET, NameTable
+from ..common.gpu_records import KERNEL, MEMCPY, MEMSET, FigureSums, GpuOps, NameTable
 from .aggregate import Series
-from .gpu_attribution import PHASE_OUTSIDE, AttributedOps
+from .gpu_attribution import PHASE_OUTSIDE, AttributedOps, Attribution
 from .gpu_record import GpuFigures, KernelGpuDict, LinkGpuDict, PhaseGpuDict, TimelineDict
 from .stats import MAX_KEPT_ITERATIONS, PHASE_KEYS
 
@@ -223,7 +223,7 @@ class GpuFigureBuilder:
 
     def __init__(self, link_keys: list[str], names: NameTable, warmup_skip: int = 0, *,
                  loop_tid: int | None = None, max_pool: int = 1 << 16,
-                 max_kept: int = MAX_KEPT_ITERATIONS) -> None:
+                 max_kept: int = MAX_KEPT_ITERATIONS, sums: FigureSums | None = None) -> None:
         self.link_keys = link_keys        # the attributor's list, growing
         self.names = names
         self.warmup_skip = warmup_skip
@@ -239,33 +239,59 @@ class GpuFigureBuilder:
         self.outside_ns = 0
         self.op_counts = [0, 0, 0]
         self.timelines: dict[int, _Timeline] = {}
+        #: The per-link and per-phase sums in C (``runtime/cupti_locate.c``), else NumPy.
+        self.sums = sums
 
     def add(self, items: AttributedOps) -> None:
         if not len(items):
             return
         ops, attr = items.ops, items.attr
         dur = ops.end - ops.start
+        kernel = ops.kind == KERNEL
+        in_iter = attr.iteration >= 0
+        n_links = len(self.link_keys)
+        if len(self.link_sums) < n_links:
+            self.link_sums = np.vstack([self.link_sums,
+                                        np.zeros((n_links - len(self.link_sums), 5),
+                                                 dtype=np.int64)])
+        if self.sums is not None:
+            kernels, copies, memsets, outside_ns, warmup_ns = self.sums(
+                (ops.kind, ops.start, ops.end, attr.counted, attr.iteration, attr.link,
+                 attr.backward, attr.phase), self.link_sums, self.phase_sums,
+                (KERNEL, MEMCPY, MEMSET), PHASE_OUTSIDE)
+            self.op_counts[KERNEL] += kernels
+            self.op_counts[MEMCPY] += copies
+            self.op_counts[MEMSET] += memsets
+            self.outside_ns += outside_ns
+            self.warmup_ns += warmup_ns
+            kernel_counted = kernel & (attr.counted == 1)
+        else:
+            kernel_counted = self._add_sums(ops, attr, dur, kernel, in_iter)
+        # top kernels: (name, link, direction) packed in one key, sorted as the triples
+        if kernel_counted.any():
+            self._add_kernels(ops.name[kernel_counted], attr.link[kernel_counted],
+                              attr.backward[kernel_counted], dur[kernel_counted])
+        self._add_timeline(ops, attr, kernel, in_iter)
+
+    def _add_sums(self, ops: GpuOps, attr: Attribution, dur: Int64Array,
+                  kernel: npt.NDArray[np.bool_],
+                  in_iter: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        """The per-link and per-phase sums in NumPy (the C ones' twin); the counted kernels."""
         kind = ops.kind
-        kernel = kind == KERNEL
         copy = ~kernel & ((kind == MEMCPY) | (kind == MEMSET))
         for k, c in enumerate(np.bincount(kind, minlength=3)[:3].tolist()):
             self.op_counts[k] += c
         counted = attr.counted == 1
-        in_iter = attr.iteration >= 0
         outside = kernel & ~in_iter
         if outside.any():
             self.outside_ns += int(dur[outside].sum())
-        kernel_counted = kernel & counted
+        kernel_counted: npt.NDArray[np.bool_] = kernel & counted
         warm = kernel & in_iter & ~counted
         if warm.any():
             self.warmup_ns += int(dur[warm].sum())
         # per link: kernels by (link, direction) slot, copies by link (float sums of integer
         # nanoseconds are exact below 2**53 ns, 104 days per buffer)
         n_links = len(self.link_keys)
-        if len(self.link_sums) < n_links:
-            self.link_sums = np.vstack([self.link_sums,
-                                        np.zeros((n_links - len(self.link_sums), 5),
-                                                 dtype=np.int64)])
         link = attr.link
         linked = counted & (link >= 0)
         sel = linked & kernel
@@ -292,11 +318,10 @@ class GpuFigureBuilder:
         if sel.any():
             self.phase_sums[:, 2] += np.bincount(attr.phase[sel], weights=dur[sel],
                                                  minlength=n_phases).astype(np.int64)
-        # top kernels: (name, link, direction) packed in one key, sorted as the triples
-        if kernel_counted.any():
-            self._add_kernels(ops.name[kernel_counted], link[kernel_counted],
-                              attr.backward[kernel_counted], dur[kernel_counted])
-        # the timeline
+        return kernel_counted
+
+    def _add_timeline(self, ops: GpuOps, attr: Attribution, kernel: npt.NDArray[np.bool_],
+                      in_iter: npt.NDArray[np.bool_]) -> None:
         if self.loop_tid is None:
             with_iter = attr.tid[in_iter]
             if len(with_iter):

@@ -49,11 +49,16 @@ Int64Array = npt.NDArray[np.int64]
 RowIndex = Union[npt.NDArray[np.bool_], npt.NDArray[np.intp], Int64Array, slice]
 
 #: The attribution's range lookup in C (``runtime/cupti_locate.c``): ``(launches,
-#: ((depth, t0, t1, index, ordinal, number), ...) shallowest first, kinds, link ids, out)``,
-#: ``out`` the columns ``LaunchAttributor._locate_numpy`` fills, written in place.
-LocateKernel = Callable[[Int64Array, Sequence[Tuple[int, Int64Array, Int64Array, Int64Array,
-                                                     Int64Array, Int64Array]],
-                         Int64Array, Int64Array, Sequence[Int64Array]], None]
+#: ((depth, t0, t1, index, ordinal, number), ...) shallowest first, kinds, link ids, out[,
+#: tail])``, ``out`` the columns ``LaunchAttributor._locate_numpy`` fills, written in place;
+#: with ``tail`` the operations are settled too and the sums per status returned.
+LocateKernel = Callable[..., Any]
+
+#: The per-link and per-phase sums in C (``runtime/cupti_locate.c``): ``(columns, link
+#: sums, phase sums, (KERNEL, MEMCPY, MEMSET), PHASE_OUTSIDE)`` -> operations of each kind,
+#: kernel ns outside any iteration and in the warm-up (``GpuFigureBuilder.add``'s twin).
+FigureSums = Callable[[Sequence[Int64Array], Int64Array, Int64Array, Tuple[int, int, int], int],
+                      Tuple[int, int, int, int, int]]
 
 #: GpuOps.kind
 KERNEL, MEMCPY, MEMSET = 0, 1, 2

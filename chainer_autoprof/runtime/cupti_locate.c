@@ -22,7 +22,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cupti_locate.h"
@@ -105,68 +107,11 @@ typedef struct {
     const int64_t *col[D_N];
 } level;
 
-PyObject *cupti_locate(PyObject *self, PyObject *args)
+/* The depth walk: each level's range holding each launch fills the columns. */
+static void walk_levels(const level *levels, Py_ssize_t n_levels, const int64_t *t, Py_ssize_t n,
+                        const int64_t *kinds, const int64_t *link_ids, Py_ssize_t n_kinds,
+                        int64_t *const *out)
 {
-    (void)self;
-    PyObject *t_obj, *depths, *kinds_obj, *links_obj, *out_obj;
-    if (!PyArg_ParseTuple(args, "OOOOO", &t_obj, &depths, &kinds_obj, &links_obj, &out_obj))
-        return NULL;
-    held h = {NULL, 0, 0};
-    level *levels = NULL;
-    PyObject *depth_seq = NULL, *out_seq = NULL, *result = NULL;
-    Py_ssize_t n = -1, n_kinds = -1, n_links = -1;
-    depth_seq = PySequence_Fast(depths, "locate: depths is a sequence");
-    if (depth_seq == NULL)
-        goto done;
-    Py_ssize_t n_levels = PySequence_Fast_GET_SIZE(depth_seq);
-    h.cap = 3 + OUT_N + D_N * n_levels;
-    h.views = PyMem_Calloc((size_t)h.cap, sizeof(Py_buffer));
-    levels = PyMem_Calloc((size_t)(n_levels ? n_levels : 1), sizeof(level));
-    if (h.views == NULL || levels == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    const int64_t *t = int64s(&h, t_obj, &n, 0);
-    const int64_t *kinds = t ? int64s(&h, kinds_obj, &n_kinds, 0) : NULL;
-    const int64_t *link_ids = kinds ? int64s(&h, links_obj, &n_links, 0) : NULL;
-    if (link_ids == NULL)
-        goto done;
-    if (n_links != n_kinds) {
-        PyErr_SetString(PyExc_ValueError, "locate: kinds and link ids differ in length");
-        goto done;
-    }
-    out_seq = PySequence_Fast(out_obj, "locate: out is a sequence of arrays");
-    if (out_seq == NULL)
-        goto done;
-    if (PySequence_Fast_GET_SIZE(out_seq) != OUT_N) {
-        PyErr_Format(PyExc_ValueError, "locate: %d output columns", (int)OUT_N);
-        goto done;
-    }
-    int64_t *out[OUT_N];
-    for (int c = 0; c < OUT_N; c++) {
-        Py_ssize_t len = n;
-        out[c] = int64s(&h, PySequence_Fast_GET_ITEM(out_seq, c), &len, 1);
-        if (out[c] == NULL)
-            goto done;
-    }
-    for (Py_ssize_t d = 0; d < n_levels; d++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(depth_seq, d), *depth;
-        PyObject *cols[D_N];
-        if (!PyArg_ParseTuple(item, "OOOOOO", &depth, &cols[D_T0], &cols[D_T1], &cols[D_INDEX],
-                              &cols[D_ORDINAL], &cols[D_NUMBER]))
-            goto done;
-        levels[d].depth = PyLong_AsSsize_t(depth);
-        if (levels[d].depth == -1 && PyErr_Occurred())
-            goto done;
-        Py_ssize_t m = -1;
-        for (int c = 0; c < D_N; c++) {
-            levels[d].col[c] = int64s(&h, cols[c], &m, 0);
-            if (levels[d].col[c] == NULL)
-                goto done;
-        }
-        levels[d].m = m;
-    }
-    Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t d = 0; d < n_levels; d++) {
         const level *L = &levels[d];
         const int64_t *t0 = L->col[D_T0], *t1 = L->col[D_T1], *index = L->col[D_INDEX];
@@ -198,9 +143,124 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
             }
         }
     }
+}
+
+/* The tail of a located block (the attribution's settling of each operation, see
+ * LaunchAttributor._locate): the phase "other" inside an iteration, counted after the
+ * warm-up, the status (ranges dropped before the thread's horizon), and the sums per
+ * status of operations and GPU ns. */
+typedef struct {
+    int64_t *counted, *status;
+    const int64_t *start, *end;
+    int64_t warmup_skip, horizon_ns, phase_outside, phase_other, attributed, dropped;
+} settling;
+
+enum { T_COUNTED, T_STATUS, T_START, T_END, T_N };
+
+static PyObject *settle(const settling *s, const int64_t *t, Py_ssize_t n, int64_t *const *out)
+{
+    long long ops[2] = {0, 0}, ns[2] = {0, 0};
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int in_iter = out[OUT_ITERATION][i] >= 0;
+        if (in_iter && out[OUT_PHASE][i] == s->phase_outside)
+            out[OUT_PHASE][i] = s->phase_other;
+        s->counted[i] = in_iter && out[OUT_ITERATION][i] >= s->warmup_skip;
+        int dropped = t[i] < s->horizon_ns;
+        s->status[i] = dropped ? s->dropped : s->attributed;
+        ops[dropped]++;
+        ns[dropped] += (long long)(s->end[i] - s->start[i]);
+    }
+    return Py_BuildValue("(LLLL)", ops[0], ns[0], ops[1], ns[1]);
+}
+
+PyObject *cupti_locate(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *t_obj, *depths, *kinds_obj, *links_obj, *out_obj, *tail_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOOO|O", &t_obj, &depths, &kinds_obj, &links_obj, &out_obj,
+                          &tail_obj))
+        return NULL;
+    held h = {NULL, 0, 0};
+    level *levels = NULL;
+    PyObject *depth_seq = NULL, *out_seq = NULL, *result = NULL;
+    Py_ssize_t n = -1, n_kinds = -1, n_links = -1;
+    depth_seq = PySequence_Fast(depths, "locate: depths is a sequence");
+    if (depth_seq == NULL)
+        goto done;
+    Py_ssize_t n_levels = PySequence_Fast_GET_SIZE(depth_seq);
+    h.cap = 3 + OUT_N + T_N + D_N * n_levels;
+    h.views = PyMem_Calloc((size_t)h.cap, sizeof(Py_buffer));
+    levels = PyMem_Calloc((size_t)(n_levels ? n_levels : 1), sizeof(level));
+    if (h.views == NULL || levels == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *t = int64s(&h, t_obj, &n, 0);
+    const int64_t *kinds = t ? int64s(&h, kinds_obj, &n_kinds, 0) : NULL;
+    const int64_t *link_ids = kinds ? int64s(&h, links_obj, &n_links, 0) : NULL;
+    if (link_ids == NULL)
+        goto done;
+    if (n_links != n_kinds) {
+        PyErr_SetString(PyExc_ValueError, "locate: kinds and link ids differ in length");
+        goto done;
+    }
+    out_seq = PySequence_Fast(out_obj, "locate: out is a sequence of arrays");
+    if (out_seq == NULL)
+        goto done;
+    if (PySequence_Fast_GET_SIZE(out_seq) != OUT_N) {
+        PyErr_Format(PyExc_ValueError, "locate: %d output columns", (int)OUT_N);
+        goto done;
+    }
+    int64_t *out[OUT_N];
+    for (int c = 0; c < OUT_N; c++) {
+        Py_ssize_t len = n;
+        out[c] = int64s(&h, PySequence_Fast_GET_ITEM(out_seq, c), &len, 1);
+        if (out[c] == NULL)
+            goto done;
+    }
+    settling st;
+    memset(&st, 0, sizeof st);
+    if (tail_obj != Py_None) {
+        PyObject *cols[T_N];
+        long long w, hz, po, pth, at, dr;
+        if (!PyArg_ParseTuple(tail_obj, "OOOOLLLLLL", &cols[T_COUNTED], &cols[T_STATUS],
+                              &cols[T_START], &cols[T_END], &w, &hz, &po, &pth, &at, &dr))
+            goto done;
+        int64_t *c[T_N];
+        for (int k = 0; k < T_N; k++) {
+            Py_ssize_t len = n;
+            c[k] = int64s(&h, cols[k], &len, k < T_START);
+            if (c[k] == NULL)
+                goto done;
+        }
+        st = (settling){c[T_COUNTED], c[T_STATUS], c[T_START], c[T_END], w, hz, po, pth, at, dr};
+    }
+    for (Py_ssize_t d = 0; d < n_levels; d++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(depth_seq, d), *depth;
+        PyObject *cols[D_N];
+        if (!PyArg_ParseTuple(item, "OOOOOO", &depth, &cols[D_T0], &cols[D_T1], &cols[D_INDEX],
+                              &cols[D_ORDINAL], &cols[D_NUMBER]))
+            goto done;
+        levels[d].depth = PyLong_AsSsize_t(depth);
+        if (levels[d].depth == -1 && PyErr_Occurred())
+            goto done;
+        Py_ssize_t m = -1;
+        for (int c = 0; c < D_N; c++) {
+            levels[d].col[c] = int64s(&h, cols[c], &m, 0);
+            if (levels[d].col[c] == NULL)
+                goto done;
+        }
+        levels[d].m = m;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    walk_levels(levels, n_levels, t, n, kinds, link_ids, n_kinds, out);
     Py_END_ALLOW_THREADS
-    Py_INCREF(Py_None);
-    result = Py_None;
+    if (tail_obj != Py_None) {
+        result = settle(&st, t, n, out);
+    } else {
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
 done:
     release_all(&h);
     PyMem_Free(levels);
@@ -212,4 +272,387 @@ done:
 PyObject *cupti_locate_kinds(void)
 {
     return Py_BuildValue("(iiiii)", K_ITER, K_LINK, K_LINK_BWD, K_GC, K_PHASE0);
+}
+
+/* -- the launching calls, kept in C across buffers ----------------------------------------
+ *
+ * The newest `max_api` API calls (the attribution's ApiCalls table) sorted by correlation
+ * id: appended as each buffer comes (in order already: no sort), sorted stably only when a
+ * buffer's ids interleave with those kept, the oldest ids cut off past the bound; each
+ * operation's call found by a search started where the previous one was.  Columns as
+ * ApiCalls': domain, start, end (agent ns: mapped on the way in), correlation, cbid, thread.
+ */
+enum { A_DOMAIN, A_START, A_END, A_CORR, A_CBID, A_THREAD, A_N };
+
+typedef struct {
+    int64_t *col[A_N];
+    Py_ssize_t lo, n, cap, max; /* rows lo .. lo + n - 1 */
+} api_store;
+
+#define STORE_NAME "chainer_autoprof._cupti.api_store"
+
+static void store_free(PyObject *capsule)
+{
+    api_store *st = PyCapsule_GetPointer(capsule, STORE_NAME);
+    if (st == NULL)
+        return;
+    for (int c = 0; c < A_N; c++)
+        PyMem_Free(st->col[c]);
+    PyMem_Free(st);
+}
+
+PyObject *cupti_api_store(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_ssize_t max = PyLong_AsSsize_t(arg);
+    if (max == -1 && PyErr_Occurred())
+        return NULL;
+    api_store *st = PyMem_Calloc(1, sizeof(api_store));
+    if (st == NULL)
+        return PyErr_NoMemory();
+    st->max = max < 1 ? 1 : max;
+    PyObject *capsule = PyCapsule_New(st, STORE_NAME, store_free);
+    if (capsule == NULL)
+        PyMem_Free(st);
+    return capsule;
+}
+
+/* The clock map (analysis.gpu_clock.ClockMap.to_agent): perf0 + rint((c - cupti0) * slope
+ * + offset), as NumPy computes it. */
+typedef struct {
+    int64_t cupti0, perf0;
+    double slope, offset;
+} clock_map;
+
+static int64_t to_agent(const clock_map *m, int64_t c)
+{
+    double delta = (double)(int64_t)((uint64_t)c - (uint64_t)m->cupti0);
+    double x = delta * m->slope;
+    return m->perf0 + (int64_t)nearbyint(x + m->offset);
+}
+
+static int parse_clock(PyObject *obj, clock_map *m)
+{
+    long long c0, p0;
+    if (!PyArg_ParseTuple(obj, "LLdd", &c0, &p0, &m->slope, &m->offset))
+        return -1;
+    m->cupti0 = c0;
+    m->perf0 = p0;
+    return 0;
+}
+
+/* Room for `more` rows after the kept ones (the kept moved to the front, or grown). */
+static int store_room(api_store *st, Py_ssize_t more)
+{
+    if (st->lo + st->n + more <= st->cap)
+        return 0;
+    if (st->lo > 0) {
+        for (int c = 0; c < A_N; c++)
+            memmove(st->col[c], st->col[c] + st->lo, (size_t)st->n * sizeof(int64_t));
+        st->lo = 0;
+    }
+    if (st->n + more <= st->cap)
+        return 0;
+    Py_ssize_t cap = st->cap ? st->cap : 1024;
+    while (cap < st->n + more)
+        cap *= 2;
+    for (int c = 0; c < A_N; c++) {
+        int64_t *grown = PyMem_Realloc(st->col[c], (size_t)cap * sizeof(int64_t));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        st->col[c] = grown;
+    }
+    st->cap = cap;
+    return 0;
+}
+
+static const int64_t *sort_keys;
+
+static int by_key_then_row(const void *a, const void *b)
+{
+    Py_ssize_t i = *(const Py_ssize_t *)a, j = *(const Py_ssize_t *)b;
+    if (sort_keys[i] != sort_keys[j])
+        return sort_keys[i] < sort_keys[j] ? -1 : 1;
+    return i < j ? -1 : (i > j);
+}
+
+/* The kept rows sorted stably by correlation id (a buffer's ids interleave with theirs). */
+static int store_sort(api_store *st)
+{
+    Py_ssize_t n = st->n;
+    Py_ssize_t *order = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
+    int64_t *tmp = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (order == NULL || tmp == NULL) {
+        PyMem_Free(order);
+        PyMem_Free(tmp);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        order[i] = i;
+    sort_keys = st->col[A_CORR] + st->lo; /* under the GIL: one sort at a time */
+    qsort(order, (size_t)n, sizeof(Py_ssize_t), by_key_then_row);
+    for (int c = 0; c < A_N; c++) {
+        int64_t *col = st->col[c] + st->lo;
+        for (Py_ssize_t i = 0; i < n; i++)
+            tmp[i] = col[order[i]];
+        memcpy(col, tmp, (size_t)n * sizeof(int64_t));
+    }
+    PyMem_Free(order);
+    PyMem_Free(tmp);
+    return 0;
+}
+
+static api_store *store_of(PyObject *capsule)
+{
+    return PyCapsule_GetPointer(capsule, STORE_NAME);
+}
+
+/* api_add(store, (domain, start, end, correlation, cbid, thread), clock): a buffer's calls
+ * (CUPTI ns, mapped here) kept. */
+PyObject *cupti_api_add(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *capsule, *cols_obj, *clock_obj;
+    if (!PyArg_ParseTuple(args, "OOO", &capsule, &cols_obj, &clock_obj))
+        return NULL;
+    api_store *st = store_of(capsule);
+    clock_map m;
+    if (st == NULL || parse_clock(clock_obj, &m) < 0)
+        return NULL;
+    held h = {PyMem_Calloc(A_N, sizeof(Py_buffer)), 0, A_N};
+    PyObject *seq = NULL, *result = NULL;
+    if (h.views == NULL)
+        return PyErr_NoMemory();
+    seq = PySequence_Fast(cols_obj, "api_add: a sequence of columns");
+    if (seq == NULL)
+        goto done;
+    if (PySequence_Fast_GET_SIZE(seq) != A_N) {
+        PyErr_Format(PyExc_ValueError, "api_add: %d columns", (int)A_N);
+        goto done;
+    }
+    const int64_t *in[A_N];
+    Py_ssize_t k = -1;
+    for (int c = 0; c < A_N; c++) {
+        in[c] = int64s(&h, PySequence_Fast_GET_ITEM(seq, c), &k, 0);
+        if (in[c] == NULL)
+            goto done;
+    }
+    if (store_room(st, k) < 0)
+        goto done;
+    Py_ssize_t at = st->lo + st->n;
+    int sorted = 1;
+    int64_t last = st->n ? st->col[A_CORR][at - 1] : INT64_MIN;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        for (int c = 0; c < A_N; c++)
+            st->col[c][at + i] = in[c][i];
+        st->col[A_START][at + i] = to_agent(&m, in[A_START][i]);
+        st->col[A_END][at + i] = to_agent(&m, in[A_END][i]);
+        sorted &= in[A_CORR][i] >= last;
+        last = in[A_CORR][i];
+    }
+    st->n += k;
+    if (!sorted && store_sort(st) < 0)
+        goto done;
+    if (st->n > st->max) {
+        st->lo += st->n - st->max;
+        st->n = st->max;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    release_all(&h);
+    Py_XDECREF(seq);
+    return result;
+}
+
+/* The first kept row with correlation id `x` (-1: none); the search starts at `hint`. */
+static Py_ssize_t find_call(const int64_t *a, Py_ssize_t m, int64_t x, Py_ssize_t *hint)
+{
+    Py_ssize_t k = last_at_or_before(a, m, x, *hint);
+    if (k < 0 || a[k] != x)
+        return -1;
+    while (k > 0 && a[k - 1] == x)
+        k--;
+    *hint = k;
+    return k;
+}
+
+enum { J_START, J_END, J_DOMAIN, J_CBID, J_THREAD, J_FOUND, J_N };
+
+/* api_join(store, correlation, out): each operation's launching call (out: api_start,
+ * api_end, api_domain, cbid, thread, found; written where found) ->
+ * (missing, thread of the first found, 1 when every found one has that thread, the
+ * latest start found). */
+PyObject *cupti_api_join(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *capsule, *corr_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "OOO", &capsule, &corr_obj, &out_obj))
+        return NULL;
+    api_store *st = store_of(capsule);
+    if (st == NULL)
+        return NULL;
+    held h = {PyMem_Calloc(1 + J_N, sizeof(Py_buffer)), 0, 1 + J_N};
+    PyObject *seq = NULL, *result = NULL;
+    if (h.views == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t n = -1;
+    const int64_t *corr = int64s(&h, corr_obj, &n, 0);
+    if (corr == NULL)
+        goto done;
+    seq = PySequence_Fast(out_obj, "api_join: a sequence of columns");
+    if (seq == NULL)
+        goto done;
+    if (PySequence_Fast_GET_SIZE(seq) != J_N) {
+        PyErr_Format(PyExc_ValueError, "api_join: %d columns", (int)J_N);
+        goto done;
+    }
+    int64_t *out[J_N];
+    for (int c = 0; c < J_N; c++) {
+        Py_ssize_t len = n;
+        out[c] = int64s(&h, PySequence_Fast_GET_ITEM(seq, c), &len, 1);
+        if (out[c] == NULL)
+            goto done;
+    }
+    const int64_t *col[A_N];
+    for (int c = 0; c < A_N; c++)
+        col[c] = st->col[c] + st->lo;
+    long long missing = 0, latest = INT64_MIN, thread = -1;
+    int one = 1, first = 1;
+    Py_ssize_t hint = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t k = st->n ? find_call(col[A_CORR], st->n, corr[i], &hint) : -1;
+        out[J_FOUND][i] = k >= 0;
+        if (k < 0) {
+            missing++;
+            continue;
+        }
+        out[J_START][i] = col[A_START][k];
+        out[J_END][i] = col[A_END][k];
+        out[J_DOMAIN][i] = col[A_DOMAIN][k];
+        out[J_CBID][i] = col[A_CBID][k];
+        out[J_THREAD][i] = col[A_THREAD][k];
+        if (first) {
+            thread = col[A_THREAD][k];
+            first = 0;
+        }
+        one &= col[A_THREAD][k] == thread;
+        if (col[A_START][k] > latest)
+            latest = col[A_START][k];
+    }
+    result = Py_BuildValue("(LLiL)", missing, thread, one, latest);
+done:
+    release_all(&h);
+    Py_XDECREF(seq);
+    return result;
+}
+
+/* to_agent(clock, src, dst): CUPTI ns -> agent ns (ClockMap.to_agent's twin). */
+PyObject *cupti_to_agent(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *clock_obj, *src_obj, *dst_obj;
+    clock_map m;
+    if (!PyArg_ParseTuple(args, "OOO", &clock_obj, &src_obj, &dst_obj) ||
+        parse_clock(clock_obj, &m) < 0)
+        return NULL;
+    held h = {PyMem_Calloc(2, sizeof(Py_buffer)), 0, 2};
+    if (h.views == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t n = -1;
+    const int64_t *src = int64s(&h, src_obj, &n, 0);
+    int64_t *dst = src ? int64s(&h, dst_obj, &n, 1) : NULL;
+    if (dst != NULL)
+        for (Py_ssize_t i = 0; i < n; i++)
+            dst[i] = to_agent(&m, src[i]);
+    release_all(&h);
+    if (dst == NULL)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* -- the per-link and per-phase sums of attributed operations (GpuFigureBuilder.add) ----- */
+enum { S_KIND, S_START, S_END, S_COUNTED, S_ITERATION, S_LINK, S_BACKWARD, S_PHASE, S_N };
+
+/* figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside): a block's kernels
+ * and copies added to link_sums (int64[links][5]: forward ns, forward kernels, backward ns,
+ * backward kernels, copy ns; counted operations in a link) and phase_sums (int64[phases][3]:
+ * kernel ns, kernels, copy ns; counted, in a phase) -> (operations of each of the three
+ * op_kinds (kernel, memcpy, memset), kernel ns outside any iteration, kernel ns in the
+ * warm-up's iterations). */
+PyObject *cupti_figure_sums(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cols_obj, *links_obj, *phases_obj;
+    long long kernel, memcpy_, memset_, phase_outside;
+    if (!PyArg_ParseTuple(args, "OOO(LLL)L", &cols_obj, &links_obj, &phases_obj, &kernel,
+                          &memcpy_, &memset_, &phase_outside))
+        return NULL;
+    held h = {PyMem_Calloc(S_N + 2, sizeof(Py_buffer)), 0, S_N + 2};
+    PyObject *seq = NULL, *result = NULL;
+    if (h.views == NULL)
+        return PyErr_NoMemory();
+    seq = PySequence_Fast(cols_obj, "figure_sums: a sequence of columns");
+    if (seq == NULL)
+        goto done;
+    if (PySequence_Fast_GET_SIZE(seq) != S_N) {
+        PyErr_Format(PyExc_ValueError, "figure_sums: %d columns", (int)S_N);
+        goto done;
+    }
+    const int64_t *c[S_N];
+    Py_ssize_t n = -1, n_link_cells = -1, n_phase_cells = -1;
+    for (int k = 0; k < S_N; k++) {
+        c[k] = int64s(&h, PySequence_Fast_GET_ITEM(seq, k), &n, 0);
+        if (c[k] == NULL)
+            goto done;
+    }
+    int64_t *links = int64s(&h, links_obj, &n_link_cells, 1);
+    int64_t *phases = links ? int64s(&h, phases_obj, &n_phase_cells, 1) : NULL;
+    if (phases == NULL)
+        goto done;
+    Py_ssize_t n_links = n_link_cells / 5, n_phases = n_phase_cells / 3;
+    long long counts[3] = {0, 0, 0}, outside = 0, warmup = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t kind = c[S_KIND][i], dur = c[S_END][i] - c[S_START][i];
+        int is_kernel = kind == kernel;
+        int is_copy = !is_kernel && (kind == memcpy_ || kind == memset_);
+        counts[0] += is_kernel;
+        counts[1] += kind == memcpy_;
+        counts[2] += kind == memset_;
+        int counted = c[S_COUNTED][i] == 1, in_iter = c[S_ITERATION][i] >= 0;
+        if (is_kernel && !in_iter)
+            outside += dur;
+        if (is_kernel && in_iter && !counted)
+            warmup += dur;
+        if (!counted || !(is_kernel || is_copy))
+            continue;
+        int64_t link = c[S_LINK][i], phase = c[S_PHASE][i];
+        if (link >= 0 && link < n_links) {
+            int64_t *row = links + 5 * link;
+            if (is_copy) {
+                row[4] += dur;
+            } else {
+                int back = c[S_BACKWARD][i] == 1;
+                row[2 * back] += dur;
+                row[2 * back + 1] += 1;
+            }
+        }
+        if (phase != phase_outside && phase >= 0 && phase < n_phases) {
+            int64_t *row = phases + 3 * phase;
+            if (is_copy) {
+                row[2] += dur;
+            } else {
+                row[0] += dur;
+                row[1] += 1;
+            }
+        }
+    }
+    result = Py_BuildValue("(LLLLL)", counts[0], counts[1], counts[2], outside, warmup);
+done:
+    release_all(&h);
+    Py_XDECREF(seq);
+    return result;
 }

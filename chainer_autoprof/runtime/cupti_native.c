@@ -818,7 +818,14 @@ static PyMethodDef methods[] = {
     {"close", py_close, METH_NOARGS, "Completed buffers are freed unread from now on."},
     {"counts", py_counts, METH_NOARGS, "What the buffer callbacks saw (a dict)."},
     {"locate", cupti_locate, METH_VARARGS,
-     "locate(t, depths, kinds, link_ids, out): the ranges around each launch (cupti_locate.c)."},
+     "locate(t, depths, kinds, link_ids, out[, tail]): the ranges around each launch."},
+    {"api_store", cupti_api_store, METH_O, "api_store(max_api): launching calls kept in C."},
+    {"api_add", cupti_api_add, METH_VARARGS, "api_add(store, columns, clock): calls kept."},
+    {"api_join", cupti_api_join, METH_VARARGS,
+     "api_join(store, correlation, out): each operation's launching call."},
+    {"figure_sums", cupti_figure_sums, METH_VARARGS,
+     "figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside): per-range sums."},
+    {"to_agent", cupti_to_agent, METH_VARARGS, "to_agent(clock, src, dst): onto agent ns."},
     {NULL, NULL, 0, NULL},
 };
 
