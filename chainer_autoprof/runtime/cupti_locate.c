@@ -102,6 +102,25 @@ static int64_t *int64s(held *h, PyObject *obj, Py_ssize_t *count, int writable)
     return (int64_t *)v->buf;
 }
 
+/* seq's `count` arrays as int64[*n] each (into cols; *n -1: any length, set here); 0, or
+ * -1 with the error set. */
+static int int64_columns(held *h, PyObject *seq_obj, int count, Py_ssize_t *n, int writable,
+                         int64_t **cols)
+{
+    PyObject *seq = PySequence_Fast(seq_obj, "a sequence of int64 columns");
+    if (seq == NULL)
+        return -1;
+    int ok = PySequence_Fast_GET_SIZE(seq) == count;
+    if (!ok)
+        PyErr_Format(PyExc_ValueError, "%d int64 columns expected", count);
+    for (int c = 0; ok && c < count; c++) {
+        cols[c] = int64s(h, PySequence_Fast_GET_ITEM(seq, c), n, writable);
+        ok = cols[c] != NULL;
+    }
+    Py_DECREF(seq);
+    return ok ? 0 : -1;
+}
+
 typedef struct {
     Py_ssize_t depth, m;
     const int64_t *col[D_N];
@@ -182,7 +201,7 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
         return NULL;
     held h = {NULL, 0, 0};
     level *levels = NULL;
-    PyObject *depth_seq = NULL, *out_seq = NULL, *result = NULL;
+    PyObject *depth_seq = NULL, *result = NULL;
     Py_ssize_t n = -1, n_kinds = -1, n_links = -1;
     depth_seq = PySequence_Fast(depths, "locate: depths is a sequence");
     if (depth_seq == NULL)
@@ -204,20 +223,9 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "locate: kinds and link ids differ in length");
         goto done;
     }
-    out_seq = PySequence_Fast(out_obj, "locate: out is a sequence of arrays");
-    if (out_seq == NULL)
-        goto done;
-    if (PySequence_Fast_GET_SIZE(out_seq) != OUT_N) {
-        PyErr_Format(PyExc_ValueError, "locate: %d output columns", (int)OUT_N);
-        goto done;
-    }
     int64_t *out[OUT_N];
-    for (int c = 0; c < OUT_N; c++) {
-        Py_ssize_t len = n;
-        out[c] = int64s(&h, PySequence_Fast_GET_ITEM(out_seq, c), &len, 1);
-        if (out[c] == NULL)
-            goto done;
-    }
+    if (int64_columns(&h, out_obj, OUT_N, &n, 1, out) < 0)
+        goto done;
     settling st;
     memset(&st, 0, sizeof st);
     if (tail_obj != Py_None) {
@@ -265,7 +273,6 @@ done:
     release_all(&h);
     PyMem_Free(levels);
     Py_XDECREF(depth_seq);
-    Py_XDECREF(out_seq);
     return result;
 }
 
@@ -405,8 +412,12 @@ static int store_sort(api_store *st)
     return 0;
 }
 
-static api_store *store_of(PyObject *capsule)
+/* The store and two more arguments of a call (store, a, b); NULL with the error set. */
+static api_store *store_args(PyObject *args, PyObject **a, PyObject **b)
 {
+    PyObject *capsule;
+    if (!PyArg_ParseTuple(args, "OOO", &capsule, a, b))
+        return NULL;
     return PyCapsule_GetPointer(capsule, STORE_NAME);
 }
 
@@ -415,31 +426,19 @@ static api_store *store_of(PyObject *capsule)
 PyObject *cupti_api_add(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *capsule, *cols_obj, *clock_obj;
-    if (!PyArg_ParseTuple(args, "OOO", &capsule, &cols_obj, &clock_obj))
-        return NULL;
-    api_store *st = store_of(capsule);
+    PyObject *cols_obj, *clock_obj;
+    api_store *st = store_args(args, &cols_obj, &clock_obj);
     clock_map m;
     if (st == NULL || parse_clock(clock_obj, &m) < 0)
         return NULL;
     held h = {PyMem_Calloc(A_N, sizeof(Py_buffer)), 0, A_N};
-    PyObject *seq = NULL, *result = NULL;
+    PyObject *result = NULL;
     if (h.views == NULL)
         return PyErr_NoMemory();
-    seq = PySequence_Fast(cols_obj, "api_add: a sequence of columns");
-    if (seq == NULL)
-        goto done;
-    if (PySequence_Fast_GET_SIZE(seq) != A_N) {
-        PyErr_Format(PyExc_ValueError, "api_add: %d columns", (int)A_N);
-        goto done;
-    }
-    const int64_t *in[A_N];
+    int64_t *in[A_N];
     Py_ssize_t k = -1;
-    for (int c = 0; c < A_N; c++) {
-        in[c] = int64s(&h, PySequence_Fast_GET_ITEM(seq, c), &k, 0);
-        if (in[c] == NULL)
-            goto done;
-    }
+    if (int64_columns(&h, cols_obj, A_N, &k, 0, in) < 0)
+        goto done;
     if (store_room(st, k) < 0)
         goto done;
     Py_ssize_t at = st->lo + st->n;
@@ -464,7 +463,6 @@ PyObject *cupti_api_add(PyObject *self, PyObject *args)
     result = Py_None;
 done:
     release_all(&h);
-    Py_XDECREF(seq);
     return result;
 }
 
@@ -489,34 +487,19 @@ enum { J_START, J_END, J_DOMAIN, J_CBID, J_THREAD, J_FOUND, J_N };
 PyObject *cupti_api_join(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *capsule, *corr_obj, *out_obj;
-    if (!PyArg_ParseTuple(args, "OOO", &capsule, &corr_obj, &out_obj))
-        return NULL;
-    api_store *st = store_of(capsule);
+    PyObject *corr_obj, *out_obj;
+    api_store *st = store_args(args, &corr_obj, &out_obj);
     if (st == NULL)
         return NULL;
     held h = {PyMem_Calloc(1 + J_N, sizeof(Py_buffer)), 0, 1 + J_N};
-    PyObject *seq = NULL, *result = NULL;
+    PyObject *result = NULL;
     if (h.views == NULL)
         return PyErr_NoMemory();
     Py_ssize_t n = -1;
-    const int64_t *corr = int64s(&h, corr_obj, &n, 0);
-    if (corr == NULL)
-        goto done;
-    seq = PySequence_Fast(out_obj, "api_join: a sequence of columns");
-    if (seq == NULL)
-        goto done;
-    if (PySequence_Fast_GET_SIZE(seq) != J_N) {
-        PyErr_Format(PyExc_ValueError, "api_join: %d columns", (int)J_N);
-        goto done;
-    }
     int64_t *out[J_N];
-    for (int c = 0; c < J_N; c++) {
-        Py_ssize_t len = n;
-        out[c] = int64s(&h, PySequence_Fast_GET_ITEM(seq, c), &len, 1);
-        if (out[c] == NULL)
-            goto done;
-    }
+    const int64_t *corr = int64s(&h, corr_obj, &n, 0);
+    if (corr == NULL || int64_columns(&h, out_obj, J_N, &n, 1, out) < 0)
+        goto done;
     const int64_t *col[A_N];
     for (int c = 0; c < A_N; c++)
         col[c] = st->col[c] + st->lo;
@@ -546,7 +529,6 @@ PyObject *cupti_api_join(PyObject *self, PyObject *args)
     result = Py_BuildValue("(LLiL)", missing, thread, one, latest);
 done:
     release_all(&h);
-    Py_XDECREF(seq);
     return result;
 }
 
@@ -592,23 +574,13 @@ PyObject *cupti_figure_sums(PyObject *self, PyObject *args)
                           &memcpy_, &memset_, &phase_outside))
         return NULL;
     held h = {PyMem_Calloc(S_N + 2, sizeof(Py_buffer)), 0, S_N + 2};
-    PyObject *seq = NULL, *result = NULL;
+    PyObject *result = NULL;
     if (h.views == NULL)
         return PyErr_NoMemory();
-    seq = PySequence_Fast(cols_obj, "figure_sums: a sequence of columns");
-    if (seq == NULL)
-        goto done;
-    if (PySequence_Fast_GET_SIZE(seq) != S_N) {
-        PyErr_Format(PyExc_ValueError, "figure_sums: %d columns", (int)S_N);
-        goto done;
-    }
-    const int64_t *c[S_N];
+    int64_t *c[S_N];
     Py_ssize_t n = -1, n_link_cells = -1, n_phase_cells = -1;
-    for (int k = 0; k < S_N; k++) {
-        c[k] = int64s(&h, PySequence_Fast_GET_ITEM(seq, k), &n, 0);
-        if (c[k] == NULL)
-            goto done;
-    }
+    if (int64_columns(&h, cols_obj, S_N, &n, 0, c) < 0)
+        goto done;
     int64_t *links = int64s(&h, links_obj, &n_link_cells, 1);
     int64_t *phases = links ? int64s(&h, phases_obj, &n_phase_cells, 1) : NULL;
     if (phases == NULL)
@@ -653,6 +625,23 @@ PyObject *cupti_figure_sums(PyObject *self, PyObject *args)
     result = Py_BuildValue("(LLLLL)", counts[0], counts[1], counts[2], outside, warmup);
 done:
     release_all(&h);
-    Py_XDECREF(seq);
     return result;
+}
+
+static PyMethodDef locate_methods[] = {
+    {"locate", cupti_locate, METH_VARARGS,
+     "locate(t, depths, kinds, link_ids, out[, tail]): the ranges around each launch."},
+    {"api_store", cupti_api_store, METH_O, "api_store(max_api): launching calls kept in C."},
+    {"api_add", cupti_api_add, METH_VARARGS, "api_add(store, columns, clock): calls kept."},
+    {"api_join", cupti_api_join, METH_VARARGS,
+     "api_join(store, correlation, out): each operation's launching call."},
+    {"figure_sums", cupti_figure_sums, METH_VARARGS,
+     "figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside): per-range sums."},
+    {"to_agent", cupti_to_agent, METH_VARARGS, "to_agent(clock, src, dst): onto agent ns."},
+    {NULL, NULL, 0, NULL},
+};
+
+int cupti_locate_ready(PyObject *module)
+{
+    return PyModule_AddFunctions(module, locate_methods);
 }

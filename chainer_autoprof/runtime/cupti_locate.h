@@ -19,4 +19,7 @@ PyObject *cupti_to_agent(PyObject *self, PyObject *args);
 /* (K_ITER, K_LINK, K_LINK_BWD, K_GC, K_PHASE0) as the C side counts them. */
 PyObject *cupti_locate_kinds(void);
 
+/* This file's functions added to the module (0; -1 with the error set). */
+int cupti_locate_ready(PyObject *module);
+
 #endif

@@ -542,6 +542,14 @@ static void *need(const char *name, PyObject **missing)
     return f;
 }
 
+/* Return CUPTI's result of `call`, made without the GIL, as a Python int. */
+#define RESULT_WITHOUT_GIL(call)                                                               \
+    do {                                                                                       \
+        CUptiResult result_;                                                                   \
+        Py_BEGIN_ALLOW_THREADS result_ = (call);                                               \
+        Py_END_ALLOW_THREADS return PyLong_FromLong((long)result_);                            \
+    } while (0)
+
 static PyObject *py_load(PyObject *self, PyObject *arg)
 {
     (void)self;
@@ -639,11 +647,7 @@ static PyObject *py_register(PyObject *self, PyObject *args)
     Py_INCREF(callback);
     Py_XSETREF(on_buffer, callback);
     closed = 0;
-    CUptiResult r;
-    Py_BEGIN_ALLOW_THREADS
-    r = lib.register_callbacks(buffer_requested, buffer_completed);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong((long)r);
+    RESULT_WITHOUT_GIL(lib.register_callbacks(buffer_requested, buffer_completed));
 }
 
 static PyObject *kind_call(kind_fn f, PyObject *arg)
@@ -652,11 +656,7 @@ static PyObject *kind_call(kind_fn f, PyObject *arg)
     if (kind == -1 && PyErr_Occurred())
         return NULL;
     NEED_LIB();
-    CUptiResult r;
-    Py_BEGIN_ALLOW_THREADS
-    r = f((CUpti_ActivityKind)kind);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong((long)r);
+    RESULT_WITHOUT_GIL(f((CUpti_ActivityKind)kind));
 }
 
 static PyObject *py_enable(PyObject *self, PyObject *arg)
@@ -683,11 +683,7 @@ static PyObject *py_enable_api(PyObject *self, PyObject *args)
     api_switch_fn f = domain == DOMAIN_RUNTIME ? lib.enable_runtime : lib.enable_driver;
     if (f == NULL)
         return PyLong_FromLong(-1);
-    CUptiResult r;
-    Py_BEGIN_ALLOW_THREADS
-    r = f((CUpti_CallbackId)cbid, (uint8_t)on);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong((long)r);
+    RESULT_WITHOUT_GIL(f((CUpti_CallbackId)cbid, (uint8_t)on));
 }
 
 static PyObject *py_system_thread_ids(PyObject *self, PyObject *noargs)
@@ -733,11 +729,7 @@ static PyObject *py_flush_all(PyObject *self, PyObject *arg)
     uint32_t flag;
     if (lib_u32_arg(arg, &flag))
         return NULL;
-    CUptiResult r;
-    Py_BEGIN_ALLOW_THREADS
-    r = lib.flush_all(flag);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong((long)r);
+    RESULT_WITHOUT_GIL(lib.flush_all(flag));
 }
 
 /* timestamp(): CUPTI's clock in ns (raises RuntimeError with CUPTI's code). */
@@ -800,32 +792,26 @@ static PyObject *py_walked(PyObject *self, PyObject *noargs)
     return PyLong_FromLongLong(__atomic_load_n(&walked_records, __ATOMIC_ACQUIRE));
 }
 
+/* A table entry: the function py_<name> (cupti_locate.c adds its own: cupti_locate_ready). */
+#define METHOD(name, flags, doc) {#name, py_##name, flags, doc}
+
 static PyMethodDef methods[] = {
-    {"walked", py_walked, METH_NOARGS, "Records read so far (no lock taken)."},
-    {"load", py_load, METH_O, "load(path): dlopen libcupti; None, or why not (str)."},
-    {"register", py_register, METH_VARARGS,
-     "register(buffer_bytes, on_buffer): this module's buffer callbacks; CUPTI's result."},
-    {"enable", py_enable, METH_O, "enable(kind): cuptiActivityEnable's result."},
-    {"disable", py_disable, METH_O, "disable(kind): cuptiActivityDisable's result."},
-    {"enable_api", py_enable_api, METH_VARARGS,
-     "enable_api(domain, cbid, on): runtime (0) or driver (1) call switch; -1: none."},
-    {"system_thread_ids", py_system_thread_ids, METH_NOARGS,
-     "cuptiSetThreadIdType(SYSTEM)'s result; -1: no such function."},
-    {"flush_period", py_flush_period, METH_O, "flush_period(ms): CUPTI's result; -1: none."},
-    {"flush_all", py_flush_all, METH_O, "flush_all(flag): CUPTI's result (GIL released)."},
-    {"timestamp", py_timestamp, METH_NOARGS, "CUPTI's clock (ns)."},
-    {"result_string", py_result_string, METH_O, "CUPTI's name of a result code."},
-    {"close", py_close, METH_NOARGS, "Completed buffers are freed unread from now on."},
-    {"counts", py_counts, METH_NOARGS, "What the buffer callbacks saw (a dict)."},
-    {"locate", cupti_locate, METH_VARARGS,
-     "locate(t, depths, kinds, link_ids, out[, tail]): the ranges around each launch."},
-    {"api_store", cupti_api_store, METH_O, "api_store(max_api): launching calls kept in C."},
-    {"api_add", cupti_api_add, METH_VARARGS, "api_add(store, columns, clock): calls kept."},
-    {"api_join", cupti_api_join, METH_VARARGS,
-     "api_join(store, correlation, out): each operation's launching call."},
-    {"figure_sums", cupti_figure_sums, METH_VARARGS,
-     "figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside): per-range sums."},
-    {"to_agent", cupti_to_agent, METH_VARARGS, "to_agent(clock, src, dst): onto agent ns."},
+    METHOD(walked, METH_NOARGS, "Records read so far (no lock taken)."),
+    METHOD(load, METH_O, "load(path): dlopen libcupti; None, or why not (str)."),
+    METHOD(register, METH_VARARGS,
+     "register(buffer_bytes, on_buffer): this module's buffer callbacks; CUPTI's result."),
+    METHOD(enable, METH_O, "enable(kind): cuptiActivityEnable's result."),
+    METHOD(disable, METH_O, "disable(kind): cuptiActivityDisable's result."),
+    METHOD(enable_api, METH_VARARGS,
+     "enable_api(domain, cbid, on): runtime (0) or driver (1) call switch; -1: none."),
+    METHOD(system_thread_ids, METH_NOARGS,
+     "cuptiSetThreadIdType(SYSTEM)'s result; -1: no such function."),
+    METHOD(flush_period, METH_O, "flush_period(ms): CUPTI's result; -1: none."),
+    METHOD(flush_all, METH_O, "flush_all(flag): CUPTI's result (GIL released)."),
+    METHOD(timestamp, METH_NOARGS, "CUPTI's clock (ns)."),
+    METHOD(result_string, METH_O, "CUPTI's name of a result code."),
+    METHOD(close, METH_NOARGS, "Completed buffers are freed unread from now on."),
+    METHOD(counts, METH_NOARGS, "What the buffer callbacks saw (a dict)."),
     {NULL, NULL, 0, NULL},
 };
 
@@ -882,6 +868,7 @@ PyMODINIT_FUNC PyInit__cupti(void)
         || PyModule_AddObject(m, "DRIVER_CBIDS", drv) < 0
         || PyModule_AddObject(m, "OP_COLUMNS", names_tuple(OP_COLUMNS, OP_NCOLS)) < 0
         || PyModule_AddObject(m, "API_COLUMNS", names_tuple(API_COLUMNS, API_NCOLS)) < 0
+        || cupti_locate_ready(m) < 0
         || PyModule_AddObject(m, "LOCATE_KINDS", cupti_locate_kinds()) < 0
         || PyModule_AddIntConstant(m, "API_SLOTS", API_SLOTS) < 0
         || PyModule_AddIntConstant(m, "CUPTI_API_VERSION", CUPTI_API_VERSION) < 0) {
