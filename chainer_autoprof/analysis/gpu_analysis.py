@@ -322,8 +322,7 @@ class GpuAnalysis:
         self.builder = GpuFigureBuilder(self.attributor.link_keys, names, warmup_skip,
                                         loop_tid=loop_tid, max_pool=lim.max_pool,
                                         max_kept=lim.max_kept,
-                                        sums=getattr(getattr(locate, "__self__", None),
-                                                     "figure_sums", None))
+                                        native=self.attributor.native)
         self.keeper = AttributedKeeper(record_limit)
         self.finished = False
 

@@ -234,10 +234,11 @@ class LaunchAttributor:
         self.status_ops = [0] * len(STATUSES)
         self.status_ns = [0] * len(STATUSES)
         self.ops_in = 0
-        #: The extension that gave ``locate`` where it also keeps the launching calls.
+        #: The extension that gave ``locate`` where it also keeps the launching calls (and
+        #: sums the figures: :class:`~.gpu_figures.GpuFigureBuilder`).
         owner = getattr(locate, "__self__", None)
-        self._native: ModuleType | None = owner if hasattr(owner, "api_join") else None
-        self._store = self._native.api_store(self.max_api) if self._native else None
+        self.native: ModuleType | None = owner if hasattr(owner, "api_join") else None
+        self._store = self.native.api_store(self.max_api) if self.native else None
 
     # -- names and threads ------------------------------------------------------------
     def add_name(self, index: int, name: str, category: str) -> None:
@@ -325,7 +326,7 @@ class LaunchAttributor:
     # -- activity -------------------------------------------------------------------------
     def feed_activity(self, batch: ActivityBatch) -> AttributedOps:
         """A block of activity records (one CUPTI buffer, or a piece of a recording)."""
-        if self._native is not None and len(batch.ops) and not self._wait_api_n \
+        if self.native is not None and len(batch.ops) and not self._wait_api_n \
                 and not self._wait_thread:
             return self._feed_native(batch)
         out: list[AttributedOps] = []
@@ -354,7 +355,7 @@ class LaunchAttributor:
         when each has its call, one launching thread that is mapped, and that thread's
         ranges known past every launch (the usual), located and settled in C; else the
         general path from the join on."""
-        native, locate = self._native, self.locate
+        native, locate = self.native, self.locate
         assert native is not None and locate is not None
         clock = self._clock_args()
         if len(batch.api):
@@ -399,8 +400,8 @@ class LaunchAttributor:
         return AttributedOps(mapped, attr)
 
     def _add_api(self, api: ApiCalls) -> None:
-        if self._native is not None:
-            self._native.api_add(self._store, [getattr(api, c) for c in ApiCalls.columns()],
+        if self.native is not None:
+            self.native.api_add(self._store, [getattr(api, c) for c in ApiCalls.columns()],
                                  self._clock_args())
             return
         mapped = ApiCalls(**{c: getattr(api, c) for c in ApiCalls.columns()})
@@ -441,9 +442,9 @@ class LaunchAttributor:
     def _lookup(self, correlation: Int64Array) -> tuple[npt.NDArray[np.bool_],
                                                         dict[str, Int64Array]]:
         """Which operations' calls are kept, and those calls' columns (rows where found)."""
-        if self._native is not None:
+        if self.native is not None:
             cols = np.full((6, len(correlation)), -1, dtype=np.int64)
-            self._native.api_join(self._store, np.ascontiguousarray(correlation), cols)
+            self.native.api_join(self._store, np.ascontiguousarray(correlation), cols)
             return cols[5] == 1, dict(zip(_CALL_COLUMNS, cols[:5]))
         api = self._api
         if not len(api):

@@ -42,10 +42,12 @@ fills); one arriving behind what was placed is counted as late and left off the 
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import numpy as np
 import numpy.typing as npt
 
-from ..common.gpu_records import KERNEL, MEMCPY, MEMSET, FigureSums, GpuOps, NameTable
+from ..common.gpu_records import KERNEL, MEMCPY, MEMSET, GpuOps, NameTable
 from .aggregate import Series
 from .gpu_attribution import PHASE_OUTSIDE, AttributedOps, Attribution
 from .gpu_record import GpuFigures, KernelGpuDict, LinkGpuDict, PhaseGpuDict, TimelineDict
@@ -223,7 +225,7 @@ class GpuFigureBuilder:
 
     def __init__(self, link_keys: list[str], names: NameTable, warmup_skip: int = 0, *,
                  loop_tid: int | None = None, max_pool: int = 1 << 16,
-                 max_kept: int = MAX_KEPT_ITERATIONS, sums: FigureSums | None = None) -> None:
+                 max_kept: int = MAX_KEPT_ITERATIONS, native: ModuleType | None = None) -> None:
         self.link_keys = link_keys        # the attributor's list, growing
         self.names = names
         self.warmup_skip = warmup_skip
@@ -239,8 +241,8 @@ class GpuFigureBuilder:
         self.outside_ns = 0
         self.op_counts = [0, 0, 0]
         self.timelines: dict[int, _Timeline] = {}
-        #: The per-link and per-phase sums in C (``runtime/cupti_locate.c``), else NumPy.
-        self.sums = sums
+        #: The sums in C (the ``_cupti`` extension: ``runtime/cupti_locate.c``), else NumPy.
+        self.native = native
 
     def add(self, items: AttributedOps) -> None:
         if not len(items):
@@ -254,8 +256,9 @@ class GpuFigureBuilder:
             self.link_sums = np.vstack([self.link_sums,
                                         np.zeros((n_links - len(self.link_sums), 5),
                                                  dtype=np.int64)])
-        if self.sums is not None:
-            kernels, copies, memsets, outside_ns, warmup_ns = self.sums(
+        native = self.native
+        if native is not None:
+            kernels, copies, memsets, outside_ns, warmup_ns = native.figure_sums(
                 (ops.kind, ops.start, ops.end, attr.counted, attr.iteration, attr.link,
                  attr.backward, attr.phase), self.link_sums, self.phase_sums,
                 (KERNEL, MEMCPY, MEMSET), PHASE_OUTSIDE)
@@ -264,13 +267,17 @@ class GpuFigureBuilder:
             self.op_counts[MEMSET] += memsets
             self.outside_ns += outside_ns
             self.warmup_ns += warmup_ns
-            kernel_counted = kernel & (attr.counted == 1)
+            sums = np.empty((3, len(items)), dtype=np.int64)
+            m = native.kernel_sums((ops.kind, ops.start, ops.end, attr.counted, ops.name,
+                                    attr.link, attr.backward), KERNEL, sums)
+            if m:
+                self._add_kernel_sums(*sums[:, :m])
         else:
             kernel_counted = self._add_sums(ops, attr, dur, kernel, in_iter)
-        # top kernels: (name, link, direction) packed in one key, sorted as the triples
-        if kernel_counted.any():
-            self._add_kernels(ops.name[kernel_counted], attr.link[kernel_counted],
-                              attr.backward[kernel_counted], dur[kernel_counted])
+            # top kernels: (name, link, direction) packed in one key, sorted as the triples
+            if kernel_counted.any():
+                self._add_kernels(ops.name[kernel_counted], attr.link[kernel_counted],
+                                  attr.backward[kernel_counted], dur[kernel_counted])
         self._add_timeline(ops, attr, kernel, in_iter)
 
     def _add_sums(self, ops: GpuOps, attr: Attribution, dur: Int64Array,
@@ -361,6 +368,10 @@ class GpuFigureBuilder:
             uniq, inverse = np.unique(key, return_inverse=True)
             ns = np.bincount(inverse, weights=dur).astype(np.int64)
             calls = np.bincount(inverse)
+        self._add_kernel_sums(uniq, ns, calls)
+
+    def _add_kernel_sums(self, uniq: Int64Array, ns: Int64Array, calls: Int64Array) -> None:
+        """Sums per packed key (ascending) added, new keys in that order."""
         found = self.kernel_keys
         pos = [found.get(k, -1) for k in uniq.tolist()]
         if -1 in pos:  # new keys, in key order; beyond MAX_KERNEL_KEYS they are "other"

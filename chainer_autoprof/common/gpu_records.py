@@ -39,7 +39,7 @@ import gzip
 import json
 import threading
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Iterable, Mapping, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -53,12 +53,6 @@ RowIndex = Union[npt.NDArray[np.bool_], npt.NDArray[np.intp], Int64Array, slice]
 #: tail])``, ``out`` the columns ``LaunchAttributor._locate_numpy`` fills, written in place;
 #: with ``tail`` the operations are settled too and the sums per status returned.
 LocateKernel = Callable[..., Any]
-
-#: The per-link and per-phase sums in C (``runtime/cupti_locate.c``): ``(columns, link
-#: sums, phase sums, (KERNEL, MEMCPY, MEMSET), PHASE_OUTSIDE)`` -> operations of each kind,
-#: kernel ns outside any iteration and in the warm-up (``GpuFigureBuilder.add``'s twin).
-FigureSums = Callable[[Sequence[Int64Array], Int64Array, Int64Array, Tuple[int, int, int], int],
-                      Tuple[int, int, int, int, int]]
 
 #: GpuOps.kind
 KERNEL, MEMCPY, MEMSET = 0, 1, 2

@@ -628,6 +628,81 @@ done:
     return result;
 }
 
+/* -- the counted kernels' sums per (name, link, direction) (GpuFigureBuilder._add_kernels) - */
+enum { K_COL_KIND, K_COL_START, K_COL_END, K_COL_COUNTED, K_COL_NAME, K_COL_LINK, K_COL_BACK,
+       K_COL_N };
+
+typedef struct {
+    int64_t key, ns, calls;
+} kernel_sum;
+
+static int by_kernel_key(const void *a, const void *b)
+{
+    int64_t x = ((const kernel_sum *)a)->key, y = ((const kernel_sum *)b)->key;
+    return (x > y) - (x < y);
+}
+
+/* kernel_sums(columns, kernel_kind, out) -> m: the counted kernels (kind == kernel_kind,
+ * counted == 1) summed per key (name << 32 | (link + 1) << 1 | backward): out's three
+ * int64[n] columns get the m keys in ascending order, their ns and their kernels. */
+static PyObject *cupti_kernel_sums(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cols_obj, *out_obj;
+    long long kernel;
+    if (!PyArg_ParseTuple(args, "OLO", &cols_obj, &kernel, &out_obj))
+        return NULL;
+    held h = {PyMem_Calloc(K_COL_N + 3, sizeof(Py_buffer)), 0, K_COL_N + 3};
+    kernel_sum *slots = NULL;
+    PyObject *result = NULL;
+    if (h.views == NULL)
+        return PyErr_NoMemory();
+    int64_t *c[K_COL_N], *out[3];
+    Py_ssize_t n = -1;
+    if (int64_columns(&h, cols_obj, K_COL_N, &n, 0, c) < 0
+        || int64_columns(&h, out_obj, 3, &n, 1, out) < 0)
+        goto done;
+    size_t cap = 16;
+    while (cap < 2 * (size_t)n)
+        cap *= 2;
+    slots = PyMem_Calloc(cap, sizeof(kernel_sum)); /* calls == 0: a free slot */
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (c[K_COL_KIND][i] != kernel || c[K_COL_COUNTED][i] != 1)
+            continue;
+        uint64_t key = ((uint64_t)c[K_COL_NAME][i] << 32)
+                       | ((uint64_t)(c[K_COL_LINK][i] + 1) << 1) | (c[K_COL_BACK][i] == 1);
+        size_t at = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+        while (slots[at].calls && slots[at].key != (int64_t)key)
+            at = (at + 1) & (cap - 1);
+        if (!slots[at].calls) {
+            slots[at].key = (int64_t)key;
+            m++;
+        }
+        slots[at].ns += c[K_COL_END][i] - c[K_COL_START][i];
+        slots[at].calls++;
+    }
+    Py_ssize_t k = 0;
+    for (size_t at = 0; at < cap; at++)
+        if (slots[at].calls)
+            slots[k++] = slots[at];
+    qsort(slots, (size_t)m, sizeof(kernel_sum), by_kernel_key);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        out[0][i] = slots[i].key;
+        out[1][i] = slots[i].ns;
+        out[2][i] = slots[i].calls;
+    }
+    result = PyLong_FromSsize_t(m);
+done:
+    release_all(&h);
+    PyMem_Free(slots);
+    return result;
+}
+
 static PyMethodDef locate_methods[] = {
     {"locate", cupti_locate, METH_VARARGS,
      "locate(t, depths, kinds, link_ids, out[, tail]): the ranges around each launch."},
@@ -638,6 +713,8 @@ static PyMethodDef locate_methods[] = {
     {"figure_sums", cupti_figure_sums, METH_VARARGS,
      "figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside): per-range sums."},
     {"to_agent", cupti_to_agent, METH_VARARGS, "to_agent(clock, src, dst): onto agent ns."},
+    {"kernel_sums", cupti_kernel_sums, METH_VARARGS,
+     "kernel_sums(columns, kernel_kind, out): counted kernels per (name, link, direction)."},
     {NULL, NULL, 0, NULL},
 };
 
