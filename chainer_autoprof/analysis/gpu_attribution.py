@@ -362,7 +362,8 @@ class LaunchAttributor:
             self._add_api(batch.api)
         ops = batch.ops
         n = len(ops)
-        block = np.full((len(_ATTRIBUTION_COLUMNS) + 3, n), -1, dtype=np.int64)
+        # start, end, the attribution's columns, the depth hit: each row written in C
+        block = np.empty((len(_ATTRIBUTION_COLUMNS) + 3, n), dtype=np.int64)
         mapped = GpuOps.__new__(GpuOps)
         mapped.__dict__.update(ops.__dict__)
         mapped.start, mapped.end = block[0], block[1]
@@ -383,7 +384,6 @@ class LaunchAttributor:
                 out.append(self._map_by_containment(final=False))
             return AttributedOps.concat(out)
         attr.tid.fill(tid)
-        attr.backward.fill(0)
         kinds, link_ids = self._kind_tables()
         got = locate(attr.api_start, [
             (d, slot.t0, slot.t1, slot.index, slot.ordinal, slot.number)

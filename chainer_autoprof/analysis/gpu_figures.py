@@ -243,6 +243,9 @@ class GpuFigureBuilder:
         self.timelines: dict[int, _Timeline] = {}
         #: The sums in C (the ``_cupti`` extension: ``runtime/cupti_locate.c``), else NumPy.
         self.native = native
+        #: With the extension: the kernels' sums kept in C (read into the three above once,
+        #: by :meth:`result`).
+        self._kernel_table = native.kernel_table(MAX_KERNEL_KEYS) if native else None
 
     def add(self, items: AttributedOps) -> None:
         if not len(items):
@@ -267,11 +270,8 @@ class GpuFigureBuilder:
             self.op_counts[MEMSET] += memsets
             self.outside_ns += outside_ns
             self.warmup_ns += warmup_ns
-            sums = np.empty((3, len(items)), dtype=np.int64)
-            m = native.kernel_sums((ops.kind, ops.start, ops.end, attr.counted, ops.name,
-                                    attr.link, attr.backward), KERNEL, sums)
-            if m:
-                self._add_kernel_sums(*sums[:, :m])
+            native.kernel_sums(self._kernel_table, (ops.kind, ops.start, ops.end, attr.counted,
+                                                    ops.name, attr.link, attr.backward), KERNEL)
         else:
             kernel_counted = self._add_sums(ops, attr, dur, kernel, in_iter)
             # top kernels: (name, link, direction) packed in one key, sorted as the triples
@@ -368,10 +368,6 @@ class GpuFigureBuilder:
             uniq, inverse = np.unique(key, return_inverse=True)
             ns = np.bincount(inverse, weights=dur).astype(np.int64)
             calls = np.bincount(inverse)
-        self._add_kernel_sums(uniq, ns, calls)
-
-    def _add_kernel_sums(self, uniq: Int64Array, ns: Int64Array, calls: Int64Array) -> None:
-        """Sums per packed key (ascending) added, new keys in that order."""
         found = self.kernel_keys
         pos = [found.get(k, -1) for k in uniq.tolist()]
         if -1 in pos:  # new keys, in key order; beyond MAX_KERNEL_KEYS they are "other"
@@ -407,6 +403,11 @@ class GpuFigureBuilder:
         """The figures (places everything still pooled: call once all activity is in)."""
         for tl in self.timelines.values():
             tl.finish()
+        if self.native is not None:  # the kernels' sums kept in C
+            keys, ns, calls, other_ns, other_calls = self.native.kernel_rows(self._kernel_table)
+            self.kernel_keys = {k: i for i, k in enumerate(keys)}
+            self.kernel_sums = np.array([ns, calls], dtype=np.int64).T.reshape(-1, 2)
+            self.other_kernels = np.array([other_ns, other_calls], dtype=np.int64)
         totals = np.zeros(len(WINDOW_COLUMNS), dtype=np.int64)
         counted = 0
         devices: list[TimelineDict] = []

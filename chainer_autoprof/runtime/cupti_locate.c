@@ -17,7 +17,16 @@
  *            (a deeper one over a shallower one): range, range_t0, range_t1, range_depth
  *            (a garbage-collection range passed over for its parent), link and backward (a
  *            link or link-backward range), phase, iteration, number, iter_end, and the
- *            deepest depth that holds the launch.
+ *            deepest depth that holds the launch;
+ *   tail     (given only where the thread's ranges are known past every launch: the walk
+ *            goes launch by launch and sets every column) (counted, status, start, end,
+ *            warmup_skip, horizon_ns, PHASE_OUTSIDE, PHASE_OTHER, ATTRIBUTED,
+ *            RANGES_DROPPED): each operation settled as LaunchAttributor._locate does it,
+ *            and (ops, ns) attributed and (ops, ns) with their ranges dropped returned.
+ *
+ * The same module keeps the launching calls across buffers (api_store, api_add, api_join),
+ * maps CUPTI's clock (to_agent) and sums the figures (figure_sums, kernel_sums): each the
+ * twin of a NumPy path of analysis/, which passes its constants down as data.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -38,7 +47,8 @@ enum {
 enum { D_T0, D_T1, D_INDEX, D_ORDINAL, D_NUMBER, D_N };
 
 /* The last k with a[k] <= x (-1: none); the search starts at `hint`. */
-static Py_ssize_t last_at_or_before(const int64_t *a, Py_ssize_t m, int64_t x, Py_ssize_t hint)
+static inline Py_ssize_t last_at_or_before(const int64_t *a, Py_ssize_t m, int64_t x,
+                                           Py_ssize_t hint)
 {
     Py_ssize_t lo = -1, hi = m; /* a[lo] <= x (or lo == -1); a[hi] > x (or hi == m) */
     if (hint >= 0 && hint < m) {
@@ -126,40 +136,73 @@ typedef struct {
     const int64_t *col[D_N];
 } level;
 
+/* The range names' kinds and link ids. */
+typedef struct {
+    const int64_t *kinds, *link_ids;
+    Py_ssize_t n;
+} name_kinds;
+
+/* Launch i lies in range k of level L: the columns that range fills. */
+static inline void fill_hit(const level *L, Py_ssize_t k, Py_ssize_t i, const name_kinds *names,
+                            int64_t *const *out)
+{
+    int64_t idx = L->col[D_INDEX][k];
+    int known = idx >= 0 && idx < names->n;
+    int64_t kind = known ? names->kinds[idx] : 0;
+    if (kind != K_GC) {
+        out[OUT_RANGE][i] = idx;
+        out[OUT_RANGE_T0][i] = L->col[D_T0][k];
+        out[OUT_RANGE_T1][i] = L->col[D_T1][k];
+        out[OUT_RANGE_DEPTH][i] = L->depth;
+    }
+    out[OUT_DEPTH_HIT][i] = L->depth;
+    if (kind == K_LINK || kind == K_LINK_BWD) {
+        out[OUT_LINK][i] = known ? names->link_ids[idx] : -1;
+        out[OUT_BACKWARD][i] = kind == K_LINK_BWD;
+    }
+    if (kind >= K_PHASE0)
+        out[OUT_PHASE][i] = kind - K_PHASE0;
+    if (kind == K_ITER) {
+        out[OUT_ITERATION][i] = L->col[D_ORDINAL][k];
+        out[OUT_NUMBER][i] = L->col[D_NUMBER][k];
+        out[OUT_ITER_END][i] = L->col[D_T1][k];
+    }
+}
+
 /* The depth walk: each level's range holding each launch fills the columns. */
 static void walk_levels(const level *levels, Py_ssize_t n_levels, const int64_t *t, Py_ssize_t n,
-                        const int64_t *kinds, const int64_t *link_ids, Py_ssize_t n_kinds,
-                        int64_t *const *out)
+                        const name_kinds *names, int64_t *const *out)
 {
     for (Py_ssize_t d = 0; d < n_levels; d++) {
         const level *L = &levels[d];
-        const int64_t *t0 = L->col[D_T0], *t1 = L->col[D_T1], *index = L->col[D_INDEX];
         Py_ssize_t k = -1;
         for (Py_ssize_t i = 0; i < n; i++) {
-            k = last_at_or_before(t0, L->m, t[i], k);
-            if (k < 0 || t[i] > t1[k])
-                continue;
-            int64_t idx = index[k];
-            int known = idx >= 0 && idx < n_kinds;
-            int64_t kind = known ? kinds[idx] : 0;
-            if (kind != K_GC) {
-                out[OUT_RANGE][i] = idx;
-                out[OUT_RANGE_T0][i] = t0[k];
-                out[OUT_RANGE_T1][i] = t1[k];
-                out[OUT_RANGE_DEPTH][i] = L->depth;
-            }
-            out[OUT_DEPTH_HIT][i] = L->depth;
-            if (kind == K_LINK || kind == K_LINK_BWD) {
-                out[OUT_LINK][i] = known ? link_ids[idx] : -1;
-                out[OUT_BACKWARD][i] = kind == K_LINK_BWD;
-            }
-            if (kind >= K_PHASE0)
-                out[OUT_PHASE][i] = kind - K_PHASE0;
-            if (kind == K_ITER) {
-                out[OUT_ITERATION][i] = L->col[D_ORDINAL][k];
-                out[OUT_NUMBER][i] = L->col[D_NUMBER][k];
-                out[OUT_ITER_END][i] = t1[k];
-            }
+            k = last_at_or_before(L->col[D_T0], L->m, t[i], k);
+            if (k >= 0 && t[i] <= L->col[D_T1][k])
+                fill_hit(L, k, i, names, out);
+        }
+    }
+}
+
+/* The same walk, launch by launch, where every range around a launch is known (the thread's
+ * ranges fed past it: each range's parent is kept): a launch outside every range of a
+ * level is outside every deeper one, so its walk stops there.  The columns are set here
+ * first (-1; backward 0).  `hints`: one per level. */
+static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_t *t,
+                          Py_ssize_t n, const name_kinds *names, int64_t *const *out,
+                          Py_ssize_t *hints)
+{
+    for (Py_ssize_t d = 0; d < n_levels; d++)
+        hints[d] = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        for (int c = 0; c < OUT_N; c++)
+            out[c][i] = c == OUT_BACKWARD ? 0 : -1;
+        for (Py_ssize_t d = 0; d < n_levels; d++) {
+            const level *L = &levels[d];
+            Py_ssize_t k = hints[d] = last_at_or_before(L->col[D_T0], L->m, t[i], hints[d]);
+            if (k < 0 || t[i] > L->col[D_T1][k])
+                break;
+            fill_hit(L, k, i, names, out);
         }
     }
 }
@@ -260,9 +303,22 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
         }
         levels[d].m = m;
     }
+    name_kinds names = {kinds, link_ids, n_kinds};
+    Py_ssize_t *hints = NULL;
+    if (tail_obj != Py_None) {
+        hints = PyMem_Calloc((size_t)(n_levels ? n_levels : 1), sizeof(Py_ssize_t));
+        if (hints == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
     Py_BEGIN_ALLOW_THREADS
-    walk_levels(levels, n_levels, t, n, kinds, link_ids, n_kinds, out);
+    if (hints != NULL)
+        walk_launches(levels, n_levels, t, n, &names, out, hints);
+    else
+        walk_levels(levels, n_levels, t, n, &names, out);
     Py_END_ALLOW_THREADS
+    PyMem_Free(hints);
     if (tail_obj != Py_None) {
         result = settle(&st, t, n, out);
     } else {
@@ -628,7 +684,11 @@ done:
     return result;
 }
 
-/* -- the counted kernels' sums per (name, link, direction) (GpuFigureBuilder._add_kernels) - */
+/* -- the counted kernels' sums per (name, link, direction) (GpuFigureBuilder._add_kernels) -
+ *
+ * A table kept across buffers: at most `max` keys (name << 32 | (link + 1) << 1 | backward),
+ * each a row in the order first seen (a buffer's new keys in ascending order), their ns and
+ * kernels; the kernels of keys beyond it summed as "other".  Read once, at figure time. */
 enum { K_COL_KIND, K_COL_START, K_COL_END, K_COL_COUNTED, K_COL_NAME, K_COL_LINK, K_COL_BACK,
        K_COL_N };
 
@@ -636,37 +696,113 @@ typedef struct {
     int64_t key, ns, calls;
 } kernel_sum;
 
+typedef struct {
+    kernel_sum *rows;
+    int32_t *slots; /* row + 1; 0: free */
+    size_t cap;     /* slots: a power of two, at least twice max */
+    Py_ssize_t n, max;
+    int64_t other_ns, other_calls;
+} kernel_table;
+
+#define KERNELS_NAME "chainer_autoprof._cupti.kernel_table"
+
+static void kernels_free(PyObject *capsule)
+{
+    kernel_table *kt = PyCapsule_GetPointer(capsule, KERNELS_NAME);
+    if (kt == NULL)
+        return;
+    PyMem_Free(kt->rows);
+    PyMem_Free(kt->slots);
+    PyMem_Free(kt);
+}
+
+static size_t slot_of(uint64_t key, size_t cap)
+{
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+}
+
+/* kernel_table(max_keys) -> the table (a capsule). */
+static PyObject *cupti_kernel_table(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_ssize_t max = PyLong_AsSsize_t(arg);
+    if (max == -1 && PyErr_Occurred())
+        return NULL;
+    kernel_table *kt = PyMem_Calloc(1, sizeof(kernel_table));
+    if (kt == NULL)
+        return PyErr_NoMemory();
+    kt->max = max < 0 ? 0 : max;
+    kt->cap = 16;
+    while (kt->cap < 2 * (size_t)kt->max)
+        kt->cap *= 2;
+    kt->rows = PyMem_Calloc((size_t)(kt->max ? kt->max : 1), sizeof(kernel_sum));
+    kt->slots = PyMem_Calloc(kt->cap, sizeof(int32_t));
+    PyObject *capsule = NULL;
+    if (kt->rows != NULL && kt->slots != NULL)
+        capsule = PyCapsule_New(kt, KERNELS_NAME, kernels_free);
+    else
+        PyErr_NoMemory();
+    if (capsule == NULL) {
+        PyMem_Free(kt->rows);
+        PyMem_Free(kt->slots);
+        PyMem_Free(kt);
+    }
+    return capsule;
+}
+
 static int by_kernel_key(const void *a, const void *b)
 {
     int64_t x = ((const kernel_sum *)a)->key, y = ((const kernel_sum *)b)->key;
     return (x > y) - (x < y);
 }
 
-/* kernel_sums(columns, kernel_kind, out) -> m: the counted kernels (kind == kernel_kind,
- * counted == 1) summed per key (name << 32 | (link + 1) << 1 | backward): out's three
- * int64[n] columns get the m keys in ascending order, their ns and their kernels. */
+/* One buffer's sum of a key into the table (a new row while there is room, else "other"). */
+static void kernels_add(kernel_table *kt, const kernel_sum *s)
+{
+    size_t at = slot_of((uint64_t)s->key, kt->cap);
+    while (kt->slots[at] && kt->rows[kt->slots[at] - 1].key != s->key)
+        at = (at + 1) & (kt->cap - 1);
+    if (!kt->slots[at]) {
+        if (kt->n >= kt->max) {
+            kt->other_ns += s->ns;
+            kt->other_calls += s->calls;
+            return;
+        }
+        kt->rows[kt->n] = (kernel_sum){s->key, 0, 0};
+        kt->slots[at] = (int32_t)++kt->n;
+    }
+    kt->rows[kt->slots[at] - 1].ns += s->ns;
+    kt->rows[kt->slots[at] - 1].calls += s->calls;
+}
+
+/* kernel_sums(table, columns, kernel_kind) -> None: a buffer's counted kernels (kind ==
+ * kernel_kind, counted == 1) summed per key, then into the table in ascending key order. */
 static PyObject *cupti_kernel_sums(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *cols_obj, *out_obj;
+    PyObject *capsule, *cols_obj;
     long long kernel;
-    if (!PyArg_ParseTuple(args, "OLO", &cols_obj, &kernel, &out_obj))
+    if (!PyArg_ParseTuple(args, "OOL", &capsule, &cols_obj, &kernel))
         return NULL;
-    held h = {PyMem_Calloc(K_COL_N + 3, sizeof(Py_buffer)), 0, K_COL_N + 3};
-    kernel_sum *slots = NULL;
+    kernel_table *kt = PyCapsule_GetPointer(capsule, KERNELS_NAME);
+    if (kt == NULL)
+        return NULL;
+    held h = {PyMem_Calloc(K_COL_N, sizeof(Py_buffer)), 0, K_COL_N};
+    kernel_sum *sums = NULL;
+    int32_t *slots = NULL;
     PyObject *result = NULL;
     if (h.views == NULL)
         return PyErr_NoMemory();
-    int64_t *c[K_COL_N], *out[3];
+    int64_t *c[K_COL_N];
     Py_ssize_t n = -1;
-    if (int64_columns(&h, cols_obj, K_COL_N, &n, 0, c) < 0
-        || int64_columns(&h, out_obj, 3, &n, 1, out) < 0)
+    if (int64_columns(&h, cols_obj, K_COL_N, &n, 0, c) < 0)
         goto done;
     size_t cap = 16;
     while (cap < 2 * (size_t)n)
         cap *= 2;
-    slots = PyMem_Calloc(cap, sizeof(kernel_sum)); /* calls == 0: a free slot */
-    if (slots == NULL) {
+    sums = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(kernel_sum));
+    slots = PyMem_Calloc(cap, sizeof(int32_t)); /* a buffer's keys: row + 1; 0: free */
+    if (sums == NULL || slots == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -674,32 +810,57 @@ static PyObject *cupti_kernel_sums(PyObject *self, PyObject *args)
     for (Py_ssize_t i = 0; i < n; i++) {
         if (c[K_COL_KIND][i] != kernel || c[K_COL_COUNTED][i] != 1)
             continue;
-        uint64_t key = ((uint64_t)c[K_COL_NAME][i] << 32)
-                       | ((uint64_t)(c[K_COL_LINK][i] + 1) << 1) | (c[K_COL_BACK][i] == 1);
-        size_t at = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
-        while (slots[at].calls && slots[at].key != (int64_t)key)
+        int64_t key = (int64_t)(((uint64_t)c[K_COL_NAME][i] << 32)
+                                | ((uint64_t)(c[K_COL_LINK][i] + 1) << 1)
+                                | (uint64_t)(c[K_COL_BACK][i] == 1));
+        size_t at = slot_of((uint64_t)key, cap);
+        while (slots[at] && sums[slots[at] - 1].key != key)
             at = (at + 1) & (cap - 1);
-        if (!slots[at].calls) {
-            slots[at].key = (int64_t)key;
-            m++;
+        if (!slots[at]) {
+            sums[m] = (kernel_sum){key, 0, 0};
+            slots[at] = (int32_t)++m;
         }
-        slots[at].ns += c[K_COL_END][i] - c[K_COL_START][i];
-        slots[at].calls++;
+        sums[slots[at] - 1].ns += c[K_COL_END][i] - c[K_COL_START][i];
+        sums[slots[at] - 1].calls++;
     }
-    Py_ssize_t k = 0;
-    for (size_t at = 0; at < cap; at++)
-        if (slots[at].calls)
-            slots[k++] = slots[at];
-    qsort(slots, (size_t)m, sizeof(kernel_sum), by_kernel_key);
-    for (Py_ssize_t i = 0; i < m; i++) {
-        out[0][i] = slots[i].key;
-        out[1][i] = slots[i].ns;
-        out[2][i] = slots[i].calls;
-    }
-    result = PyLong_FromSsize_t(m);
+    qsort(sums, (size_t)m, sizeof(kernel_sum), by_kernel_key);
+    for (Py_ssize_t i = 0; i < m; i++)
+        kernels_add(kt, &sums[i]);
+    Py_INCREF(Py_None);
+    result = Py_None;
 done:
     release_all(&h);
+    PyMem_Free(sums);
     PyMem_Free(slots);
+    return result;
+}
+
+/* kernel_rows(table) -> ([key], [ns], [kernels], other ns, other kernels), rows in order. */
+static PyObject *cupti_kernel_rows(PyObject *self, PyObject *capsule)
+{
+    (void)self;
+    kernel_table *kt = PyCapsule_GetPointer(capsule, KERNELS_NAME);
+    if (kt == NULL)
+        return NULL;
+    PyObject *lists[3] = {PyList_New(kt->n), PyList_New(kt->n), PyList_New(kt->n)};
+    PyObject *result = NULL;
+    if (lists[0] != NULL && lists[1] != NULL && lists[2] != NULL) {
+        int ok = 1;
+        for (Py_ssize_t i = 0; ok && i < kt->n; i++) {
+            const int64_t v[3] = {kt->rows[i].key, kt->rows[i].ns, kt->rows[i].calls};
+            for (int c = 0; ok && c < 3; c++) {
+                PyObject *x = PyLong_FromLongLong(v[c]);
+                ok = x != NULL;
+                if (ok)
+                    PyList_SET_ITEM(lists[c], i, x);
+            }
+        }
+        if (ok)
+            result = Py_BuildValue("(OOOLL)", lists[0], lists[1], lists[2],
+                                   (long long)kt->other_ns, (long long)kt->other_calls);
+    }
+    for (int c = 0; c < 3; c++)
+        Py_XDECREF(lists[c]);
     return result;
 }
 
@@ -713,8 +874,10 @@ static PyMethodDef locate_methods[] = {
     {"figure_sums", cupti_figure_sums, METH_VARARGS,
      "figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside): per-range sums."},
     {"to_agent", cupti_to_agent, METH_VARARGS, "to_agent(clock, src, dst): onto agent ns."},
+    {"kernel_table", cupti_kernel_table, METH_O, "kernel_table(max_keys): kernels' sums."},
     {"kernel_sums", cupti_kernel_sums, METH_VARARGS,
-     "kernel_sums(columns, kernel_kind, out): counted kernels per (name, link, direction)."},
+     "kernel_sums(table, columns, kernel_kind): counted kernels per (name, link, direction)."},
+    {"kernel_rows", cupti_kernel_rows, METH_O, "kernel_rows(table): its rows, in order."},
     {NULL, NULL, 0, NULL},
 };
 
