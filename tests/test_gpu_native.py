@@ -379,3 +379,32 @@ def test_the_range_lookup_in_c_on_nested_ranges_of_every_kind(extension):
     assert numpy_run.range_depth.max() > 16
     for column in numpy_run.columns():
         assert np.array_equal(getattr(numpy_run, column), getattr(native, column)), column
+
+
+def test_the_clock_fit_in_c_equals_numpys_to_the_bit(extension):
+    """The live session refits the clock with each buffer in C: on pairs one, two, a few and
+    thousands (past NumPy's pairwise blocks), out of order, with equal CUPTI times and with
+    reads unknown, every field of the map is NumPy's fit's exactly."""
+    import random
+
+    from chainer_autoprof.analysis.gpu_clock import ClockMap, fit
+    from chainer_autoprof.common.gpu_records import ClockPairs
+
+    rng = random.Random(7)
+    checked = 0
+    for n in (1, 2, 3, 7, 8, 9, 17, 127, 128, 129, 300, 4096):
+        for _ in range(12):
+            base = rng.randrange(1 << 60)
+            rows = []
+            for i in range(n):
+                c = base + i * rng.randrange(1, 10**9) if rng.random() < 0.9 else \
+                    base + rng.randrange(10**12)
+                rows.append((c, c + rng.randrange(-10**6, 10**6) + 12_345,
+                             rng.choice([-1, rng.randrange(10**4)])))
+            if n > 2 and rng.random() < 0.3:
+                rows = [(base, p, r) for _c, p, r in rows]  # one CUPTI time: offset alone
+            assert ClockMap(*extension.clock_fit(rows)) == fit(ClockPairs.from_rows(rows))
+            checked += 1
+    assert checked == 144
+    with pytest.raises(ValueError):
+        extension.clock_fit([])

@@ -864,6 +864,114 @@ static PyObject *cupti_kernel_rows(PyObject *self, PyObject *capsule)
     return result;
 }
 
+/* -- the clock map's fit (analysis.gpu_clock.fit's twin) ---------------------------------- */
+
+/* NumPy's sum of float64 (pairwise: eight lanes up to 128 values, halves above), so that the
+ * fit here equals NumPy's to the last bit. */
+static double pairwise_sum(const double *a, Py_ssize_t n)
+{
+    if (n < 8) {
+        double res = 0.;
+        for (Py_ssize_t i = 0; i < n; i++)
+            res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8];
+        Py_ssize_t i;
+        for (int j = 0; j < 8; j++)
+            r[j] = a[j];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++)
+                r[j] += a[i + j];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++)
+            res += a[i];
+        return res;
+    }
+    Py_ssize_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return pairwise_sum(a, n2) + pairwise_sum(a + n2, n - n2);
+}
+
+typedef struct {
+    int64_t cupti, perf, read;
+} clock_pair;
+
+/* clock_fit(pairs) -> (cupti0, perf0, slope, offset, residual_ns, read_ns, first_ns,
+ * last_ns, pairs): ClockMap's fields fitted through the rows (cupti_ns, perf_ns[, read_ns])
+ * as analysis.gpu_clock.fit does (ValueError without a pair). */
+static PyObject *cupti_clock_fit(PyObject *self, PyObject *rows)
+{
+    (void)self;
+    PyObject *seq = PySequence_Fast(rows, "clock_fit: a sequence of pairs");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *result = NULL;
+    clock_pair *pairs = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(clock_pair));
+    double *x = PyMem_Malloc((size_t)(n ? n : 1) * 3 * sizeof(double));
+    if (pairs == NULL || x == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError, "no clock pairs");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long c, p, r = -1;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "LL|L", &c, &p, &r))
+            goto done;
+        clock_pair row = {c, p, r};
+        Py_ssize_t k = i; /* stable insertion by CUPTI time (the pairs come in order) */
+        while (k > 0 && pairs[k - 1].cupti > row.cupti) {
+            pairs[k] = pairs[k - 1];
+            k--;
+        }
+        pairs[k] = row;
+    }
+    double *y = x + n, *t = y + n;
+    int64_t c0 = pairs[0].cupti, p0 = pairs[0].perf, reads = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        x[i] = (double)(int64_t)((uint64_t)pairs[i].cupti - (uint64_t)c0);
+        y[i] = (double)(int64_t)((uint64_t)pairs[i].perf - (uint64_t)p0);
+        if (pairs[i].read >= 0 && pairs[i].read > reads)
+            reads = pairs[i].read;
+    }
+    double slope, offset;
+    if (n == 1 || x[n - 1] - x[0] == 0.0) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            t[i] = y[i] - x[i];
+        slope = 1.0;
+        offset = pairwise_sum(t, n) / (double)n;
+    } else {
+        double xm = pairwise_sum(x, n) / (double)n, ym = pairwise_sum(y, n) / (double)n;
+        for (Py_ssize_t i = 0; i < n; i++)
+            t[i] = (x[i] - xm) * (y[i] - ym);
+        double sxy = pairwise_sum(t, n);
+        for (Py_ssize_t i = 0; i < n; i++)
+            t[i] = (x[i] - xm) * (x[i] - xm);
+        slope = sxy / pairwise_sum(t, n);
+        offset = ym - slope * xm;
+    }
+    double worst = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double fitted = x[i] * slope;
+        double off = fabs(nearbyint(fitted + offset) - y[i]);
+        if (i == 0 || off > worst || off != off)
+            worst = off;
+    }
+    result = Py_BuildValue("(LLddLLLLn)", (long long)c0, (long long)p0, slope, offset,
+                           (long long)worst, (long long)(reads >= 0 ? reads : 0),
+                           (long long)pairs[0].cupti, (long long)pairs[n - 1].cupti, n);
+done:
+    PyMem_Free(pairs);
+    PyMem_Free(x);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef locate_methods[] = {
     {"locate", cupti_locate, METH_VARARGS,
      "locate(t, depths, kinds, link_ids, out[, tail]): the ranges around each launch."},
@@ -874,6 +982,7 @@ static PyMethodDef locate_methods[] = {
     {"figure_sums", cupti_figure_sums, METH_VARARGS,
      "figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside): per-range sums."},
     {"to_agent", cupti_to_agent, METH_VARARGS, "to_agent(clock, src, dst): onto agent ns."},
+    {"clock_fit", cupti_clock_fit, METH_O, "clock_fit(pairs): gpu_clock.fit's fields."},
     {"kernel_table", cupti_kernel_table, METH_O, "kernel_table(max_keys): kernels' sums."},
     {"kernel_sums", cupti_kernel_sums, METH_VARARGS,
      "kernel_sums(table, columns, kernel_kind): counted kernels per (name, link, direction)."},
