@@ -315,33 +315,25 @@ def test_the_range_lookup_in_c_attributes_as_its_numpy_twin(name, extension, mon
         assert (b["link"] >= 0).sum() > len(rec.batch.ops) // 2  # links found, not all -1
 
 
-def test_the_range_lookup_in_c_on_nested_ranges_of_every_kind(extension):
-    """Random nested ranges of every kind (garbage collection passed over for its parent,
-    names the attribution does not know), launches out of order, on a range's edges and
-    outside any: the C lookup writes what NumPy's does."""
+def _nested_ranges(seed: int, touching: bool = False
+                   ) -> tuple[list[str], list[tuple[int, int, int, int]], np.ndarray]:
+    """Random nested ranges of every kind on one thread, in end order (names' categories,
+    rows), and launches: sorted then shuffled, in ranges, on their edges and outside any
+    (``touching``: a range may start where the one before it at its depth ends)."""
     import random
 
-    from chainer_autoprof.analysis.gpu_attribution import (
-        LOCATE_KINDS,
-        AttributedOps,
-        LaunchAttributor,
-        _unlocated,
-    )
-    from chainer_autoprof.analysis.gpu_clock import fit
     from chainer_autoprof.analysis.stats import DEPTH_BITS
     from chainer_autoprof.common import names as range_names
-    from chainer_autoprof.common.gpu_records import ClockPairs
 
-    assert tuple(extension.LOCATE_KINDS) == LOCATE_KINDS
     categories = [range_names.ITERATION, *range_names.PHASES, range_names.LINK,
                   range_names.LINK_BACKWARD, range_names.GC, range_names.FUNCTION, "user"]
-    rng = random.Random(11)
+    rng = random.Random(seed)
     rows: list[tuple[int, int, int, int]] = []
 
     def nest(t0: int, t1: int, depth: int) -> None:
         t = t0
         while depth < 7 and t < t1 - 40:
-            a = t + rng.randrange(1, 20)
+            a = t + rng.randrange(0 if touching else 1, 20)
             b = min(t1 - 1, a + rng.randrange(5, max(6, (t1 - a) // 2)))
             if b <= a:
                 break
@@ -361,6 +353,24 @@ def test_the_range_lookup_in_c_on_nested_ranges_of_every_kind(extension):
                         + [r[1] for r in rows] + [r[2] for r in rows], dtype=np.int64)
     launches = np.concatenate([np.sort(launches), launches[rng.sample(range(len(launches)),
                                                                       len(launches))]])
+    return categories, rows, launches
+
+
+def test_the_range_lookup_in_c_on_nested_ranges_of_every_kind(extension):
+    """Random nested ranges of every kind (garbage collection passed over for its parent,
+    names the attribution does not know), launches out of order, on a range's edges and
+    outside any: the C lookup writes what NumPy's does."""
+    from chainer_autoprof.analysis.gpu_attribution import (
+        LOCATE_KINDS,
+        AttributedOps,
+        LaunchAttributor,
+        _unlocated,
+    )
+    from chainer_autoprof.analysis.gpu_clock import fit
+    from chainer_autoprof.common.gpu_records import ClockPairs
+
+    assert tuple(extension.LOCATE_KINDS) == LOCATE_KINDS
+    categories, rows, launches = _nested_ranges(11)
     got = []
     for kernel in (None, extension.locate):
         att = LaunchAttributor(fit(ClockPairs.from_rows([(0, 0)])), 2, locate=kernel)
@@ -408,3 +418,53 @@ def test_the_clock_fit_in_c_equals_numpys_to_the_bit(extension):
     assert checked == 144
     with pytest.raises(ValueError):
         extension.clock_fit([])
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+def test_the_lookup_of_a_ready_buffer_settles_as_numpy_does(extension, seed):
+    """Where every range around the launches is known (the usual buffer), the C walk goes
+    launch by launch (a launch in the previous one's deepest range searches only below it)
+    and settles each operation: on random nested ranges, launches sorted and shuffled,
+    part of them before the thread's horizon, every column NumPy's attribution writes,
+    into columns left unset, and the sums per status."""
+    from chainer_autoprof.analysis.gpu_attribution import (
+        ATTRIBUTED,
+        PHASE_OTHER,
+        PHASE_OUTSIDE,
+        RANGES_DROPPED,
+        AttributedOps,
+        LaunchAttributor,
+        _unlocated,
+    )
+    from chainer_autoprof.analysis.gpu_clock import fit
+    from chainer_autoprof.common.gpu_records import ClockPairs
+
+    categories, rows, launches = _nested_ranges(seed, touching=True)
+    assert len({r[1] for r in rows} & {r[2] for r in rows}) > 100
+    att = LaunchAttributor(fit(ClockPairs.from_rows([(0, 0)])), 2)
+    for i, category in enumerate(categories):
+        att.add_name(i, f"{category}-{i}", category)
+    att.feed_ranges(1, rows)
+    th = att.threads[1]
+    th.horizon_ns = 50_000
+    n = len(launches)
+    ops = GpuOps.from_columns(n, {"kind": np.zeros(n), "start": launches,
+                                  "end": launches + 1 + (launches % 7)})
+    want = att._locate(1, th, AttributedOps(ops, _unlocated(n, 0, {
+        "api_start": launches.copy(), "tid": np.ones(n)})), open_known=False).attr
+    columns = ("range", "range_t0", "range_t1", "range_depth", "link", "backward", "phase",
+               "iteration", "number", "iter_end")
+    out = np.full((len(columns) + 3, n), 12_345, dtype=np.int64)  # none of them -1 or 0
+    kinds, link_ids = att._kind_tables()
+    sums = extension.locate(launches, [
+        (d, slot.t0, slot.t1, slot.index, slot.ordinal, slot.number)
+        for d, slot in sorted(th.depths.items())], kinds, link_ids, list(out[:-2]), (
+        out[-2], out[-1], ops.start, ops.end, 2, th.horizon_ns, PHASE_OUTSIDE, PHASE_OTHER,
+        ATTRIBUTED, RANGES_DROPPED))
+    for i, column in enumerate(columns):
+        assert np.array_equal(out[i], getattr(want, column)), column
+    assert np.array_equal(out[-2], want.counted) and np.array_equal(out[-1], want.status)
+    dropped = want.status == RANGES_DROPPED
+    dur = ops.end - ops.start
+    assert 0 < dropped.sum() < n and (want.range_depth > 16).any()
+    assert sums == ((~dropped).sum(), dur[~dropped].sum(), dropped.sum(), dur[dropped].sum())

@@ -186,24 +186,46 @@ static void walk_levels(const level *levels, Py_ssize_t n_levels, const int64_t 
 
 /* The same walk, launch by launch, where every range around a launch is known (the thread's
  * ranges fed past it: each range's parent is kept): a launch outside every range of a
- * level is outside every deeper one, so its walk stops there.  The columns are set here
- * first (-1; backward 0).  `hints`: one per level. */
+ * level is outside every deeper one, so its walk stops there; and a launch inside the
+ * deepest range that held the previous one, before its end, lies in the same ranges down
+ * to there (each one's parent holds it; a range of the same level starts at that end at
+ * the soonest), so only the levels below are searched.  Every column is set here.
+ * `hints`: one per level. */
 static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_t *t,
                           Py_ssize_t n, const name_kinds *names, int64_t *const *out,
                           Py_ssize_t *hints)
 {
+    int64_t prev[OUT_N], v[OUT_N];
+    int64_t *cell[OUT_N];
+    for (int c = 0; c < OUT_N; c++)
+        cell[c] = &v[c];
+    Py_ssize_t deepest = -1; /* the level of the previous launch's deepest range */
+    int64_t held_t0 = 0, held_t1 = 0;
     for (Py_ssize_t d = 0; d < n_levels; d++)
         hints[d] = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        for (int c = 0; c < OUT_N; c++)
-            out[c][i] = c == OUT_BACKWARD ? 0 : -1;
-        for (Py_ssize_t d = 0; d < n_levels; d++) {
+        Py_ssize_t d = 0;
+        if (deepest >= 0 && t[i] >= held_t0 && t[i] < held_t1) {
+            memcpy(v, prev, sizeof v);
+            d = deepest + 1;
+        } else {
+            for (int c = 0; c < OUT_N; c++)
+                v[c] = c == OUT_BACKWARD ? 0 : -1;
+            deepest = -1;
+        }
+        for (; d < n_levels; d++) {
             const level *L = &levels[d];
             Py_ssize_t k = hints[d] = last_at_or_before(L->col[D_T0], L->m, t[i], hints[d]);
             if (k < 0 || t[i] > L->col[D_T1][k])
                 break;
-            fill_hit(L, k, i, names, out);
+            fill_hit(L, k, 0, names, cell);
+            deepest = d;
+            held_t0 = L->col[D_T0][k];
+            held_t1 = L->col[D_T1][k];
         }
+        for (int c = 0; c < OUT_N; c++)
+            out[c][i] = v[c];
+        memcpy(prev, v, sizeof v);
     }
 }
 
