@@ -468,3 +468,22 @@ def test_the_lookup_of_a_ready_buffer_settles_as_numpy_does(extension, seed):
     dur = ops.end - ops.start
     assert 0 < dropped.sum() < n and (want.range_depth > 16).any()
     assert sums == ((~dropped).sum(), dur[~dropped].sum(), dropped.sum(), dur[dropped].sum())
+
+
+def test_cuptis_clock_mapped_in_c_as_numpy_maps_it(extension):
+    """Each buffer's timestamps go onto the agent's clock in C: halves rounded to even,
+    negative offsets, drift, times far from the first pair, exactly as ClockMap.to_agent."""
+    import random
+
+    from chainer_autoprof.analysis.gpu_clock import ClockMap
+
+    rng = random.Random(3)
+    base = 1_700_000_000_000_000_000
+    cupti = np.array([base + rng.randrange(-10**13, 10**13) for _ in range(20_000)]
+                     + [base + k for k in range(-50, 50)], dtype=np.int64)
+    for slope, offset in ((1.0, 0.5), (1.0, -0.5), (1.0, -2.5), (1 + 3e-5, 1234.5),
+                          (1 - 7e-6, -98765.25), (1.0, 0.0)):
+        clock = ClockMap(base, 5_000_000, slope, offset, 0, 0, base, base, 2)
+        got = np.empty_like(cupti)
+        extension.to_agent((clock.cupti0, clock.perf0, slope, offset), cupti, got)
+        assert np.array_equal(got, clock.to_agent(cupti)), (slope, offset)

@@ -195,10 +195,8 @@ static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_
                           Py_ssize_t n, const name_kinds *names, int64_t *const *out,
                           Py_ssize_t *hints)
 {
-    int64_t prev[OUT_N], v[OUT_N];
-    int64_t *cell[OUT_N];
-    for (int c = 0; c < OUT_N; c++)
-        cell[c] = &v[c];
+    int64_t *o[OUT_N]; /* the columns, held here: a store to one cannot move another */
+    memcpy(o, out, sizeof o);
     Py_ssize_t deepest = -1; /* the level of the previous launch's deepest range */
     int64_t held_t0 = 0, held_t1 = 0;
     for (Py_ssize_t d = 0; d < n_levels; d++)
@@ -206,11 +204,14 @@ static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t d = 0;
         if (deepest >= 0 && t[i] >= held_t0 && t[i] < held_t1) {
-            memcpy(v, prev, sizeof v);
+#pragma GCC unroll 16
+            for (int c = 0; c < OUT_N; c++)
+                o[c][i] = o[c][i - 1];
             d = deepest + 1;
         } else {
+#pragma GCC unroll 16
             for (int c = 0; c < OUT_N; c++)
-                v[c] = c == OUT_BACKWARD ? 0 : -1;
+                o[c][i] = c == OUT_BACKWARD ? 0 : -1;
             deepest = -1;
         }
         for (; d < n_levels; d++) {
@@ -218,14 +219,11 @@ static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_
             Py_ssize_t k = hints[d] = last_at_or_before(L->col[D_T0], L->m, t[i], hints[d]);
             if (k < 0 || t[i] > L->col[D_T1][k])
                 break;
-            fill_hit(L, k, 0, names, cell);
+            fill_hit(L, k, i, names, o);
             deepest = d;
             held_t0 = L->col[D_T0][k];
             held_t1 = L->col[D_T1][k];
         }
-        for (int c = 0; c < OUT_N; c++)
-            out[c][i] = v[c];
-        memcpy(prev, v, sizeof v);
     }
 }
 
@@ -409,11 +407,23 @@ typedef struct {
     double slope, offset;
 } clock_map;
 
+/* x rounded to an integer, halves to even (NumPy's rint in the default rounding mode): below
+ * 2**52 in magnitude the addition of 2**52 rounds it so; above, a double is whole. */
+static inline double rint_even(double x)
+{
+    const double big = 4503599627370496.0; /* 2**52 */
+    if (x >= 0 && x < big)
+        return (x + big) - big;
+    if (x < 0 && x > -big)
+        return (x - big) + big;
+    return x;
+}
+
 static int64_t to_agent(const clock_map *m, int64_t c)
 {
     double delta = (double)(int64_t)((uint64_t)c - (uint64_t)m->cupti0);
     double x = delta * m->slope;
-    return m->perf0 + (int64_t)nearbyint(x + m->offset);
+    return m->perf0 + (int64_t)rint_even(x + m->offset);
 }
 
 static int parse_clock(PyObject *obj, clock_map *m)
@@ -522,13 +532,15 @@ PyObject *cupti_api_add(PyObject *self, PyObject *args)
     Py_ssize_t at = st->lo + st->n;
     int sorted = 1;
     int64_t last = st->n ? st->col[A_CORR][at - 1] : INT64_MIN;
+    for (int c = 0; c < A_N; c++)
+        memcpy(st->col[c] + at, in[c], (size_t)k * sizeof(int64_t));
+    int64_t *start = st->col[A_START] + at, *end = st->col[A_END] + at;
+    const int64_t *corr = in[A_CORR];
     for (Py_ssize_t i = 0; i < k; i++) {
-        for (int c = 0; c < A_N; c++)
-            st->col[c][at + i] = in[c][i];
-        st->col[A_START][at + i] = to_agent(&m, in[A_START][i]);
-        st->col[A_END][at + i] = to_agent(&m, in[A_END][i]);
-        sorted &= in[A_CORR][i] >= last;
-        last = in[A_CORR][i];
+        start[i] = to_agent(&m, start[i]);
+        end[i] = to_agent(&m, end[i]);
+        sorted &= corr[i] >= last;
+        last = corr[i];
     }
     st->n += k;
     if (!sorted && store_sort(st) < 0)
@@ -980,7 +992,7 @@ static PyObject *cupti_clock_fit(PyObject *self, PyObject *rows)
     double worst = 0.0;
     for (Py_ssize_t i = 0; i < n; i++) {
         double fitted = x[i] * slope;
-        double off = fabs(nearbyint(fitted + offset) - y[i]);
+        double off = fabs(rint_even(fitted + offset) - y[i]);
         if (i == 0 || off > worst || off != off)
             worst = off;
     }
