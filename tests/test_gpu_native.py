@@ -487,3 +487,29 @@ def test_cuptis_clock_mapped_in_c_as_numpy_maps_it(extension):
         got = np.empty_like(cupti)
         extension.to_agent((clock.cupti0, clock.perf0, slope, offset), cupti, got)
         assert np.array_equal(got, clock.to_agent(cupti)), (slope, offset)
+
+
+@pytest.mark.parametrize("loop_tid", [None, 7])
+def test_the_timelines_rows_in_c_are_numpys(extension, loop_tid):
+    """The GPU timeline's row of each operation, made in C, is NumPy's: the loop thread
+    told, or found as the thread of the first operation in an iteration (operations of
+    that thread before it included), kernels apart from copies."""
+    from chainer_autoprof.analysis.gpu_attribution import _unlocated
+    from chainer_autoprof.analysis.gpu_figures import GpuFigureBuilder
+    from chainer_autoprof.common.gpu_records import KERNEL, NameTable
+
+    rng = np.random.default_rng(5)
+    n = 500
+    ops = GpuOps.from_columns(n, {"kind": rng.integers(0, 3, n), "start": rng.integers(0, 10**6, n),
+                                  "end": rng.integers(10**6, 2 * 10**6, n)})
+    iteration = np.where(np.arange(n) < 40, -1, rng.integers(-1, 5, n))
+    attr = _unlocated(n, 0, {"api_start": rng.integers(0, 10**6, n), "tid": rng.choice([7, 8], n),
+                             "iteration": iteration, "iter_end": rng.integers(0, 10**6, n)})
+    builder = GpuFigureBuilder([], NameTable(), loop_tid=loop_tid)  # NumPy's rows
+    want = builder._timeline_rows(ops, attr, ops.kind == KERNEL, attr.iteration >= 0)
+    got = np.empty((n, 7), dtype=np.int64)
+    found = extension.timeline_rows((ops.start, ops.end, ops.kind, attr.api_start,
+                                     attr.iteration, attr.iter_end, attr.tid), KERNEL,
+                                    loop_tid, got)
+    assert found == builder.loop_tid and np.array_equal(got, want)
+    assert (want[:40, 6] == 1).any()  # before the first operation in an iteration, too

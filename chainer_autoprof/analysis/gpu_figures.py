@@ -251,9 +251,6 @@ class GpuFigureBuilder:
         if not len(items):
             return
         ops, attr = items.ops, items.attr
-        dur = ops.end - ops.start
-        kernel = ops.kind == KERNEL
-        in_iter = attr.iteration >= 0
         n_links = len(self.link_keys)
         if len(self.link_sums) < n_links:
             self.link_sums = np.vstack([self.link_sums,
@@ -272,13 +269,21 @@ class GpuFigureBuilder:
             self.warmup_ns += warmup_ns
             native.kernel_sums(self._kernel_table, (ops.kind, ops.start, ops.end, attr.counted,
                                                     ops.name, attr.link, attr.backward), KERNEL)
+            rows = np.empty((len(items), 7), dtype=np.int64)
+            self.loop_tid = native.timeline_rows((
+                ops.start, ops.end, ops.kind, attr.api_start, attr.iteration, attr.iter_end,
+                attr.tid), KERNEL, self.loop_tid, rows)
         else:
+            dur = ops.end - ops.start
+            kernel = ops.kind == KERNEL
+            in_iter = attr.iteration >= 0
             kernel_counted = self._add_sums(ops, attr, dur, kernel, in_iter)
             # top kernels: (name, link, direction) packed in one key, sorted as the triples
             if kernel_counted.any():
                 self._add_kernels(ops.name[kernel_counted], attr.link[kernel_counted],
                                   attr.backward[kernel_counted], dur[kernel_counted])
-        self._add_timeline(ops, attr, kernel, in_iter)
+            rows = self._timeline_rows(ops, attr, kernel, in_iter)
+        self._add_timeline(ops.device, rows)
 
     def _add_sums(self, ops: GpuOps, attr: Attribution, dur: Int64Array,
                   kernel: npt.NDArray[np.bool_],
@@ -327,16 +332,18 @@ class GpuFigureBuilder:
                                                  minlength=n_phases).astype(np.int64)
         return kernel_counted
 
-    def _add_timeline(self, ops: GpuOps, attr: Attribution, kernel: npt.NDArray[np.bool_],
-                      in_iter: npt.NDArray[np.bool_]) -> None:
+    def _timeline_rows(self, ops: GpuOps, attr: Attribution, kernel: npt.NDArray[np.bool_],
+                       in_iter: npt.NDArray[np.bool_]) -> Int64Array:
+        """Each operation's row on the timeline, in NumPy (the C one's twin; see _Timeline)."""
         if self.loop_tid is None:
             with_iter = attr.tid[in_iter]
             if len(with_iter):
                 self.loop_tid = int(with_iter[0])
         loop = (attr.tid == self.loop_tid).astype(np.int64)
-        rows = np.column_stack([ops.start, ops.end, kernel.astype(np.int64), attr.api_start,
+        return np.column_stack([ops.start, ops.end, kernel.astype(np.int64), attr.api_start,
                                 np.where(loop == 1, attr.iteration, -1), attr.iter_end, loop])
-        device = ops.device
+
+    def _add_timeline(self, device: Int64Array, rows: Int64Array) -> None:
         first = int(device[0])
         one_device = bool((device == first).all())
         for dev in [first] if one_device else np.unique(device).tolist():

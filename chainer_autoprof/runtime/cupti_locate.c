@@ -718,6 +718,70 @@ done:
     return result;
 }
 
+/* -- the GPU timeline's rows (GpuFigureBuilder's _Timeline) ------------------------------- */
+enum { R_START, R_END, R_KIND, R_LAUNCH, R_ITERATION, R_ITER_END, R_TID, R_N };
+
+/* timeline_rows(columns, kernel_kind, loop_tid, rows) -> loop_tid: each operation's row
+ * (start, end, kernel?, launch, its iteration when the loop thread launched it else -1,
+ * iteration's end, launched by the loop thread?) into rows (int64[n][7]); loop_tid None:
+ * the thread of the first operation in an iteration (None while there is none). */
+static PyObject *cupti_timeline_rows(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cols_obj, *loop_obj, *rows_obj;
+    long long kernel;
+    if (!PyArg_ParseTuple(args, "OLOO", &cols_obj, &kernel, &loop_obj, &rows_obj))
+        return NULL;
+    held h = {PyMem_Calloc(R_N + 1, sizeof(Py_buffer)), 0, R_N + 1};
+    PyObject *result = NULL;
+    if (h.views == NULL)
+        return PyErr_NoMemory();
+    int64_t *c[R_N];
+    Py_ssize_t n = -1, cells = -1;
+    if (int64_columns(&h, cols_obj, R_N, &n, 0, c) < 0)
+        goto done;
+    int64_t *rows = int64s(&h, rows_obj, &cells, 1);
+    if (rows == NULL)
+        goto done;
+    if (cells != 7 * n) {
+        PyErr_SetString(PyExc_ValueError, "timeline_rows: rows of 7 per operation");
+        goto done;
+    }
+    int known = loop_obj != Py_None;
+    int64_t loop_tid = 0;
+    if (known) {
+        loop_tid = PyLong_AsLongLong(loop_obj);
+        if (loop_tid == -1 && PyErr_Occurred())
+            goto done;
+    }
+    for (Py_ssize_t i = 0; !known && i < n; i++) {
+        if (c[R_ITERATION][i] >= 0) {
+            loop_tid = c[R_TID][i];
+            known = 1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int loop = known && c[R_TID][i] == loop_tid;
+        int64_t *row = rows + 7 * i;
+        row[0] = c[R_START][i];
+        row[1] = c[R_END][i];
+        row[2] = c[R_KIND][i] == kernel;
+        row[3] = c[R_LAUNCH][i];
+        row[4] = loop ? c[R_ITERATION][i] : -1;
+        row[5] = c[R_ITER_END][i];
+        row[6] = loop;
+    }
+    if (known)
+        result = PyLong_FromLongLong(loop_tid);
+    else {
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+done:
+    release_all(&h);
+    return result;
+}
+
 /* -- the counted kernels' sums per (name, link, direction) (GpuFigureBuilder._add_kernels) -
  *
  * A table kept across buffers: at most `max` keys (name << 32 | (link + 1) << 1 | backward),
@@ -1016,6 +1080,8 @@ static PyMethodDef locate_methods[] = {
     {"figure_sums", cupti_figure_sums, METH_VARARGS,
      "figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside): per-range sums."},
     {"to_agent", cupti_to_agent, METH_VARARGS, "to_agent(clock, src, dst): onto agent ns."},
+    {"timeline_rows", cupti_timeline_rows, METH_VARARGS,
+     "timeline_rows(columns, kernel_kind, loop_tid, rows): the GPU timeline's rows."},
     {"clock_fit", cupti_clock_fit, METH_O, "clock_fit(pairs): gpu_clock.fit's fields."},
     {"kernel_table", cupti_kernel_table, METH_O, "kernel_table(max_keys): kernels' sums."},
     {"kernel_sums", cupti_kernel_sums, METH_VARARGS,
