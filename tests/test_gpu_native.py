@@ -513,3 +513,40 @@ def test_the_timelines_rows_in_c_are_numpys(extension, loop_tid):
                                     loop_tid, got)
     assert found == builder.loop_tid and np.array_equal(got, want)
     assert (want[:40, 6] == 1).any()  # before the first operation in an iteration, too
+
+
+def test_the_launching_calls_kept_in_c_are_numpys_under_their_bound(extension, monkeypatch):
+    """The calls kept in C (appended, sorted when buffers come out of order, the oldest ids
+    cut past ``max_api``) are the ones NumPy's table keeps: the calls coming in shuffled
+    buffers before their operations, a third of them kept, the same operations find theirs
+    and the others are counted without a launch, column for column."""
+    import functools
+    import random
+    from dataclasses import replace
+
+    from chainer_autoprof.analysis.gpu_analysis import GpuAnalysis, Limits
+    from chainer_autoprof.analysis.gpu_clock import fit
+    from chainer_autoprof.common.gpu_records import ApiCalls
+    from chainer_autoprof.report import gpu_replay
+    from chainer_autoprof.report.tracefile import read_trace
+
+    trace = read_trace(str(DATA / "b16" / "agent_trace.json"))
+    rec = recording("b16")
+    pieces = rec.batch.split(9)
+    random.Random(5).shuffle(pieces)
+    calls_first = [replace(p, ops=GpuOps.empty()) for p in pieces] + \
+        [replace(p, api=ApiCalls.empty()) for p in rec.batch.split(5)]
+    runs = []
+    for kernel in (None, extension.locate):
+        monkeypatch.setattr(gpu_replay, "GpuAnalysis", functools.partial(GpuAnalysis,
+                                                                         locate=kernel))
+        runs.append(gpu_replay.analyse(trace, calls_first, fit(rec.clock), rec.batch.names,
+                                       limits=Limits(max_api=len(rec.batch.api) // 3)))
+    numpy_run, native = runs
+    assert native.attributor.native is not None and numpy_run.attributor.native is None
+    assert numpy_run.finish().to_dict() == native.finish().to_dict()
+    missing = numpy_run.finish().statuses["no launch record"]["ops"]
+    assert len(rec.batch.ops) // 2 < missing < len(rec.batch.ops)
+    a, b = _attributed(numpy_run), _attributed(native)
+    for column, values in a.items():
+        assert np.array_equal(values, b[column]), column

@@ -131,6 +131,21 @@ static int int64_columns(held *h, PyObject *seq_obj, int count, Py_ssize_t *n, i
     return ok ? 0 : -1;
 }
 
+/* h made with room for `room` buffers, then seq's `count` columns read into cols (as
+ * int64_columns); 0, or -1 with the error set (release_all(h) either way). */
+static int columns_held(held *h, Py_ssize_t room, PyObject *seq, int count, Py_ssize_t *n,
+                        int writable, int64_t **cols)
+{
+    h->views = PyMem_Calloc((size_t)room, sizeof(Py_buffer));
+    h->n = 0;
+    h->cap = room;
+    if (h->views == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return int64_columns(h, seq, count, n, writable, cols);
+}
+
 typedef struct {
     Py_ssize_t depth, m;
     const int64_t *col[D_N];
@@ -339,12 +354,7 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
         walk_levels(levels, n_levels, t, n, &names, out);
     Py_END_ALLOW_THREADS
     PyMem_Free(hints);
-    if (tail_obj != Py_None) {
-        result = settle(&st, t, n, out);
-    } else {
-        Py_INCREF(Py_None);
-        result = Py_None;
-    }
+    result = tail_obj != Py_None ? settle(&st, t, n, out) : Py_NewRef(Py_None);
 done:
     release_all(&h);
     PyMem_Free(levels);
@@ -365,38 +375,63 @@ PyObject *cupti_locate_kinds(void)
  * operation's call found by a search started where the previous one was.  Columns as
  * ApiCalls': domain, start, end (agent ns: mapped on the way in), correlation, cbid, thread.
  */
+/* State kept in C across calls, owned by a capsule (its name the state's kind): each state
+ * begins with this header, whose blocks are freed with it. */
+enum { OWNED_BLOCKS = 8 };
+typedef struct {
+    void *blocks[OWNED_BLOCKS];
+} owned;
+
+static void owned_free(PyObject *capsule)
+{
+    owned *o = PyCapsule_GetPointer(capsule, PyCapsule_GetName(capsule));
+    if (o == NULL)
+        return;
+    for (int b = 0; b < OWNED_BLOCKS; b++)
+        PyMem_Free(o->blocks[b]);
+    PyMem_Free(o);
+}
+
+/* A new zeroed state of `size` bytes in a capsule named `name` (*state set), or NULL. */
+static PyObject *owned_new(size_t size, const char *name, void **state)
+{
+    void *p = PyMem_Calloc(1, size);
+    if (p == NULL)
+        return PyErr_NoMemory();
+    PyObject *capsule = PyCapsule_New(p, name, owned_free);
+    if (capsule == NULL)
+        PyMem_Free(p);
+    *state = p;
+    return capsule;
+}
+
+/* The argument as a bound (at least `least`); -1 with the error set. */
+static Py_ssize_t bound_arg(PyObject *arg, Py_ssize_t least)
+{
+    Py_ssize_t max = PyLong_AsSsize_t(arg);
+    if (max == -1 && PyErr_Occurred())
+        return -1;
+    return max < least ? least : max;
+}
+
 enum { A_DOMAIN, A_START, A_END, A_CORR, A_CBID, A_THREAD, A_N };
 
 typedef struct {
+    owned own; /* the columns' blocks */
     int64_t *col[A_N];
     Py_ssize_t lo, n, cap, max; /* rows lo .. lo + n - 1 */
 } api_store;
 
 #define STORE_NAME "chainer_autoprof._cupti.api_store"
 
-static void store_free(PyObject *capsule)
-{
-    api_store *st = PyCapsule_GetPointer(capsule, STORE_NAME);
-    if (st == NULL)
-        return;
-    for (int c = 0; c < A_N; c++)
-        PyMem_Free(st->col[c]);
-    PyMem_Free(st);
-}
-
 PyObject *cupti_api_store(PyObject *self, PyObject *arg)
 {
     (void)self;
-    Py_ssize_t max = PyLong_AsSsize_t(arg);
-    if (max == -1 && PyErr_Occurred())
-        return NULL;
-    api_store *st = PyMem_Calloc(1, sizeof(api_store));
-    if (st == NULL)
-        return PyErr_NoMemory();
-    st->max = max < 1 ? 1 : max;
-    PyObject *capsule = PyCapsule_New(st, STORE_NAME, store_free);
-    if (capsule == NULL)
-        PyMem_Free(st);
+    Py_ssize_t max = bound_arg(arg, 1);
+    void *state = NULL;
+    PyObject *capsule = max < 0 ? NULL : owned_new(sizeof(api_store), STORE_NAME, &state);
+    if (capsule != NULL)
+        ((api_store *)state)->max = max;
     return capsule;
 }
 
@@ -457,7 +492,7 @@ static int store_room(api_store *st, Py_ssize_t more)
             PyErr_NoMemory();
             return -1;
         }
-        st->col[c] = grown;
+        st->col[c] = st->own.blocks[c] = grown;
     }
     st->cap = cap;
     return 0;
@@ -519,15 +554,11 @@ PyObject *cupti_api_add(PyObject *self, PyObject *args)
     clock_map m;
     if (st == NULL || parse_clock(clock_obj, &m) < 0)
         return NULL;
-    held h = {PyMem_Calloc(A_N, sizeof(Py_buffer)), 0, A_N};
+    held h = {NULL, 0, 0};
     PyObject *result = NULL;
-    if (h.views == NULL)
-        return PyErr_NoMemory();
     int64_t *in[A_N];
     Py_ssize_t k = -1;
-    if (int64_columns(&h, cols_obj, A_N, &k, 0, in) < 0)
-        goto done;
-    if (store_room(st, k) < 0)
+    if (columns_held(&h, A_N, cols_obj, A_N, &k, 0, in) < 0 || store_room(st, k) < 0)
         goto done;
     Py_ssize_t at = st->lo + st->n;
     int sorted = 1;
@@ -549,8 +580,7 @@ PyObject *cupti_api_add(PyObject *self, PyObject *args)
         st->lo += st->n - st->max;
         st->n = st->max;
     }
-    Py_INCREF(Py_None);
-    result = Py_None;
+    result = Py_NewRef(Py_None);
 done:
     release_all(&h);
     return result;
@@ -581,14 +611,14 @@ PyObject *cupti_api_join(PyObject *self, PyObject *args)
     api_store *st = store_args(args, &corr_obj, &out_obj);
     if (st == NULL)
         return NULL;
-    held h = {PyMem_Calloc(1 + J_N, sizeof(Py_buffer)), 0, 1 + J_N};
+    held h = {NULL, 0, 0};
     PyObject *result = NULL;
-    if (h.views == NULL)
-        return PyErr_NoMemory();
     Py_ssize_t n = -1;
     int64_t *out[J_N];
+    if (columns_held(&h, 1 + J_N, out_obj, J_N, &n, 1, out) < 0)
+        goto done;
     const int64_t *corr = int64s(&h, corr_obj, &n, 0);
-    if (corr == NULL || int64_columns(&h, out_obj, J_N, &n, 1, out) < 0)
+    if (corr == NULL)
         goto done;
     const int64_t *col[A_N];
     for (int c = 0; c < A_N; c++)
@@ -663,13 +693,11 @@ PyObject *cupti_figure_sums(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOO(LLL)L", &cols_obj, &links_obj, &phases_obj, &kernel,
                           &memcpy_, &memset_, &phase_outside))
         return NULL;
-    held h = {PyMem_Calloc(S_N + 2, sizeof(Py_buffer)), 0, S_N + 2};
+    held h = {NULL, 0, 0};
     PyObject *result = NULL;
-    if (h.views == NULL)
-        return PyErr_NoMemory();
     int64_t *c[S_N];
     Py_ssize_t n = -1, n_link_cells = -1, n_phase_cells = -1;
-    if (int64_columns(&h, cols_obj, S_N, &n, 0, c) < 0)
+    if (columns_held(&h, S_N + 2, cols_obj, S_N, &n, 0, c) < 0)
         goto done;
     int64_t *links = int64s(&h, links_obj, &n_link_cells, 1);
     int64_t *phases = links ? int64s(&h, phases_obj, &n_phase_cells, 1) : NULL;
@@ -732,13 +760,11 @@ static PyObject *cupti_timeline_rows(PyObject *self, PyObject *args)
     long long kernel;
     if (!PyArg_ParseTuple(args, "OLOO", &cols_obj, &kernel, &loop_obj, &rows_obj))
         return NULL;
-    held h = {PyMem_Calloc(R_N + 1, sizeof(Py_buffer)), 0, R_N + 1};
+    held h = {NULL, 0, 0};
     PyObject *result = NULL;
-    if (h.views == NULL)
-        return PyErr_NoMemory();
     int64_t *c[R_N];
     Py_ssize_t n = -1, cells = -1;
-    if (int64_columns(&h, cols_obj, R_N, &n, 0, c) < 0)
+    if (columns_held(&h, R_N + 1, cols_obj, R_N, &n, 0, c) < 0)
         goto done;
     int64_t *rows = int64s(&h, rows_obj, &cells, 1);
     if (rows == NULL)
@@ -771,12 +797,7 @@ static PyObject *cupti_timeline_rows(PyObject *self, PyObject *args)
         row[5] = c[R_ITER_END][i];
         row[6] = loop;
     }
-    if (known)
-        result = PyLong_FromLongLong(loop_tid);
-    else {
-        Py_INCREF(Py_None);
-        result = Py_None;
-    }
+    result = known ? PyLong_FromLongLong(loop_tid) : Py_NewRef(Py_None);
 done:
     release_all(&h);
     return result;
@@ -795,6 +816,7 @@ typedef struct {
 } kernel_sum;
 
 typedef struct {
+    owned own; /* rows and slots */
     kernel_sum *rows;
     int32_t *slots; /* row + 1; 0: free */
     size_t cap;     /* slots: a power of two, at least twice max */
@@ -803,16 +825,6 @@ typedef struct {
 } kernel_table;
 
 #define KERNELS_NAME "chainer_autoprof._cupti.kernel_table"
-
-static void kernels_free(PyObject *capsule)
-{
-    kernel_table *kt = PyCapsule_GetPointer(capsule, KERNELS_NAME);
-    if (kt == NULL)
-        return;
-    PyMem_Free(kt->rows);
-    PyMem_Free(kt->slots);
-    PyMem_Free(kt);
-}
 
 static size_t slot_of(uint64_t key, size_t cap)
 {
@@ -823,27 +835,21 @@ static size_t slot_of(uint64_t key, size_t cap)
 static PyObject *cupti_kernel_table(PyObject *self, PyObject *arg)
 {
     (void)self;
-    Py_ssize_t max = PyLong_AsSsize_t(arg);
-    if (max == -1 && PyErr_Occurred())
+    Py_ssize_t max = bound_arg(arg, 0);
+    void *state = NULL;
+    PyObject *capsule = max < 0 ? NULL : owned_new(sizeof(kernel_table), KERNELS_NAME, &state);
+    if (capsule == NULL)
         return NULL;
-    kernel_table *kt = PyMem_Calloc(1, sizeof(kernel_table));
-    if (kt == NULL)
-        return PyErr_NoMemory();
-    kt->max = max < 0 ? 0 : max;
+    kernel_table *kt = state;
+    kt->max = max;
     kt->cap = 16;
     while (kt->cap < 2 * (size_t)kt->max)
         kt->cap *= 2;
-    kt->rows = PyMem_Calloc((size_t)(kt->max ? kt->max : 1), sizeof(kernel_sum));
-    kt->slots = PyMem_Calloc(kt->cap, sizeof(int32_t));
-    PyObject *capsule = NULL;
-    if (kt->rows != NULL && kt->slots != NULL)
-        capsule = PyCapsule_New(kt, KERNELS_NAME, kernels_free);
-    else
-        PyErr_NoMemory();
-    if (capsule == NULL) {
-        PyMem_Free(kt->rows);
-        PyMem_Free(kt->slots);
-        PyMem_Free(kt);
+    kt->rows = kt->own.blocks[0] = PyMem_Calloc((size_t)(max ? max : 1), sizeof(kernel_sum));
+    kt->slots = kt->own.blocks[1] = PyMem_Calloc(kt->cap, sizeof(int32_t));
+    if (kt->rows == NULL || kt->slots == NULL) {
+        Py_DECREF(capsule);
+        return PyErr_NoMemory();
     }
     return capsule;
 }
@@ -885,15 +891,13 @@ static PyObject *cupti_kernel_sums(PyObject *self, PyObject *args)
     kernel_table *kt = PyCapsule_GetPointer(capsule, KERNELS_NAME);
     if (kt == NULL)
         return NULL;
-    held h = {PyMem_Calloc(K_COL_N, sizeof(Py_buffer)), 0, K_COL_N};
+    held h = {NULL, 0, 0};
     kernel_sum *sums = NULL;
     int32_t *slots = NULL;
     PyObject *result = NULL;
-    if (h.views == NULL)
-        return PyErr_NoMemory();
     int64_t *c[K_COL_N];
     Py_ssize_t n = -1;
-    if (int64_columns(&h, cols_obj, K_COL_N, &n, 0, c) < 0)
+    if (columns_held(&h, K_COL_N, cols_obj, K_COL_N, &n, 0, c) < 0)
         goto done;
     size_t cap = 16;
     while (cap < 2 * (size_t)n)
@@ -924,8 +928,7 @@ static PyObject *cupti_kernel_sums(PyObject *self, PyObject *args)
     qsort(sums, (size_t)m, sizeof(kernel_sum), by_kernel_key);
     for (Py_ssize_t i = 0; i < m; i++)
         kernels_add(kt, &sums[i]);
-    Py_INCREF(Py_None);
-    result = Py_None;
+    result = Py_NewRef(Py_None);
 done:
     release_all(&h);
     PyMem_Free(sums);
@@ -1070,27 +1073,35 @@ done:
     return result;
 }
 
-static PyMethodDef locate_methods[] = {
-    {"locate", cupti_locate, METH_VARARGS,
-     "locate(t, depths, kinds, link_ids, out[, tail]): the ranges around each launch."},
-    {"api_store", cupti_api_store, METH_O, "api_store(max_api): launching calls kept in C."},
-    {"api_add", cupti_api_add, METH_VARARGS, "api_add(store, columns, clock): calls kept."},
-    {"api_join", cupti_api_join, METH_VARARGS,
-     "api_join(store, correlation, out): each operation's launching call."},
-    {"figure_sums", cupti_figure_sums, METH_VARARGS,
-     "figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside): per-range sums."},
-    {"to_agent", cupti_to_agent, METH_VARARGS, "to_agent(clock, src, dst): onto agent ns."},
-    {"timeline_rows", cupti_timeline_rows, METH_VARARGS,
-     "timeline_rows(columns, kernel_kind, loop_tid, rows): the GPU timeline's rows."},
-    {"clock_fit", cupti_clock_fit, METH_O, "clock_fit(pairs): gpu_clock.fit's fields."},
-    {"kernel_table", cupti_kernel_table, METH_O, "kernel_table(max_keys): kernels' sums."},
-    {"kernel_sums", cupti_kernel_sums, METH_VARARGS,
-     "kernel_sums(table, columns, kernel_kind): counted kernels per (name, link, direction)."},
-    {"kernel_rows", cupti_kernel_rows, METH_O, "kernel_rows(table): its rows, in order."},
+/* This file's functions: cupti_<name>. */
+#define FN(name, flags, doc) {#name, cupti_##name, flags, doc}
+
+static PyMethodDef launch_methods[] = { /* the attribution's: calls, clock, ranges */
+    FN(api_store, METH_O, "api_store(max_api): launching calls kept in C."),
+    FN(api_add, METH_VARARGS, "api_add(store, columns, clock): calls kept."),
+    FN(api_join, METH_VARARGS, "api_join(store, correlation, out): each op's launching call."),
+    FN(to_agent, METH_VARARGS, "to_agent(clock, src, dst): CUPTI ns onto the agent's clock."),
+    FN(clock_fit, METH_O, "clock_fit(pairs): gpu_clock.fit's fields."),
+    FN(locate, METH_VARARGS,
+       "locate(t, depths, kinds, link_ids, out[, tail]): the ranges around each launch."),
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMethodDef figure_methods[] = { /* the figures' sums */
+    FN(figure_sums, METH_VARARGS,
+       "figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside): per range."),
+    FN(timeline_rows, METH_VARARGS,
+       "timeline_rows(columns, kernel_kind, loop_tid, rows): the GPU timeline's rows."),
+    FN(kernel_table, METH_O, "kernel_table(max_keys): the kernels' sums kept in C."),
+    FN(kernel_sums, METH_VARARGS,
+       "kernel_sums(table, columns, kernel_kind): counted kernels per name, link, direction."),
+    FN(kernel_rows, METH_O, "kernel_rows(table): its rows, in order."),
     {NULL, NULL, 0, NULL},
 };
 
 int cupti_locate_ready(PyObject *module)
 {
-    return PyModule_AddFunctions(module, locate_methods);
+    if (PyModule_AddFunctions(module, launch_methods) < 0)
+        return -1;
+    return PyModule_AddFunctions(module, figure_methods);
 }
