@@ -228,17 +228,20 @@ static int64_t name_id(const char *s, table *fresh)
 }
 
 /* -- the walk of one buffer ---------------------------------------------------------------- */
+/* Row i's `count` cells from column `first` on: `values`. */
+static inline void set_cells(table *t, long i, int first, const int64_t *values, int count)
+{
+    for (int k = 0; k < count; k++)
+        CELL(t, first + k, i) = values[k];
+}
+
 static int hand_api(api_slot *a, table *api)
 {
     long i = table_row(api);
     if (i < 0)
         return -1;
-    CELL(api, API_DOMAIN, i) = a->domain;
-    CELL(api, API_START, i) = a->start;
-    CELL(api, API_END, i) = a->end;
-    CELL(api, API_CORR, i) = a->corr;
-    CELL(api, API_CBID, i) = a->cbid;
-    CELL(api, API_THREAD, i) = a->thread;
+    const int64_t row[API_NCOLS] = {a->domain, a->start, a->end, a->corr, a->cbid, a->thread};
+    set_cells(api, i, API_DOMAIN, row, API_NCOLS);
     a->handed = 1;
     return 0;
 }
@@ -261,13 +264,9 @@ static long op_row(table *ops, const op_head *h)
     long i = table_row(ops);
     if (i < 0)
         return -1;
-    CELL(ops, OP_KIND, i) = h->kind;
-    CELL(ops, OP_START, i) = (int64_t)h->start;
-    CELL(ops, OP_END, i) = (int64_t)h->end;
-    CELL(ops, OP_CORR, i) = h->corr;
-    CELL(ops, OP_DEVICE, i) = h->device;
-    CELL(ops, OP_CONTEXT, i) = h->context;
-    CELL(ops, OP_STREAM, i) = h->stream;
+    const int64_t head[OP_NAME] = {h->kind, (int64_t)h->start, (int64_t)h->end, h->corr,
+                                   h->device, h->context, h->stream};
+    set_cells(ops, i, OP_KIND, head, OP_NAME);
     return i;
 }
 
@@ -277,10 +276,8 @@ static void op_cells(const CUpti_Activity *record, table *ops, long i, table *fr
     switch (record->kind) {
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const CUpti_ActivityMemcpy7 *m = (const CUpti_ActivityMemcpy7 *)record;
-        CELL(ops, OP_BYTES, i) = (int64_t)m->bytes;
-        CELL(ops, OP_COPY_KIND, i) = m->copyKind;
-        CELL(ops, OP_SRC_KIND, i) = m->srcKind;
-        CELL(ops, OP_DST_KIND, i) = m->dstKind;
+        const int64_t copy[4] = {(int64_t)m->bytes, m->copyKind, m->srcKind, m->dstKind};
+        set_cells(ops, i, OP_BYTES, copy, 4);
         CELL(ops, OP_NAME, i) = CELL(ops, OP_VALUE, i) = -1;
         for (int c = OP_GRID_X; c < OP_NCOLS; c++) /* a kernel's */
             CELL(ops, c, i) = -1;
@@ -298,15 +295,10 @@ static void op_cells(const CUpti_Activity *record, table *ops, long i, table *fr
     default: { /* a kernel */
         const CUpti_ActivityKernel13 *k = (const CUpti_ActivityKernel13 *)record;
         CELL(ops, OP_NAME, i) = name_id(k->name, fresh);
-        CELL(ops, OP_GRID_X, i) = k->gridX;
-        CELL(ops, OP_GRID_Y, i) = k->gridY;
-        CELL(ops, OP_GRID_Z, i) = k->gridZ;
-        CELL(ops, OP_BLOCK_X, i) = k->blockX;
-        CELL(ops, OP_BLOCK_Y, i) = k->blockY;
-        CELL(ops, OP_BLOCK_Z, i) = k->blockZ;
-        CELL(ops, OP_REGISTERS, i) = k->registersPerThread;
-        CELL(ops, OP_STATIC_SMEM, i) = k->staticSharedMemory;
-        CELL(ops, OP_DYNAMIC_SMEM, i) = k->dynamicSharedMemory;
+        const int64_t launch[OP_NCOLS - OP_GRID_X] = {
+            k->gridX, k->gridY, k->gridZ, k->blockX, k->blockY, k->blockZ,
+            k->registersPerThread, k->staticSharedMemory, k->dynamicSharedMemory};
+        set_cells(ops, i, OP_GRID_X, launch, OP_NCOLS - OP_GRID_X);
         for (int c = OP_BYTES; c <= OP_VALUE; c++) /* a copy's and a memset's */
             CELL(ops, c, i) = -1;
         break;
