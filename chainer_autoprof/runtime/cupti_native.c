@@ -229,10 +229,14 @@ static int64_t name_id(const char *s, table *fresh)
 
 /* -- the walk of one buffer ---------------------------------------------------------------- */
 /* Row i's `count` cells from column `first` on: `values`. */
-static inline void set_cells(table *t, long i, int first, const int64_t *values, int count)
+static inline __attribute__((always_inline)) void set_cells(table *t, long i, int first,
+                                                            const int64_t *values, int count)
 {
+    int64_t *cell = &CELL(t, first, i);
+    size_t stride = t->cap;
+#pragma GCC unroll 16
     for (int k = 0; k < count; k++)
-        CELL(t, first + k, i) = values[k];
+        cell[(size_t)k * stride] = values[k];
 }
 
 static int hand_api(api_slot *a, table *api)
