@@ -550,3 +550,32 @@ def test_the_launching_calls_kept_in_c_are_numpys_under_their_bound(extension, m
     a, b = _attributed(numpy_run), _attributed(native)
     for column, values in a.items():
         assert np.array_equal(values, b[column]), column
+
+
+def test_kernel_names_keep_their_table_ids_when_the_extensions_differ():
+    """The extension numbers kernel names itself; the collector's table may hold others'
+    (a name interned meanwhile): each operation still names its own kernel, whether the
+    ids agreed from the start, stop agreeing later, or never did."""
+    from chainer_autoprof.common.gpu_records import NameTable
+    from chainer_autoprof.runtime.cupti_native import NativeCuptiCollector
+
+    room = 4
+    name_row = GpuOps.columns().index("name")
+
+    def tables(ids: list[int]) -> tuple[bytearray, bytearray]:  # as the extension's blocks
+        ops = np.full((len(GpuOps.columns()), room), -1, dtype=np.int64)
+        ops[name_row, :len(ids)] = ids
+        return bytearray(ops.tobytes()), bytearray(np.zeros((6, room), np.int64).tobytes())
+
+    for before in ([], ["another's kernel"]):
+        names = NameTable()
+        for text in before:
+            names.intern(text)
+        collector = NativeCuptiCollector(lambda batch: None, names=names)
+        ops, api = tables([0, 1, 0])
+        first = collector.batch_from_tables(ops, 3, api, 0, room, [(0, "k0"), (1, "k1")])
+        assert [names.name(i) for i in first.ops.name.tolist()] == ["k0", "k1", "k0"]
+        names.intern("interned meanwhile")
+        ops, api = tables([2, 1, 0, 2])
+        second = collector.batch_from_tables(ops, 4, api, 0, room, [(2, "k2")])
+        assert [names.name(i) for i in second.ops.name.tolist()] == ["k2", "k1", "k0", "k2"]
