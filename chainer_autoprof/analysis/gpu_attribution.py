@@ -26,10 +26,11 @@ streams.  An operation is attributed once everything is known:
   one binary search per depth.
 
 Where the C lookup is given (``locate``, a function of the ``_cupti`` extension), the same
-extension keeps the launching calls (a sorted table in C, appended as buffers come) and
-a buffer whose every operation can be attributed at once -- the usual -- goes through
-in three C calls (:meth:`LaunchAttributor._feed_native`); anything else takes the
-general path below, with the same results.
+extension keeps the launching calls (a table in C sorted by correlation id, appended as
+buffers come) and a buffer whose every operation can be attributed at once -- the usual
+-- is mapped, joined, located and settled in C, a few calls per buffer
+(:meth:`LaunchAttributor._feed_native`); anything else takes the general path below,
+with the same results.
 
 What waits is bounded (:attr:`max_pending` operations per kind of wait, the oldest
 forced out first with what is known, and counted by status), and each thread keeps its
