@@ -493,7 +493,8 @@ def test_cuptis_clock_mapped_in_c_as_numpy_maps_it(extension):
 def test_the_timelines_rows_in_c_are_numpys(extension, loop_tid):
     """The GPU timeline's row of each operation, made in C, is NumPy's: the loop thread
     told, or found as the thread of the first operation in an iteration (operations of
-    that thread before it included), kernels apart from copies."""
+    that thread before it included), kernels apart from copies; with the one device of
+    every row (none when several) and the earliest start, which spare NumPy's checks."""
     from chainer_autoprof.analysis.gpu_attribution import _unlocated
     from chainer_autoprof.analysis.gpu_figures import GpuFigureBuilder
     from chainer_autoprof.common.gpu_records import KERNEL, NameTable
@@ -508,11 +509,16 @@ def test_the_timelines_rows_in_c_are_numpys(extension, loop_tid):
     builder = GpuFigureBuilder([], NameTable(), loop_tid=loop_tid)  # NumPy's rows
     want = builder._timeline_rows(ops, attr, ops.kind == KERNEL, attr.iteration >= 0)
     got = np.empty((n, 7), dtype=np.int64)
-    found = extension.timeline_rows((ops.start, ops.end, ops.kind, attr.api_start,
-                                     attr.iteration, attr.iter_end, attr.tid), KERNEL,
-                                    loop_tid, got)
+    found, device, earliest = extension.timeline_rows((
+        ops.start, ops.end, ops.kind, attr.api_start, attr.iteration, attr.iter_end, attr.tid,
+        ops.device), KERNEL, loop_tid, got)
     assert found == builder.loop_tid and np.array_equal(got, want)
     assert (want[:40, 6] == 1).any()  # before the first operation in an iteration, too
+    assert device == -1 and earliest == int(ops.start.min())  # one device, the first start
+    ops.device[7] = 1  # and a second device: none is every row's
+    assert extension.timeline_rows((ops.start, ops.end, ops.kind, attr.api_start,
+                                    attr.iteration, attr.iter_end, attr.tid, ops.device),
+                                   KERNEL, loop_tid, got)[1] is None
 
 
 def test_the_launching_calls_kept_in_c_are_numpys_under_their_bound(extension, monkeypatch):

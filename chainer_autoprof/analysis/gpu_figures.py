@@ -105,9 +105,11 @@ class _Timeline:
         self.counted = 0
         self.warmup_skip = 0
 
-    def add(self, rows: Int64Array) -> None:
-        late = rows[:, 0] < self.placed_ns
-        if late.any():
+    def add(self, rows: Int64Array, earliest: int | None = None) -> None:
+        """Pool ``rows`` (``earliest``: their earliest start, where known)."""
+        late = rows[:, 0] < self.placed_ns if earliest is None or earliest < self.placed_ns \
+            else None
+        if late is not None and late.any():
             self.late += int(late.sum())
             rows = rows[~late]
         if len(rows):
@@ -270,9 +272,10 @@ class GpuFigureBuilder:
             native.kernel_sums(self._kernel_table, (ops.kind, ops.start, ops.end, attr.counted,
                                                     ops.name, attr.link, attr.backward), KERNEL)
             rows = np.empty((len(items), 7), dtype=np.int64)
-            self.loop_tid = native.timeline_rows((
+            self.loop_tid, only, earliest = native.timeline_rows((
                 ops.start, ops.end, ops.kind, attr.api_start, attr.iteration, attr.iter_end,
-                attr.tid), KERNEL, self.loop_tid, rows)
+                attr.tid, ops.device), KERNEL, self.loop_tid, rows)
+            self._add_timeline(ops.device, rows, only, earliest)
         else:
             dur = ops.end - ops.start
             kernel = ops.kind == KERNEL
@@ -282,8 +285,7 @@ class GpuFigureBuilder:
             if kernel_counted.any():
                 self._add_kernels(ops.name[kernel_counted], attr.link[kernel_counted],
                                   attr.backward[kernel_counted], dur[kernel_counted])
-            rows = self._timeline_rows(ops, attr, kernel, in_iter)
-        self._add_timeline(ops.device, rows)
+            self._add_timeline(ops.device, self._timeline_rows(ops, attr, kernel, in_iter))
 
     def _add_sums(self, ops: GpuOps, attr: Attribution, dur: Int64Array,
                   kernel: npt.NDArray[np.bool_],
@@ -343,15 +345,22 @@ class GpuFigureBuilder:
         return np.column_stack([ops.start, ops.end, kernel.astype(np.int64), attr.api_start,
                                 np.where(loop == 1, attr.iteration, -1), attr.iter_end, loop])
 
-    def _add_timeline(self, device: Int64Array, rows: Int64Array) -> None:
-        first = int(device[0])
-        one_device = bool((device == first).all())
-        for dev in [first] if one_device else np.unique(device).tolist():
+    def _add_timeline(self, device: Int64Array, rows: Int64Array, only: int | None = None,
+                      earliest: int | None = None) -> None:
+        """The rows onto their devices' timelines (``only``: every row's device, where known;
+        ``earliest``: their earliest start, where known)."""
+        if only is None:
+            first = int(device[0])
+            only = first if bool((device == first).all()) else None
+        for dev in [only] if only is not None else np.unique(device).tolist():
             tl = self.timelines.get(dev)
             if tl is None:
                 tl = self.timelines[dev] = _Timeline(dev, self.max_kept)
                 tl.warmup_skip = self.warmup_skip
-            tl.add(rows if one_device else rows[device == dev])
+            if only is not None:
+                tl.add(rows, earliest)
+            else:
+                tl.add(rows[device == dev])
             if tl.pool_n > self.max_pool:  # place the oldest half
                 starts = np.sort(np.concatenate([p[:, 0] for p in tl.pool]))
                 tl.place(int(starts[len(starts) // 2]))

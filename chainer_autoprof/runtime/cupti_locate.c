@@ -751,12 +751,14 @@ done:
 }
 
 /* -- the GPU timeline's rows (GpuFigureBuilder's _Timeline) ------------------------------- */
-enum { R_START, R_END, R_KIND, R_LAUNCH, R_ITERATION, R_ITER_END, R_TID, R_N };
+enum { R_START, R_END, R_KIND, R_LAUNCH, R_ITERATION, R_ITER_END, R_TID, R_DEVICE, R_N };
 
-/* timeline_rows(columns, kernel_kind, loop_tid, rows) -> loop_tid: each operation's row
- * (start, end, kernel?, launch, its iteration when the loop thread launched it else -1,
- * iteration's end, launched by the loop thread?) into rows (int64[n][7]); loop_tid None:
- * the thread of the first operation in an iteration (None while there is none). */
+/* timeline_rows(columns, kernel_kind, loop_tid, rows) -> (loop_tid, device, earliest): each
+ * operation's row (start, end, kernel?, launch, its iteration when the loop thread launched
+ * it else -1, iteration's end, launched by the loop thread?) into rows (int64[n][7]);
+ * loop_tid None: the thread of the first operation in an iteration (None while there is
+ * none); the device of every operation (None: several) and the earliest start (None: no
+ * operation).  Columns: start, end, kind, launch, iteration, iter_end, tid, device. */
 static PyObject *cupti_timeline_rows(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -790,7 +792,12 @@ static PyObject *cupti_timeline_rows(PyObject *self, PyObject *args)
             known = 1;
         }
     }
+    int one_device = n > 0;
+    int64_t earliest = n ? c[R_START][0] : 0;
     for (Py_ssize_t i = 0; i < n; i++) {
+        one_device &= c[R_DEVICE][i] == c[R_DEVICE][0];
+        if (c[R_START][i] < earliest)
+            earliest = c[R_START][i];
         int loop = known && c[R_TID][i] == loop_tid;
         int64_t *row = rows + 7 * i;
         row[0] = c[R_START][i];
@@ -801,7 +808,13 @@ static PyObject *cupti_timeline_rows(PyObject *self, PyObject *args)
         row[5] = c[R_ITER_END][i];
         row[6] = loop;
     }
-    result = known ? PyLong_FromLongLong(loop_tid) : Py_NewRef(Py_None);
+    PyObject *parts[3] = {known ? PyLong_FromLongLong(loop_tid) : Py_NewRef(Py_None),
+                          one_device ? PyLong_FromLongLong(c[R_DEVICE][0]) : Py_NewRef(Py_None),
+                          n ? PyLong_FromLongLong(earliest) : Py_NewRef(Py_None)};
+    if (parts[0] != NULL && parts[1] != NULL && parts[2] != NULL)
+        result = PyTuple_Pack(3, parts[0], parts[1], parts[2]);
+    for (int k = 0; k < 3; k++)
+        Py_XDECREF(parts[k]);
 done:
     release_all(&h);
     return result;
