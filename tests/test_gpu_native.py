@@ -454,16 +454,17 @@ def test_the_lookup_of_a_ready_buffer_settles_as_numpy_does(extension, seed):
         "api_start": launches.copy(), "tid": np.ones(n)})), open_known=False).attr
     columns = ("range", "range_t0", "range_t1", "range_depth", "link", "backward", "phase",
                "iteration", "number", "iter_end")
-    out = np.full((len(columns) + 3, n), 12_345, dtype=np.int64)  # none of them -1 or 0
+    out = np.full((len(columns) + 4, n), 12_345, dtype=np.int64)  # none of them -1 or 0
     kinds, link_ids = att._kind_tables()
     sums = extension.locate(launches, [
         (d, slot.t0, slot.t1, slot.index, slot.ordinal, slot.number)
-        for d, slot in sorted(th.depths.items())], kinds, link_ids, list(out[:-2]), (
-        out[-2], out[-1], ops.start, ops.end, 2, th.horizon_ns, PHASE_OUTSIDE, PHASE_OTHER,
-        ATTRIBUTED, RANGES_DROPPED))
+        for d, slot in sorted(th.depths.items())], kinds, link_ids, list(out[:-3]), (
+        out[-3], out[-2], out[-1], ops.start, ops.end, 2, th.horizon_ns, PHASE_OUTSIDE,
+        PHASE_OTHER, ATTRIBUTED, RANGES_DROPPED, 1))
     for i, column in enumerate(columns):
         assert np.array_equal(out[i], getattr(want, column)), column
-    assert np.array_equal(out[-2], want.counted) and np.array_equal(out[-1], want.status)
+    assert np.array_equal(out[-3], want.counted) and np.array_equal(out[-2], want.status)
+    assert np.array_equal(out[-1], want.tid)
     dropped = want.status == RANGES_DROPPED
     dur = ops.end - ops.start
     assert 0 < dropped.sum() < n and (want.range_depth > 16).any()

@@ -384,15 +384,14 @@ class LaunchAttributor:
             if self._wait_thread:
                 out.append(self._map_by_containment(final=False))
             return AttributedOps.concat(out)
-        attr.tid.fill(tid)
         kinds, link_ids = self._kind_tables()
         got = locate(attr.api_start, [
             (d, slot.t0, slot.t1, slot.index, slot.ordinal, slot.number)
             for d, slot in sorted(th.depths.items()) if len(slot.t0)], kinds, link_ids, (
             attr.range, attr.range_t0, attr.range_t1, attr.range_depth, attr.link,
             attr.backward, attr.phase, attr.iteration, attr.number, attr.iter_end, block[-1]), (
-            attr.counted, attr.status, mapped.start, mapped.end, self.warmup_skip,
-            th.horizon_ns, PHASE_OUTSIDE, PHASE_OTHER, ATTRIBUTED, RANGES_DROPPED))
+            attr.counted, attr.status, attr.tid, mapped.start, mapped.end, self.warmup_skip,
+            th.horizon_ns, PHASE_OUTSIDE, PHASE_OTHER, ATTRIBUTED, RANGES_DROPPED, tid))
         ops_ok, ns_ok, ops_dropped, ns_dropped = got  # settled: the sums per status
         self.status_ops[ATTRIBUTED] += ops_ok
         self.status_ns[ATTRIBUTED] += ns_ok

@@ -19,10 +19,11 @@
  *            link or link-backward range), phase, iteration, number, iter_end, and the
  *            deepest depth that holds the launch;
  *   tail     (given only where the thread's ranges are known past every launch: the walk
- *            goes launch by launch and sets every column) (counted, status, start, end,
- *            warmup_skip, horizon_ns, PHASE_OUTSIDE, PHASE_OTHER, ATTRIBUTED,
- *            RANGES_DROPPED): each operation settled as LaunchAttributor._locate does it,
- *            and (ops, ns) attributed and (ops, ns) with their ranges dropped returned.
+ *            goes launch by launch and sets every column) (counted, status, tid, start,
+ *            end, warmup_skip, horizon_ns, PHASE_OUTSIDE, PHASE_OTHER, ATTRIBUTED,
+ *            RANGES_DROPPED, the agent's thread): each operation settled as
+ *            LaunchAttributor._locate does it (tid: that thread), and (ops, ns) attributed
+ *            and (ops, ns) with their ranges dropped returned.
  *
  * The same module keeps the launching calls across buffers (api_store, api_add, api_join),
  * maps CUPTI's clock (to_agent) and sums the figures (figure_sums, kernel_sums): each the
@@ -244,15 +245,15 @@ static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_
 
 /* The tail of a located block (the attribution's settling of each operation, see
  * LaunchAttributor._locate): the phase "other" inside an iteration, counted after the
- * warm-up, the status (ranges dropped before the thread's horizon), and the sums per
- * status of operations and GPU ns. */
+ * warm-up, the status (ranges dropped before the thread's horizon), the agent's thread, and
+ * the sums per status of operations and GPU ns. */
 typedef struct {
-    int64_t *counted, *status;
+    int64_t *counted, *status, *tid;
     const int64_t *start, *end;
-    int64_t warmup_skip, horizon_ns, phase_outside, phase_other, attributed, dropped;
+    int64_t warmup_skip, horizon_ns, phase_outside, phase_other, attributed, dropped, thread;
 } settling;
 
-enum { T_COUNTED, T_STATUS, T_START, T_END, T_N };
+enum { T_COUNTED, T_STATUS, T_TID, T_START, T_END, T_N }; /* the written ones first */
 
 static PyObject *settle(const settling *s, const int64_t *t, Py_ssize_t n, int64_t *const *out)
 {
@@ -264,6 +265,7 @@ static PyObject *settle(const settling *s, const int64_t *t, Py_ssize_t n, int64
         s->counted[i] = in_iter && out[OUT_ITERATION][i] >= s->warmup_skip;
         int dropped = t[i] < s->horizon_ns;
         s->status[i] = dropped ? s->dropped : s->attributed;
+        s->tid[i] = s->thread;
         ops[dropped]++;
         ns[dropped] += (long long)(s->end[i] - s->start[i]);
     }
@@ -308,9 +310,10 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
     memset(&st, 0, sizeof st);
     if (tail_obj != Py_None) {
         PyObject *cols[T_N];
-        long long w, hz, po, pth, at, dr;
-        if (!PyArg_ParseTuple(tail_obj, "OOOOLLLLLL", &cols[T_COUNTED], &cols[T_STATUS],
-                              &cols[T_START], &cols[T_END], &w, &hz, &po, &pth, &at, &dr))
+        long long w, hz, po, pth, at, dr, tid;
+        if (!PyArg_ParseTuple(tail_obj, "OOOOOLLLLLLL", &cols[T_COUNTED], &cols[T_STATUS],
+                              &cols[T_TID], &cols[T_START], &cols[T_END], &w, &hz, &po, &pth,
+                              &at, &dr, &tid))
             goto done;
         int64_t *c[T_N];
         for (int k = 0; k < T_N; k++) {
@@ -319,7 +322,8 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
             if (c[k] == NULL)
                 goto done;
         }
-        st = (settling){c[T_COUNTED], c[T_STATUS], c[T_START], c[T_END], w, hz, po, pth, at, dr};
+        st = (settling){c[T_COUNTED], c[T_STATUS], c[T_TID], c[T_START], c[T_END],
+                        w, hz, po, pth, at, dr, tid};
     }
     for (Py_ssize_t d = 0; d < n_levels; d++) {
         PyObject *item = PySequence_Fast_GET_ITEM(depth_seq, d), *depth;
