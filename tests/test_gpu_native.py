@@ -315,33 +315,25 @@ def test_the_range_lookup_in_c_attributes_as_its_numpy_twin(name, extension, mon
         assert (b["link"] >= 0).sum() > len(rec.batch.ops) // 2  # links found, not all -1
 
 
-def test_the_range_lookup_in_c_on_nested_ranges_of_every_kind(extension):
-    """Random nested ranges of every kind (garbage collection passed over for its parent,
-    names the attribution does not know), launches out of order, on a range's edges and
-    outside any: the C lookup writes what NumPy's does."""
+def _nested_ranges(seed: int, touching: bool = False
+                   ) -> tuple[list[str], list[tuple[int, int, int, int]], np.ndarray]:
+    """Random nested ranges of every kind on one thread, in end order (names' categories,
+    rows), and launches: sorted then shuffled, in ranges, on their edges and outside any
+    (``touching``: a range may start where the one before it at its depth ends)."""
     import random
 
-    from chainer_autoprof.analysis.gpu_attribution import (
-        LOCATE_KINDS,
-        AttributedOps,
-        LaunchAttributor,
-        _unlocated,
-    )
-    from chainer_autoprof.analysis.gpu_clock import fit
     from chainer_autoprof.analysis.stats import DEPTH_BITS
     from chainer_autoprof.common import names as range_names
-    from chainer_autoprof.common.gpu_records import ClockPairs
 
-    assert tuple(extension.LOCATE_KINDS) == LOCATE_KINDS
     categories = [range_names.ITERATION, *range_names.PHASES, range_names.LINK,
                   range_names.LINK_BACKWARD, range_names.GC, range_names.FUNCTION, "user"]
-    rng = random.Random(11)
+    rng = random.Random(seed)
     rows: list[tuple[int, int, int, int]] = []
 
     def nest(t0: int, t1: int, depth: int) -> None:
         t = t0
         while depth < 7 and t < t1 - 40:
-            a = t + rng.randrange(1, 20)
+            a = t + rng.randrange(0 if touching else 1, 20)
             b = min(t1 - 1, a + rng.randrange(5, max(6, (t1 - a) // 2)))
             if b <= a:
                 break
@@ -361,6 +353,24 @@ def test_the_range_lookup_in_c_on_nested_ranges_of_every_kind(extension):
                         + [r[1] for r in rows] + [r[2] for r in rows], dtype=np.int64)
     launches = np.concatenate([np.sort(launches), launches[rng.sample(range(len(launches)),
                                                                       len(launches))]])
+    return categories, rows, launches
+
+
+def test_the_range_lookup_in_c_on_nested_ranges_of_every_kind(extension):
+    """Random nested ranges of every kind (garbage collection passed over for its parent,
+    names the attribution does not know), launches out of order, on a range's edges and
+    outside any: the C lookup writes what NumPy's does."""
+    from chainer_autoprof.analysis.gpu_attribution import (
+        LOCATE_KINDS,
+        AttributedOps,
+        LaunchAttributor,
+        _unlocated,
+    )
+    from chainer_autoprof.analysis.gpu_clock import fit
+    from chainer_autoprof.common.gpu_records import ClockPairs
+
+    assert tuple(extension.LOCATE_KINDS) == LOCATE_KINDS
+    categories, rows, launches = _nested_ranges(11)
     got = []
     for kernel in (None, extension.locate):
         att = LaunchAttributor(fit(ClockPairs.from_rows([(0, 0)])), 2, locate=kernel)
@@ -379,3 +389,200 @@ def test_the_range_lookup_in_c_on_nested_ranges_of_every_kind(extension):
     assert numpy_run.range_depth.max() > 16
     for column in numpy_run.columns():
         assert np.array_equal(getattr(numpy_run, column), getattr(native, column)), column
+
+
+def test_the_clock_fit_in_c_equals_numpys_to_the_bit(extension):
+    """The live session refits the clock with each buffer in C: on pairs one, two, a few and
+    thousands (past NumPy's pairwise blocks), out of order, with equal CUPTI times and with
+    reads unknown, every field of the map is NumPy's fit's exactly."""
+    import random
+
+    from chainer_autoprof.analysis.gpu_clock import ClockMap, fit
+    from chainer_autoprof.common.gpu_records import ClockPairs
+
+    rng = random.Random(7)
+    checked = 0
+    for n in (1, 2, 3, 7, 8, 9, 17, 127, 128, 129, 300, 4096):
+        for _ in range(12):
+            base = rng.randrange(1 << 60)
+            rows = []
+            for i in range(n):
+                c = base + i * rng.randrange(1, 10**9) if rng.random() < 0.9 else \
+                    base + rng.randrange(10**12)
+                rows.append((c, c + rng.randrange(-10**6, 10**6) + 12_345,
+                             rng.choice([-1, rng.randrange(10**4)])))
+            if n > 2 and rng.random() < 0.3:
+                rows = [(base, p, r) for _c, p, r in rows]  # one CUPTI time: offset alone
+            assert ClockMap(*extension.clock_fit(rows)) == fit(ClockPairs.from_rows(rows))
+            checked += 1
+    assert checked == 144
+    with pytest.raises(ValueError):
+        extension.clock_fit([])
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+def test_the_lookup_of_a_ready_buffer_settles_as_numpy_does(extension, seed):
+    """Where every range around the launches is known (the usual buffer), the C walk goes
+    launch by launch (a launch in the previous one's deepest range searches only below it)
+    and settles each operation: on random nested ranges, launches sorted and shuffled,
+    part of them before the thread's horizon, every column NumPy's attribution writes,
+    into columns left unset, and the sums per status."""
+    from chainer_autoprof.analysis.gpu_attribution import (
+        ATTRIBUTED,
+        PHASE_OTHER,
+        PHASE_OUTSIDE,
+        RANGES_DROPPED,
+        AttributedOps,
+        LaunchAttributor,
+        _unlocated,
+    )
+    from chainer_autoprof.analysis.gpu_clock import fit
+    from chainer_autoprof.common.gpu_records import ClockPairs
+
+    categories, rows, launches = _nested_ranges(seed, touching=True)
+    assert len({r[1] for r in rows} & {r[2] for r in rows}) > 100
+    att = LaunchAttributor(fit(ClockPairs.from_rows([(0, 0)])), 2)
+    for i, category in enumerate(categories):
+        att.add_name(i, f"{category}-{i}", category)
+    att.feed_ranges(1, rows)
+    th = att.threads[1]
+    th.horizon_ns = 50_000
+    n = len(launches)
+    ops = GpuOps.from_columns(n, {"kind": np.zeros(n), "start": launches,
+                                  "end": launches + 1 + (launches % 7)})
+    want = att._locate(1, th, AttributedOps(ops, _unlocated(n, 0, {
+        "api_start": launches.copy(), "tid": np.ones(n)})), open_known=False).attr
+    columns = ("range", "range_t0", "range_t1", "range_depth", "link", "backward", "phase",
+               "iteration", "number", "iter_end")
+    out = np.full((len(columns) + 4, n), 12_345, dtype=np.int64)  # none of them -1 or 0
+    kinds, link_ids = att._kind_tables()
+    sums = extension.locate(launches, [
+        (d, slot.t0, slot.t1, slot.index, slot.ordinal, slot.number)
+        for d, slot in sorted(th.depths.items())], kinds, link_ids, list(out[:-3]), (
+        out[-3], out[-2], out[-1], ops.start, ops.end, 2, th.horizon_ns, PHASE_OUTSIDE,
+        PHASE_OTHER, ATTRIBUTED, RANGES_DROPPED, 1))
+    for i, column in enumerate(columns):
+        assert np.array_equal(out[i], getattr(want, column)), column
+    assert np.array_equal(out[-3], want.counted) and np.array_equal(out[-2], want.status)
+    assert np.array_equal(out[-1], want.tid)
+    dropped = want.status == RANGES_DROPPED
+    dur = ops.end - ops.start
+    assert 0 < dropped.sum() < n and (want.range_depth > 16).any()
+    assert sums == ((~dropped).sum(), dur[~dropped].sum(), dropped.sum(), dur[dropped].sum())
+
+
+def test_cuptis_clock_mapped_in_c_as_numpy_maps_it(extension):
+    """Each buffer's timestamps go onto the agent's clock in C: halves rounded to even,
+    negative offsets, drift, times far from the first pair, exactly as ClockMap.to_agent."""
+    import random
+
+    from chainer_autoprof.analysis.gpu_clock import ClockMap
+
+    rng = random.Random(3)
+    base = 1_700_000_000_000_000_000
+    cupti = np.array([base + rng.randrange(-10**13, 10**13) for _ in range(20_000)]
+                     + [base + k for k in range(-50, 50)], dtype=np.int64)
+    for slope, offset in ((1.0, 0.5), (1.0, -0.5), (1.0, -2.5), (1 + 3e-5, 1234.5),
+                          (1 - 7e-6, -98765.25), (1.0, 0.0)):
+        clock = ClockMap(base, 5_000_000, slope, offset, 0, 0, base, base, 2)
+        got = np.empty_like(cupti)
+        extension.to_agent((clock.cupti0, clock.perf0, slope, offset), cupti, got)
+        assert np.array_equal(got, clock.to_agent(cupti)), (slope, offset)
+
+
+@pytest.mark.parametrize("loop_tid", [None, 7])
+def test_the_timelines_rows_in_c_are_numpys(extension, loop_tid):
+    """The GPU timeline's row of each operation, made in C, is NumPy's: the loop thread
+    told, or found as the thread of the first operation in an iteration (operations of
+    that thread before it included), kernels apart from copies; with the one device of
+    every row (none when several) and the earliest start, which spare NumPy's checks."""
+    from chainer_autoprof.analysis.gpu_attribution import _unlocated
+    from chainer_autoprof.analysis.gpu_figures import GpuFigureBuilder
+    from chainer_autoprof.common.gpu_records import KERNEL, NameTable
+
+    rng = np.random.default_rng(5)
+    n = 500
+    ops = GpuOps.from_columns(n, {"kind": rng.integers(0, 3, n), "start": rng.integers(0, 10**6, n),
+                                  "end": rng.integers(10**6, 2 * 10**6, n)})
+    iteration = np.where(np.arange(n) < 40, -1, rng.integers(-1, 5, n))
+    attr = _unlocated(n, 0, {"api_start": rng.integers(0, 10**6, n), "tid": rng.choice([7, 8], n),
+                             "iteration": iteration, "iter_end": rng.integers(0, 10**6, n)})
+    builder = GpuFigureBuilder([], NameTable(), loop_tid=loop_tid)  # NumPy's rows
+    want = builder._timeline_rows(ops, attr, ops.kind == KERNEL, attr.iteration >= 0)
+    got = np.empty((n, 7), dtype=np.int64)
+    found, device, earliest = extension.timeline_rows((
+        ops.start, ops.end, ops.kind, attr.api_start, attr.iteration, attr.iter_end, attr.tid,
+        ops.device), KERNEL, loop_tid, got)
+    assert found == builder.loop_tid and np.array_equal(got, want)
+    assert (want[:40, 6] == 1).any()  # before the first operation in an iteration, too
+    assert device == -1 and earliest == int(ops.start.min())  # one device, the first start
+    ops.device[7] = 1  # and a second device: none is every row's
+    assert extension.timeline_rows((ops.start, ops.end, ops.kind, attr.api_start,
+                                    attr.iteration, attr.iter_end, attr.tid, ops.device),
+                                   KERNEL, loop_tid, got)[1] is None
+
+
+def test_the_launching_calls_kept_in_c_are_numpys_under_their_bound(extension, monkeypatch):
+    """The calls kept in C (appended, sorted when buffers come out of order, the oldest ids
+    cut past ``max_api``) are the ones NumPy's table keeps: the calls coming in shuffled
+    buffers before their operations, a third of them kept, the same operations find theirs
+    and the others are counted without a launch, column for column."""
+    import functools
+    import random
+    from dataclasses import replace
+
+    from chainer_autoprof.analysis.gpu_analysis import GpuAnalysis, Limits
+    from chainer_autoprof.analysis.gpu_clock import fit
+    from chainer_autoprof.common.gpu_records import ApiCalls
+    from chainer_autoprof.report import gpu_replay
+    from chainer_autoprof.report.tracefile import read_trace
+
+    trace = read_trace(str(DATA / "b16" / "agent_trace.json"))
+    rec = recording("b16")
+    pieces = rec.batch.split(9)
+    random.Random(5).shuffle(pieces)
+    calls_first = [replace(p, ops=GpuOps.empty()) for p in pieces] + \
+        [replace(p, api=ApiCalls.empty()) for p in rec.batch.split(5)]
+    runs = []
+    for kernel in (None, extension.locate):
+        monkeypatch.setattr(gpu_replay, "GpuAnalysis", functools.partial(GpuAnalysis,
+                                                                         locate=kernel))
+        runs.append(gpu_replay.analyse(trace, calls_first, fit(rec.clock), rec.batch.names,
+                                       limits=Limits(max_api=len(rec.batch.api) // 3)))
+    numpy_run, native = runs
+    assert native.attributor.native is not None and numpy_run.attributor.native is None
+    assert numpy_run.finish().to_dict() == native.finish().to_dict()
+    missing = numpy_run.finish().statuses["no launch record"]["ops"]
+    assert len(rec.batch.ops) // 2 < missing < len(rec.batch.ops)
+    a, b = _attributed(numpy_run), _attributed(native)
+    for column, values in a.items():
+        assert np.array_equal(values, b[column]), column
+
+
+def test_kernel_names_keep_their_table_ids_when_the_extensions_differ():
+    """The extension numbers kernel names itself; the collector's table may hold others'
+    (a name interned meanwhile): each operation still names its own kernel, whether the
+    ids agreed from the start, stop agreeing later, or never did."""
+    from chainer_autoprof.common.gpu_records import NameTable
+    from chainer_autoprof.runtime.cupti_native import NativeCuptiCollector
+
+    room = 4
+    name_row = GpuOps.columns().index("name")
+
+    def tables(ids: list[int]) -> tuple[bytearray, bytearray]:  # as the extension's blocks
+        ops = np.full((len(GpuOps.columns()), room), -1, dtype=np.int64)
+        ops[name_row, :len(ids)] = ids
+        return bytearray(ops.tobytes()), bytearray(np.zeros((6, room), np.int64).tobytes())
+
+    for before in ([], ["another's kernel"]):
+        names = NameTable()
+        for text in before:
+            names.intern(text)
+        collector = NativeCuptiCollector(lambda batch: None, names=names)
+        ops, api = tables([0, 1, 0])
+        first = collector.batch_from_tables(ops, 3, api, 0, room, [(0, "k0"), (1, "k1")])
+        assert [names.name(i) for i in first.ops.name.tolist()] == ["k0", "k1", "k0"]
+        names.intern("interned meanwhile")
+        ops, api = tables([2, 1, 0, 2])
+        second = collector.batch_from_tables(ops, 4, api, 0, room, [(2, "k2")])
+        assert [names.name(i) for i in second.ops.name.tolist()] == ["k2", "k1", "k0", "k2"]

@@ -166,9 +166,11 @@ class AttributedKeeper:
                 key[ordinal < 0] = -1
         change = key[1:] != key[:-1]
         if not change.any() or bool(np.all(key[1:] >= key[:-1])):  # in order: no sort
-            starts = np.flatnonzero(change) + 1
-            counts = np.diff(starts, prepend=0, append=n)
-            firsts = np.concatenate((np.zeros(1, np.int64), starts))
+            bounds = np.empty(int(np.count_nonzero(change)) + 2, dtype=np.int64)
+            bounds[0], bounds[-1] = 0, n  # each group's first row, then the end
+            bounds[1:-1] = np.flatnonzero(change) + 1
+            firsts = bounds[:-1]
+            counts = bounds[1:] - firsts  # (np.diff's prepend/append cost ~100k instructions)
             group_of = np.empty(n, dtype=np.int64)
             group_of[0] = 0
             np.cumsum(change, out=group_of[1:])
@@ -321,7 +323,8 @@ class GpuAnalysis:
             locate=locate)
         self.builder = GpuFigureBuilder(self.attributor.link_keys, names, warmup_skip,
                                         loop_tid=loop_tid, max_pool=lim.max_pool,
-                                        max_kept=lim.max_kept)
+                                        max_kept=lim.max_kept,
+                                        native=self.attributor.native)
         self.keeper = AttributedKeeper(record_limit)
         self.finished = False
 

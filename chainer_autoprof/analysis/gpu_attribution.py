@@ -25,6 +25,13 @@ streams.  An operation is attributed once everything is known:
   at each depth they are disjoint and arrive sorted; the innermost containing range is
   one binary search per depth.
 
+Where the C lookup is given (``locate``, a function of the ``_cupti`` extension), the same
+extension keeps the launching calls (a table in C sorted by correlation id, appended as
+buffers come) and a buffer whose every operation can be attributed at once -- the usual
+-- is mapped, joined, located and settled in C, a few calls per buffer
+(:meth:`LaunchAttributor._feed_native`); anything else takes the general path below,
+with the same results.
+
 What waits is bounded (:attr:`max_pending` operations per kind of wait, the oldest
 forced out first with what is known, and counted by status), and each thread keeps its
 newest :attr:`max_ranges` ranges (a launch older than those is counted as such).
@@ -33,6 +40,7 @@ newest :attr:`max_ranges` ranges (a launch older than those is counted as such).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
@@ -129,6 +137,8 @@ class AttributedOps:
 
 
 _ATTRIBUTION_COLUMNS = Attribution.columns()
+#: The launching call's columns of an Attribution, as ``api_join`` writes them.
+_CALL_COLUMNS = ("api_start", "api_end", "api_domain", "cbid", "tid")
 #: Attribution's columns that start at 0 (the rest at -1, status at the status given).
 _ZERO_COLUMNS = ("backward", "counted")
 
@@ -225,6 +235,11 @@ class LaunchAttributor:
         self.status_ops = [0] * len(STATUSES)
         self.status_ns = [0] * len(STATUSES)
         self.ops_in = 0
+        #: The extension that gave ``locate`` where it also keeps the launching calls (and
+        #: sums the figures: :class:`~.gpu_figures.GpuFigureBuilder`).
+        owner = getattr(locate, "__self__", None)
+        self.native: ModuleType | None = owner if hasattr(owner, "api_join") else None
+        self._store = self.native.api_store(self.max_api) if self.native else None
 
     # -- names and threads ------------------------------------------------------------
     def add_name(self, index: int, name: str, category: str) -> None:
@@ -312,6 +327,9 @@ class LaunchAttributor:
     # -- activity -------------------------------------------------------------------------
     def feed_activity(self, batch: ActivityBatch) -> AttributedOps:
         """A block of activity records (one CUPTI buffer, or a piece of a recording)."""
+        if self.native is not None and len(batch.ops) and not self._wait_api_n \
+                and not self._wait_thread:
+            return self._feed_native(batch)
         out: list[AttributedOps] = []
         if len(batch.api):
             self._add_api(batch.api)
@@ -329,7 +347,63 @@ class LaunchAttributor:
             out.append(self._map_by_containment(final=False))
         return AttributedOps.concat(out)
 
+    def _clock_args(self) -> tuple[int, int, float, float]:
+        c = self.clock
+        return (c.cupti0, c.perf0, float(c.slope), float(c.offset))
+
+    def _feed_native(self, batch: ActivityBatch) -> AttributedOps:
+        """A buffer through the C kernels: its calls kept, its operations joined to theirs;
+        when each has its call, one launching thread that is mapped, and that thread's
+        ranges known past every launch (the usual), located and settled in C; else the
+        general path from the join on."""
+        native, locate = self.native, self.locate
+        assert native is not None and locate is not None
+        clock = self._clock_args()
+        if len(batch.api):
+            self._add_api(batch.api)
+        ops = batch.ops
+        n = len(ops)
+        # start, end, the attribution's columns, the depth hit: each row written in C
+        block = np.empty((len(_ATTRIBUTION_COLUMNS) + 3, n), dtype=np.int64)
+        mapped = GpuOps.__new__(GpuOps)
+        mapped.__dict__.update(ops.__dict__)
+        mapped.start, mapped.end = block[0], block[1]
+        native.to_agent(clock, ops.start, mapped.start)
+        native.to_agent(clock, ops.end, mapped.end)
+        self.ops_in += n
+        attr = Attribution(**dict(zip(_ATTRIBUTION_COLUMNS, block[2:])))
+        missing, thread, one, latest = native.api_join(self._store, ops.correlation, (
+            attr.api_start, attr.api_end, attr.api_domain, attr.cbid, attr.tid, attr.status))
+        tid = thread if self.identity_threads else self.thread_map.get(thread)
+        th = self.threads.get(tid) if tid is not None else None
+        if missing or not one or th is None or tid in self._wait_ranges or not (
+                th.finished or latest <= th.done_ns):
+            self._wait_api.append(mapped)
+            self._wait_api_n += n
+            out = [self._join_api(force=False)]
+            if self._wait_thread:
+                out.append(self._map_by_containment(final=False))
+            return AttributedOps.concat(out)
+        kinds, link_ids = self._kind_tables()
+        got = locate(attr.api_start, [
+            (d, slot.t0, slot.t1, slot.index, slot.ordinal, slot.number)
+            for d, slot in sorted(th.depths.items()) if len(slot.t0)], kinds, link_ids, (
+            attr.range, attr.range_t0, attr.range_t1, attr.range_depth, attr.link,
+            attr.backward, attr.phase, attr.iteration, attr.number, attr.iter_end, block[-1]), (
+            attr.counted, attr.status, attr.tid, mapped.start, mapped.end, self.warmup_skip,
+            th.horizon_ns, PHASE_OUTSIDE, PHASE_OTHER, ATTRIBUTED, RANGES_DROPPED, tid))
+        ops_ok, ns_ok, ops_dropped, ns_dropped = got  # settled: the sums per status
+        self.status_ops[ATTRIBUTED] += ops_ok
+        self.status_ns[ATTRIBUTED] += ns_ok
+        self.status_ops[RANGES_DROPPED] += ops_dropped
+        self.status_ns[RANGES_DROPPED] += ns_dropped
+        return AttributedOps(mapped, attr)
+
     def _add_api(self, api: ApiCalls) -> None:
+        if self.native is not None:
+            self.native.api_add(self._store, [getattr(api, c) for c in ApiCalls.columns()],
+                                 self._clock_args())
+            return
         mapped = ApiCalls(**{c: getattr(api, c) for c in ApiCalls.columns()})
         mapped.start = self.clock.to_agent(api.start)
         mapped.end = self.clock.to_agent(api.end)
@@ -343,11 +417,7 @@ class LaunchAttributor:
     def _join_api(self, force: bool) -> AttributedOps:
         ops = GpuOps.concat(self._wait_api)
         self._wait_api, self._wait_api_n = [], 0
-        api = self._api
-        pos = np.searchsorted(api.correlation, ops.correlation)
-        ok = pos < len(api)
-        pos = np.where(ok, pos, 0)
-        found = ok & (api.correlation[pos] == ops.correlation) if len(api) else ok & False
+        found, calls = self._lookup(ops.correlation)
         out: list[AttributedOps] = []
         every = bool(found.all())  # the usual: no row taken apart
         missing = None if every else ops.take(~found)
@@ -364,13 +434,28 @@ class LaunchAttributor:
                 self._wait_api_n = len(missing)
         if every or found.any():
             got = ops if every else ops.take(found)
-            p = pos if every else pos[found]
-            attr = _unlocated(len(got), ATTRIBUTED, {
-                "api_start": api.start[p], "api_end": api.end[p],
-                "api_domain": api.domain[p], "cbid": api.cbid[p],
-                "tid": api.thread[p]})  # CUPTI's thread id until tied to the agent's
+            attr = _unlocated(len(got), ATTRIBUTED, {  # tid: CUPTI's until tied to the agent's
+                k: v if every else v[found] for k, v in calls.items()})
             out.append(self._to_threads(AttributedOps(got, attr), force))
         return AttributedOps.concat(out)
+
+    def _lookup(self, correlation: Int64Array) -> tuple[npt.NDArray[np.bool_],
+                                                        dict[str, Int64Array]]:
+        """Which operations' calls are kept, and those calls' columns (rows where found)."""
+        if self.native is not None:
+            cols = np.full((6, len(correlation)), -1, dtype=np.int64)
+            self.native.api_join(self._store, np.ascontiguousarray(correlation), cols)
+            return cols[5] == 1, dict(zip(_CALL_COLUMNS, cols[:5]))
+        api = self._api
+        if not len(api):
+            return np.zeros(len(correlation), dtype=bool), {}
+        pos = np.searchsorted(api.correlation, correlation)
+        ok = pos < len(api)
+        pos = np.where(ok, pos, 0)
+        found = ok & (api.correlation[pos] == correlation)
+        return found, {"api_start": api.start[pos], "api_end": api.end[pos],
+                       "api_domain": api.domain[pos], "cbid": api.cbid[pos],
+                       "tid": api.thread[pos]}
 
     def _to_threads(self, items: AttributedOps, force: bool) -> AttributedOps:
         """Give each operation its agent thread and queue it there (or wait for the map)."""

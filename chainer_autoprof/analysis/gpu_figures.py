@@ -42,12 +42,14 @@ fills); one arriving behind what was placed is counted as late and left off the 
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import numpy as np
 import numpy.typing as npt
 
-from ..common.gpu_records import KERNEL, MEMCPY, MEMSET, NameTable
+from ..common.gpu_records import KERNEL, MEMCPY, MEMSET, GpuOps, NameTable
 from .aggregate import Series
-from .gpu_attribution import PHASE_OUTSIDE, AttributedOps
+from .gpu_attribution import PHASE_OUTSIDE, AttributedOps, Attribution
 from .gpu_record import GpuFigures, KernelGpuDict, LinkGpuDict, PhaseGpuDict, TimelineDict
 from .stats import MAX_KEPT_ITERATIONS, PHASE_KEYS
 
@@ -103,9 +105,11 @@ class _Timeline:
         self.counted = 0
         self.warmup_skip = 0
 
-    def add(self, rows: Int64Array) -> None:
-        late = rows[:, 0] < self.placed_ns
-        if late.any():
+    def add(self, rows: Int64Array, earliest: int | None = None) -> None:
+        """Pool ``rows`` (``earliest``: their earliest start, where known)."""
+        late = rows[:, 0] < self.placed_ns if earliest is None or earliest < self.placed_ns \
+            else None
+        if late is not None and late.any():
             self.late += int(late.sum())
             rows = rows[~late]
         if len(rows):
@@ -223,7 +227,7 @@ class GpuFigureBuilder:
 
     def __init__(self, link_keys: list[str], names: NameTable, warmup_skip: int = 0, *,
                  loop_tid: int | None = None, max_pool: int = 1 << 16,
-                 max_kept: int = MAX_KEPT_ITERATIONS) -> None:
+                 max_kept: int = MAX_KEPT_ITERATIONS, native: ModuleType | None = None) -> None:
         self.link_keys = link_keys        # the attributor's list, growing
         self.names = names
         self.warmup_skip = warmup_skip
@@ -239,33 +243,69 @@ class GpuFigureBuilder:
         self.outside_ns = 0
         self.op_counts = [0, 0, 0]
         self.timelines: dict[int, _Timeline] = {}
+        #: The sums in C (the ``_cupti`` extension: ``runtime/cupti_locate.c``), else NumPy.
+        self.native = native
+        #: With the extension: the kernels' sums kept in C (read into the three above once,
+        #: by :meth:`result`).
+        self._kernel_table = native.kernel_table(MAX_KERNEL_KEYS) if native else None
 
     def add(self, items: AttributedOps) -> None:
         if not len(items):
             return
         ops, attr = items.ops, items.attr
-        dur = ops.end - ops.start
+        n_links = len(self.link_keys)
+        if len(self.link_sums) < n_links:
+            self.link_sums = np.vstack([self.link_sums,
+                                        np.zeros((n_links - len(self.link_sums), 5),
+                                                 dtype=np.int64)])
+        native = self.native
+        if native is not None:
+            kernels, copies, memsets, outside_ns, warmup_ns = native.figure_sums(
+                (ops.kind, ops.start, ops.end, attr.counted, attr.iteration, attr.link,
+                 attr.backward, attr.phase), self.link_sums, self.phase_sums,
+                (KERNEL, MEMCPY, MEMSET), PHASE_OUTSIDE)
+            self.op_counts[KERNEL] += kernels
+            self.op_counts[MEMCPY] += copies
+            self.op_counts[MEMSET] += memsets
+            self.outside_ns += outside_ns
+            self.warmup_ns += warmup_ns
+            native.kernel_sums(self._kernel_table, (ops.kind, ops.start, ops.end, attr.counted,
+                                                    ops.name, attr.link, attr.backward), KERNEL)
+            rows = np.empty((len(items), 7), dtype=np.int64)
+            self.loop_tid, only, earliest = native.timeline_rows((
+                ops.start, ops.end, ops.kind, attr.api_start, attr.iteration, attr.iter_end,
+                attr.tid, ops.device), KERNEL, self.loop_tid, rows)
+            self._add_timeline(ops.device, rows, only, earliest)
+        else:
+            dur = ops.end - ops.start
+            kernel = ops.kind == KERNEL
+            in_iter = attr.iteration >= 0
+            kernel_counted = self._add_sums(ops, attr, dur, kernel, in_iter)
+            # top kernels: (name, link, direction) packed in one key, sorted as the triples
+            if kernel_counted.any():
+                self._add_kernels(ops.name[kernel_counted], attr.link[kernel_counted],
+                                  attr.backward[kernel_counted], dur[kernel_counted])
+            self._add_timeline(ops.device, self._timeline_rows(ops, attr, kernel, in_iter))
+
+    def _add_sums(self, ops: GpuOps, attr: Attribution, dur: Int64Array,
+                  kernel: npt.NDArray[np.bool_],
+                  in_iter: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        """The per-link and per-phase sums in NumPy (the C ones' twin); the counted kernels."""
         kind = ops.kind
-        kernel = kind == KERNEL
         copy = ~kernel & ((kind == MEMCPY) | (kind == MEMSET))
         for k, c in enumerate(np.bincount(kind, minlength=3)[:3].tolist()):
             self.op_counts[k] += c
         counted = attr.counted == 1
-        in_iter = attr.iteration >= 0
         outside = kernel & ~in_iter
         if outside.any():
             self.outside_ns += int(dur[outside].sum())
-        kernel_counted = kernel & counted
+        kernel_counted: npt.NDArray[np.bool_] = kernel & counted
         warm = kernel & in_iter & ~counted
         if warm.any():
             self.warmup_ns += int(dur[warm].sum())
         # per link: kernels by (link, direction) slot, copies by link (float sums of integer
         # nanoseconds are exact below 2**53 ns, 104 days per buffer)
         n_links = len(self.link_keys)
-        if len(self.link_sums) < n_links:
-            self.link_sums = np.vstack([self.link_sums,
-                                        np.zeros((n_links - len(self.link_sums), 5),
-                                                 dtype=np.int64)])
         link = attr.link
         linked = counted & (link >= 0)
         sel = linked & kernel
@@ -292,27 +332,35 @@ class GpuFigureBuilder:
         if sel.any():
             self.phase_sums[:, 2] += np.bincount(attr.phase[sel], weights=dur[sel],
                                                  minlength=n_phases).astype(np.int64)
-        # top kernels: (name, link, direction) packed in one key, sorted as the triples
-        if kernel_counted.any():
-            self._add_kernels(ops.name[kernel_counted], link[kernel_counted],
-                              attr.backward[kernel_counted], dur[kernel_counted])
-        # the timeline
+        return kernel_counted
+
+    def _timeline_rows(self, ops: GpuOps, attr: Attribution, kernel: npt.NDArray[np.bool_],
+                       in_iter: npt.NDArray[np.bool_]) -> Int64Array:
+        """Each operation's row on the timeline, in NumPy (the C one's twin; see _Timeline)."""
         if self.loop_tid is None:
             with_iter = attr.tid[in_iter]
             if len(with_iter):
                 self.loop_tid = int(with_iter[0])
         loop = (attr.tid == self.loop_tid).astype(np.int64)
-        rows = np.column_stack([ops.start, ops.end, kernel.astype(np.int64), attr.api_start,
+        return np.column_stack([ops.start, ops.end, kernel.astype(np.int64), attr.api_start,
                                 np.where(loop == 1, attr.iteration, -1), attr.iter_end, loop])
-        device = ops.device
-        first = int(device[0])
-        one_device = bool((device == first).all())
-        for dev in [first] if one_device else np.unique(device).tolist():
+
+    def _add_timeline(self, device: Int64Array, rows: Int64Array, only: int | None = None,
+                      earliest: int | None = None) -> None:
+        """The rows onto their devices' timelines (``only``: every row's device, where known;
+        ``earliest``: their earliest start, where known)."""
+        if only is None:
+            first = int(device[0])
+            only = first if bool((device == first).all()) else None
+        for dev in [only] if only is not None else np.unique(device).tolist():
             tl = self.timelines.get(dev)
             if tl is None:
                 tl = self.timelines[dev] = _Timeline(dev, self.max_kept)
                 tl.warmup_skip = self.warmup_skip
-            tl.add(rows if one_device else rows[device == dev])
+            if only is not None:
+                tl.add(rows, earliest)
+            else:
+                tl.add(rows[device == dev])
             if tl.pool_n > self.max_pool:  # place the oldest half
                 starts = np.sort(np.concatenate([p[:, 0] for p in tl.pool]))
                 tl.place(int(starts[len(starts) // 2]))
@@ -371,6 +419,11 @@ class GpuFigureBuilder:
         """The figures (places everything still pooled: call once all activity is in)."""
         for tl in self.timelines.values():
             tl.finish()
+        if self.native is not None:  # the kernels' sums kept in C
+            keys, ns, calls, other_ns, other_calls = self.native.kernel_rows(self._kernel_table)
+            self.kernel_keys = {k: i for i, k in enumerate(keys)}
+            self.kernel_sums = np.array([ns, calls], dtype=np.int64).T.reshape(-1, 2)
+            self.other_kernels = np.array([other_ns, other_calls], dtype=np.int64)
         totals = np.zeros(len(WINDOW_COLUMNS), dtype=np.int64)
         counted = 0
         devices: list[TimelineDict] = []

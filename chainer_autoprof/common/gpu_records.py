@@ -39,7 +39,7 @@ import gzip
 import json
 import threading
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Iterable, Mapping, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -49,11 +49,10 @@ Int64Array = npt.NDArray[np.int64]
 RowIndex = Union[npt.NDArray[np.bool_], npt.NDArray[np.intp], Int64Array, slice]
 
 #: The attribution's range lookup in C (``runtime/cupti_locate.c``): ``(launches,
-#: ((depth, t0, t1, index, ordinal, number), ...) shallowest first, kinds, link ids, out)``,
-#: ``out`` the columns ``LaunchAttributor._locate_numpy`` fills, written in place.
-LocateKernel = Callable[[Int64Array, Sequence[Tuple[int, Int64Array, Int64Array, Int64Array,
-                                                     Int64Array, Int64Array]],
-                         Int64Array, Int64Array, Sequence[Int64Array]], None]
+#: ((depth, t0, t1, index, ordinal, number), ...) shallowest first, kinds, link ids, out[,
+#: tail])``, ``out`` the columns ``LaunchAttributor._locate_numpy`` fills, written in place;
+#: with ``tail`` the operations are settled too and the sums per status returned.
+LocateKernel = Callable[..., Any]
 
 #: GpuOps.kind
 KERNEL, MEMCPY, MEMSET = 0, 1, 2

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Callable, Deque, Protocol, TypeVar
 
 from ..analysis.gpu_analysis import GpuAnalysis, Limits
 from ..analysis.gpu_attribution import LOCATE_KINDS
-from ..analysis.gpu_clock import fit
+from ..analysis.gpu_clock import ClockMap, fit
 from ..analysis.gpu_record import GpuActivity, GpuFigures, activity_record
 from ..common import figures, log
 from ..common.gpu_records import ActivityBatch, ClockPairs, LocateKernel, NameTable
@@ -87,6 +87,8 @@ class Collector(Protocol):
     def after_fork(self) -> None: ...
 
 
+#: The clock map's fit in C: the pairs' rows -> ClockMap's fields, in order.
+ClockFit = Callable[[list[tuple[int, ...]]], tuple[int, int, float, float, int, int, int, int, int]]
 #: Starts a collector that hands its batches to the callable: the collector, or why not.
 StartCollector = Callable[[Callable[[ActivityBatch], None], NameTable], "Collector | str"]
 
@@ -148,6 +150,9 @@ class GpuSession:
         #: The attribution's range lookup in C where the CUPTI extension is built (set at
         #: start); ``None``: its NumPy twin.
         self.locate: LocateKernel | None = None
+        #: The clock map's fit in C where the extension is built (``gpu_clock.fit``'s twin,
+        #: one with each buffer): the pairs' rows -> ClockMap's fields.
+        self._clock_fit: ClockFit | None = None
         self._names_known = 0
         self._pairs_seen = 0
         self.drains = 0  # drains that fed the analysis (the drain thread's and the exit's)
@@ -193,6 +198,7 @@ class GpuSession:
             return
         self.collector = got
         self.locate = cupti_native.locate_kernel(LOCATE_KINDS)
+        self._clock_fit = getattr(getattr(self.locate, "__self__", None), "clock_fit", None)
         self.reader = str(getattr(got, "reader", "python"))
         log.info(f"GPU activity: CUPTI's records read by the {self.reader} reader")
         self.state = "running"
@@ -240,7 +246,7 @@ class GpuSession:
             if not collector.pair_count:
                 return  # no clock pair yet: nothing can be placed
             analysis = self.analysis = GpuAnalysis(
-                fit(collector.clock_pairs), self.names, self.warmup_skip,
+                self._fit(collector), self.names, self.warmup_skip,
                 record_limit=self.ops_limit, identity_threads=collector.system_thread_ids,
                 loop_tid=self.main_tid, limits=self.limits, keep_outside=not self.window,
                 locate=self.locate)
@@ -272,8 +278,15 @@ class GpuSession:
             if refit:  # the clock refitted with the pairs read since (one with each buffer)
                 refit = False
                 self._pairs_seen = collector.pair_count
-                analysis.set_clock(fit(collector.clock_pairs))
+                analysis.set_clock(self._fit(collector))
             analysis.feed_activity(item)
+
+    def _fit(self, collector: Collector) -> ClockMap:
+        """The clock map through the collector's pairs (in C where built)."""
+        rows = getattr(collector, "pair_rows", None)
+        if self._clock_fit is not None and rows is not None:
+            return ClockMap(*self._clock_fit(rows()))
+        return fit(collector.clock_pairs)
 
     @property
     def queued(self) -> int:

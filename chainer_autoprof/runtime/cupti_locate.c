@@ -17,12 +17,24 @@
  *            (a deeper one over a shallower one): range, range_t0, range_t1, range_depth
  *            (a garbage-collection range passed over for its parent), link and backward (a
  *            link or link-backward range), phase, iteration, number, iter_end, and the
- *            deepest depth that holds the launch.
+ *            deepest depth that holds the launch;
+ *   tail     (given only where the thread's ranges are known past every launch: the walk
+ *            goes launch by launch and sets every column) (counted, status, tid, start,
+ *            end, warmup_skip, horizon_ns, PHASE_OUTSIDE, PHASE_OTHER, ATTRIBUTED,
+ *            RANGES_DROPPED, the agent's thread): each operation settled as
+ *            LaunchAttributor._locate does it (tid: that thread), and (ops, ns) attributed
+ *            and (ops, ns) with their ranges dropped returned.
+ *
+ * The same module keeps the launching calls across buffers (api_store, api_add, api_join),
+ * maps CUPTI's clock (to_agent) and sums the figures (figure_sums, kernel_sums): each the
+ * twin of a NumPy path of analysis/, which passes its constants down as data.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cupti_locate.h"
@@ -36,7 +48,8 @@ enum {
 enum { D_T0, D_T1, D_INDEX, D_ORDINAL, D_NUMBER, D_N };
 
 /* The last k with a[k] <= x (-1: none); the search starts at `hint`. */
-static Py_ssize_t last_at_or_before(const int64_t *a, Py_ssize_t m, int64_t x, Py_ssize_t hint)
+static inline Py_ssize_t last_at_or_before(const int64_t *a, Py_ssize_t m, int64_t x,
+                                           Py_ssize_t hint)
 {
     Py_ssize_t lo = -1, hi = m; /* a[lo] <= x (or lo == -1); a[hi] > x (or hi == m) */
     if (hint >= 0 && hint < m) {
@@ -100,26 +113,181 @@ static int64_t *int64s(held *h, PyObject *obj, Py_ssize_t *count, int writable)
     return (int64_t *)v->buf;
 }
 
+/* seq's `count` arrays as int64[*n] each (into cols; *n -1: any length, set here); 0, or
+ * -1 with the error set. */
+static int int64_columns(held *h, PyObject *seq_obj, int count, Py_ssize_t *n, int writable,
+                         int64_t **cols)
+{
+    PyObject *seq = PySequence_Fast(seq_obj, "a sequence of int64 columns");
+    if (seq == NULL)
+        return -1;
+    int ok = PySequence_Fast_GET_SIZE(seq) == count;
+    if (!ok)
+        PyErr_Format(PyExc_ValueError, "%d int64 columns expected", count);
+    for (int c = 0; ok && c < count; c++) {
+        cols[c] = int64s(h, PySequence_Fast_GET_ITEM(seq, c), n, writable);
+        ok = cols[c] != NULL;
+    }
+    Py_DECREF(seq);
+    return ok ? 0 : -1;
+}
+
+/* h made with room for `room` buffers, then seq's `count` columns read into cols (as
+ * int64_columns); 0, or -1 with the error set (release_all(h) either way). */
+static int columns_held(held *h, Py_ssize_t room, PyObject *seq, int count, Py_ssize_t *n,
+                        int writable, int64_t **cols)
+{
+    h->views = PyMem_Calloc((size_t)room, sizeof(Py_buffer));
+    h->n = 0;
+    h->cap = room;
+    if (h->views == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return int64_columns(h, seq, count, n, writable, cols);
+}
+
 typedef struct {
     Py_ssize_t depth, m;
     const int64_t *col[D_N];
 } level;
 
+/* The range names' kinds and link ids. */
+typedef struct {
+    const int64_t *kinds, *link_ids;
+    Py_ssize_t n;
+} name_kinds;
+
+/* Launch i lies in range k of level L: the columns that range fills. */
+static inline void fill_hit(const level *L, Py_ssize_t k, Py_ssize_t i, const name_kinds *names,
+                            int64_t *const *out)
+{
+    int64_t idx = L->col[D_INDEX][k];
+    int known = idx >= 0 && idx < names->n;
+    int64_t kind = known ? names->kinds[idx] : 0;
+    if (kind != K_GC) {
+        out[OUT_RANGE][i] = idx;
+        out[OUT_RANGE_T0][i] = L->col[D_T0][k];
+        out[OUT_RANGE_T1][i] = L->col[D_T1][k];
+        out[OUT_RANGE_DEPTH][i] = L->depth;
+    }
+    out[OUT_DEPTH_HIT][i] = L->depth;
+    if (kind == K_LINK || kind == K_LINK_BWD) {
+        out[OUT_LINK][i] = known ? names->link_ids[idx] : -1;
+        out[OUT_BACKWARD][i] = kind == K_LINK_BWD;
+    }
+    if (kind >= K_PHASE0)
+        out[OUT_PHASE][i] = kind - K_PHASE0;
+    if (kind == K_ITER) {
+        out[OUT_ITERATION][i] = L->col[D_ORDINAL][k];
+        out[OUT_NUMBER][i] = L->col[D_NUMBER][k];
+        out[OUT_ITER_END][i] = L->col[D_T1][k];
+    }
+}
+
+/* The depth walk: each level's range holding each launch fills the columns. */
+static void walk_levels(const level *levels, Py_ssize_t n_levels, const int64_t *t, Py_ssize_t n,
+                        const name_kinds *names, int64_t *const *out)
+{
+    for (Py_ssize_t d = 0; d < n_levels; d++) {
+        const level *L = &levels[d];
+        Py_ssize_t k = -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            k = last_at_or_before(L->col[D_T0], L->m, t[i], k);
+            if (k >= 0 && t[i] <= L->col[D_T1][k])
+                fill_hit(L, k, i, names, out);
+        }
+    }
+}
+
+/* The same walk, launch by launch, where every range around a launch is known (the thread's
+ * ranges fed past it: each range's parent is kept): a launch outside every range of a
+ * level is outside every deeper one, so its walk stops there; and a launch inside the
+ * deepest range that held the previous one, before its end, lies in the same ranges down
+ * to there (each one's parent holds it; a range of the same level starts at that end at
+ * the soonest), so only the levels below are searched.  Every column is set here.
+ * `hints`: one per level. */
+static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_t *t,
+                          Py_ssize_t n, const name_kinds *names, int64_t *const *out,
+                          Py_ssize_t *hints)
+{
+    int64_t *o[OUT_N]; /* the columns, held here: a store to one cannot move another */
+    memcpy(o, out, sizeof o);
+    Py_ssize_t deepest = -1; /* the level of the previous launch's deepest range */
+    int64_t held_t0 = 0, held_t1 = 0;
+    for (Py_ssize_t d = 0; d < n_levels; d++)
+        hints[d] = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t d = 0;
+        if (deepest >= 0 && t[i] >= held_t0 && t[i] < held_t1) {
+#pragma GCC unroll 16
+            for (int c = 0; c < OUT_N; c++)
+                o[c][i] = o[c][i - 1];
+            d = deepest + 1;
+        } else {
+#pragma GCC unroll 16
+            for (int c = 0; c < OUT_N; c++)
+                o[c][i] = c == OUT_BACKWARD ? 0 : -1;
+            deepest = -1;
+        }
+        for (; d < n_levels; d++) {
+            const level *L = &levels[d];
+            Py_ssize_t k = hints[d] = last_at_or_before(L->col[D_T0], L->m, t[i], hints[d]);
+            if (k < 0 || t[i] > L->col[D_T1][k])
+                break;
+            fill_hit(L, k, i, names, o);
+            deepest = d;
+            held_t0 = L->col[D_T0][k];
+            held_t1 = L->col[D_T1][k];
+        }
+    }
+}
+
+/* The tail of a located block (the attribution's settling of each operation, see
+ * LaunchAttributor._locate): the phase "other" inside an iteration, counted after the
+ * warm-up, the status (ranges dropped before the thread's horizon), the agent's thread, and
+ * the sums per status of operations and GPU ns. */
+typedef struct {
+    int64_t *counted, *status, *tid;
+    const int64_t *start, *end;
+    int64_t warmup_skip, horizon_ns, phase_outside, phase_other, attributed, dropped, thread;
+} settling;
+
+enum { T_COUNTED, T_STATUS, T_TID, T_START, T_END, T_N }; /* the written ones first */
+
+static PyObject *settle(const settling *s, const int64_t *t, Py_ssize_t n, int64_t *const *out)
+{
+    long long ops[2] = {0, 0}, ns[2] = {0, 0};
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int in_iter = out[OUT_ITERATION][i] >= 0;
+        if (in_iter && out[OUT_PHASE][i] == s->phase_outside)
+            out[OUT_PHASE][i] = s->phase_other;
+        s->counted[i] = in_iter && out[OUT_ITERATION][i] >= s->warmup_skip;
+        int dropped = t[i] < s->horizon_ns;
+        s->status[i] = dropped ? s->dropped : s->attributed;
+        s->tid[i] = s->thread;
+        ops[dropped]++;
+        ns[dropped] += (long long)(s->end[i] - s->start[i]);
+    }
+    return Py_BuildValue("(LLLL)", ops[0], ns[0], ops[1], ns[1]);
+}
+
 PyObject *cupti_locate(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *t_obj, *depths, *kinds_obj, *links_obj, *out_obj;
-    if (!PyArg_ParseTuple(args, "OOOOO", &t_obj, &depths, &kinds_obj, &links_obj, &out_obj))
+    PyObject *t_obj, *depths, *kinds_obj, *links_obj, *out_obj, *tail_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOOO|O", &t_obj, &depths, &kinds_obj, &links_obj, &out_obj,
+                          &tail_obj))
         return NULL;
     held h = {NULL, 0, 0};
     level *levels = NULL;
-    PyObject *depth_seq = NULL, *out_seq = NULL, *result = NULL;
+    PyObject *depth_seq = NULL, *result = NULL;
     Py_ssize_t n = -1, n_kinds = -1, n_links = -1;
     depth_seq = PySequence_Fast(depths, "locate: depths is a sequence");
     if (depth_seq == NULL)
         goto done;
     Py_ssize_t n_levels = PySequence_Fast_GET_SIZE(depth_seq);
-    h.cap = 3 + OUT_N + D_N * n_levels;
+    h.cap = 3 + OUT_N + T_N + D_N * n_levels;
     h.views = PyMem_Calloc((size_t)h.cap, sizeof(Py_buffer));
     levels = PyMem_Calloc((size_t)(n_levels ? n_levels : 1), sizeof(level));
     if (h.views == NULL || levels == NULL) {
@@ -135,19 +303,27 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "locate: kinds and link ids differ in length");
         goto done;
     }
-    out_seq = PySequence_Fast(out_obj, "locate: out is a sequence of arrays");
-    if (out_seq == NULL)
-        goto done;
-    if (PySequence_Fast_GET_SIZE(out_seq) != OUT_N) {
-        PyErr_Format(PyExc_ValueError, "locate: %d output columns", (int)OUT_N);
-        goto done;
-    }
     int64_t *out[OUT_N];
-    for (int c = 0; c < OUT_N; c++) {
-        Py_ssize_t len = n;
-        out[c] = int64s(&h, PySequence_Fast_GET_ITEM(out_seq, c), &len, 1);
-        if (out[c] == NULL)
+    if (int64_columns(&h, out_obj, OUT_N, &n, 1, out) < 0)
+        goto done;
+    settling st;
+    memset(&st, 0, sizeof st);
+    if (tail_obj != Py_None) {
+        PyObject *cols[T_N];
+        long long w, hz, po, pth, at, dr, tid;
+        if (!PyArg_ParseTuple(tail_obj, "OOOOOLLLLLLL", &cols[T_COUNTED], &cols[T_STATUS],
+                              &cols[T_TID], &cols[T_START], &cols[T_END], &w, &hz, &po, &pth,
+                              &at, &dr, &tid))
             goto done;
+        int64_t *c[T_N];
+        for (int k = 0; k < T_N; k++) {
+            Py_ssize_t len = n;
+            c[k] = int64s(&h, cols[k], &len, k < T_START);
+            if (c[k] == NULL)
+                goto done;
+        }
+        st = (settling){c[T_COUNTED], c[T_STATUS], c[T_TID], c[T_START], c[T_END],
+                        w, hz, po, pth, at, dr, tid};
     }
     for (Py_ssize_t d = 0; d < n_levels; d++) {
         PyObject *item = PySequence_Fast_GET_ITEM(depth_seq, d), *depth;
@@ -166,50 +342,787 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
         }
         levels[d].m = m;
     }
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t d = 0; d < n_levels; d++) {
-        const level *L = &levels[d];
-        const int64_t *t0 = L->col[D_T0], *t1 = L->col[D_T1], *index = L->col[D_INDEX];
-        Py_ssize_t k = -1;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            k = last_at_or_before(t0, L->m, t[i], k);
-            if (k < 0 || t[i] > t1[k])
-                continue;
-            int64_t idx = index[k];
-            int known = idx >= 0 && idx < n_kinds;
-            int64_t kind = known ? kinds[idx] : 0;
-            if (kind != K_GC) {
-                out[OUT_RANGE][i] = idx;
-                out[OUT_RANGE_T0][i] = t0[k];
-                out[OUT_RANGE_T1][i] = t1[k];
-                out[OUT_RANGE_DEPTH][i] = L->depth;
-            }
-            out[OUT_DEPTH_HIT][i] = L->depth;
-            if (kind == K_LINK || kind == K_LINK_BWD) {
-                out[OUT_LINK][i] = known ? link_ids[idx] : -1;
-                out[OUT_BACKWARD][i] = kind == K_LINK_BWD;
-            }
-            if (kind >= K_PHASE0)
-                out[OUT_PHASE][i] = kind - K_PHASE0;
-            if (kind == K_ITER) {
-                out[OUT_ITERATION][i] = L->col[D_ORDINAL][k];
-                out[OUT_NUMBER][i] = L->col[D_NUMBER][k];
-                out[OUT_ITER_END][i] = t1[k];
-            }
+    name_kinds names = {kinds, link_ids, n_kinds};
+    Py_ssize_t *hints = NULL;
+    if (tail_obj != Py_None) {
+        hints = PyMem_Calloc((size_t)(n_levels ? n_levels : 1), sizeof(Py_ssize_t));
+        if (hints == NULL) {
+            PyErr_NoMemory();
+            goto done;
         }
     }
+    Py_BEGIN_ALLOW_THREADS
+    if (hints != NULL)
+        walk_launches(levels, n_levels, t, n, &names, out, hints);
+    else
+        walk_levels(levels, n_levels, t, n, &names, out);
     Py_END_ALLOW_THREADS
-    Py_INCREF(Py_None);
-    result = Py_None;
+    PyMem_Free(hints);
+    result = tail_obj != Py_None ? settle(&st, t, n, out) : Py_NewRef(Py_None);
 done:
     release_all(&h);
     PyMem_Free(levels);
     Py_XDECREF(depth_seq);
-    Py_XDECREF(out_seq);
     return result;
 }
 
 PyObject *cupti_locate_kinds(void)
 {
     return Py_BuildValue("(iiiii)", K_ITER, K_LINK, K_LINK_BWD, K_GC, K_PHASE0);
+}
+
+/* -- the launching calls, kept in C across buffers ----------------------------------------
+ *
+ * The newest `max_api` API calls (the attribution's ApiCalls table) sorted by correlation
+ * id: appended as each buffer comes (in order already: no sort), sorted stably only when a
+ * buffer's ids interleave with those kept, the oldest ids cut off past the bound; each
+ * operation's call found by a search started where the previous one was.  Columns as
+ * ApiCalls': domain, start, end (agent ns: mapped on the way in), correlation, cbid, thread.
+ */
+/* State kept in C across calls, owned by a capsule (its name the state's kind): each state
+ * begins with this header, whose blocks are freed with it. */
+enum { OWNED_BLOCKS = 8 };
+typedef struct {
+    void *blocks[OWNED_BLOCKS];
+} owned;
+
+static void owned_free(PyObject *capsule)
+{
+    owned *o = PyCapsule_GetPointer(capsule, PyCapsule_GetName(capsule));
+    if (o == NULL)
+        return;
+    for (int b = 0; b < OWNED_BLOCKS; b++)
+        PyMem_Free(o->blocks[b]);
+    PyMem_Free(o);
+}
+
+/* A new zeroed state of `size` bytes in a capsule named `name` (*state set), or NULL. */
+static PyObject *owned_new(size_t size, const char *name, void **state)
+{
+    void *p = PyMem_Calloc(1, size);
+    if (p == NULL)
+        return PyErr_NoMemory();
+    PyObject *capsule = PyCapsule_New(p, name, owned_free);
+    if (capsule == NULL)
+        PyMem_Free(p);
+    *state = p;
+    return capsule;
+}
+
+/* The argument as a bound (at least `least`); -1 with the error set. */
+static Py_ssize_t bound_arg(PyObject *arg, Py_ssize_t least)
+{
+    Py_ssize_t max = PyLong_AsSsize_t(arg);
+    if (max == -1 && PyErr_Occurred())
+        return -1;
+    return max < least ? least : max;
+}
+
+enum { A_DOMAIN, A_START, A_END, A_CORR, A_CBID, A_THREAD, A_N };
+
+typedef struct {
+    owned own; /* the columns' blocks */
+    int64_t *col[A_N];
+    Py_ssize_t lo, n, cap, max; /* rows lo .. lo + n - 1 */
+} api_store;
+
+#define STORE_NAME "chainer_autoprof._cupti.api_store"
+
+PyObject *cupti_api_store(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_ssize_t max = bound_arg(arg, 1);
+    void *state = NULL;
+    PyObject *capsule = max < 0 ? NULL : owned_new(sizeof(api_store), STORE_NAME, &state);
+    if (capsule != NULL)
+        ((api_store *)state)->max = max;
+    return capsule;
+}
+
+/* The clock map (analysis.gpu_clock.ClockMap.to_agent): perf0 + rint((c - cupti0) * slope
+ * + offset), as NumPy computes it. */
+typedef struct {
+    int64_t cupti0, perf0;
+    double slope, offset;
+} clock_map;
+
+/* x rounded to an integer, halves to even (NumPy's rint in the default rounding mode): below
+ * 2**52 in magnitude the addition of 2**52 rounds it so; above, a double is whole. */
+static inline double rint_even(double x)
+{
+    const double big = 4503599627370496.0; /* 2**52 */
+    if (x >= 0 && x < big)
+        return (x + big) - big;
+    if (x < 0 && x > -big)
+        return (x - big) + big;
+    return x;
+}
+
+static inline __attribute__((always_inline)) int64_t to_agent(const clock_map *m, int64_t c)
+{
+    double delta = (double)(int64_t)((uint64_t)c - (uint64_t)m->cupti0);
+    double x = delta * m->slope;
+    return m->perf0 + (int64_t)rint_even(x + m->offset);
+}
+
+static int parse_clock(PyObject *obj, clock_map *m)
+{
+    long long c0, p0;
+    if (!PyArg_ParseTuple(obj, "LLdd", &c0, &p0, &m->slope, &m->offset))
+        return -1;
+    m->cupti0 = c0;
+    m->perf0 = p0;
+    return 0;
+}
+
+/* Room for `more` rows after the kept ones (the kept moved to the front, or grown). */
+static int store_room(api_store *st, Py_ssize_t more)
+{
+    if (st->lo + st->n + more <= st->cap)
+        return 0;
+    if (st->lo > 0) {
+        for (int c = 0; c < A_N; c++)
+            memmove(st->col[c], st->col[c] + st->lo, (size_t)st->n * sizeof(int64_t));
+        st->lo = 0;
+    }
+    if (st->n + more <= st->cap)
+        return 0;
+    Py_ssize_t cap = st->cap ? st->cap : 1024;
+    while (cap < st->n + more)
+        cap *= 2;
+    for (int c = 0; c < A_N; c++) {
+        int64_t *grown = PyMem_Realloc(st->col[c], (size_t)cap * sizeof(int64_t));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        st->col[c] = st->own.blocks[c] = grown;
+    }
+    st->cap = cap;
+    return 0;
+}
+
+static const int64_t *sort_keys;
+
+static int by_key_then_row(const void *a, const void *b)
+{
+    Py_ssize_t i = *(const Py_ssize_t *)a, j = *(const Py_ssize_t *)b;
+    if (sort_keys[i] != sort_keys[j])
+        return sort_keys[i] < sort_keys[j] ? -1 : 1;
+    return i < j ? -1 : (i > j);
+}
+
+/* The kept rows sorted stably by correlation id (a buffer's ids interleave with theirs). */
+static int store_sort(api_store *st)
+{
+    Py_ssize_t n = st->n;
+    Py_ssize_t *order = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
+    int64_t *tmp = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (order == NULL || tmp == NULL) {
+        PyMem_Free(order);
+        PyMem_Free(tmp);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        order[i] = i;
+    sort_keys = st->col[A_CORR] + st->lo; /* under the GIL: one sort at a time */
+    qsort(order, (size_t)n, sizeof(Py_ssize_t), by_key_then_row);
+    for (int c = 0; c < A_N; c++) {
+        int64_t *col = st->col[c] + st->lo;
+        for (Py_ssize_t i = 0; i < n; i++)
+            tmp[i] = col[order[i]];
+        memcpy(col, tmp, (size_t)n * sizeof(int64_t));
+    }
+    PyMem_Free(order);
+    PyMem_Free(tmp);
+    return 0;
+}
+
+/* The store and two more arguments of a call (store, a, b); NULL with the error set. */
+static api_store *store_args(PyObject *args, PyObject **a, PyObject **b)
+{
+    PyObject *capsule;
+    if (!PyArg_ParseTuple(args, "OOO", &capsule, a, b))
+        return NULL;
+    return PyCapsule_GetPointer(capsule, STORE_NAME);
+}
+
+/* api_add(store, (domain, start, end, correlation, cbid, thread), clock): a buffer's calls
+ * (CUPTI ns, mapped here) kept. */
+PyObject *cupti_api_add(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cols_obj, *clock_obj;
+    api_store *st = store_args(args, &cols_obj, &clock_obj);
+    clock_map m;
+    if (st == NULL || parse_clock(clock_obj, &m) < 0)
+        return NULL;
+    held h = {NULL, 0, 0};
+    PyObject *result = NULL;
+    int64_t *in[A_N];
+    Py_ssize_t k = -1;
+    if (columns_held(&h, A_N, cols_obj, A_N, &k, 0, in) < 0 || store_room(st, k) < 0)
+        goto done;
+    Py_ssize_t at = st->lo + st->n;
+    int sorted = 1;
+    int64_t last = st->n ? st->col[A_CORR][at - 1] : INT64_MIN;
+    for (int c = 0; c < A_N; c++) { /* a loop, not memcpy: no string instruction per byte */
+        int64_t *to = st->col[c] + at;
+        const int64_t *from = in[c];
+        for (Py_ssize_t i = 0; i < k; i++)
+            to[i] = from[i];
+    }
+    int64_t *start = st->col[A_START] + at, *end = st->col[A_END] + at;
+    const int64_t *corr = in[A_CORR];
+    for (Py_ssize_t i = 0; i < k; i++) {
+        start[i] = to_agent(&m, start[i]);
+        end[i] = to_agent(&m, end[i]);
+        sorted &= corr[i] >= last;
+        last = corr[i];
+    }
+    st->n += k;
+    if (!sorted && store_sort(st) < 0)
+        goto done;
+    if (st->n > st->max) {
+        st->lo += st->n - st->max;
+        st->n = st->max;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    release_all(&h);
+    return result;
+}
+
+/* The first kept row with correlation id `x` (-1: none); the search starts at `hint`. */
+static Py_ssize_t find_call(const int64_t *a, Py_ssize_t m, int64_t x, Py_ssize_t *hint)
+{
+    Py_ssize_t k = last_at_or_before(a, m, x, *hint);
+    if (k < 0 || a[k] != x)
+        return -1;
+    while (k > 0 && a[k - 1] == x)
+        k--;
+    *hint = k;
+    return k;
+}
+
+enum { J_START, J_END, J_DOMAIN, J_CBID, J_THREAD, J_FOUND, J_N };
+
+/* api_join(store, correlation, out): each operation's launching call (out: api_start,
+ * api_end, api_domain, cbid, thread, found; written where found) ->
+ * (missing, thread of the first found, 1 when every found one has that thread, the
+ * latest start found). */
+PyObject *cupti_api_join(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *corr_obj, *out_obj;
+    api_store *st = store_args(args, &corr_obj, &out_obj);
+    if (st == NULL)
+        return NULL;
+    held h = {NULL, 0, 0};
+    PyObject *result = NULL;
+    Py_ssize_t n = -1;
+    int64_t *out[J_N];
+    if (columns_held(&h, 1 + J_N, out_obj, J_N, &n, 1, out) < 0)
+        goto done;
+    const int64_t *corr = int64s(&h, corr_obj, &n, 0);
+    if (corr == NULL)
+        goto done;
+    const int64_t *col[A_N];
+    for (int c = 0; c < A_N; c++)
+        col[c] = st->col[c] + st->lo;
+    long long missing = 0, latest = INT64_MIN, thread = -1;
+    int one = 1, first = 1;
+    Py_ssize_t hint = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t k = st->n ? find_call(col[A_CORR], st->n, corr[i], &hint) : -1;
+        out[J_FOUND][i] = k >= 0;
+        if (k < 0) {
+            missing++;
+            continue;
+        }
+        out[J_START][i] = col[A_START][k];
+        out[J_END][i] = col[A_END][k];
+        out[J_DOMAIN][i] = col[A_DOMAIN][k];
+        out[J_CBID][i] = col[A_CBID][k];
+        out[J_THREAD][i] = col[A_THREAD][k];
+        if (first) {
+            thread = col[A_THREAD][k];
+            first = 0;
+        }
+        one &= col[A_THREAD][k] == thread;
+        if (col[A_START][k] > latest)
+            latest = col[A_START][k];
+    }
+    result = Py_BuildValue("(LLiL)", missing, thread, one, latest);
+done:
+    release_all(&h);
+    return result;
+}
+
+/* to_agent(clock, src, dst): CUPTI ns -> agent ns (ClockMap.to_agent's twin). */
+PyObject *cupti_to_agent(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *clock_obj, *src_obj, *dst_obj;
+    clock_map m;
+    if (!PyArg_ParseTuple(args, "OOO", &clock_obj, &src_obj, &dst_obj) ||
+        parse_clock(clock_obj, &m) < 0)
+        return NULL;
+    held h = {PyMem_Calloc(2, sizeof(Py_buffer)), 0, 2};
+    if (h.views == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t n = -1;
+    const int64_t *src = int64s(&h, src_obj, &n, 0);
+    int64_t *dst = src ? int64s(&h, dst_obj, &n, 1) : NULL;
+    if (dst != NULL)
+        for (Py_ssize_t i = 0; i < n; i++)
+            dst[i] = to_agent(&m, src[i]);
+    release_all(&h);
+    if (dst == NULL)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* -- the per-link and per-phase sums of attributed operations (GpuFigureBuilder.add) ----- */
+enum { S_KIND, S_START, S_END, S_COUNTED, S_ITERATION, S_LINK, S_BACKWARD, S_PHASE, S_N };
+
+/* figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside): a block's kernels
+ * and copies added to link_sums (int64[links][5]: forward ns, forward kernels, backward ns,
+ * backward kernels, copy ns; counted operations in a link) and phase_sums (int64[phases][3]:
+ * kernel ns, kernels, copy ns; counted, in a phase) -> (operations of each of the three
+ * op_kinds (kernel, memcpy, memset), kernel ns outside any iteration, kernel ns in the
+ * warm-up's iterations). */
+PyObject *cupti_figure_sums(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cols_obj, *links_obj, *phases_obj;
+    long long kernel, memcpy_, memset_, phase_outside;
+    if (!PyArg_ParseTuple(args, "OOO(LLL)L", &cols_obj, &links_obj, &phases_obj, &kernel,
+                          &memcpy_, &memset_, &phase_outside))
+        return NULL;
+    held h = {NULL, 0, 0};
+    PyObject *result = NULL;
+    int64_t *c[S_N];
+    Py_ssize_t n = -1, n_link_cells = -1, n_phase_cells = -1;
+    if (columns_held(&h, S_N + 2, cols_obj, S_N, &n, 0, c) < 0)
+        goto done;
+    int64_t *links = int64s(&h, links_obj, &n_link_cells, 1);
+    int64_t *phases = links ? int64s(&h, phases_obj, &n_phase_cells, 1) : NULL;
+    if (phases == NULL)
+        goto done;
+    Py_ssize_t n_links = n_link_cells / 5, n_phases = n_phase_cells / 3;
+    long long counts[3] = {0, 0, 0}, outside = 0, warmup = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t kind = c[S_KIND][i], dur = c[S_END][i] - c[S_START][i];
+        int is_kernel = kind == kernel;
+        int is_copy = !is_kernel && (kind == memcpy_ || kind == memset_);
+        counts[0] += is_kernel;
+        counts[1] += kind == memcpy_;
+        counts[2] += kind == memset_;
+        int counted = c[S_COUNTED][i] == 1, in_iter = c[S_ITERATION][i] >= 0;
+        if (is_kernel && !in_iter)
+            outside += dur;
+        if (is_kernel && in_iter && !counted)
+            warmup += dur;
+        if (!counted || !(is_kernel || is_copy))
+            continue;
+        int64_t link = c[S_LINK][i], phase = c[S_PHASE][i];
+        if (link >= 0 && link < n_links) {
+            int64_t *row = links + 5 * link;
+            if (is_copy) {
+                row[4] += dur;
+            } else {
+                int back = c[S_BACKWARD][i] == 1;
+                row[2 * back] += dur;
+                row[2 * back + 1] += 1;
+            }
+        }
+        if (phase != phase_outside && phase >= 0 && phase < n_phases) {
+            int64_t *row = phases + 3 * phase;
+            if (is_copy) {
+                row[2] += dur;
+            } else {
+                row[0] += dur;
+                row[1] += 1;
+            }
+        }
+    }
+    result = Py_BuildValue("(LLLLL)", counts[0], counts[1], counts[2], outside, warmup);
+done:
+    release_all(&h);
+    return result;
+}
+
+/* -- the GPU timeline's rows (GpuFigureBuilder's _Timeline) ------------------------------- */
+enum { R_START, R_END, R_KIND, R_LAUNCH, R_ITERATION, R_ITER_END, R_TID, R_DEVICE, R_N };
+
+/* timeline_rows(columns, kernel_kind, loop_tid, rows) -> (loop_tid, device, earliest): each
+ * operation's row (start, end, kernel?, launch, its iteration when the loop thread launched
+ * it else -1, iteration's end, launched by the loop thread?) into rows (int64[n][7]);
+ * loop_tid None: the thread of the first operation in an iteration (None while there is
+ * none); the device of every operation (None: several) and the earliest start (None: no
+ * operation).  Columns: start, end, kind, launch, iteration, iter_end, tid, device. */
+static PyObject *cupti_timeline_rows(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cols_obj, *loop_obj, *rows_obj;
+    long long kernel;
+    if (!PyArg_ParseTuple(args, "OLOO", &cols_obj, &kernel, &loop_obj, &rows_obj))
+        return NULL;
+    held h = {NULL, 0, 0};
+    PyObject *result = NULL;
+    int64_t *c[R_N];
+    Py_ssize_t n = -1, cells = -1;
+    if (columns_held(&h, R_N + 1, cols_obj, R_N, &n, 0, c) < 0)
+        goto done;
+    int64_t *rows = int64s(&h, rows_obj, &cells, 1);
+    if (rows == NULL)
+        goto done;
+    if (cells != 7 * n) {
+        PyErr_SetString(PyExc_ValueError, "timeline_rows: rows of 7 per operation");
+        goto done;
+    }
+    int known = loop_obj != Py_None;
+    int64_t loop_tid = 0;
+    if (known) {
+        loop_tid = PyLong_AsLongLong(loop_obj);
+        if (loop_tid == -1 && PyErr_Occurred())
+            goto done;
+    }
+    for (Py_ssize_t i = 0; !known && i < n; i++) {
+        if (c[R_ITERATION][i] >= 0) {
+            loop_tid = c[R_TID][i];
+            known = 1;
+        }
+    }
+    int one_device = n > 0;
+    int64_t earliest = n ? c[R_START][0] : 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        one_device &= c[R_DEVICE][i] == c[R_DEVICE][0];
+        if (c[R_START][i] < earliest)
+            earliest = c[R_START][i];
+        int loop = known && c[R_TID][i] == loop_tid;
+        int64_t *row = rows + 7 * i;
+        row[0] = c[R_START][i];
+        row[1] = c[R_END][i];
+        row[2] = c[R_KIND][i] == kernel;
+        row[3] = c[R_LAUNCH][i];
+        row[4] = loop ? c[R_ITERATION][i] : -1;
+        row[5] = c[R_ITER_END][i];
+        row[6] = loop;
+    }
+    PyObject *parts[3] = {known ? PyLong_FromLongLong(loop_tid) : Py_NewRef(Py_None),
+                          one_device ? PyLong_FromLongLong(c[R_DEVICE][0]) : Py_NewRef(Py_None),
+                          n ? PyLong_FromLongLong(earliest) : Py_NewRef(Py_None)};
+    if (parts[0] != NULL && parts[1] != NULL && parts[2] != NULL)
+        result = PyTuple_Pack(3, parts[0], parts[1], parts[2]);
+    for (int k = 0; k < 3; k++)
+        Py_XDECREF(parts[k]);
+done:
+    release_all(&h);
+    return result;
+}
+
+/* -- the counted kernels' sums per (name, link, direction) (GpuFigureBuilder._add_kernels) -
+ *
+ * A table kept across buffers: at most `max` keys (name << 32 | (link + 1) << 1 | backward),
+ * each a row in the order first seen (a buffer's new keys in ascending order), their ns and
+ * kernels; the kernels of keys beyond it summed as "other".  Read once, at figure time. */
+enum { K_COL_KIND, K_COL_START, K_COL_END, K_COL_COUNTED, K_COL_NAME, K_COL_LINK, K_COL_BACK,
+       K_COL_N };
+
+typedef struct {
+    int64_t key, ns, calls;
+} kernel_sum;
+
+typedef struct {
+    owned own; /* rows and slots */
+    kernel_sum *rows;
+    int32_t *slots; /* row + 1; 0: free */
+    size_t cap;     /* slots: a power of two, at least twice max */
+    Py_ssize_t n, max;
+    int64_t other_ns, other_calls;
+} kernel_table;
+
+#define KERNELS_NAME "chainer_autoprof._cupti.kernel_table"
+
+static size_t slot_of(uint64_t key, size_t cap)
+{
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+}
+
+/* kernel_table(max_keys) -> the table (a capsule). */
+static PyObject *cupti_kernel_table(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_ssize_t max = bound_arg(arg, 0);
+    void *state = NULL;
+    PyObject *capsule = max < 0 ? NULL : owned_new(sizeof(kernel_table), KERNELS_NAME, &state);
+    if (capsule == NULL)
+        return NULL;
+    kernel_table *kt = state;
+    kt->max = max;
+    kt->cap = 16;
+    while (kt->cap < 2 * (size_t)kt->max)
+        kt->cap *= 2;
+    kt->rows = kt->own.blocks[0] = PyMem_Calloc((size_t)(max ? max : 1), sizeof(kernel_sum));
+    kt->slots = kt->own.blocks[1] = PyMem_Calloc(kt->cap, sizeof(int32_t));
+    if (kt->rows == NULL || kt->slots == NULL) {
+        Py_DECREF(capsule);
+        return PyErr_NoMemory();
+    }
+    return capsule;
+}
+
+static int by_kernel_key(const void *a, const void *b)
+{
+    int64_t x = ((const kernel_sum *)a)->key, y = ((const kernel_sum *)b)->key;
+    return (x > y) - (x < y);
+}
+
+/* One buffer's sum of a key into the table (a new row while there is room, else "other"). */
+static void kernels_add(kernel_table *kt, const kernel_sum *s)
+{
+    size_t at = slot_of((uint64_t)s->key, kt->cap);
+    while (kt->slots[at] && kt->rows[kt->slots[at] - 1].key != s->key)
+        at = (at + 1) & (kt->cap - 1);
+    if (!kt->slots[at]) {
+        if (kt->n >= kt->max) {
+            kt->other_ns += s->ns;
+            kt->other_calls += s->calls;
+            return;
+        }
+        kt->rows[kt->n] = (kernel_sum){s->key, 0, 0};
+        kt->slots[at] = (int32_t)++kt->n;
+    }
+    kt->rows[kt->slots[at] - 1].ns += s->ns;
+    kt->rows[kt->slots[at] - 1].calls += s->calls;
+}
+
+/* kernel_sums(table, columns, kernel_kind) -> None: a buffer's counted kernels (kind ==
+ * kernel_kind, counted == 1) summed per key, then into the table in ascending key order. */
+static PyObject *cupti_kernel_sums(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *capsule, *cols_obj;
+    long long kernel;
+    if (!PyArg_ParseTuple(args, "OOL", &capsule, &cols_obj, &kernel))
+        return NULL;
+    kernel_table *kt = PyCapsule_GetPointer(capsule, KERNELS_NAME);
+    if (kt == NULL)
+        return NULL;
+    held h = {NULL, 0, 0};
+    kernel_sum *sums = NULL;
+    int32_t *slots = NULL;
+    PyObject *result = NULL;
+    int64_t *c[K_COL_N];
+    Py_ssize_t n = -1;
+    if (columns_held(&h, K_COL_N, cols_obj, K_COL_N, &n, 0, c) < 0)
+        goto done;
+    size_t cap = 16;
+    while (cap < 2 * (size_t)n)
+        cap *= 2;
+    sums = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(kernel_sum));
+    slots = PyMem_Calloc(cap, sizeof(int32_t)); /* a buffer's keys: row + 1; 0: free */
+    if (sums == NULL || slots == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (c[K_COL_KIND][i] != kernel || c[K_COL_COUNTED][i] != 1)
+            continue;
+        int64_t key = (int64_t)(((uint64_t)c[K_COL_NAME][i] << 32)
+                                | ((uint64_t)(c[K_COL_LINK][i] + 1) << 1)
+                                | (uint64_t)(c[K_COL_BACK][i] == 1));
+        size_t at = slot_of((uint64_t)key, cap);
+        while (slots[at] && sums[slots[at] - 1].key != key)
+            at = (at + 1) & (cap - 1);
+        if (!slots[at]) {
+            sums[m] = (kernel_sum){key, 0, 0};
+            slots[at] = (int32_t)++m;
+        }
+        sums[slots[at] - 1].ns += c[K_COL_END][i] - c[K_COL_START][i];
+        sums[slots[at] - 1].calls++;
+    }
+    qsort(sums, (size_t)m, sizeof(kernel_sum), by_kernel_key);
+    for (Py_ssize_t i = 0; i < m; i++)
+        kernels_add(kt, &sums[i]);
+    result = Py_NewRef(Py_None);
+done:
+    release_all(&h);
+    PyMem_Free(sums);
+    PyMem_Free(slots);
+    return result;
+}
+
+/* kernel_rows(table) -> ([key], [ns], [kernels], other ns, other kernels), rows in order. */
+static PyObject *cupti_kernel_rows(PyObject *self, PyObject *capsule)
+{
+    (void)self;
+    kernel_table *kt = PyCapsule_GetPointer(capsule, KERNELS_NAME);
+    if (kt == NULL)
+        return NULL;
+    PyObject *lists[3] = {PyList_New(kt->n), PyList_New(kt->n), PyList_New(kt->n)};
+    PyObject *result = NULL;
+    if (lists[0] != NULL && lists[1] != NULL && lists[2] != NULL) {
+        int ok = 1;
+        for (Py_ssize_t i = 0; ok && i < kt->n; i++) {
+            const int64_t v[3] = {kt->rows[i].key, kt->rows[i].ns, kt->rows[i].calls};
+            for (int c = 0; ok && c < 3; c++) {
+                PyObject *x = PyLong_FromLongLong(v[c]);
+                ok = x != NULL;
+                if (ok)
+                    PyList_SET_ITEM(lists[c], i, x);
+            }
+        }
+        if (ok)
+            result = Py_BuildValue("(OOOLL)", lists[0], lists[1], lists[2],
+                                   (long long)kt->other_ns, (long long)kt->other_calls);
+    }
+    for (int c = 0; c < 3; c++)
+        Py_XDECREF(lists[c]);
+    return result;
+}
+
+/* -- the clock map's fit (analysis.gpu_clock.fit's twin) ---------------------------------- */
+
+/* NumPy's sum of float64 (pairwise: eight lanes up to 128 values, halves above), so that the
+ * fit here equals NumPy's to the last bit. */
+static double pairwise_sum(const double *a, Py_ssize_t n)
+{
+    if (n < 8) {
+        double res = 0.;
+        for (Py_ssize_t i = 0; i < n; i++)
+            res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8];
+        Py_ssize_t i;
+        for (int j = 0; j < 8; j++)
+            r[j] = a[j];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++)
+                r[j] += a[i + j];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++)
+            res += a[i];
+        return res;
+    }
+    Py_ssize_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return pairwise_sum(a, n2) + pairwise_sum(a + n2, n - n2);
+}
+
+typedef struct {
+    int64_t cupti, perf, read;
+} clock_pair;
+
+/* clock_fit(pairs) -> (cupti0, perf0, slope, offset, residual_ns, read_ns, first_ns,
+ * last_ns, pairs): ClockMap's fields fitted through the rows (cupti_ns, perf_ns[, read_ns])
+ * as analysis.gpu_clock.fit does (ValueError without a pair). */
+static PyObject *cupti_clock_fit(PyObject *self, PyObject *rows)
+{
+    (void)self;
+    PyObject *seq = PySequence_Fast(rows, "clock_fit: a sequence of pairs");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *result = NULL;
+    clock_pair *pairs = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(clock_pair));
+    double *x = PyMem_Malloc((size_t)(n ? n : 1) * 3 * sizeof(double));
+    if (pairs == NULL || x == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError, "no clock pairs");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long c, p, r = -1;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "LL|L", &c, &p, &r))
+            goto done;
+        clock_pair row = {c, p, r};
+        Py_ssize_t k = i; /* stable insertion by CUPTI time (the pairs come in order) */
+        while (k > 0 && pairs[k - 1].cupti > row.cupti) {
+            pairs[k] = pairs[k - 1];
+            k--;
+        }
+        pairs[k] = row;
+    }
+    double *y = x + n, *t = y + n;
+    int64_t c0 = pairs[0].cupti, p0 = pairs[0].perf, reads = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        x[i] = (double)(int64_t)((uint64_t)pairs[i].cupti - (uint64_t)c0);
+        y[i] = (double)(int64_t)((uint64_t)pairs[i].perf - (uint64_t)p0);
+        if (pairs[i].read >= 0 && pairs[i].read > reads)
+            reads = pairs[i].read;
+    }
+    double slope, offset;
+    if (n == 1 || x[n - 1] - x[0] == 0.0) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            t[i] = y[i] - x[i];
+        slope = 1.0;
+        offset = pairwise_sum(t, n) / (double)n;
+    } else {
+        double xm = pairwise_sum(x, n) / (double)n, ym = pairwise_sum(y, n) / (double)n;
+        for (Py_ssize_t i = 0; i < n; i++)
+            t[i] = (x[i] - xm) * (y[i] - ym);
+        double sxy = pairwise_sum(t, n);
+        for (Py_ssize_t i = 0; i < n; i++)
+            t[i] = (x[i] - xm) * (x[i] - xm);
+        slope = sxy / pairwise_sum(t, n);
+        offset = ym - slope * xm;
+    }
+    double worst = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double fitted = x[i] * slope;
+        double off = fabs(rint_even(fitted + offset) - y[i]);
+        if (i == 0 || off > worst || off != off)
+            worst = off;
+    }
+    result = Py_BuildValue("(LLddLLLLn)", (long long)c0, (long long)p0, slope, offset,
+                           (long long)worst, (long long)(reads >= 0 ? reads : 0),
+                           (long long)pairs[0].cupti, (long long)pairs[n - 1].cupti, n);
+done:
+    PyMem_Free(pairs);
+    PyMem_Free(x);
+    Py_DECREF(seq);
+    return result;
+}
+
+/* This file's functions: cupti_<name>. */
+#define FN(name, flags, doc) {#name, cupti_##name, flags, doc}
+
+static PyMethodDef launch_methods[] = { /* the attribution's: calls, clock, ranges */
+    FN(api_store, METH_O, "api_store(max_api): launching calls kept in C."),
+    FN(api_add, METH_VARARGS, "api_add(store, columns, clock): calls kept."),
+    FN(api_join, METH_VARARGS, "api_join(store, correlation, out): each op's launching call."),
+    FN(to_agent, METH_VARARGS, "to_agent(clock, src, dst): CUPTI ns onto the agent's clock."),
+    FN(clock_fit, METH_O, "clock_fit(pairs): gpu_clock.fit's fields."),
+    FN(locate, METH_VARARGS,
+       "locate(t, depths, kinds, link_ids, out[, tail]): the ranges around each launch."),
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMethodDef figure_methods[] = { /* the figures' sums */
+    FN(figure_sums, METH_VARARGS,
+       "figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside): per range."),
+    FN(timeline_rows, METH_VARARGS,
+       "timeline_rows(columns, kernel_kind, loop_tid, rows): the GPU timeline's rows."),
+    FN(kernel_table, METH_O, "kernel_table(max_keys): the kernels' sums kept in C."),
+    FN(kernel_sums, METH_VARARGS,
+       "kernel_sums(table, columns, kernel_kind): counted kernels per name, link, direction."),
+    FN(kernel_rows, METH_O, "kernel_rows(table): its rows, in order."),
+    {NULL, NULL, 0, NULL},
+};
+
+int cupti_locate_ready(PyObject *module)
+{
+    if (PyModule_AddFunctions(module, launch_methods) < 0)
+        return -1;
+    return PyModule_AddFunctions(module, figure_methods);
 }

@@ -4,9 +4,22 @@
 
 #include <Python.h>
 
-/* locate(t, depths, kinds, link_ids, out) -> None (see cupti_locate.c). */
+/* locate(t, depths, kinds, link_ids, out[, tail]) -> None, or the tail's sums. */
 PyObject *cupti_locate(PyObject *self, PyObject *args);
+/* api_store(max_api) -> the launching calls kept across buffers (a capsule). */
+PyObject *cupti_api_store(PyObject *self, PyObject *arg);
+/* api_add(store, columns, clock) -> None: a buffer's calls kept. */
+PyObject *cupti_api_add(PyObject *self, PyObject *args);
+/* api_join(store, correlation, out) -> (missing, thread, one thread, latest start). */
+PyObject *cupti_api_join(PyObject *self, PyObject *args);
+/* figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside) -> counts. */
+PyObject *cupti_figure_sums(PyObject *self, PyObject *args);
+/* to_agent(clock, src, dst) -> None: CUPTI ns onto the agent's clock. */
+PyObject *cupti_to_agent(PyObject *self, PyObject *args);
 /* (K_ITER, K_LINK, K_LINK_BWD, K_GC, K_PHASE0) as the C side counts them. */
 PyObject *cupti_locate_kinds(void);
+
+/* This file's functions added to the module (0; -1 with the error set). */
+int cupti_locate_ready(PyObject *module);
 
 #endif

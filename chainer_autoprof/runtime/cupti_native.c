@@ -228,17 +228,24 @@ static int64_t name_id(const char *s, table *fresh)
 }
 
 /* -- the walk of one buffer ---------------------------------------------------------------- */
+/* Row i's `count` cells from column `first` on: `values`. */
+static inline __attribute__((always_inline)) void set_cells(table *t, long i, int first,
+                                                            const int64_t *values, int count)
+{
+    int64_t *cell = &CELL(t, first, i);
+    size_t stride = t->cap;
+#pragma GCC unroll 16
+    for (int k = 0; k < count; k++)
+        cell[(size_t)k * stride] = values[k];
+}
+
 static int hand_api(api_slot *a, table *api)
 {
     long i = table_row(api);
     if (i < 0)
         return -1;
-    CELL(api, API_DOMAIN, i) = a->domain;
-    CELL(api, API_START, i) = a->start;
-    CELL(api, API_END, i) = a->end;
-    CELL(api, API_CORR, i) = a->corr;
-    CELL(api, API_CBID, i) = a->cbid;
-    CELL(api, API_THREAD, i) = a->thread;
+    const int64_t row[API_NCOLS] = {a->domain, a->start, a->end, a->corr, a->cbid, a->thread};
+    set_cells(api, i, API_DOMAIN, row, API_NCOLS);
     a->handed = 1;
     return 0;
 }
@@ -261,13 +268,9 @@ static long op_row(table *ops, const op_head *h)
     long i = table_row(ops);
     if (i < 0)
         return -1;
-    CELL(ops, OP_KIND, i) = h->kind;
-    CELL(ops, OP_START, i) = (int64_t)h->start;
-    CELL(ops, OP_END, i) = (int64_t)h->end;
-    CELL(ops, OP_CORR, i) = h->corr;
-    CELL(ops, OP_DEVICE, i) = h->device;
-    CELL(ops, OP_CONTEXT, i) = h->context;
-    CELL(ops, OP_STREAM, i) = h->stream;
+    const int64_t head[OP_NAME] = {h->kind, (int64_t)h->start, (int64_t)h->end, h->corr,
+                                   h->device, h->context, h->stream};
+    set_cells(ops, i, OP_KIND, head, OP_NAME);
     return i;
 }
 
@@ -277,10 +280,8 @@ static void op_cells(const CUpti_Activity *record, table *ops, long i, table *fr
     switch (record->kind) {
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const CUpti_ActivityMemcpy7 *m = (const CUpti_ActivityMemcpy7 *)record;
-        CELL(ops, OP_BYTES, i) = (int64_t)m->bytes;
-        CELL(ops, OP_COPY_KIND, i) = m->copyKind;
-        CELL(ops, OP_SRC_KIND, i) = m->srcKind;
-        CELL(ops, OP_DST_KIND, i) = m->dstKind;
+        const int64_t copy[4] = {(int64_t)m->bytes, m->copyKind, m->srcKind, m->dstKind};
+        set_cells(ops, i, OP_BYTES, copy, 4);
         CELL(ops, OP_NAME, i) = CELL(ops, OP_VALUE, i) = -1;
         for (int c = OP_GRID_X; c < OP_NCOLS; c++) /* a kernel's */
             CELL(ops, c, i) = -1;
@@ -298,15 +299,10 @@ static void op_cells(const CUpti_Activity *record, table *ops, long i, table *fr
     default: { /* a kernel */
         const CUpti_ActivityKernel13 *k = (const CUpti_ActivityKernel13 *)record;
         CELL(ops, OP_NAME, i) = name_id(k->name, fresh);
-        CELL(ops, OP_GRID_X, i) = k->gridX;
-        CELL(ops, OP_GRID_Y, i) = k->gridY;
-        CELL(ops, OP_GRID_Z, i) = k->gridZ;
-        CELL(ops, OP_BLOCK_X, i) = k->blockX;
-        CELL(ops, OP_BLOCK_Y, i) = k->blockY;
-        CELL(ops, OP_BLOCK_Z, i) = k->blockZ;
-        CELL(ops, OP_REGISTERS, i) = k->registersPerThread;
-        CELL(ops, OP_STATIC_SMEM, i) = k->staticSharedMemory;
-        CELL(ops, OP_DYNAMIC_SMEM, i) = k->dynamicSharedMemory;
+        const int64_t launch[OP_NCOLS - OP_GRID_X] = {
+            k->gridX, k->gridY, k->gridZ, k->blockX, k->blockY, k->blockZ,
+            k->registersPerThread, k->staticSharedMemory, k->dynamicSharedMemory};
+        set_cells(ops, i, OP_GRID_X, launch, OP_NCOLS - OP_GRID_X);
         for (int c = OP_BYTES; c <= OP_VALUE; c++) /* a copy's and a memset's */
             CELL(ops, c, i) = -1;
         break;
@@ -542,6 +538,14 @@ static void *need(const char *name, PyObject **missing)
     return f;
 }
 
+/* Return CUPTI's result of `call`, made without the GIL, as a Python int. */
+#define RESULT_WITHOUT_GIL(call)                                                               \
+    do {                                                                                       \
+        CUptiResult result_;                                                                   \
+        Py_BEGIN_ALLOW_THREADS result_ = (call);                                               \
+        Py_END_ALLOW_THREADS return PyLong_FromLong((long)result_);                            \
+    } while (0)
+
 static PyObject *py_load(PyObject *self, PyObject *arg)
 {
     (void)self;
@@ -639,11 +643,7 @@ static PyObject *py_register(PyObject *self, PyObject *args)
     Py_INCREF(callback);
     Py_XSETREF(on_buffer, callback);
     closed = 0;
-    CUptiResult r;
-    Py_BEGIN_ALLOW_THREADS
-    r = lib.register_callbacks(buffer_requested, buffer_completed);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong((long)r);
+    RESULT_WITHOUT_GIL(lib.register_callbacks(buffer_requested, buffer_completed));
 }
 
 static PyObject *kind_call(kind_fn f, PyObject *arg)
@@ -652,11 +652,7 @@ static PyObject *kind_call(kind_fn f, PyObject *arg)
     if (kind == -1 && PyErr_Occurred())
         return NULL;
     NEED_LIB();
-    CUptiResult r;
-    Py_BEGIN_ALLOW_THREADS
-    r = f((CUpti_ActivityKind)kind);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong((long)r);
+    RESULT_WITHOUT_GIL(f((CUpti_ActivityKind)kind));
 }
 
 static PyObject *py_enable(PyObject *self, PyObject *arg)
@@ -683,11 +679,7 @@ static PyObject *py_enable_api(PyObject *self, PyObject *args)
     api_switch_fn f = domain == DOMAIN_RUNTIME ? lib.enable_runtime : lib.enable_driver;
     if (f == NULL)
         return PyLong_FromLong(-1);
-    CUptiResult r;
-    Py_BEGIN_ALLOW_THREADS
-    r = f((CUpti_CallbackId)cbid, (uint8_t)on);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong((long)r);
+    RESULT_WITHOUT_GIL(f((CUpti_CallbackId)cbid, (uint8_t)on));
 }
 
 static PyObject *py_system_thread_ids(PyObject *self, PyObject *noargs)
@@ -733,11 +725,7 @@ static PyObject *py_flush_all(PyObject *self, PyObject *arg)
     uint32_t flag;
     if (lib_u32_arg(arg, &flag))
         return NULL;
-    CUptiResult r;
-    Py_BEGIN_ALLOW_THREADS
-    r = lib.flush_all(flag);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong((long)r);
+    RESULT_WITHOUT_GIL(lib.flush_all(flag));
 }
 
 /* timestamp(): CUPTI's clock in ns (raises RuntimeError with CUPTI's code). */
@@ -800,25 +788,26 @@ static PyObject *py_walked(PyObject *self, PyObject *noargs)
     return PyLong_FromLongLong(__atomic_load_n(&walked_records, __ATOMIC_ACQUIRE));
 }
 
+/* A table entry: the function py_<name> (cupti_locate.c adds its own: cupti_locate_ready). */
+#define METHOD(name, flags, doc) {#name, py_##name, flags, doc}
+
 static PyMethodDef methods[] = {
-    {"walked", py_walked, METH_NOARGS, "Records read so far (no lock taken)."},
-    {"load", py_load, METH_O, "load(path): dlopen libcupti; None, or why not (str)."},
-    {"register", py_register, METH_VARARGS,
-     "register(buffer_bytes, on_buffer): this module's buffer callbacks; CUPTI's result."},
-    {"enable", py_enable, METH_O, "enable(kind): cuptiActivityEnable's result."},
-    {"disable", py_disable, METH_O, "disable(kind): cuptiActivityDisable's result."},
-    {"enable_api", py_enable_api, METH_VARARGS,
-     "enable_api(domain, cbid, on): runtime (0) or driver (1) call switch; -1: none."},
-    {"system_thread_ids", py_system_thread_ids, METH_NOARGS,
-     "cuptiSetThreadIdType(SYSTEM)'s result; -1: no such function."},
-    {"flush_period", py_flush_period, METH_O, "flush_period(ms): CUPTI's result; -1: none."},
-    {"flush_all", py_flush_all, METH_O, "flush_all(flag): CUPTI's result (GIL released)."},
-    {"timestamp", py_timestamp, METH_NOARGS, "CUPTI's clock (ns)."},
-    {"result_string", py_result_string, METH_O, "CUPTI's name of a result code."},
-    {"close", py_close, METH_NOARGS, "Completed buffers are freed unread from now on."},
-    {"counts", py_counts, METH_NOARGS, "What the buffer callbacks saw (a dict)."},
-    {"locate", cupti_locate, METH_VARARGS,
-     "locate(t, depths, kinds, link_ids, out): the ranges around each launch (cupti_locate.c)."},
+    METHOD(walked, METH_NOARGS, "Records read so far (no lock taken)."),
+    METHOD(load, METH_O, "load(path): dlopen libcupti; None, or why not (str)."),
+    METHOD(register, METH_VARARGS,
+     "register(buffer_bytes, on_buffer): this module's buffer callbacks; CUPTI's result."),
+    METHOD(enable, METH_O, "enable(kind): cuptiActivityEnable's result."),
+    METHOD(disable, METH_O, "disable(kind): cuptiActivityDisable's result."),
+    METHOD(enable_api, METH_VARARGS,
+     "enable_api(domain, cbid, on): runtime (0) or driver (1) call switch; -1: none."),
+    METHOD(system_thread_ids, METH_NOARGS,
+     "cuptiSetThreadIdType(SYSTEM)'s result; -1: no such function."),
+    METHOD(flush_period, METH_O, "flush_period(ms): CUPTI's result; -1: none."),
+    METHOD(flush_all, METH_O, "flush_all(flag): CUPTI's result (GIL released)."),
+    METHOD(timestamp, METH_NOARGS, "CUPTI's clock (ns)."),
+    METHOD(result_string, METH_O, "CUPTI's name of a result code."),
+    METHOD(close, METH_NOARGS, "Completed buffers are freed unread from now on."),
+    METHOD(counts, METH_NOARGS, "What the buffer callbacks saw (a dict)."),
     {NULL, NULL, 0, NULL},
 };
 
@@ -875,6 +864,7 @@ PyMODINIT_FUNC PyInit__cupti(void)
         || PyModule_AddObject(m, "DRIVER_CBIDS", drv) < 0
         || PyModule_AddObject(m, "OP_COLUMNS", names_tuple(OP_COLUMNS, OP_NCOLS)) < 0
         || PyModule_AddObject(m, "API_COLUMNS", names_tuple(API_COLUMNS, API_NCOLS)) < 0
+        || cupti_locate_ready(m) < 0
         || PyModule_AddObject(m, "LOCATE_KINDS", cupti_locate_kinds()) < 0
         || PyModule_AddIntConstant(m, "API_SLOTS", API_SLOTS) < 0
         || PyModule_AddIntConstant(m, "CUPTI_API_VERSION", CUPTI_API_VERSION) < 0) {

@@ -138,7 +138,10 @@ class NativeCuptiCollector(CuptiCollector):
         self.library = library
         #: extension name id -> this collector's NameTable id (-1: not yet told)
         self._remap = np.zeros(0, dtype=np.int64)
+        #: Whether every extension id so far is this collector's own (no remap needed); the
+        #: ids seen so far are below ``_top``.
         self._identity = True
+        self._top = 0
         self.api_handed = 0
         self._errors = 0  # ours; the extension counts its own (a buffer it could not read)
 
@@ -175,12 +178,17 @@ class NativeCuptiCollector(CuptiCollector):
         index = [i for i, _ in fresh]
         ours = self.names.intern_all([text for _, text in fresh])
         top = max(index) + 1
+        if self._identity:
+            if index == ours:  # the usual: one collector, the table's own ids
+                self._top = max(self._top, top)
+                return
+            self._remap = np.arange(max(self._top, top), dtype=np.int64)  # those so far
+            self._identity = False
         if top > len(self._remap):
             grown = np.full(max(top, 2 * len(self._remap)), -1, dtype=np.int64)
             grown[:len(self._remap)] = self._remap
             self._remap = grown
         self._remap[index] = ours  # all at once: a name's first buffer holds hundreds
-        self._identity = self._identity and index == ours
 
     def _sync_counts(self) -> None:
         ext = self._ext

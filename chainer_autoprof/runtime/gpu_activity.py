@@ -287,6 +287,11 @@ class CuptiCollector:
         with self._lock:
             return ClockPairs.from_rows(list(self._pairs))
 
+    def pair_rows(self) -> list[tuple[int, ...]]:
+        """The clock pairs as read, ``(cupti_ns, perf_counter_ns, read_ns)`` rows (a copy)."""
+        with self._lock:
+            return list(self._pairs)
+
     @property
     def pair_count(self) -> int:
         return len(self._pairs)
