@@ -207,9 +207,9 @@ class RankRow(TypedDict, total=False):
     """One process's iterations (report/merge.py)."""
 
     label: Annotated[str, F("process track label")]
-    rank: Annotated[int, F("MPI rank")]
+    rank: Annotated[Optional[int], F("MPI rank")]
     host: Annotated[str, F("host")]
-    pid: Annotated[int, F("pid")]
+    pid: Annotated[Optional[int], F("pid")]
     child: Annotated[bool, F("a child process")]
     iterations: Annotated[int, F("counted iterations")]
     iteration_ms_median: Annotated[Ms, F("median iteration")]
@@ -231,7 +231,7 @@ class RankRow(TypedDict, total=False):
 class Straggler(TypedDict, total=False):
     """The rank the others wait for."""
 
-    rank: Annotated[int, F("the slowest rank")]
+    rank: Annotated[Optional[int], F("the slowest rank")]
     label: Annotated[str, F("its label")]
     compute_ms_per_iteration: Annotated[float, F("its compute per iteration", "ms")]
     others_compute_ms_per_iteration: Annotated[float, F("the others' (mean)", "ms")]
@@ -243,7 +243,7 @@ class Straggler(TypedDict, total=False):
                                 "iteration, on average and in every iteration")]
     longest_wait_ms: Annotated[float, F("the longest wait of a rank for the others in one "
                                         "counted iteration", "ms", required=False)]
-    longest_wait_rank: Annotated[int, F("the rank that waited", required=False)]
+    longest_wait_rank: Annotated[Optional[int], F("the rank that waited", required=False)]
     longest_wait_iteration: Annotated[int, F("in which counted iteration (from 0)",
                                              required=False)]
 
@@ -252,7 +252,7 @@ class MergeWhere(TypedDict, total=False):
     """Where each rank was."""
 
     positions: Annotated[List[Snapshot], F("each rank's last position")]
-    odd_one_out: Annotated[List[int], F("the ranks somewhere else")]
+    odd_one_out: Annotated[List[Optional[int]], F("the ranks somewhere else")]
     odd_one_out_text: Annotated[str, F("that, in words")]
 
 
@@ -269,7 +269,8 @@ class MergeSummary(TypedDict, total=False):
     """The summary across ranks (report/merge.py)."""
 
     ranks: Annotated[List[RankRow], F("per process")]
-    straggler: Annotated[Straggler, F("the slowest rank (null with fewer than two ranks)")]
+    straggler: Annotated[Optional[Straggler], F("the slowest rank (null with fewer than two "
+                                                "ranks)")]
     where: Annotated[MergeWhere, F("where the ranks were (hung and killed jobs)")]
     alignment: Annotated[List[Alignment], F("how each input's clock was aligned")]
 
