@@ -69,7 +69,7 @@ from ..common import names
 from ..common.one_line import write
 from ..common.outputs import atomic_text
 from ..common.paths import check_output
-from . import trace_events
+from . import command_parser, trace_events
 from .stall import describe_odd, side_by_side
 from .trace_events import PROCESS_LABELS, PROCESS_NAME, PROCESS_SORT_INDEX, RANGES
 from .tracefile import TraceError, open_trace
@@ -496,11 +496,11 @@ def format_summary(summary: MergeSummary, output: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m chainer_autoprof merge",
-        description="Merge the traces of the ranks (and child processes) of one job into one "
-                    "Perfetto timeline, and summarize iteration and communication time per "
-                    "rank.")
+    parser = command_parser(
+        "merge",
+        "Merge the traces of the ranks (and child processes) of one job into one "
+        "Perfetto timeline, and summarize iteration and communication time per "
+        "rank.")
     parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (rank*.json)")
     parser.add_argument("-o", "--output", required=True, metavar="PATH",
                         help="the merged trace file to write")
