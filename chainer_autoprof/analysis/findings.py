@@ -45,11 +45,8 @@ class Findings:
     on_gpu: bool
     #: The agent's waits for the GPU (none below sync level 1).
     waits: Waits
-    #: On a GPU with counted iterations: the GPU evidence, and its busy share in words.
+    #: On a GPU with counted iterations: the GPU evidence.
     gpu: GpuEvidence | None = None
-    busy: str | None = None
-    #: The GPU activity's figures (CUPTI), when it has counted iterations.
-    activity: GpuActivity | None = None
     #: The slowest counted iterations, explained, and their share of the time.
     slow: list[SlowIteration] = field(default_factory=list)
     stutter: Stutter | None = None
@@ -70,6 +67,20 @@ class Findings:
     #: One line per part that failed (shown where that part would be).
     errors: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def busy(self) -> str | None:
+        """The GPU's busy share in words, from the GPU evidence (else the verdict's)."""
+        evidence = self.gpu or (self.verdict.gpu if self.verdict is not None else None)
+        if evidence is None or evidence.busy_share is None:
+            return None
+        return busy_text(evidence)
+
+    @property
+    def activity(self) -> GpuActivity | None:
+        """The GPU activity's figures (CUPTI), when it has counted iterations."""
+        fig = self.stats.gpu_activity
+        return fig if fig is not None and fig.iterations else None
+
 
 def find(stats: RunStats, replay: RunStats | None = None, *, advice: bool = True) -> Findings:
     """Everything the analysis says of ``stats`` (``replay``: its replay run, which lets the
@@ -82,8 +93,6 @@ def find(stats: RunStats, replay: RunStats | None = None, *, advice: bool = True
             out.gpu = gather(stats)
         except Exception as exc:  # our bug: the rest stands  # noqa: BLE001
             out.errors["gpu"] = log.contained("the GPU evidence", exc)
-    fig = stats.gpu_activity
-    out.activity = fig if fig is not None and fig.iterations else None
     out.slow = slow_iterations(stats)
     out.stutter = stutter(stats) if out.slow else None
     out.window = unreached(stats)
@@ -99,7 +108,4 @@ def find(stats: RunStats, replay: RunStats | None = None, *, advice: bool = True
         except Exception as exc:  # our bug or damaged facts: the rest stands  # noqa: BLE001
             # (the summary's section of that name shows the line)
             out.errors["verdict"] = log.contained("verdict_section", exc)
-    evidence = out.gpu or (out.verdict.gpu if out.verdict is not None else None)
-    if evidence is not None and evidence.busy_share is not None:
-        out.busy = busy_text(evidence)
     return out

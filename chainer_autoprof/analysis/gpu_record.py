@@ -23,6 +23,8 @@ _Figures = TypeVar("_Figures", bound="GpuFigures")
 
 #: A share of the counted windows' time (null: no window).
 Share = Annotated[Optional[float], F(kind=Number(0, 1))]
+#: The kernels launched in the range of the time beside it.
+Kernels = Annotated[int, F("kernels launched there")]
 
 
 class LinkGpuDict(TypedDict):
@@ -30,9 +32,9 @@ class LinkGpuDict(TypedDict):
 
     name: Annotated[str, F("the link (its key in the summary's link table)")]
     fwd_ms: Annotated[Ms, F("kernel time launched in its forward range")]
-    fwd_kernels: Annotated[int, F("kernels launched there")]
+    fwd_kernels: Kernels
     bwd_ms: Annotated[Ms, F("kernel time launched in its backward range")]
-    bwd_kernels: Annotated[int, F("kernels launched there")]
+    bwd_kernels: Kernels
     copy_ms: Annotated[Ms, F("copy and memset time launched in either")]
 
 
@@ -40,7 +42,7 @@ class PhaseGpuDict(TypedDict):
     """One phase's GPU time over the counted iterations (by launch)."""
 
     kernel_ms: Annotated[Ms, F("kernel time launched in the phase")]
-    kernels: Annotated[int, F("kernels launched there")]
+    kernels: Kernels
     copy_ms: Annotated[Ms, F("copy and memset time launched there")]
 
 

@@ -73,6 +73,18 @@ RUN = By.EXIT | By.SO_FAR
 RUN_READ = By.EXIT | By.SO_FAR | By.READ
 S = Annotated[float, F(unit="s", kind=NON_NEGATIVE)]
 
+# -- fields several sections hold, each declared once ---------------------------------------------
+#: A process's place: its host, pid and MPI rank, its job's size, its parent.
+Host = Annotated[str, F("host name")]
+Pid = Annotated[int, F("process id")]
+Rank = Annotated[int, F("MPI rank")]
+WorldSize = Annotated[int, F("ranks in the job")]
+ParentPid = Annotated[int, F("the parent's pid")]
+Child = Annotated[bool, F("a child process")]
+#: A merged input: its file, and its process track's label in the merged trace.
+InputFile = Annotated[str, F("the input file")]
+TrackLabel = Annotated[str, F("its process track's label")]
+
 # -- sections ------------------------------------------------------------------------------------
 #: Settings newer than the oldest traces read with this declaration (tests/data/gpu): written
 #: always, but not required of a trace.
@@ -127,10 +139,10 @@ class Process(TypedDict, total=False):
     """The process's place in the job (lifecycle/processes.py)."""
 
     mpi_rank: Annotated[int, F("MPI rank (null outside an MPI job)")]
-    world_size: Annotated[int, F("ranks in the job")]
+    world_size: WorldSize
     rank_source: Annotated[str, F("where the rank came from (a launcher's variable, ChainerMN)")]
     child: Annotated[bool, F("whether an agent started in a parent process")]
-    parent_pid: Annotated[int, F("the parent's pid")]
+    parent_pid: ParentPid
     clock_reference: Annotated[ClockReference, F("merge's clock reference", required=False)]
 
 
@@ -160,11 +172,11 @@ class Snapshot(TypedDict, total=False):
     """Where the process was (lifecycle/where.py)."""
 
     reason: Annotated[str, F("why it was taken (stall, dump, partial write)")]
-    pid: Annotated[int, F("process id")]
-    host: Annotated[str, F("host name")]
-    rank: Annotated[int, F("MPI rank")]
-    world_size: Annotated[int, F("ranks in the job")]
-    parent_pid: Annotated[int, F("the parent's pid")]
+    pid: Pid
+    host: Host
+    rank: Rank
+    world_size: WorldSize
+    parent_pid: ParentPid
     unix_ns: Annotated[Ns, F("when (wall clock)")]
     perf_ns: Annotated[Ns, F("when (perf counter)")]
     iteration: Annotated[int, F("the iteration begun last (from 0)")]
@@ -193,24 +205,24 @@ class PartialState(TypedDict, total=False):
 class MergedInput(TypedDict, total=False):
     """One merged input."""
 
-    path: Annotated[str, F("the input file")]
-    label: Annotated[str, F("its process track's label")]
-    pid: Annotated[int, F("its pid")]
+    path: InputFile
+    label: TrackLabel
+    pid: Pid
     merged_pid: Annotated[int, F("its process track in the merged file")]
-    rank: Annotated[int, F("its MPI rank")]
-    host: Annotated[str, F("its host")]
-    child: Annotated[bool, F("a child process")]
+    rank: Rank
+    host: Host
+    child: Child
     meta: Annotated[Dict[str, Any], F("its own run record")]
 
 
 class RankRow(TypedDict, total=False):
     """One process's iterations (report/merge.py)."""
 
-    label: Annotated[str, F("process track label")]
-    rank: Annotated[int, F("MPI rank")]
-    host: Annotated[str, F("host")]
-    pid: Annotated[int, F("pid")]
-    child: Annotated[bool, F("a child process")]
+    label: TrackLabel
+    rank: Annotated[Optional[int], F("MPI rank")]
+    host: Host
+    pid: Annotated[Optional[int], F("process id")]
+    child: Child
     iterations: Annotated[int, F("counted iterations")]
     iteration_ms_median: Annotated[Ms, F("median iteration")]
     iteration_ms_mean: Annotated[Ms, F("mean iteration")]
@@ -231,7 +243,7 @@ class RankRow(TypedDict, total=False):
 class Straggler(TypedDict, total=False):
     """The rank the others wait for."""
 
-    rank: Annotated[int, F("the slowest rank")]
+    rank: Annotated[Optional[int], F("the slowest rank")]
     label: Annotated[str, F("its label")]
     compute_ms_per_iteration: Annotated[float, F("its compute per iteration", "ms")]
     others_compute_ms_per_iteration: Annotated[float, F("the others' (mean)", "ms")]
@@ -243,7 +255,7 @@ class Straggler(TypedDict, total=False):
                                 "iteration, on average and in every iteration")]
     longest_wait_ms: Annotated[float, F("the longest wait of a rank for the others in one "
                                         "counted iteration", "ms", required=False)]
-    longest_wait_rank: Annotated[int, F("the rank that waited", required=False)]
+    longest_wait_rank: Annotated[Optional[int], F("the rank that waited", required=False)]
     longest_wait_iteration: Annotated[int, F("in which counted iteration (from 0)",
                                              required=False)]
 
@@ -252,15 +264,15 @@ class MergeWhere(TypedDict, total=False):
     """Where each rank was."""
 
     positions: Annotated[List[Snapshot], F("each rank's last position")]
-    odd_one_out: Annotated[List[int], F("the ranks somewhere else")]
+    odd_one_out: Annotated[List[Optional[int]], F("the ranks somewhere else")]
     odd_one_out_text: Annotated[str, F("that, in words")]
 
 
 class Alignment(TypedDict, total=False):
     """One input's clock alignment."""
 
-    path: Annotated[str, F("the input file")]
-    label: Annotated[str, F("its label")]
+    path: InputFile
+    label: TrackLabel
     method: Annotated[str, F("reference, clock, collective or wall")]
     offset_ns: Annotated[int, F("its clock's offset to the merged timeline", "ns", SIGNED)]
 
@@ -269,7 +281,8 @@ class MergeSummary(TypedDict, total=False):
     """The summary across ranks (report/merge.py)."""
 
     ranks: Annotated[List[RankRow], F("per process")]
-    straggler: Annotated[Straggler, F("the slowest rank (null with fewer than two ranks)")]
+    straggler: Annotated[Optional[Straggler], F("the slowest rank (null with fewer than two "
+                                                "ranks)")]
     where: Annotated[MergeWhere, F("where the ranks were (hung and killed jobs)")]
     alignment: Annotated[List[Alignment], F("how each input's clock was aligned")]
 

@@ -60,6 +60,8 @@ class Kind:
     """A kind of JSON value: checked, converted, documented."""
 
     doc = "any JSON value"
+    #: The type :class:`~.stats.RunStats` holds a checked value as (None: as it is).
+    to: type | None = None
 
     def check(self, value: object, where: str) -> object:
         """``value`` if it is of this kind, else :class:`MalformedError` naming ``where``."""
@@ -67,7 +69,7 @@ class Kind:
 
     def convert(self, value: Any) -> Any:
         """A checked value as :class:`~.stats.RunStats` holds it."""
-        return value
+        return value if self.to is None else self.to(value)
 
 
 def of_type(value: object, where: str, cls: type[_T], said: str) -> _T:
@@ -79,6 +81,8 @@ def of_type(value: object, where: str, cls: type[_T], said: str) -> _T:
 
 class Int(Kind):
     """A JSON integer in ``lo..hi`` (``true``/``false`` are not integers)."""
+
+    to = int
 
     def __init__(self, lo: int = 0, hi: int = MAX_INT) -> None:
         self.lo, self.hi = lo, hi
@@ -98,12 +102,11 @@ class Int(Kind):
             raise MalformedError(f"{where} is {shown(value)}, out of range")
         return value
 
-    def convert(self, value: Any) -> int:
-        return int(value)
-
 
 class Number(Kind):
     """A finite JSON number in ``lo..hi``."""
+
+    to = float
 
     def __init__(self, lo: float = -MAX_INT, hi: float = MAX_INT) -> None:
         self.lo, self.hi = lo, hi
@@ -119,18 +122,13 @@ class Number(Kind):
             raise MalformedError(f"{where} is {shown(value)}, out of range")
         return value
 
-    def convert(self, value: Any) -> float:
-        return float(value)
-
 
 class Text(Kind):
     doc = "string"
+    to = str
 
     def check(self, value: object, where: str) -> str:
         return of_type(value, where, str, "a string")
-
-    def convert(self, value: Any) -> str:
-        return str(value)
 
 
 class Bool(Kind):

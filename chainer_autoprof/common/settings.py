@@ -205,13 +205,17 @@ class Setting:
         return str(self.default)
 
 
+def _switch(name: str, default: bool, doc: str) -> Setting:
+    """A setting that is on or off (``0|1``; :func:`parse_bool` takes the other spellings)."""
+    return Setting(name, parse_bool, default, doc, "0|1")
+
+
 SETTINGS: tuple[Setting, ...] = (
-    Setting("enable", parse_bool, True,
+    _switch("enable", True,
             "Master switch: 0 keeps the agent off even where other CHAINER_PROF_* "
-            "variables are set.", "0|1"),
-    Setting("sync", parse_bool, False,
-            "Shorthand: 1 means sync level 1 unless CHAINER_PROF_SYNC_LEVEL says otherwise.",
-            "0|1"),
+            "variables are set."),
+    _switch("sync", False,
+            "Shorthand: 1 means sync level 1 unless CHAINER_PROF_SYNC_LEVEL says otherwise."),
     Setting("sync_level", _int_range(0, 3, blank_unset=True), None,
             "GPU synchronization: 0 none, 1 at iteration boundaries, 2 also at phase "
             "boundaries, 3 also at every finer range emitted (default 0, or 1 with SYNC=1).",
@@ -225,8 +229,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log", _choice(*LOG_LEVELS), "warning",
             "Agent messages on stderr: error, warning, info, or debug (adds the patch "
             "status report at start and exit).", "|".join(LOG_LEVELS)),
-    Setting("summary", parse_bool, True,
-            "Print the time summary on stderr when the program ends.", "0|1"),
+    _switch("summary", True, "Print the time summary on stderr when the program ends."),
     Setting("trace", parse_trace_path, None,
             "Write a Chrome/Perfetto trace-event JSON file here at exit (%p pid, %h host, "
             "%r MPI rank, %q{VAR} environment variable, which must be set); the ranks of an "
@@ -234,22 +237,21 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("iterations", parse_window, None,
             "Capture window START:STOP or START:+COUNT: ranges and recording only for "
             "those iterations, CUDA profiler started/stopped at its edges.", "START:STOP"),
-    Setting("exit_after_window", parse_bool, False,
-            "End the program cleanly once the capture window has closed.", "0|1"),
+    _switch("exit_after_window", False,
+            "End the program cleanly once the capture window has closed."),
     Setting("warmup", _int_range(0, None), 3,
             "Iterations left out of the summary's statistics at the start of the run.", "N"),
     Setting("record_limit", _int_range(1000, None), 200_000,
             "Ranges kept in memory for the trace (the newest; aggregates cover all).", "N"),
-    Setting("advice", parse_bool, True,
-            "Print the bottleneck verdict and configuration advice with the summary.", "0|1"),
-    Setting("replay_batch", parse_bool, False,
+    _switch("advice", True,
+            "Print the bottleneck verdict and configuration advice with the summary."),
+    _switch("replay_batch", False,
             "Experiment: feed the first converted batch again every iteration "
-            "(how fast would training be if data were free?).", "0|1"),
-    Setting("native", parse_bool, True,
+            "(how fast would training be if data were free?)."),
+    _switch("native", True,
             "Hot path: 1 runs the native extension where it is built (no Python frame per "
-            "call), 0 the pure-Python implementation.", "0|1"),
-    Setting("children", parse_bool, True,
-            "Profile child processes too (fork, spawn, forkserver).", "0|1"),
+            "call), 0 the pure-Python implementation."),
+    _switch("children", True, "Profile child processes too (fork, spawn, forkserver)."),
     Setting("ranks", parse_ranks, None,
             "MPI ranks that profile: all, or a list such as 0,3.", "all|0,3"),
     Setting("stall", parse_stall, None,
@@ -261,14 +263,14 @@ SETTINGS: tuple[Setting, ...] = (
             "With a trace: seconds between background writes of the trace so far to "
             "TRACE.partial, read by report after a crash or SIGKILL (0: only at exit).",
             "SECONDS"),
-    Setting("gc", parse_bool, True,
+    _switch("gc", True,
             "Garbage collections inside recorded ranges become gc ranges (NVTX and "
-            "recorder); slow iterations name them.", "0|1"),
-    Setting("gpu_activity", parse_bool, False,
+            "recorder); slow iterations name them."),
+    _switch("gpu_activity", False,
             "GPU time per link without synchronizing: CUPTI kernel, copy and memset activity "
             "(cupti-python: pip install chainer-autoprof[cupti]), recorded from CuPy's import, "
             "each kernel tied to the range that launched it; GPU figures in the summary, "
-            "GPU tracks in the trace.", "0|1"),
+            "GPU tracks in the trace."),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

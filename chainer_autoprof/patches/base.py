@@ -127,11 +127,8 @@ class Patch:
 
     @property
     def hits(self) -> int:
+        """Calls seen (the wrappers count them on the switch)."""
         return self.switch.hits
-
-    @hits.setter
-    def hits(self, value: int) -> None:
-        self.switch.hits = value
 
     def bind(self, impl: hotpath.Implementation) -> None:
         """Make this patch's wrappers with ``impl`` (before :meth:`apply`)."""

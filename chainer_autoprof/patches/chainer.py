@@ -273,11 +273,8 @@ class ChainerPatches(Instrumentor):
         def exit(st: Any, result: Any, exc: BaseException | None) -> None:
             ts, lifted = st
             ts.quiet += lifted
-            if ts.iter_explicit:
-                try:
-                    tracer.end_iteration(ts)
-                except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
-                    patch.fail(err)
+            if ts.iter_explicit:  # (an error of ours goes to patch.fail: Around's promise)
+                tracer.end_iteration(ts)
 
         return Around(enter, exit)
 
@@ -436,20 +433,18 @@ class ChainerPatches(Instrumentor):
             return ts
 
         def exit(ts: ThreadState, result: Any, exc: BaseException | None) -> None:
-            try:
-                if exc is not None and cut_short(exc) and ts.iter_busy:
-                    tracer.confirm_iteration(ts)  # the step was stopped: it counts
-                if ts.bwd_link_tok is not None:
-                    tracer.end(ts.bwd_link_tok, ts)
-                ts.bwd_link = ts.bwd_link_tok = None
-                if ts.phase == names.BACKWARD:
-                    tracer.end_phase(ts)
-                if ts.await_update:  # inside Optimizer.update(lossfun): the update follows
-                    ts.await_update = False
-                    if exc is None and patch.on:
-                        tracer.begin_phase(ts, names.UPDATE)
-            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
-                patch.fail(err)
+            # (an error of ours goes to patch.fail, and the call goes on: Around's promise)
+            if exc is not None and cut_short(exc) and ts.iter_busy:
+                tracer.confirm_iteration(ts)  # the step was stopped: it counts
+            if ts.bwd_link_tok is not None:
+                tracer.end(ts.bwd_link_tok, ts)
+            ts.bwd_link = ts.bwd_link_tok = None
+            if ts.phase == names.BACKWARD:
+                tracer.end_phase(ts)
+            if ts.await_update:  # inside Optimizer.update(lossfun): the update follows
+                ts.await_update = False
+                if exc is None and patch.on:
+                    tracer.begin_phase(ts, names.UPDATE)
 
         return Around(enter, exit)
 
@@ -613,10 +608,7 @@ class ChainerPatches(Instrumentor):
             ts, previous, tok = st
             ts.quiet -= 1
             ts.extension = previous
-            try:
-                end(tok, ts)
-            except Exception as err:  # our error: reported once, the program's call goes on  # noqa: BLE001
-                patch.fail(err)
+            end(tok, ts)  # (an error of ours goes to patch.fail: Around's promise)
 
         return Around(enter, exit)
 

@@ -24,6 +24,7 @@ from ..analysis.verdict import pick_replay
 from ..common.one_line import one_line, write
 from ..common.paths import check_output
 from ..common.readable import readable, wrap_long_lines
+from . import command_parser
 from .html import write_report
 from .merged_report import is_merged, process_traces
 from .partial import partial_path
@@ -35,10 +36,10 @@ SAME_WITHIN = 0.03
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m chainer_autoprof report",
-        description="Print the time summary of a trace written with CHAINER_PROF_TRACE; "
-                    "with two traces, compare them phase by phase (before -> after).")
+    parser = command_parser(
+        "report",
+        "Print the time summary of a trace written with CHAINER_PROF_TRACE; "
+        "with two traces, compare them phase by phase (before -> after).")
     parser.add_argument("trace", help="trace file (Chrome trace-event JSON)")
     parser.add_argument("after", nargs="?", help="a second trace to compare with the first")
     parser.add_argument("--no-advice", action="store_true",

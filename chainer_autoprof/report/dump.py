@@ -31,15 +31,16 @@ from typing import Any, Sequence
 
 from ..common import control
 from ..common.one_line import write
+from . import command_parser
 from .stall import side_by_side
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="chainer-autoprof dump",
-        description="Make running processes with the agent report where they are now: every "
-                    "thread's open ranges and innermost frames, and the odd rank out of an MPI "
-                    "job. Works while a process is blocked inside C; sends no signal.")
+    parser = command_parser(
+        "dump",
+        "Make running processes with the agent report where they are now: every "
+        "thread's open ranges and innermost frames, and the odd rank out of an MPI "
+        "job. Works while a process is blocked inside C; sends no signal.")
     parser.add_argument("pids", nargs="*", type=int, metavar="PID",
                         help="processes to ask (default: every process of yours on this host "
                              "where the agent runs)")

@@ -52,17 +52,24 @@ import os
 import sys
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence, TypedDict
+from typing import Any, Iterator, Mapping, Sequence, cast
 
 from ..analysis import record
-from ..analysis.record import By, MalformedError
+from ..analysis.record import (
+    By,
+    MalformedError,
+    MergeSummary,
+    RankRow,
+    Snapshot,
+    Straggler,
+)
 from ..analysis.stall import odd_one_out, position
 from ..analysis.stats import median
 from ..common import names
 from ..common.one_line import write
 from ..common.outputs import atomic_text
 from ..common.paths import check_output
-from . import trace_events
+from . import command_parser, trace_events
 from .stall import describe_odd, side_by_side
 from .trace_events import PROCESS_LABELS, PROCESS_NAME, PROCESS_SORT_INDEX, RANGES
 from .tracefile import TraceError, open_trace
@@ -99,71 +106,6 @@ class Input:
     def sort_key(self) -> tuple[int, bool, int, str]:
         return (self.rank if self.rank is not None else 1 << 30, self.child, self.pid or 0,
                 self.path)
-
-
-class RankRow(TypedDict):
-    """One process's row of the merged summary (:meth:`RankStats.as_dict`)."""
-
-    label: str
-    rank: int | None
-    host: str
-    pid: int | None
-    child: bool
-    iterations: int
-    iteration_ms_median: float
-    iteration_ms_mean: float
-    #: means per counted iteration: iteration_ms_mean = comm + compute
-    comm_ms_per_iteration: float
-    comm_share: float
-    compute_ms_per_iteration: float
-    comm_outside_iterations_ms: float
-    #: the most communication in one counted iteration, and the longest wait for another rank
-    comm_ms_max: float
-    wait_ms_max: float
-
-
-class Straggler(TypedDict):
-    """The rank the others wait for (:func:`straggler`)."""
-
-    rank: int | None
-    label: str
-    compute_ms_per_iteration: float
-    others_compute_ms_per_iteration: float
-    extra_compute_ms_per_iteration: float
-    held_back_ms_per_iteration: float
-    held_back_share: float
-    balanced: bool
-    #: the longest wait of any rank for another in one counted iteration: how long, which
-    #: rank waited, in which counted iteration (from 0, after the warm-up)
-    longest_wait_ms: float
-    longest_wait_rank: int | None
-    longest_wait_iteration: int
-
-
-class Positions(TypedDict):
-    """Where each rank last was, and the rank(s) whose position differs."""
-
-    positions: Sequence[Mapping[str, object]]
-    odd_one_out: list[int | None]
-    odd_one_out_text: str
-
-
-class Alignment(TypedDict):
-    """How one input's clock was put on the merged timeline."""
-
-    path: str
-    label: str
-    method: str
-    offset_ns: int
-
-
-class MergeSummary(TypedDict):
-    """The summary across ranks: the merged record's ``summary``, and what ``merge`` prints."""
-
-    ranks: list[RankRow]
-    straggler: Straggler | None
-    where: Positions
-    alignment: list[Alignment]
 
 
 @dataclass
@@ -463,7 +405,7 @@ def merge(paths: Sequence[str], output: str, method: str = "auto",
     summary: MergeSummary = {
         "ranks": [s.as_dict() for s in stats],
         "straggler": straggler(stats),
-        "where": {"positions": snaps,
+        "where": {"positions": cast("list[Snapshot]", snaps),
                   "odd_one_out": [p.rank for p in found.odd] if found else [],
                   "odd_one_out_text": describe_odd(found) if found else ""},
         "alignment": [{"path": i.path, "label": i.label, "method": i.method,
@@ -554,11 +496,11 @@ def format_summary(summary: MergeSummary, output: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m chainer_autoprof merge",
-        description="Merge the traces of the ranks (and child processes) of one job into one "
-                    "Perfetto timeline, and summarize iteration and communication time per "
-                    "rank.")
+    parser = command_parser(
+        "merge",
+        "Merge the traces of the ranks (and child processes) of one job into one "
+        "Perfetto timeline, and summarize iteration and communication time per "
+        "rank.")
     parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (rank*.json)")
     parser.add_argument("-o", "--output", required=True, metavar="PATH",
                         help="the merged trace file to write")

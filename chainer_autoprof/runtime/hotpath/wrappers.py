@@ -250,45 +250,13 @@ def apply_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunction, 
     ``new_info(label) -> (info, cache)`` makes the range of a label seen the first time (the
     native twin keeps one per class while ``label`` is ``default_label``).
     """
-    state, begin, end = core.state, core.begin, core.end
-    local = cast(Core, core)._local
-    infos: dict[str, Any] = {}
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        switch.hits += 1
-        if not switch.on or not args:
-            return original(*args, **kwargs)
-        node = args[0]
-        try:
-            ts = local.state
-        except AttributeError:
-            ts = state()
-        tok = None
-        try:
-            info = _function_info(infos, new_info, node)
-            links = ts.links
-            if links:  # the innermost link being called owns its backward
-                setattr(node, LINK_ATTR, links[-1].index)
-            tok = begin(info, ts)
-        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
-            _contain(fail, exc)
-        if tok is None:
-            return original(*args, **kwargs)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            try:
-                end(tok, ts)
-            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
-                _contain(fail, exc)
-
-    return finish(original, wrapper, switch)
+    return _function_wrapper(original, switch, fail, core, new_info, backprop=False)
 
 
-def backprop_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunction, core: CoreLike,
-                     new_info: AnyFunction, default_label: Any, entry_cls: type,
-                     entries: Any = None, backward: Any = None, function_ranges: bool = True,
-                     method: bool = False) -> AnyFunction:
+def backprop_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunction,
+                     core: CoreLike, new_info: AnyFunction, default_label: Any,
+                     entry_cls: type, entries: Any = None, backward: Any = None,
+                     function_ranges: bool = True, method: bool = False) -> AnyFunction:
     """The ``backprop_step`` wrapper: link backward ranges, and function ranges.
 
     In the backward phase (``ts.phase == backward``): the node's owning link
@@ -296,6 +264,17 @@ def backprop_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunctio
     changes; at function granularity a node no link owns closes it, and every
     node gets a function range.
     """
+    return _function_wrapper(original, switch, fail, core, new_info, backprop=True,
+                             entries=entries, backward=backward,
+                             function_ranges=function_ranges)
+
+
+def _function_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunction,
+                      core: CoreLike, new_info: AnyFunction, *, backprop: bool,
+                      entries: Any = None, backward: Any = None,
+                      function_ranges: bool = True) -> AnyFunction:
+    """Both function wrappers in one body: what opens the range differs (``backprop``, a
+    constant of the closure, picks it), the thread's state and the range's end do not."""
     state, begin, end = core.state, core.begin, core.end
     local = cast(Core, core)._local
     infos: dict[str, Any] = {}
@@ -308,33 +287,46 @@ def backprop_wrapper(original: AnyFunction, switch: SwitchLike, fail: AnyFunctio
             ts = local.state
         except AttributeError:
             ts = state()
-        if ts.phase != backward:
-            return original(*args, **kwargs)
         tok = None
-        try:
-            func = args[0] if args else kwargs["func"]
-            # The link that owns this node: at link granularity the innermost link
-            # that returned its output (a node no link returned, such as an activation
-            # between two links, stays in the current range); at function granularity
-            # the innermost link it was applied in (none: outside every link).
-            owner = getattr(func, LINK_ATTR, None)
-            if owner is not None:
-                if owner != ts.bwd_link:
+        if not backprop:
+            if not args:
+                return original(*args, **kwargs)
+            node = args[0]
+            try:
+                info = _function_info(infos, new_info, node)
+                links = ts.links
+                if links:  # the innermost link being called owns its backward
+                    setattr(node, LINK_ATTR, links[-1].index)
+                tok = begin(info, ts)
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
+                _contain(fail, exc)
+        elif ts.phase != backward:
+            return original(*args, **kwargs)
+        else:
+            try:
+                func = args[0] if args else kwargs["func"]
+                # The link that owns this node: at link granularity the innermost link
+                # that returned its output (a node no link returned, such as an activation
+                # between two links, stays in the current range); at function granularity
+                # the innermost link it was applied in (none: outside every link).
+                owner = getattr(func, LINK_ATTR, None)
+                if owner is not None:
+                    if owner != ts.bwd_link:
+                        if ts.bwd_link_tok is not None:
+                            end(ts.bwd_link_tok, ts)
+                        ts.bwd_link = owner
+                        entry = entries.get(owner)
+                        info = entry.bwd_info if entry is not None else None
+                        ts.bwd_link_tok = None
+                        ts.bwd_link_tok = begin(info, ts) if info is not None else None
+                elif function_ranges and ts.bwd_link is not None:
                     if ts.bwd_link_tok is not None:
                         end(ts.bwd_link_tok, ts)
-                    ts.bwd_link = owner
-                    entry = entries.get(owner)
-                    info = entry.bwd_info if entry is not None else None
-                    ts.bwd_link_tok = None
-                    ts.bwd_link_tok = begin(info, ts) if info is not None else None
-            elif function_ranges and ts.bwd_link is not None:
-                if ts.bwd_link_tok is not None:
-                    end(ts.bwd_link_tok, ts)
-                ts.bwd_link = ts.bwd_link_tok = None
-            if function_ranges:
-                tok = begin(_function_info(infos, new_info, func), ts)
-        except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
-            _contain(fail, exc)
+                    ts.bwd_link = ts.bwd_link_tok = None
+                if function_ranges:
+                    tok = begin(_function_info(infos, new_info, func), ts)
+            except Exception as exc:  # our error: reported once, the program's call goes on  # noqa: BLE001
+                _contain(fail, exc)
         if tok is None:
             return original(*args, **kwargs)
         try:
