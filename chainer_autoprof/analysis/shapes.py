@@ -172,7 +172,7 @@ class MapOf(Kind):
         return {name: check(item, f"{where}.{name}")
                 for name, item in OBJECT.check(value, where).items()}
 
-    def convert(self, value: Any) -> dict[str, Any] | None:
+    def convert(self, value: Any) -> dict[str, Any]:
         convert = self.item.convert
         return {name: convert(item) for name, item in value.items()}
 
