@@ -134,6 +134,13 @@ static inline int64_t int64_of(PyObject *o)
     return PyLong_AsLongLong(o);
 }
 
+/* `o` (an int) as an int64 in `out`: 0, or -1 with an error. */
+static inline int int64_from(PyObject *o, int64_t *out)
+{
+    *out = int64_of(o);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
 static inline int64_t now_ns(void)
 {
     struct timespec t;
@@ -143,8 +150,20 @@ static inline int64_t now_ns(void)
 
 /* -- util.c: slots, our own errors ---------------------------------------------------- */
 
-/* The offset of slot `name` of `type` (a writable object slot of a class with __slots__). */
-int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out);
+/* The offsets of slots of `type` (writable object slots of a class with __slots__): pairs
+ * (const char *name, Py_ssize_t *out), then NULL.  0, or -1 with a TypeError. */
+int slot_offsets(PyTypeObject *type, ...) __attribute__((sentinel));
+
+/* Interned strings: pairs (PyObject **out, const char *text), then NULL.  0, or -1. */
+int intern_strings(PyObject **out, const char *text, ...) __attribute__((sentinel));
+
+#define LENGTH(array) (sizeof(array) / sizeof((array)[0]))
+
+/* The object fields of a struct, listed once by their offsets (offsetof) for its type's
+ * traverse, which visits them, and its clear, which drops them. */
+int visit_fields(PyObject *obj, const Py_ssize_t *offsets, size_t n, visitproc visit,
+                 void *arg);
+void clear_fields(PyObject *obj, const Py_ssize_t *offsets, size_t n);
 
 /* The current exception (normalized; new reference), the error indicator cleared. */
 PyObject *fetch_exception(void);
@@ -257,6 +276,31 @@ int core_end(Core *core, PyObject *token, PyObject *ts);
 
 /* -- each file's part of the module: its types (and functions) added to it ----------------- */
 
+/* The first fields of each type object of the module: its name there (under _native,
+ * where add_types adds it), the struct of its objects, the functions that make one (NULL:
+ * not from Python) and free one (NULL: object's); Py_TPFLAGS_DEFAULT. */
+#define NATIVE_TYPE_HEAD(name, object, new, dealloc) \
+    NATIVE_TYPE_FIELDS(name, object, Py_TPFLAGS_DEFAULT, new, dealloc)
+
+/* The same for a type whose objects the garbage collector tracks (Py_TPFLAGS_HAVE_GC): the
+ * functions that visit and drop what one holds, and its flags beside those two. */
+#define NATIVE_GC_TYPE_HEAD(name, object, new, dealloc, traverse, clear, flags)           \
+    NATIVE_TYPE_FIELDS(name, object, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | (flags), new, \
+                       dealloc),                                                          \
+    .tp_traverse = (traverseproc)(traverse),                                              \
+    .tp_clear = (inquiry)(clear)
+
+#define NATIVE_TYPE_FIELDS(name, object, flags, new, dealloc)      \
+    PyVarObject_HEAD_INIT(NULL, 0)                                 \
+    .tp_name = "chainer_autoprof.runtime.hotpath._native." name,   \
+    .tp_basicsize = sizeof(object),                                \
+    .tp_flags = (flags),                                           \
+    .tp_new = (new),                                               \
+    .tp_dealloc = (destructor)(dealloc)
+
+/* Add types (PyTypeObject *, then NULL) to `module` after PyType_Ready, each by its name. */
+int add_types(PyObject *module, ...) __attribute__((sentinel));
+
 extern const native_sink_kind nvtx_sink_kind;
 extern const native_sink_kind record_sink_kind;
 
@@ -265,9 +309,6 @@ int nvtx_ready(PyObject *module);
 int record_ready(PyObject *module);
 int wrappers_ready(PyObject *module);
 int term_guard_ready(PyObject *module);  /* SIGTERM's guard: the lifecycle's, not the hot path's */
-
-/* Add `type` to `module` as `name` (after PyType_Ready). */
-int add_type(PyObject *module, PyTypeObject *type, const char *name);
 
 #pragma GCC visibility pop
 

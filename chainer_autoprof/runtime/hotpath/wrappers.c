@@ -55,13 +55,12 @@ static PyObject *switch_get_hits(Switch *self, void *Py_UNUSED(c))
 
 static int switch_set_hits(Switch *self, PyObject *v, void *Py_UNUSED(c))
 {
-    long long hits;
+    int64_t hits;
     if (v == NULL) {
         PyErr_SetString(PyExc_AttributeError, "cannot delete hits");
         return -1;
     }
-    hits = PyLong_AsLongLong(v);
-    if (hits == -1 && PyErr_Occurred())
+    if (int64_from(v, &hits) < 0)
         return -1;
     self->hits = hits;
     return 0;
@@ -74,12 +73,8 @@ static PyGetSetDef switch_getset[] = {
 };
 
 static PyTypeObject SwitchType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "chainer_autoprof.runtime.hotpath._native.Switch",
-    .tp_basicsize = sizeof(Switch),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    NATIVE_TYPE_HEAD("Switch", Switch, switch_new, NULL),
     .tp_doc = "A patch's state: on (the hook runs) and hits (calls seen).",
-    .tp_new = switch_new,
     .tp_getset = switch_getset,
 };
 
@@ -759,55 +754,32 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
     }
 }
 
+/* What a Wrapper holds, beside its cache of link entries. */
+static const Py_ssize_t wrapper_objects[] = {
+    offsetof(Wrapper, original), offsetof(Wrapper, sw), offsetof(Wrapper, fail),
+    offsetof(Wrapper, enter), offsetof(Wrapper, exit), offsetof(Wrapper, core),
+    offsetof(Wrapper, roots), offsetof(Wrapper, make_entry), offsetof(Wrapper, outer_enter),
+    offsetof(Wrapper, outer_exit), offsetof(Wrapper, entry_type),
+    offsetof(Wrapper, variable_type), offsetof(Wrapper, infos_by_type),
+    offsetof(Wrapper, infos_by_label), offsetof(Wrapper, new_info),
+    offsetof(Wrapper, default_label), offsetof(Wrapper, entries), offsetof(Wrapper, backward),
+};
+
 static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
 {
-    Py_VISIT(w->original);
-    Py_VISIT(w->sw);
-    Py_VISIT(w->fail);
-    Py_VISIT(w->enter);
-    Py_VISIT(w->exit);
-    Py_VISIT(w->core);
-    Py_VISIT(w->roots);
-    Py_VISIT(w->make_entry);
-    Py_VISIT(w->outer_enter);
-    Py_VISIT(w->outer_exit);
-    Py_VISIT(w->entry_type);
-    Py_VISIT(w->variable_type);
-    Py_VISIT(w->infos_by_type);
-    Py_VISIT(w->infos_by_label);
-    Py_VISIT(w->new_info);
-    Py_VISIT(w->default_label);
-    Py_VISIT(w->entries);
-    Py_VISIT(w->backward);
-    if (w->entry_cache != NULL) {
-        for (int i = 0; i < ENTRY_CACHE_SIZE; i++) {
-            Py_VISIT(w->entry_cache[i].parent);
-            Py_VISIT(w->entry_cache[i].entry);
-        }
+    int rc = visit_fields((PyObject *)w, wrapper_objects, LENGTH(wrapper_objects), visit, arg);
+    if (rc != 0 || w->entry_cache == NULL)
+        return rc;
+    for (int i = 0; i < ENTRY_CACHE_SIZE; i++) {
+        Py_VISIT(w->entry_cache[i].parent);
+        Py_VISIT(w->entry_cache[i].entry);
     }
     return 0;
 }
 
 static int wrapper_clear(Wrapper *w)
 {
-    Py_CLEAR(w->original);
-    Py_CLEAR(w->sw);
-    Py_CLEAR(w->fail);
-    Py_CLEAR(w->enter);
-    Py_CLEAR(w->exit);
-    Py_CLEAR(w->core);
-    Py_CLEAR(w->roots);
-    Py_CLEAR(w->make_entry);
-    Py_CLEAR(w->outer_enter);
-    Py_CLEAR(w->outer_exit);
-    Py_CLEAR(w->entry_type);
-    Py_CLEAR(w->variable_type);
-    Py_CLEAR(w->infos_by_type);
-    Py_CLEAR(w->infos_by_label);
-    Py_CLEAR(w->new_info);
-    Py_CLEAR(w->default_label);
-    Py_CLEAR(w->entries);
-    Py_CLEAR(w->backward);
+    clear_fields((PyObject *)w, wrapper_objects, LENGTH(wrapper_objects));
     if (w->entry_cache != NULL) {
         for (int i = 0; i < ENTRY_CACHE_SIZE; i++) {
             w->entry_cache[i].link = NULL;
@@ -901,11 +873,8 @@ static PyMethodDef wrapper_methods[] = {
 };
 
 static PyTypeObject WrapperType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "chainer_autoprof.runtime.hotpath._native.Wrapper",
-    .tp_basicsize = sizeof(Wrapper),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL
-                | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    NATIVE_GC_TYPE_HEAD("Wrapper", Wrapper, NULL, wrapper_dealloc, wrapper_traverse,
+                        wrapper_clear, Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR),
     .tp_doc = "A patched function: calls its hooks around the original, from C.",
     .tp_vectorcall_offset = offsetof(Wrapper, vectorcall),
     .tp_call = PyVectorcall_Call,
@@ -913,9 +882,6 @@ static PyTypeObject WrapperType = {
     .tp_getattro = wrapper_getattro,
     .tp_setattro = wrapper_setattro,
     .tp_repr = (reprfunc)wrapper_repr,
-    .tp_traverse = (traverseproc)wrapper_traverse,
-    .tp_clear = (inquiry)wrapper_clear,
-    .tp_dealloc = (destructor)wrapper_dealloc,
     .tp_weaklistoffset = offsetof(Wrapper, weakreflist),
     .tp_methods = wrapper_methods,
     .tp_getset = wrapper_getset,
@@ -1011,10 +977,8 @@ static PyObject *mod_link_wrapper(PyObject *Py_UNUSED(mod), PyObject *args, PyOb
         Py_DECREF(w);
         return PyErr_NoMemory();
     }
-    if (slot_offset(w->entry_type, "children", &w->off_children) < 0
-        || slot_offset(w->entry_type, "ref", &w->off_ref) < 0
-        || slot_offset(w->entry_type, "info", &w->off_info) < 0
-        || slot_offset(w->entry_type, "index", &w->off_index) < 0) {
+    if (slot_offsets(w->entry_type, "children", &w->off_children, "ref", &w->off_ref,
+                     "info", &w->off_info, "index", &w->off_index, NULL) < 0) {
         Py_DECREF(w);
         return NULL;
     }
@@ -1057,8 +1021,8 @@ static PyObject *make_function_wrapper(int kind, PyObject *args, PyObject *kw)
     w->infos_by_type = PyDict_New();
     w->infos_by_label = PyDict_New();
     if (w->infos_by_type == NULL || w->infos_by_label == NULL
-        || slot_offset(w->entry_type, "index", &w->off_index) < 0
-        || slot_offset(w->entry_type, "bwd_info", &w->off_bwd_info) < 0) {
+        || slot_offsets(w->entry_type, "index", &w->off_index, "bwd_info", &w->off_bwd_info,
+                        NULL) < 0) {
         Py_DECREF(w);
         return NULL;
     }
@@ -1106,15 +1070,11 @@ static PyMethodDef wrapper_functions[] = {
 
 int wrappers_ready(PyObject *module)
 {
-    str_label = PyUnicode_InternFromString("label");
-    str_node = PyUnicode_InternFromString("_node");
-    str_creator_node = PyUnicode_InternFromString("_creator_node");
-    str_link_attr = PyUnicode_InternFromString("_chainer_autoprof_link");
-    str_qualname = PyUnicode_InternFromString("__qualname__");
-    if (!str_label || !str_node || !str_creator_node || !str_link_attr || !str_qualname)
-        return -1;
-    if (add_type(module, &SwitchType, "Switch") < 0
-        || add_type(module, &WrapperType, "Wrapper") < 0)
+    if (intern_strings(&str_label, "label", &str_node, "_node",
+                       &str_creator_node, "_creator_node",
+                       &str_link_attr, "_chainer_autoprof_link",
+                       &str_qualname, "__qualname__", NULL) < 0
+        || add_types(module, &SwitchType, &WrapperType, NULL) < 0)
         return -1;
     return PyModule_AddFunctions(module, wrapper_functions);
 }
