@@ -145,6 +145,31 @@ static inline PyObject *call_original(Wrapper *w, PyObject *const *args, size_t 
     return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
 }
 
+/* Our error before anything of ours began: contained, and the original called as if it were
+ * not patched; else (KeyboardInterrupt) raised. */
+static PyObject *call_after_own_error(Wrapper *w, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames)
+{
+    if (contain(w->fail) < 0)
+        return NULL;
+    return call_original(w, args, nargsf, kwnames);
+}
+
+/* Begin `info` on `ts`: 0 with `*tok` the token to end after the call (NULL: nothing was
+ * emitted, nothing to end), or -1 with an error. */
+static inline int begin_range(Core *core, PyObject *info, PyObject *ts, PyObject **tok)
+{
+    PyObject *token = core_begin(core, info, ts);
+    if (token == NULL)
+        return -1;
+    if (token == Py_None) {
+        Py_DECREF(token);
+        token = NULL;
+    }
+    *tok = token;
+    return 0;
+}
+
 /* -- around ----------------------------------------------------------------------- */
 
 /* kwargs dict from vectorcall keyword names/values (new reference, or NULL). */
@@ -284,40 +309,37 @@ error:
 
 /* -- link --------------------------------------------------------------------------- */
 
-static NOINLINE PyObject *link_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+/* Whether `entry` (a link entry) is `link`'s: its weak reference still points at it. */
+static inline int entry_of(Wrapper *w, PyObject *entry, PyObject *link)
+{
+    PyObject *ref = SLOT(entry, w->off_ref);
+    return ref != NULL && PyWeakref_Check(ref) && PyWeakref_GET_OBJECT(ref) == link;
+}
+
+static NOINLINE PyObject *link_call(Wrapper *w, PyObject *ts, PyObject *const *args,
+                                    size_t nargsf, PyObject *kwnames)
 {
     Core *core = w->core;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *instance, *ts, *links, *parent = NULL, *table, *key = NULL, *entry = NULL;
+    PyObject *instance, *links, *parent = NULL, *table, *key = NULL, *entry = NULL;
     PyObject *mode = NULL, *tok = NULL, *out, *info;
     entry_slot *slot = NULL;
     Py_ssize_t n;
     int pushed = 0;
 
-    if (nargs < 1)
+    if (PyVectorcall_NARGS(nargsf) < 1)
         return call_original(w, args, nargsf, kwnames);
     instance = args[0];
-    ts = core_state(core);
-    if (ts == NULL) {
-        if (contain(w->fail) < 0)
-            return NULL;
-        return call_original(w, args, nargsf, kwnames);
-    }
     links = SLOT(ts, core->off_links);
     if (links == NULL || !PyList_Check(links)) {
         PyErr_SetString(PyExc_TypeError, "ThreadState.links is not a list");
-        if (contain(w->fail) < 0)
-            return NULL;
-        return call_original(w, args, nargsf, kwnames);
+        return call_after_own_error(w, args, nargsf, kwnames);
     }
     n = PyList_GET_SIZE(links);
     if (n > 0) {
-        PyObject *ref;
         parent = PyList_GET_ITEM(links, n - 1);
         if (!w->inner_links_matter)
             return call_original(w, args, nargsf, kwnames);  /* inner links: nothing to do */
-        ref = Py_IS_TYPE(parent, w->entry_type) ? SLOT(parent, w->off_ref) : NULL;
-        if (ref != NULL && PyWeakref_Check(ref) && PyWeakref_GET_OBJECT(ref) == instance)
+        if (Py_IS_TYPE(parent, w->entry_type) && entry_of(w, parent, instance))
             return call_original(w, args, nargsf, kwnames);  /* super().__call__ of this link */
     }
     Py_INCREF(ts);
@@ -331,11 +353,9 @@ static NOINLINE PyObject *link_call(Wrapper *w, PyObject *const *args, size_t na
     {
         PyObject *parent_key = parent != NULL ? parent : Py_None;
         slot = entry_cache_slot(w->entry_cache, instance, parent_key);
-        if (slot->link == instance && slot->parent == parent_key && slot->entry != NULL) {
-            PyObject *ref = SLOT(slot->entry, w->off_ref);
-            if (ref != NULL && PyWeakref_Check(ref) && PyWeakref_GET_OBJECT(ref) == instance)
-                entry = Py_NewRef(slot->entry);
-        }
+        if (slot->link == instance && slot->parent == parent_key && slot->entry != NULL
+            && entry_of(w, slot->entry, instance))
+            entry = Py_NewRef(slot->entry);
     }
     if (entry != NULL)
         goto have_entry;
@@ -350,11 +370,10 @@ static NOINLINE PyObject *link_call(Wrapper *w, PyObject *const *args, size_t na
     entry = PyDict_GetItemWithError(table, key);
     Py_CLEAR(key);
     if (entry != NULL) {
-        PyObject *ref = Py_IS_TYPE(entry, w->entry_type) ? SLOT(entry, w->off_ref) : NULL;
-        if (ref == NULL || !PyWeakref_Check(ref) || PyWeakref_GET_OBJECT(ref) != instance)
-            entry = NULL;
-        else
+        if (Py_IS_TYPE(entry, w->entry_type) && entry_of(w, entry, instance))
             Py_INCREF(entry);
+        else
+            entry = NULL;
     } else if (PyErr_Occurred()) {
         goto enter_failed;
     }
@@ -387,13 +406,8 @@ have_entry:
         goto enter_failed;
     pushed = 1;
     info = SLOT(entry, w->off_info);
-    if (info != NULL && info != Py_None) {
-        tok = core_begin(core, info, ts);
-        if (tok == NULL)
-            goto enter_failed;
-        if (tok == Py_None)
-            Py_CLEAR(tok);
-    }
+    if (info != NULL && info != Py_None && begin_range(core, info, ts, &tok) < 0)
+        goto enter_failed;
     goto call;
 enter_failed:
     if (contain(w->fail) < 0) {
@@ -553,23 +567,42 @@ static inline PyObject *call_in_range(Wrapper *w, PyObject *const *args, size_t 
     return out;
 }
 
+/* Our error on the way in, before a range of ours began: contained, and the original called
+ * (`ts` let go after it); else (KeyboardInterrupt) raised. */
+static PyObject *call_after_enter_error(Wrapper *w, PyObject *const *args, size_t nargsf,
+                                        PyObject *kwnames, PyObject *ts)
+{
+    if (contain(w->fail) < 0) {
+        Py_DECREF(ts);
+        return NULL;
+    }
+    return call_in_range(w, args, nargsf, kwnames, NULL, ts);
+}
+
+/* The original call inside a range of `info` begun on `ts` (both ours; `info` let go once
+ * the range began): our error in beginning it is contained, and the call goes on. */
+static inline PyObject *call_in_new_range(Wrapper *w, PyObject *const *args, size_t nargsf,
+                                          PyObject *kwnames, PyObject *info, PyObject *ts)
+{
+    PyObject *tok;
+    int rc = begin_range(w->core, info, ts, &tok);
+    Py_DECREF(info);
+    if (rc < 0)
+        return call_after_enter_error(w, args, nargsf, kwnames, ts);
+    return call_in_range(w, args, nargsf, kwnames, tok, ts);
+}
+
 /* -- FunctionNode.apply ------------------------------------------------------------------ */
 
-static NOINLINE PyObject *apply_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+static NOINLINE PyObject *apply_call(Wrapper *w, PyObject *ts, PyObject *const *args,
+                                     size_t nargsf, PyObject *kwnames)
 {
     Core *core = w->core;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *node, *ts, *info = NULL, *links, *tok = NULL;
+    PyObject *node, *info = NULL, *links;
 
-    if (nargs < 1)
+    if (PyVectorcall_NARGS(nargsf) < 1)
         return call_original(w, args, nargsf, kwnames);
     node = args[0];
-    ts = core_state(core);
-    if (ts == NULL) {
-        if (contain(w->fail) < 0)
-            return NULL;
-        return call_original(w, args, nargsf, kwnames);
-    }
     Py_INCREF(ts);
     info = function_info(w, node);
     if (info == NULL)
@@ -586,21 +619,10 @@ static NOINLINE PyObject *apply_call(Wrapper *w, PyObject *const *args, size_t n
         if (PyObject_SetAttr(node, str_link_attr, index) < 0)
             goto failed;
     }
-    tok = core_begin(core, info, ts);
-    Py_CLEAR(info);
-    if (tok == NULL)
-        goto failed;
-    if (tok == Py_None)
-        Py_CLEAR(tok);
-    goto call;
+    return call_in_new_range(w, args, nargsf, kwnames, info, ts);
 failed:
     Py_XDECREF(info);
-    if (contain(w->fail) < 0) {
-        Py_DECREF(ts);
-        return NULL;
-    }
-call:
-    return call_in_range(w, args, nargsf, kwnames, tok, ts);
+    return call_after_enter_error(w, args, nargsf, kwnames, ts);
 }
 
 /* -- _backprop_utils.backprop_step -------------------------------------------------------- */
@@ -624,19 +646,26 @@ static int same_owner(PyObject *a, PyObject *b)
     return eq > 0;
 }
 
-static NOINLINE PyObject *backprop_call(Wrapper *w, PyObject *const *args, size_t nargsf,
-                               PyObject *kwnames)
+/* End the range of the backward's link open on `ts` (its bwd_link_tok), if one is: 0, or -1. */
+static int end_backward_link(Core *core, PyObject *ts)
+{
+    PyObject *open = SLOT(ts, core->off_bwd_link_tok);
+    int rc;
+    if (open == NULL || open == Py_None)
+        return 0;
+    Py_INCREF(open);
+    rc = core_end(core, open, ts);
+    Py_DECREF(open);
+    return rc;
+}
+
+static NOINLINE PyObject *backprop_call(Wrapper *w, PyObject *ts, PyObject *const *args,
+                                        size_t nargsf, PyObject *kwnames)
 {
     Core *core = w->core;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *ts, *phase, *func = NULL, *owner = NULL, *tok = NULL;
+    PyObject *phase, *func = NULL, *owner = NULL, *info;
 
-    ts = core_state(core);
-    if (ts == NULL) {
-        if (contain(w->fail) < 0)
-            return NULL;
-        return call_original(w, args, nargsf, kwnames);
-    }
     phase = SLOT(ts, core->off_phase);
     if (phase != w->backward) {
         int eq = phase != NULL && phase != Py_None && PyUnicode_Check(phase)
@@ -664,26 +693,19 @@ static NOINLINE PyObject *backprop_call(Wrapper *w, PyObject *const *args, size_
     if (owner != NULL && owner != Py_None) {
         PyObject *current = SLOT(ts, core->off_bwd_link);
         if (!same_owner(owner, current)) {
-            PyObject *open = SLOT(ts, core->off_bwd_link_tok);
-            PyObject *entry, *info, *started;
-            if (open != NULL && open != Py_None) {
-                Py_INCREF(open);
-                if (core_end(core, open, ts) < 0) {
-                    Py_DECREF(open);
-                    goto failed;
-                }
-                Py_DECREF(open);
-            }
+            PyObject *entry, *bwd_info, *started;
+            if (end_backward_link(core, ts) < 0)
+                goto failed;
             slot_set(ts, core->off_bwd_link, owner);
             entry = PyDict_GetItemWithError(w->entries, owner);
             if (entry == NULL && PyErr_Occurred())
                 goto failed;
-            info = entry != NULL && Py_IS_TYPE(entry, w->entry_type)
-                   ? SLOT(entry, w->off_bwd_info) : NULL;
-            if (info != NULL && info != Py_None) {
-                Py_INCREF(info);
-                started = core_begin(core, info, ts);
-                Py_DECREF(info);
+            bwd_info = entry != NULL && Py_IS_TYPE(entry, w->entry_type)
+                       ? SLOT(entry, w->off_bwd_info) : NULL;
+            if (bwd_info != NULL && bwd_info != Py_None) {
+                Py_INCREF(bwd_info);
+                started = core_begin(core, bwd_info, ts);
+                Py_DECREF(bwd_info);
                 if (started == NULL) {
                     slot_set(ts, core->off_bwd_link_tok, Py_None);
                     goto failed;
@@ -697,40 +719,22 @@ static NOINLINE PyObject *backprop_call(Wrapper *w, PyObject *const *args, size_
     } else if (w->function_ranges) {
         PyObject *current = SLOT(ts, core->off_bwd_link);
         if (current != NULL && current != Py_None) {
-            PyObject *open = SLOT(ts, core->off_bwd_link_tok);
-            if (open != NULL && open != Py_None) {
-                Py_INCREF(open);
-                if (core_end(core, open, ts) < 0) {
-                    Py_DECREF(open);
-                    goto failed;
-                }
-                Py_DECREF(open);
-            }
+            if (end_backward_link(core, ts) < 0)
+                goto failed;
             slot_set(ts, core->off_bwd_link, Py_None);
             slot_set(ts, core->off_bwd_link_tok, Py_None);
         }
     }
-    if (w->function_ranges) {
-        PyObject *info = function_info(w, func);
-        if (info == NULL)
-            goto failed;
-        tok = core_begin(core, info, ts);
-        Py_DECREF(info);
-        if (tok == NULL)
-            goto failed;
-        if (tok == Py_None)
-            Py_CLEAR(tok);
-    }
-    goto call;
+    Py_CLEAR(owner);
+    if (!w->function_ranges)
+        return call_in_range(w, args, nargsf, kwnames, NULL, ts);
+    info = function_info(w, func);
+    if (info == NULL)
+        goto failed;
+    return call_in_new_range(w, args, nargsf, kwnames, info, ts);
 failed:
-    if (contain(w->fail) < 0) {
-        Py_XDECREF(owner);
-        Py_DECREF(ts);
-        return NULL;
-    }
-call:
     Py_XDECREF(owner);
-    return call_in_range(w, args, nargsf, kwnames, tok, ts);
+    return call_after_enter_error(w, args, nargsf, kwnames, ts);
 }
 
 /* -- the type ------------------------------------------------------------------------ */
@@ -739,18 +743,23 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
                                     PyObject *kwnames)
 {
     Wrapper *w = (Wrapper *)self;
+    PyObject *ts;
     w->sw->hits++;
     if (!w->sw->on)
         return call_original(w, args, nargsf, kwnames);
+    if (w->kind == KIND_AROUND)
+        return around_call(w, args, nargsf, kwnames);
+    /* the others' ranges go through the core: this thread's state (borrowed) first */
+    ts = core_state(w->core);
+    if (ts == NULL)
+        return call_after_own_error(w, args, nargsf, kwnames);
     switch (w->kind) {
     case KIND_LINK:
-        return link_call(w, args, nargsf, kwnames);
+        return link_call(w, ts, args, nargsf, kwnames);
     case KIND_APPLY:
-        return apply_call(w, args, nargsf, kwnames);
-    case KIND_BACKPROP:
-        return backprop_call(w, args, nargsf, kwnames);
+        return apply_call(w, ts, args, nargsf, kwnames);
     default:
-        return around_call(w, args, nargsf, kwnames);
+        return backprop_call(w, ts, args, nargsf, kwnames);
     }
 }
 
