@@ -378,7 +378,8 @@ static const Py_ssize_t core_objects[] = {
 
 static int core_traverse(Core *self, visitproc visit, void *arg)
 {
-    int rc = visit_fields((PyObject *)self, core_objects, LENGTH(core_objects), visit, arg);
+    int rc = visit_fields((PyObject *)self, core_objects, Py_ARRAY_LENGTH(core_objects), visit,
+                          arg);
     if (rc != 0 || self->sinks == NULL)
         return rc;
     for (Py_ssize_t i = 0; i < self->sinks->n; i++) {
@@ -399,7 +400,7 @@ static void core_drop_sinks(Core *self)
 static int core_clear(Core *self)
 {
     self->last_tstate = NULL;  /* first: last_state is no thread's from here on */
-    clear_fields((PyObject *)self, core_objects, LENGTH(core_objects));
+    clear_fields((PyObject *)self, core_objects, Py_ARRAY_LENGTH(core_objects));
     core_drop_sinks(self);
     return 0;
 }

@@ -5,7 +5,8 @@
  * one C file per concern, each beside its Python twin:
  *
  *   module.c       the module: its types and functions, PROTOCOL
- *   util.c         calls, our own errors contained, slots of Python classes
+ *   util.c         calls, our own errors contained, slots of Python classes, the
+ *                  objects a type holds, its types added to the module
  *   core.c         Core: a tracer's ranges (the per-thread stack, the sinks' calls
  *                  under their category masks) -- core.py
  *   nvtx_domain.c  NvtxDomain: an NVTX domain, prebuilt attributes; the NVTX sink run
@@ -157,10 +158,8 @@ int slot_offsets(PyTypeObject *type, ...) __attribute__((sentinel));
 /* Interned strings: pairs (PyObject **out, const char *text), then NULL.  0, or -1. */
 int intern_strings(PyObject **out, const char *text, ...) __attribute__((sentinel));
 
-#define LENGTH(array) (sizeof(array) / sizeof((array)[0]))
-
-/* The object fields of a struct, listed once by their offsets (offsetof) for its type's
- * traverse, which visits them, and its clear, which drops them. */
+/* The object fields of a struct, listed once by their offsets (offsetof, `n` of them) for
+ * its type's traverse, which visits them, and its clear, which drops them. */
 int visit_fields(PyObject *obj, const Py_ssize_t *offsets, size_t n, visitproc visit,
                  void *arg);
 void clear_fields(PyObject *obj, const Py_ssize_t *offsets, size_t n);
@@ -276,20 +275,9 @@ int core_end(Core *core, PyObject *token, PyObject *ts);
 
 /* -- each file's part of the module: its types (and functions) added to it ----------------- */
 
-/* The first fields of each type object of the module: its name there (under _native,
- * where add_types adds it), the struct of its objects, the functions that make one (NULL:
- * not from Python) and free one (NULL: object's); Py_TPFLAGS_DEFAULT. */
-#define NATIVE_TYPE_HEAD(name, object, new, dealloc) \
-    NATIVE_TYPE_FIELDS(name, object, Py_TPFLAGS_DEFAULT, new, dealloc)
-
-/* The same for a type whose objects the garbage collector tracks (Py_TPFLAGS_HAVE_GC): the
- * functions that visit and drop what one holds, and its flags beside those two. */
-#define NATIVE_GC_TYPE_HEAD(name, object, new, dealloc, traverse, clear, flags)           \
-    NATIVE_TYPE_FIELDS(name, object, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | (flags), new, \
-                       dealloc),                                                          \
-    .tp_traverse = (traverseproc)(traverse),                                              \
-    .tp_clear = (inquiry)(clear)
-
+/* What each type object of the module begins with: its name there (under _native, where
+ * add_types adds it), the struct of its objects, its flags, the functions that make one
+ * (NULL: not made from Python) and free one (NULL: object's). */
 #define NATIVE_TYPE_FIELDS(name, object, flags, new, dealloc)      \
     PyVarObject_HEAD_INIT(NULL, 0)                                 \
     .tp_name = "chainer_autoprof.runtime.hotpath._native." name,   \
@@ -297,6 +285,18 @@ int core_end(Core *core, PyObject *token, PyObject *ts);
     .tp_flags = (flags),                                           \
     .tp_new = (new),                                               \
     .tp_dealloc = (destructor)(dealloc)
+
+/* A type whose objects the garbage collector does not track (Py_TPFLAGS_DEFAULT). */
+#define NATIVE_TYPE_HEAD(name, object, new, dealloc) \
+    NATIVE_TYPE_FIELDS(name, object, Py_TPFLAGS_DEFAULT, new, dealloc)
+
+/* A type whose objects it tracks (Py_TPFLAGS_HAVE_GC): with the functions that visit and
+ * drop what one holds, and its flags beside those two. */
+#define NATIVE_GC_TYPE_HEAD(name, object, new, dealloc, traverse, clear, flags)           \
+    NATIVE_TYPE_FIELDS(name, object, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | (flags), new, \
+                       dealloc),                                                          \
+    .tp_traverse = (traverseproc)(traverse),                                              \
+    .tp_clear = (inquiry)(clear)
 
 /* Add types (PyTypeObject *, then NULL) to `module` after PyType_Ready, each by its name. */
 int add_types(PyObject *module, ...) __attribute__((sentinel));

@@ -172,13 +172,14 @@ static const Py_ssize_t recorder_hook_objects[] = {
 
 static int recorder_hook_traverse(RecorderHook *self, visitproc visit, void *arg)
 {
-    return visit_fields((PyObject *)self, recorder_hook_objects, LENGTH(recorder_hook_objects),
-                        visit, arg);
+    return visit_fields((PyObject *)self, recorder_hook_objects,
+                        Py_ARRAY_LENGTH(recorder_hook_objects), visit, arg);
 }
 
 static int recorder_hook_clear(RecorderHook *self)
 {
-    clear_fields((PyObject *)self, recorder_hook_objects, LENGTH(recorder_hook_objects));
+    clear_fields((PyObject *)self, recorder_hook_objects,
+                 Py_ARRAY_LENGTH(recorder_hook_objects));
     return 0;
 }
 

@@ -776,7 +776,8 @@ static const Py_ssize_t wrapper_objects[] = {
 
 static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
 {
-    int rc = visit_fields((PyObject *)w, wrapper_objects, LENGTH(wrapper_objects), visit, arg);
+    int rc = visit_fields((PyObject *)w, wrapper_objects, Py_ARRAY_LENGTH(wrapper_objects), visit,
+                          arg);
     if (rc != 0 || w->entry_cache == NULL)
         return rc;
     for (int i = 0; i < ENTRY_CACHE_SIZE; i++) {
@@ -788,7 +789,7 @@ static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
 
 static int wrapper_clear(Wrapper *w)
 {
-    clear_fields((PyObject *)w, wrapper_objects, LENGTH(wrapper_objects));
+    clear_fields((PyObject *)w, wrapper_objects, Py_ARRAY_LENGTH(wrapper_objects));
     if (w->entry_cache != NULL) {
         for (int i = 0; i < ENTRY_CACHE_SIZE; i++) {
             w->entry_cache[i].link = NULL;
