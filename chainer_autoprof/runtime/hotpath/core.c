@@ -370,22 +370,19 @@ done:
 
 /* -- the type -------------------------------------------------------------------------------- */
 
-/* What a Core holds (its key and classes, held for its whole life, are left out). */
-static const Py_ssize_t core_objects[] = {
-    offsetof(Core, new_state), offsetof(Core, sync), offsetof(Core, window),
-    offsetof(Core, clock), offsetof(Core, last_state),
-};
+/* What a Core holds, beside its sinks (VISIT_FIELD, CLEAR_FIELD; its key and classes, held
+ * for its whole life, are left out). */
+#define CORE_OBJECTS(F) F(new_state) F(sync) F(window) F(clock) F(last_state)
 
 static int core_traverse(Core *self, visitproc visit, void *arg)
 {
-    int rc = visit_fields((PyObject *)self, core_objects, Py_ARRAY_LENGTH(core_objects), visit,
-                          arg);
-    if (rc != 0 || self->sinks == NULL)
-        return rc;
-    for (Py_ssize_t i = 0; i < self->sinks->n; i++) {
-        Py_VISIT(self->sinks->items[i].part);
-        Py_VISIT(self->sinks->items[i].begin);
-        Py_VISIT(self->sinks->items[i].end);
+    CORE_OBJECTS(VISIT_FIELD)
+    if (self->sinks != NULL) {
+        for (Py_ssize_t i = 0; i < self->sinks->n; i++) {
+            Py_VISIT(self->sinks->items[i].part);
+            Py_VISIT(self->sinks->items[i].begin);
+            Py_VISIT(self->sinks->items[i].end);
+        }
     }
     return 0;
 }
@@ -400,7 +397,7 @@ static void core_drop_sinks(Core *self)
 static int core_clear(Core *self)
 {
     self->last_tstate = NULL;  /* first: last_state is no thread's from here on */
-    clear_fields((PyObject *)self, core_objects, Py_ARRAY_LENGTH(core_objects));
+    CORE_OBJECTS(CLEAR_FIELD)
     core_drop_sinks(self);
     return 0;
 }

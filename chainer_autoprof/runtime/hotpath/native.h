@@ -73,6 +73,8 @@ static inline PyObject *Py_XNewRef(PyObject *o) { Py_XINCREF(o); return o; }
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 /* The wrappers' bodies stay functions of their own (profiles show each). */
 #define NOINLINE __attribute__((noinline))
+/* A step of theirs written once, inlined into each (as if written out there). */
+#define ALWAYS_INLINE inline __attribute__((always_inline))
 
 static inline PyObject *call1(PyObject *f, PyObject *a)
 {
@@ -158,11 +160,11 @@ int slot_offsets(PyTypeObject *type, ...) __attribute__((sentinel));
 /* Interned strings: pairs (PyObject **out, const char *text), then NULL.  0, or -1. */
 int intern_strings(PyObject **out, const char *text, ...) __attribute__((sentinel));
 
-/* The object fields of a struct, listed once by their offsets (offsetof, `n` of them) for
- * its type's traverse, which visits them, and its clear, which drops them. */
-int visit_fields(PyObject *obj, const Py_ssize_t *offsets, size_t n, visitproc visit,
-                 void *arg);
-void clear_fields(PyObject *obj, const Py_ssize_t *offsets, size_t n);
+/* The object fields of `self` that a type's list names, its traverse visiting them and its
+ * clear dropping them: the list is a macro, LIST(F) giving F(field) for each field, so that
+ * the two never differ; it expands to the fields written out. */
+#define VISIT_FIELD(field) Py_VISIT(self->field);
+#define CLEAR_FIELD(field) Py_CLEAR(self->field);
 
 /* The current exception (normalized; new reference), the error indicator cleared. */
 PyObject *fetch_exception(void);

@@ -165,21 +165,18 @@ static PyObject *recorder_hook_new(PyTypeObject *type, PyObject *args, PyObject 
     return (PyObject *)self;
 }
 
-static const Py_ssize_t recorder_hook_objects[] = {
-    offsetof(RecorderHook, iter_info), offsetof(RecorderHook, iteration_ended),
-    offsetof(RecorderHook, flush),
-};
+/* What a RecorderHook holds (VISIT_FIELD, CLEAR_FIELD). */
+#define RECORDER_HOOK_OBJECTS(F) F(iter_info) F(iteration_ended) F(flush)
 
 static int recorder_hook_traverse(RecorderHook *self, visitproc visit, void *arg)
 {
-    return visit_fields((PyObject *)self, recorder_hook_objects,
-                        Py_ARRAY_LENGTH(recorder_hook_objects), visit, arg);
+    RECORDER_HOOK_OBJECTS(VISIT_FIELD)
+    return 0;
 }
 
 static int recorder_hook_clear(RecorderHook *self)
 {
-    clear_fields((PyObject *)self, recorder_hook_objects,
-                 Py_ARRAY_LENGTH(recorder_hook_objects));
+    RECORDER_HOOK_OBJECTS(CLEAR_FIELD)
     return 0;
 }
 

@@ -61,20 +61,6 @@ int intern_strings(PyObject **out, const char *text, ...)
     return rc;
 }
 
-int visit_fields(PyObject *obj, const Py_ssize_t *offsets, size_t n, visitproc visit,
-                 void *arg)
-{
-    for (size_t i = 0; i < n; i++)
-        Py_VISIT(SLOT(obj, offsets[i]));
-    return 0;
-}
-
-void clear_fields(PyObject *obj, const Py_ssize_t *offsets, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        Py_CLEAR(SLOT(obj, offsets[i]));
-}
-
 PyObject *fetch_exception(void)
 {
     PyObject *type, *value, *tb;

@@ -157,7 +157,8 @@ static PyObject *call_after_own_error(Wrapper *w, PyObject *const *args, size_t 
 
 /* Begin `info` on `ts`: 0 with `*tok` the token to end after the call (NULL: nothing was
  * emitted, nothing to end), or -1 with an error. */
-static inline int begin_range(Core *core, PyObject *info, PyObject *ts, PyObject **tok)
+static ALWAYS_INLINE int begin_range(Core *core, PyObject *info, PyObject *ts,
+                                     PyObject **tok)
 {
     PyObject *token = core_begin(core, info, ts);
     if (token == NULL)
@@ -310,7 +311,7 @@ error:
 /* -- link --------------------------------------------------------------------------- */
 
 /* Whether `entry` (a link entry) is `link`'s: its weak reference still points at it. */
-static inline int entry_of(Wrapper *w, PyObject *entry, PyObject *link)
+static ALWAYS_INLINE int entry_of(Wrapper *w, PyObject *entry, PyObject *link)
 {
     PyObject *ref = SLOT(entry, w->off_ref);
     return ref != NULL && PyWeakref_Check(ref) && PyWeakref_GET_OBJECT(ref) == link;
@@ -550,8 +551,9 @@ static PyObject *function_info(Wrapper *w, PyObject *node)
 /* The original call inside the range `tok` (ours: NULL when none was begun), which ends
  * after it whether it returned or raised; `ts` is ours too.  The user's error wins over ours
  * (which turns the hook off). */
-static inline PyObject *call_in_range(Wrapper *w, PyObject *const *args, size_t nargsf,
-                                      PyObject *kwnames, PyObject *tok, PyObject *ts)
+static ALWAYS_INLINE PyObject *call_in_range(Wrapper *w, PyObject *const *args,
+                                             size_t nargsf, PyObject *kwnames, PyObject *tok,
+                                             PyObject *ts)
 {
     PyObject *out = call_original(w, args, nargsf, kwnames);
     if (tok != NULL) {
@@ -581,8 +583,9 @@ static PyObject *call_after_enter_error(Wrapper *w, PyObject *const *args, size_
 
 /* The original call inside a range of `info` begun on `ts` (both ours; `info` let go once
  * the range began): our error in beginning it is contained, and the call goes on. */
-static inline PyObject *call_in_new_range(Wrapper *w, PyObject *const *args, size_t nargsf,
-                                          PyObject *kwnames, PyObject *info, PyObject *ts)
+static ALWAYS_INLINE PyObject *call_in_new_range(Wrapper *w, PyObject *const *args,
+                                                 size_t nargsf, PyObject *kwnames,
+                                                 PyObject *info, PyObject *ts)
 {
     PyObject *tok;
     int rc = begin_range(w->core, info, ts, &tok);
@@ -647,7 +650,7 @@ static int same_owner(PyObject *a, PyObject *b)
 }
 
 /* End the range of the backward's link open on `ts` (its bwd_link_tok), if one is: 0, or -1. */
-static int end_backward_link(Core *core, PyObject *ts)
+static ALWAYS_INLINE int end_backward_link(Core *core, PyObject *ts)
 {
     PyObject *open = SLOT(ts, core->off_bwd_link_tok);
     int rc;
@@ -763,38 +766,32 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
     }
 }
 
-/* What a Wrapper holds, beside its cache of link entries. */
-static const Py_ssize_t wrapper_objects[] = {
-    offsetof(Wrapper, original), offsetof(Wrapper, sw), offsetof(Wrapper, fail),
-    offsetof(Wrapper, enter), offsetof(Wrapper, exit), offsetof(Wrapper, core),
-    offsetof(Wrapper, roots), offsetof(Wrapper, make_entry), offsetof(Wrapper, outer_enter),
-    offsetof(Wrapper, outer_exit), offsetof(Wrapper, entry_type),
-    offsetof(Wrapper, variable_type), offsetof(Wrapper, infos_by_type),
-    offsetof(Wrapper, infos_by_label), offsetof(Wrapper, new_info),
-    offsetof(Wrapper, default_label), offsetof(Wrapper, entries), offsetof(Wrapper, backward),
-};
+/* What a Wrapper holds, beside its cache of link entries (VISIT_FIELD, CLEAR_FIELD). */
+#define WRAPPER_OBJECTS(F)                                                                   \
+    F(original) F(sw) F(fail) F(enter) F(exit) F(core) F(roots) F(make_entry) F(outer_enter) \
+    F(outer_exit) F(entry_type) F(variable_type) F(infos_by_type) F(infos_by_label)          \
+    F(new_info) F(default_label) F(entries) F(backward)
 
-static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
+static int wrapper_traverse(Wrapper *self, visitproc visit, void *arg)
 {
-    int rc = visit_fields((PyObject *)w, wrapper_objects, Py_ARRAY_LENGTH(wrapper_objects), visit,
-                          arg);
-    if (rc != 0 || w->entry_cache == NULL)
-        return rc;
-    for (int i = 0; i < ENTRY_CACHE_SIZE; i++) {
-        Py_VISIT(w->entry_cache[i].parent);
-        Py_VISIT(w->entry_cache[i].entry);
+    WRAPPER_OBJECTS(VISIT_FIELD)
+    if (self->entry_cache != NULL) {
+        for (int i = 0; i < ENTRY_CACHE_SIZE; i++) {
+            Py_VISIT(self->entry_cache[i].parent);
+            Py_VISIT(self->entry_cache[i].entry);
+        }
     }
     return 0;
 }
 
-static int wrapper_clear(Wrapper *w)
+static int wrapper_clear(Wrapper *self)
 {
-    clear_fields((PyObject *)w, wrapper_objects, Py_ARRAY_LENGTH(wrapper_objects));
-    if (w->entry_cache != NULL) {
+    WRAPPER_OBJECTS(CLEAR_FIELD)
+    if (self->entry_cache != NULL) {
         for (int i = 0; i < ENTRY_CACHE_SIZE; i++) {
-            w->entry_cache[i].link = NULL;
-            Py_CLEAR(w->entry_cache[i].parent);
-            Py_CLEAR(w->entry_cache[i].entry);
+            self->entry_cache[i].link = NULL;
+            Py_CLEAR(self->entry_cache[i].parent);
+            Py_CLEAR(self->entry_cache[i].entry);
         }
     }
     return 0;
