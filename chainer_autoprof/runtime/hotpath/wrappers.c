@@ -317,11 +317,11 @@ static ALWAYS_INLINE int entry_of(Wrapper *w, PyObject *entry, PyObject *link)
     return ref != NULL && PyWeakref_Check(ref) && PyWeakref_GET_OBJECT(ref) == link;
 }
 
-static NOINLINE PyObject *link_call(Wrapper *w, PyObject *ts, PyObject *const *args,
-                                    size_t nargsf, PyObject *kwnames)
+static NOINLINE PyObject *link_call(Wrapper *w, PyObject *const *args, size_t nargsf,
+                                    PyObject *kwnames)
 {
     Core *core = w->core;
-    PyObject *instance, *links, *parent = NULL, *table, *key = NULL, *entry = NULL;
+    PyObject *instance, *ts, *links, *parent = NULL, *table, *key = NULL, *entry = NULL;
     PyObject *mode = NULL, *tok = NULL, *out, *info;
     entry_slot *slot = NULL;
     Py_ssize_t n;
@@ -330,6 +330,9 @@ static NOINLINE PyObject *link_call(Wrapper *w, PyObject *ts, PyObject *const *a
     if (PyVectorcall_NARGS(nargsf) < 1)
         return call_original(w, args, nargsf, kwnames);
     instance = args[0];
+    ts = core_state(core);
+    if (ts == NULL)
+        return call_after_own_error(w, args, nargsf, kwnames);
     links = SLOT(ts, core->off_links);
     if (links == NULL || !PyList_Check(links)) {
         PyErr_SetString(PyExc_TypeError, "ThreadState.links is not a list");
@@ -597,12 +600,14 @@ static ALWAYS_INLINE PyObject *call_in_new_range(Wrapper *w, PyObject *const *ar
 
 /* -- FunctionNode.apply ------------------------------------------------------------------ */
 
-static NOINLINE PyObject *apply_call(Wrapper *w, PyObject *ts, PyObject *const *args,
-                                     size_t nargsf, PyObject *kwnames)
+static NOINLINE PyObject *apply_call(Wrapper *w, PyObject *const *args, size_t nargsf,
+                                     PyObject *kwnames)
 {
     Core *core = w->core;
-    PyObject *node, *info = NULL, *links;
+    PyObject *ts = core_state(core), *node, *info = NULL, *links;
 
+    if (ts == NULL)
+        return call_after_own_error(w, args, nargsf, kwnames);
     if (PyVectorcall_NARGS(nargsf) < 1)
         return call_original(w, args, nargsf, kwnames);
     node = args[0];
@@ -662,13 +667,16 @@ static ALWAYS_INLINE int end_backward_link(Core *core, PyObject *ts)
     return rc;
 }
 
-static NOINLINE PyObject *backprop_call(Wrapper *w, PyObject *ts, PyObject *const *args,
-                                        size_t nargsf, PyObject *kwnames)
+static NOINLINE PyObject *backprop_call(Wrapper *w, PyObject *const *args, size_t nargsf,
+                                        PyObject *kwnames)
 {
     Core *core = w->core;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *phase, *func = NULL, *owner = NULL, *info;
+    PyObject *ts, *phase, *func = NULL, *owner = NULL, *info;
 
+    ts = core_state(core);
+    if (ts == NULL)
+        return call_after_own_error(w, args, nargsf, kwnames);
     phase = SLOT(ts, core->off_phase);
     if (phase != w->backward) {
         int eq = phase != NULL && phase != Py_None && PyUnicode_Check(phase)
@@ -746,23 +754,18 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
                                     PyObject *kwnames)
 {
     Wrapper *w = (Wrapper *)self;
-    PyObject *ts;
     w->sw->hits++;
     if (!w->sw->on)
         return call_original(w, args, nargsf, kwnames);
-    if (w->kind == KIND_AROUND)
-        return around_call(w, args, nargsf, kwnames);
-    /* the others' ranges go through the core: this thread's state (borrowed) first */
-    ts = core_state(w->core);
-    if (ts == NULL)
-        return call_after_own_error(w, args, nargsf, kwnames);
     switch (w->kind) {
     case KIND_LINK:
-        return link_call(w, ts, args, nargsf, kwnames);
+        return link_call(w, args, nargsf, kwnames);
     case KIND_APPLY:
-        return apply_call(w, ts, args, nargsf, kwnames);
+        return apply_call(w, args, nargsf, kwnames);
+    case KIND_BACKPROP:
+        return backprop_call(w, args, nargsf, kwnames);
     default:
-        return backprop_call(w, ts, args, nargsf, kwnames);
+        return around_call(w, args, nargsf, kwnames);
     }
 }
 
