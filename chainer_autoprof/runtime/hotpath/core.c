@@ -122,6 +122,7 @@ static int core_window_closed(Core *core)
 static inline int core_now(Core *core, int64_t *out)
 {
     PyObject *t;
+    int rc;
     if (!core->timed) {
         *out = 0;
         return 0;
@@ -133,9 +134,9 @@ static inline int core_now(Core *core, int64_t *out)
     t = PyObject_CallNoArgs(core->clock);
     if (t == NULL)
         return -1;
-    *out = PyLong_AsLongLong(t);
+    rc = int64_from(t, out);
     Py_DECREF(t);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+    return rc;
 }
 
 static int core_sync(Core *core)
@@ -369,13 +370,13 @@ done:
 
 /* -- the type -------------------------------------------------------------------------------- */
 
+/* What a Core holds, beside its sinks (VISIT_FIELD, CLEAR_FIELD; its key and classes, held
+ * for its whole life, are left out). */
+#define CORE_OBJECTS(F) F(new_state) F(sync) F(window) F(clock) F(last_state)
+
 static int core_traverse(Core *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->new_state);
-    Py_VISIT(self->sync);
-    Py_VISIT(self->window);
-    Py_VISIT(self->clock);
-    Py_VISIT(self->last_state);
+    CORE_OBJECTS(VISIT_FIELD)
     if (self->sinks != NULL) {
         for (Py_ssize_t i = 0; i < self->sinks->n; i++) {
             Py_VISIT(self->sinks->items[i].part);
@@ -395,12 +396,8 @@ static void core_drop_sinks(Core *self)
 
 static int core_clear(Core *self)
 {
-    Py_CLEAR(self->new_state);
-    Py_CLEAR(self->sync);
-    Py_CLEAR(self->window);
-    Py_CLEAR(self->clock);
-    self->last_tstate = NULL;
-    Py_CLEAR(self->last_state);
+    self->last_tstate = NULL;  /* first: last_state is no thread's from here on */
+    CORE_OBJECTS(CLEAR_FIELD)
     core_drop_sinks(self);
     return 0;
 }
@@ -444,19 +441,14 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     self->key = PyUnicode_FromFormat("chainer_autoprof.core.%llu",
                                      (unsigned long long)self->serial);
     if (self->key == NULL
-        || slot_offset(self->state_type, "stack", &self->off_stack) < 0
-        || slot_offset(self->state_type, "record", &self->off_record) < 0
-        || slot_offset(self->state_type, "links", &self->off_links) < 0
-        || slot_offset(self->state_type, "quiet", &self->off_quiet) < 0
-        || slot_offset(self->state_type, "phase", &self->off_phase) < 0
-        || slot_offset(self->state_type, "bwd_link", &self->off_bwd_link) < 0
-        || slot_offset(self->state_type, "bwd_link_tok", &self->off_bwd_link_tok) < 0
-        || slot_offset(self->info_type, "emit", &self->off_emit) < 0
-        || slot_offset(self->info_type, "sync", &self->off_sync) < 0
-        || slot_offset(self->info_type, "index", &self->off_index) < 0
-        || slot_offset(self->info_type, "nvtx", &self->off_nvtx) < 0
-        || slot_offset(self->info_type, "stack_entry", &self->off_stack_entry) < 0
-        || slot_offset(self->info_type, "category_index", &self->off_category_index) < 0) {
+        || slot_offsets(self->state_type, "stack", &self->off_stack, "record", &self->off_record,
+                        "links", &self->off_links, "quiet", &self->off_quiet,
+                        "phase", &self->off_phase, "bwd_link", &self->off_bwd_link,
+                        "bwd_link_tok", &self->off_bwd_link_tok, NULL) < 0
+        || slot_offsets(self->info_type, "emit", &self->off_emit, "sync", &self->off_sync,
+                        "index", &self->off_index, "nvtx", &self->off_nvtx,
+                        "stack_entry", &self->off_stack_entry,
+                        "category_index", &self->off_category_index, NULL) < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -613,24 +605,16 @@ static PyMethodDef core_methods[] = {
 };
 
 PyTypeObject CoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "chainer_autoprof.runtime.hotpath._native.Core",
-    .tp_basicsize = sizeof(Core),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    NATIVE_GC_TYPE_HEAD("Core", Core, core_new, core_dealloc, core_traverse, core_clear, 0),
     .tp_doc = "Core(state_cls, info_cls, new_state, sync, window=None, clock=None): "
               "a tracer's ranges.",
-    .tp_new = core_new,
-    .tp_traverse = (traverseproc)core_traverse,
-    .tp_clear = (inquiry)core_clear,
-    .tp_dealloc = (destructor)core_dealloc,
     .tp_methods = core_methods,
 };
 
 int core_ready(PyObject *module)
 {
-    str_open = PyUnicode_InternFromString("open");
     const_zero = PyLong_FromLong(0);
-    if (str_open == NULL || const_zero == NULL)
+    if (const_zero == NULL || intern_strings(&str_open, "open", NULL) < 0)
         return -1;
-    return add_type(module, &CoreType, "Core");
+    return add_types(module, &CoreType, NULL);
 }

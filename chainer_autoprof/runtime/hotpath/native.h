@@ -5,7 +5,8 @@
  * one C file per concern, each beside its Python twin:
  *
  *   module.c       the module: its types and functions, PROTOCOL
- *   util.c         calls, our own errors contained, slots of Python classes
+ *   util.c         calls, our own errors contained, slots of Python classes, the
+ *                  objects a type holds, its types added to the module
  *   core.c         Core: a tracer's ranges (the per-thread stack, the sinks' calls
  *                  under their category masks) -- core.py
  *   nvtx_domain.c  NvtxDomain: an NVTX domain, prebuilt attributes; the NVTX sink run
@@ -72,6 +73,8 @@ static inline PyObject *Py_XNewRef(PyObject *o) { Py_XINCREF(o); return o; }
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 /* The wrappers' bodies stay functions of their own (profiles show each). */
 #define NOINLINE __attribute__((noinline))
+/* A step of theirs written once, inlined into each (as if written out there). */
+#define ALWAYS_INLINE inline __attribute__((always_inline))
 
 static inline PyObject *call1(PyObject *f, PyObject *a)
 {
@@ -134,6 +137,13 @@ static inline int64_t int64_of(PyObject *o)
     return PyLong_AsLongLong(o);
 }
 
+/* `o` (an int) as an int64 in `out`: 0, or -1 with an error. */
+static inline int int64_from(PyObject *o, int64_t *out)
+{
+    *out = int64_of(o);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
 static inline int64_t now_ns(void)
 {
     struct timespec t;
@@ -143,8 +153,18 @@ static inline int64_t now_ns(void)
 
 /* -- util.c: slots, our own errors ---------------------------------------------------- */
 
-/* The offset of slot `name` of `type` (a writable object slot of a class with __slots__). */
-int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out);
+/* The offsets of slots of `type` (writable object slots of a class with __slots__): pairs
+ * (const char *name, Py_ssize_t *out), then NULL.  0, or -1 with a TypeError. */
+int slot_offsets(PyTypeObject *type, ...) __attribute__((sentinel));
+
+/* Interned strings: pairs (PyObject **out, const char *text), then NULL.  0, or -1. */
+int intern_strings(PyObject **out, const char *text, ...) __attribute__((sentinel));
+
+/* The object fields of `self` that a type's list names, its traverse visiting them and its
+ * clear dropping them: the list is a macro, LIST(F) giving F(field) for each field, so that
+ * the two never differ; it expands to the fields written out. */
+#define VISIT_FIELD(field) Py_VISIT(self->field);
+#define CLEAR_FIELD(field) Py_CLEAR(self->field);
 
 /* The current exception (normalized; new reference), the error indicator cleared. */
 PyObject *fetch_exception(void);
@@ -257,6 +277,32 @@ int core_end(Core *core, PyObject *token, PyObject *ts);
 
 /* -- each file's part of the module: its types (and functions) added to it ----------------- */
 
+/* What each type object of the module begins with: its name there (under _native, where
+ * add_types adds it), the struct of its objects, its flags, the functions that make one
+ * (NULL: not made from Python) and free one (NULL: object's). */
+#define NATIVE_TYPE_FIELDS(name, object, flags, new, dealloc)      \
+    PyVarObject_HEAD_INIT(NULL, 0)                                 \
+    .tp_name = "chainer_autoprof.runtime.hotpath._native." name,   \
+    .tp_basicsize = sizeof(object),                                \
+    .tp_flags = (flags),                                           \
+    .tp_new = (new),                                               \
+    .tp_dealloc = (destructor)(dealloc)
+
+/* A type whose objects the garbage collector does not track (Py_TPFLAGS_DEFAULT). */
+#define NATIVE_TYPE_HEAD(name, object, new, dealloc) \
+    NATIVE_TYPE_FIELDS(name, object, Py_TPFLAGS_DEFAULT, new, dealloc)
+
+/* A type whose objects it tracks (Py_TPFLAGS_HAVE_GC): with the functions that visit and
+ * drop what one holds, and its flags beside those two. */
+#define NATIVE_GC_TYPE_HEAD(name, object, new, dealloc, traverse, clear, flags)           \
+    NATIVE_TYPE_FIELDS(name, object, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | (flags), new, \
+                       dealloc),                                                          \
+    .tp_traverse = (traverseproc)(traverse),                                              \
+    .tp_clear = (inquiry)(clear)
+
+/* Add types (PyTypeObject *, then NULL) to `module` after PyType_Ready, each by its name. */
+int add_types(PyObject *module, ...) __attribute__((sentinel));
+
 extern const native_sink_kind nvtx_sink_kind;
 extern const native_sink_kind record_sink_kind;
 
@@ -265,9 +311,6 @@ int nvtx_ready(PyObject *module);
 int record_ready(PyObject *module);
 int wrappers_ready(PyObject *module);
 int term_guard_ready(PyObject *module);  /* SIGTERM's guard: the lifecycle's, not the hot path's */
-
-/* Add `type` to `module` as `name` (after PyType_Ready). */
-int add_type(PyObject *module, PyTypeObject *type, const char *name);
 
 #pragma GCC visibility pop
 

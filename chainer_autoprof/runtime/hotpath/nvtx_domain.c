@@ -318,13 +318,8 @@ static PyMemberDef nvtx_domain_members[] = {
 };
 
 static PyTypeObject NvtxDomainType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "chainer_autoprof.runtime.hotpath._native.NvtxDomain",
-    .tp_basicsize = sizeof(NvtxDomain),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    NATIVE_TYPE_HEAD("NvtxDomain", NvtxDomain, nvtx_domain_new, nvtx_domain_dealloc),
     .tp_doc = "NvtxDomain(name): one NVTX domain, its strings, categories and attributes.",
-    .tp_new = nvtx_domain_new,
-    .tp_dealloc = (destructor)nvtx_domain_dealloc,
     .tp_methods = nvtx_domain_methods,
     .tp_getset = nvtx_domain_getset,
     .tp_members = nvtx_domain_members,
@@ -337,21 +332,13 @@ static void nvtx_attr_dealloc(NvtxAttr *self)
 }
 
 static PyTypeObject NvtxAttrType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "chainer_autoprof.runtime.hotpath._native.NvtxAttr",
-    .tp_basicsize = sizeof(NvtxAttr),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    NATIVE_TYPE_HEAD("NvtxAttr", NvtxAttr, NULL, nvtx_attr_dealloc),
     .tp_doc = "Prebuilt NVTX event attributes.",
-    .tp_dealloc = (destructor)nvtx_attr_dealloc,
 };
 
 int nvtx_ready(PyObject *module)
 {
-    str_nvtx = PyUnicode_InternFromString("nvtx");
-    if (str_nvtx == NULL)
+    if (intern_strings(&str_nvtx, "nvtx", NULL) < 0)
         return -1;
-    if (add_type(module, &NvtxDomainType, "NvtxDomain") < 0
-        || add_type(module, &NvtxAttrType, "NvtxAttr") < 0)
-        return -1;
-    return 0;
+    return add_types(module, &NvtxDomainType, &NvtxAttrType, NULL);
 }

@@ -76,7 +76,7 @@ static int record_buffer_append(RecordBuffer *self, int64_t a, int64_t b, int64_
 
 static PyObject *record_buffer_append_py(RecordBuffer *self, PyObject *row)
 {
-    long long v[4];
+    int64_t v[4];
     PyObject *seq = PySequence_Fast(row, "append() takes (index, t0, t1, depth)");
     if (seq == NULL)
         return NULL;
@@ -86,8 +86,7 @@ static PyObject *record_buffer_append_py(RecordBuffer *self, PyObject *row)
         return NULL;
     }
     for (int i = 0; i < 4; i++) {
-        v[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
-        if (v[i] == -1 && PyErr_Occurred()) {
+        if (int64_from(PySequence_Fast_GET_ITEM(seq, i), &v[i]) < 0) {
             Py_DECREF(seq);
             return NULL;
         }
@@ -128,13 +127,8 @@ static PySequenceMethods record_buffer_as_sequence = {
 };
 
 static PyTypeObject RecordBufferType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "chainer_autoprof.runtime.hotpath._native.RecordBuffer",
-    .tp_basicsize = sizeof(RecordBuffer),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    NATIVE_TYPE_HEAD("RecordBuffer", RecordBuffer, record_buffer_new, record_buffer_dealloc),
     .tp_doc = "RecordBuffer(capacity): a thread's recorded ranges, int64 rows of 4.",
-    .tp_new = record_buffer_new,
-    .tp_dealloc = (destructor)record_buffer_dealloc,
     .tp_methods = record_buffer_methods,
     .tp_as_sequence = &record_buffer_as_sequence,
 };
@@ -171,19 +165,18 @@ static PyObject *recorder_hook_new(PyTypeObject *type, PyObject *args, PyObject 
     return (PyObject *)self;
 }
 
+/* What a RecorderHook holds (VISIT_FIELD, CLEAR_FIELD). */
+#define RECORDER_HOOK_OBJECTS(F) F(iter_info) F(iteration_ended) F(flush)
+
 static int recorder_hook_traverse(RecorderHook *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->iter_info);
-    Py_VISIT(self->iteration_ended);
-    Py_VISIT(self->flush);
+    RECORDER_HOOK_OBJECTS(VISIT_FIELD)
     return 0;
 }
 
 static int recorder_hook_clear(RecorderHook *self)
 {
-    Py_CLEAR(self->iter_info);
-    Py_CLEAR(self->iteration_ended);
-    Py_CLEAR(self->flush);
+    RECORDER_HOOK_OBJECTS(CLEAR_FIELD)
     return 0;
 }
 
@@ -250,8 +243,7 @@ static int record_sink_end(Core *core, PyObject *part, PyObject *info, int64_t t
             PyErr_SetString(PyExc_AttributeError, "index");
             return -1;
         }
-        index = int64_of(index_obj);
-        if (index == -1 && PyErr_Occurred())
+        if (int64_from(index_obj, &index) < 0)
             return -1;
     }
     stack = SLOT(ts, core->off_stack);
@@ -279,11 +271,7 @@ static PyObject *recorder_hook_end(RecorderHook *self, PyObject *const *args, Py
     }
     info = args[0];
     ts = args[3];
-    t0 = int64_of(args[1]);
-    if (t0 == -1 && PyErr_Occurred())
-        return NULL;
-    t1 = int64_of(args[2]);
-    if (t1 == -1 && PyErr_Occurred())
+    if (int64_from(args[1], &t0) < 0 || int64_from(args[2], &t1) < 0)
         return NULL;
     buf = PyObject_GetAttr(ts, str_record);
     if (buf == NULL)
@@ -300,9 +288,9 @@ static PyObject *recorder_hook_end(RecorderHook *self, PyObject *const *args, Py
         PyObject *index_obj = PyObject_GetAttr(info, str_index);
         if (index_obj == NULL)
             goto error;
-        index = PyLong_AsLongLong(index_obj);
+        rc = int64_from(index_obj, &index);
         Py_DECREF(index_obj);
-        if (index == -1 && PyErr_Occurred())
+        if (rc < 0)
             goto error;
     }
     stack = PyObject_GetAttr(ts, str_stack);
@@ -362,28 +350,17 @@ static PyMethodDef recorder_hook_methods[] = {
 };
 
 static PyTypeObject RecorderHookType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "chainer_autoprof.runtime.hotpath._native.RecorderHook",
-    .tp_basicsize = sizeof(RecorderHook),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    NATIVE_GC_TYPE_HEAD("RecorderHook", RecorderHook, recorder_hook_new, recorder_hook_dealloc,
+                        recorder_hook_traverse, recorder_hook_clear, 0),
     .tp_doc = "RecorderHook(capacity, iter_info, iteration_ended, flush): the recorder, "
               "run by the core.",
-    .tp_new = recorder_hook_new,
-    .tp_traverse = (traverseproc)recorder_hook_traverse,
-    .tp_clear = (inquiry)recorder_hook_clear,
-    .tp_dealloc = (destructor)recorder_hook_dealloc,
     .tp_methods = recorder_hook_methods,
 };
 
 int record_ready(PyObject *module)
 {
-    str_record = PyUnicode_InternFromString("record");
-    str_index = PyUnicode_InternFromString("index");
-    str_stack = PyUnicode_InternFromString("stack");
-    if (str_record == NULL || str_index == NULL || str_stack == NULL)
+    if (intern_strings(&str_record, "record", &str_index, "index", &str_stack, "stack",
+                       NULL) < 0)
         return -1;
-    if (add_type(module, &RecordBufferType, "RecordBuffer") < 0
-        || add_type(module, &RecorderHookType, "RecorderHook") < 0)
-        return -1;
-    return 0;
+    return add_types(module, &RecordBufferType, &RecorderHookType, NULL);
 }

@@ -1,10 +1,14 @@
 /*
- * util.c -- what the other C files share: slots of Python classes, our own errors.
+ * util.c -- what the other C files share: slots of Python classes, our own errors, the
+ * module's parts added to it.
  */
 
 #include "native.h"
 
-int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out)
+#include <stdarg.h>
+#include <string.h>
+
+static int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out)
 {
     PyObject *key = PyUnicode_FromString(name);
     PyObject *descr;
@@ -21,6 +25,40 @@ int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out)
     }
     *out = ((PyMemberDescrObject *)descr)->d_member->offset;
     return 0;
+}
+
+int slot_offsets(PyTypeObject *type, ...)
+{
+    va_list pairs;
+    const char *name;
+    int rc = 0;
+
+    va_start(pairs, type);
+    while (rc == 0 && (name = va_arg(pairs, const char *)) != NULL)
+        rc = slot_offset(type, name, va_arg(pairs, Py_ssize_t *));
+    va_end(pairs);
+    return rc;
+}
+
+int intern_strings(PyObject **out, const char *text, ...)
+{
+    va_list pairs;
+    int rc = 0;
+
+    va_start(pairs, text);
+    for (;;) {
+        *out = PyUnicode_InternFromString(text);
+        if (*out == NULL) {
+            rc = -1;
+            break;
+        }
+        out = va_arg(pairs, PyObject **);
+        if (out == NULL)
+            break;
+        text = va_arg(pairs, const char *);
+    }
+    va_end(pairs);
+    return rc;
 }
 
 PyObject *fetch_exception(void)
@@ -77,14 +115,23 @@ void after_call_error(PyObject *fail, saved_error *ours)
         PyErr_Clear();
 }
 
-int add_type(PyObject *module, PyTypeObject *type, const char *name)
+int add_types(PyObject *module, ...)
 {
-    if (PyType_Ready(type) < 0)
-        return -1;
-    Py_INCREF(type);
-    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
-        Py_DECREF(type);
-        return -1;
+    va_list types;
+    PyTypeObject *type;
+    int rc = 0;
+
+    va_start(types, module);
+    while (rc == 0 && (type = va_arg(types, PyTypeObject *)) != NULL) {
+        if (PyType_Ready(type) < 0) {
+            rc = -1;
+            break;
+        }
+        Py_INCREF(type);
+        rc = PyModule_AddObject(module, strrchr(type->tp_name, '.') + 1, (PyObject *)type);
+        if (rc < 0)
+            Py_DECREF(type);
     }
-    return 0;
+    va_end(types);
+    return rc;
 }

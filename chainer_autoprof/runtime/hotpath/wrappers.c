@@ -55,13 +55,12 @@ static PyObject *switch_get_hits(Switch *self, void *Py_UNUSED(c))
 
 static int switch_set_hits(Switch *self, PyObject *v, void *Py_UNUSED(c))
 {
-    long long hits;
+    int64_t hits;
     if (v == NULL) {
         PyErr_SetString(PyExc_AttributeError, "cannot delete hits");
         return -1;
     }
-    hits = PyLong_AsLongLong(v);
-    if (hits == -1 && PyErr_Occurred())
+    if (int64_from(v, &hits) < 0)
         return -1;
     self->hits = hits;
     return 0;
@@ -74,12 +73,8 @@ static PyGetSetDef switch_getset[] = {
 };
 
 static PyTypeObject SwitchType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "chainer_autoprof.runtime.hotpath._native.Switch",
-    .tp_basicsize = sizeof(Switch),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    NATIVE_TYPE_HEAD("Switch", Switch, switch_new, NULL),
     .tp_doc = "A patch's state: on (the hook runs) and hits (calls seen).",
-    .tp_new = switch_new,
     .tp_getset = switch_getset,
 };
 
@@ -148,6 +143,32 @@ static inline PyObject *call_original(Wrapper *w, PyObject *const *args, size_t 
                                       PyObject *kwnames)
 {
     return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
+}
+
+/* Our error before anything of ours began: contained, and the original called as if it were
+ * not patched; else (KeyboardInterrupt) raised. */
+static PyObject *call_after_own_error(Wrapper *w, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames)
+{
+    if (contain(w->fail) < 0)
+        return NULL;
+    return call_original(w, args, nargsf, kwnames);
+}
+
+/* Begin `info` on `ts`: 0 with `*tok` the token to end after the call (NULL: nothing was
+ * emitted, nothing to end), or -1 with an error. */
+static ALWAYS_INLINE int begin_range(Core *core, PyObject *info, PyObject *ts,
+                                     PyObject **tok)
+{
+    PyObject *token = core_begin(core, info, ts);
+    if (token == NULL)
+        return -1;
+    if (token == Py_None) {
+        Py_DECREF(token);
+        token = NULL;
+    }
+    *tok = token;
+    return 0;
 }
 
 /* -- around ----------------------------------------------------------------------- */
@@ -289,40 +310,40 @@ error:
 
 /* -- link --------------------------------------------------------------------------- */
 
-static NOINLINE PyObject *link_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+/* Whether `entry` (a link entry) is `link`'s: its weak reference still points at it. */
+static ALWAYS_INLINE int entry_of(Wrapper *w, PyObject *entry, PyObject *link)
+{
+    PyObject *ref = SLOT(entry, w->off_ref);
+    return ref != NULL && PyWeakref_Check(ref) && PyWeakref_GET_OBJECT(ref) == link;
+}
+
+static NOINLINE PyObject *link_call(Wrapper *w, PyObject *const *args, size_t nargsf,
+                                    PyObject *kwnames)
 {
     Core *core = w->core;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *instance, *ts, *links, *parent = NULL, *table, *key = NULL, *entry = NULL;
     PyObject *mode = NULL, *tok = NULL, *out, *info;
     entry_slot *slot = NULL;
     Py_ssize_t n;
     int pushed = 0;
 
-    if (nargs < 1)
+    if (PyVectorcall_NARGS(nargsf) < 1)
         return call_original(w, args, nargsf, kwnames);
     instance = args[0];
     ts = core_state(core);
-    if (ts == NULL) {
-        if (contain(w->fail) < 0)
-            return NULL;
-        return call_original(w, args, nargsf, kwnames);
-    }
+    if (ts == NULL)
+        return call_after_own_error(w, args, nargsf, kwnames);
     links = SLOT(ts, core->off_links);
     if (links == NULL || !PyList_Check(links)) {
         PyErr_SetString(PyExc_TypeError, "ThreadState.links is not a list");
-        if (contain(w->fail) < 0)
-            return NULL;
-        return call_original(w, args, nargsf, kwnames);
+        return call_after_own_error(w, args, nargsf, kwnames);
     }
     n = PyList_GET_SIZE(links);
     if (n > 0) {
-        PyObject *ref;
         parent = PyList_GET_ITEM(links, n - 1);
         if (!w->inner_links_matter)
             return call_original(w, args, nargsf, kwnames);  /* inner links: nothing to do */
-        ref = Py_IS_TYPE(parent, w->entry_type) ? SLOT(parent, w->off_ref) : NULL;
-        if (ref != NULL && PyWeakref_Check(ref) && PyWeakref_GET_OBJECT(ref) == instance)
+        if (Py_IS_TYPE(parent, w->entry_type) && entry_of(w, parent, instance))
             return call_original(w, args, nargsf, kwnames);  /* super().__call__ of this link */
     }
     Py_INCREF(ts);
@@ -336,11 +357,9 @@ static NOINLINE PyObject *link_call(Wrapper *w, PyObject *const *args, size_t na
     {
         PyObject *parent_key = parent != NULL ? parent : Py_None;
         slot = entry_cache_slot(w->entry_cache, instance, parent_key);
-        if (slot->link == instance && slot->parent == parent_key && slot->entry != NULL) {
-            PyObject *ref = SLOT(slot->entry, w->off_ref);
-            if (ref != NULL && PyWeakref_Check(ref) && PyWeakref_GET_OBJECT(ref) == instance)
-                entry = Py_NewRef(slot->entry);
-        }
+        if (slot->link == instance && slot->parent == parent_key && slot->entry != NULL
+            && entry_of(w, slot->entry, instance))
+            entry = Py_NewRef(slot->entry);
     }
     if (entry != NULL)
         goto have_entry;
@@ -355,11 +374,10 @@ static NOINLINE PyObject *link_call(Wrapper *w, PyObject *const *args, size_t na
     entry = PyDict_GetItemWithError(table, key);
     Py_CLEAR(key);
     if (entry != NULL) {
-        PyObject *ref = Py_IS_TYPE(entry, w->entry_type) ? SLOT(entry, w->off_ref) : NULL;
-        if (ref == NULL || !PyWeakref_Check(ref) || PyWeakref_GET_OBJECT(ref) != instance)
-            entry = NULL;
-        else
+        if (Py_IS_TYPE(entry, w->entry_type) && entry_of(w, entry, instance))
             Py_INCREF(entry);
+        else
+            entry = NULL;
     } else if (PyErr_Occurred()) {
         goto enter_failed;
     }
@@ -392,13 +410,8 @@ have_entry:
         goto enter_failed;
     pushed = 1;
     info = SLOT(entry, w->off_info);
-    if (info != NULL && info != Py_None) {
-        tok = core_begin(core, info, ts);
-        if (tok == NULL)
-            goto enter_failed;
-        if (tok == Py_None)
-            Py_CLEAR(tok);
-    }
+    if (info != NULL && info != Py_None && begin_range(core, info, ts, &tok) < 0)
+        goto enter_failed;
     goto call;
 enter_failed:
     if (contain(w->fail) < 0) {
@@ -541,8 +554,9 @@ static PyObject *function_info(Wrapper *w, PyObject *node)
 /* The original call inside the range `tok` (ours: NULL when none was begun), which ends
  * after it whether it returned or raised; `ts` is ours too.  The user's error wins over ours
  * (which turns the hook off). */
-static inline PyObject *call_in_range(Wrapper *w, PyObject *const *args, size_t nargsf,
-                                      PyObject *kwnames, PyObject *tok, PyObject *ts)
+static ALWAYS_INLINE PyObject *call_in_range(Wrapper *w, PyObject *const *args,
+                                             size_t nargsf, PyObject *kwnames, PyObject *tok,
+                                             PyObject *ts)
 {
     PyObject *out = call_original(w, args, nargsf, kwnames);
     if (tok != NULL) {
@@ -558,23 +572,45 @@ static inline PyObject *call_in_range(Wrapper *w, PyObject *const *args, size_t 
     return out;
 }
 
+/* Our error on the way in, before a range of ours began: contained, and the original called
+ * (`ts` let go after it); else (KeyboardInterrupt) raised. */
+static PyObject *call_after_enter_error(Wrapper *w, PyObject *const *args, size_t nargsf,
+                                        PyObject *kwnames, PyObject *ts)
+{
+    if (contain(w->fail) < 0) {
+        Py_DECREF(ts);
+        return NULL;
+    }
+    return call_in_range(w, args, nargsf, kwnames, NULL, ts);
+}
+
+/* The original call inside a range of `info` begun on `ts` (both ours; `info` let go once
+ * the range began): our error in beginning it is contained, and the call goes on. */
+static ALWAYS_INLINE PyObject *call_in_new_range(Wrapper *w, PyObject *const *args,
+                                                 size_t nargsf, PyObject *kwnames,
+                                                 PyObject *info, PyObject *ts)
+{
+    PyObject *tok;
+    int rc = begin_range(w->core, info, ts, &tok);
+    Py_DECREF(info);
+    if (rc < 0)
+        return call_after_enter_error(w, args, nargsf, kwnames, ts);
+    return call_in_range(w, args, nargsf, kwnames, tok, ts);
+}
+
 /* -- FunctionNode.apply ------------------------------------------------------------------ */
 
-static NOINLINE PyObject *apply_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+static NOINLINE PyObject *apply_call(Wrapper *w, PyObject *const *args, size_t nargsf,
+                                     PyObject *kwnames)
 {
     Core *core = w->core;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *node, *ts, *info = NULL, *links, *tok = NULL;
+    PyObject *ts = core_state(core), *node, *info = NULL, *links;
 
-    if (nargs < 1)
+    if (ts == NULL)
+        return call_after_own_error(w, args, nargsf, kwnames);
+    if (PyVectorcall_NARGS(nargsf) < 1)
         return call_original(w, args, nargsf, kwnames);
     node = args[0];
-    ts = core_state(core);
-    if (ts == NULL) {
-        if (contain(w->fail) < 0)
-            return NULL;
-        return call_original(w, args, nargsf, kwnames);
-    }
     Py_INCREF(ts);
     info = function_info(w, node);
     if (info == NULL)
@@ -591,21 +627,10 @@ static NOINLINE PyObject *apply_call(Wrapper *w, PyObject *const *args, size_t n
         if (PyObject_SetAttr(node, str_link_attr, index) < 0)
             goto failed;
     }
-    tok = core_begin(core, info, ts);
-    Py_CLEAR(info);
-    if (tok == NULL)
-        goto failed;
-    if (tok == Py_None)
-        Py_CLEAR(tok);
-    goto call;
+    return call_in_new_range(w, args, nargsf, kwnames, info, ts);
 failed:
     Py_XDECREF(info);
-    if (contain(w->fail) < 0) {
-        Py_DECREF(ts);
-        return NULL;
-    }
-call:
-    return call_in_range(w, args, nargsf, kwnames, tok, ts);
+    return call_after_enter_error(w, args, nargsf, kwnames, ts);
 }
 
 /* -- _backprop_utils.backprop_step -------------------------------------------------------- */
@@ -629,19 +654,29 @@ static int same_owner(PyObject *a, PyObject *b)
     return eq > 0;
 }
 
+/* End the range of the backward's link open on `ts` (its bwd_link_tok), if one is: 0, or -1. */
+static ALWAYS_INLINE int end_backward_link(Core *core, PyObject *ts)
+{
+    PyObject *open = SLOT(ts, core->off_bwd_link_tok);
+    int rc;
+    if (open == NULL || open == Py_None)
+        return 0;
+    Py_INCREF(open);
+    rc = core_end(core, open, ts);
+    Py_DECREF(open);
+    return rc;
+}
+
 static NOINLINE PyObject *backprop_call(Wrapper *w, PyObject *const *args, size_t nargsf,
-                               PyObject *kwnames)
+                                        PyObject *kwnames)
 {
     Core *core = w->core;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *ts, *phase, *func = NULL, *owner = NULL, *tok = NULL;
+    PyObject *ts, *phase, *func = NULL, *owner = NULL, *info;
 
     ts = core_state(core);
-    if (ts == NULL) {
-        if (contain(w->fail) < 0)
-            return NULL;
-        return call_original(w, args, nargsf, kwnames);
-    }
+    if (ts == NULL)
+        return call_after_own_error(w, args, nargsf, kwnames);
     phase = SLOT(ts, core->off_phase);
     if (phase != w->backward) {
         int eq = phase != NULL && phase != Py_None && PyUnicode_Check(phase)
@@ -669,26 +704,19 @@ static NOINLINE PyObject *backprop_call(Wrapper *w, PyObject *const *args, size_
     if (owner != NULL && owner != Py_None) {
         PyObject *current = SLOT(ts, core->off_bwd_link);
         if (!same_owner(owner, current)) {
-            PyObject *open = SLOT(ts, core->off_bwd_link_tok);
-            PyObject *entry, *info, *started;
-            if (open != NULL && open != Py_None) {
-                Py_INCREF(open);
-                if (core_end(core, open, ts) < 0) {
-                    Py_DECREF(open);
-                    goto failed;
-                }
-                Py_DECREF(open);
-            }
+            PyObject *entry, *bwd_info, *started;
+            if (end_backward_link(core, ts) < 0)
+                goto failed;
             slot_set(ts, core->off_bwd_link, owner);
             entry = PyDict_GetItemWithError(w->entries, owner);
             if (entry == NULL && PyErr_Occurred())
                 goto failed;
-            info = entry != NULL && Py_IS_TYPE(entry, w->entry_type)
-                   ? SLOT(entry, w->off_bwd_info) : NULL;
-            if (info != NULL && info != Py_None) {
-                Py_INCREF(info);
-                started = core_begin(core, info, ts);
-                Py_DECREF(info);
+            bwd_info = entry != NULL && Py_IS_TYPE(entry, w->entry_type)
+                       ? SLOT(entry, w->off_bwd_info) : NULL;
+            if (bwd_info != NULL && bwd_info != Py_None) {
+                Py_INCREF(bwd_info);
+                started = core_begin(core, bwd_info, ts);
+                Py_DECREF(bwd_info);
                 if (started == NULL) {
                     slot_set(ts, core->off_bwd_link_tok, Py_None);
                     goto failed;
@@ -702,40 +730,22 @@ static NOINLINE PyObject *backprop_call(Wrapper *w, PyObject *const *args, size_
     } else if (w->function_ranges) {
         PyObject *current = SLOT(ts, core->off_bwd_link);
         if (current != NULL && current != Py_None) {
-            PyObject *open = SLOT(ts, core->off_bwd_link_tok);
-            if (open != NULL && open != Py_None) {
-                Py_INCREF(open);
-                if (core_end(core, open, ts) < 0) {
-                    Py_DECREF(open);
-                    goto failed;
-                }
-                Py_DECREF(open);
-            }
+            if (end_backward_link(core, ts) < 0)
+                goto failed;
             slot_set(ts, core->off_bwd_link, Py_None);
             slot_set(ts, core->off_bwd_link_tok, Py_None);
         }
     }
-    if (w->function_ranges) {
-        PyObject *info = function_info(w, func);
-        if (info == NULL)
-            goto failed;
-        tok = core_begin(core, info, ts);
-        Py_DECREF(info);
-        if (tok == NULL)
-            goto failed;
-        if (tok == Py_None)
-            Py_CLEAR(tok);
-    }
-    goto call;
+    Py_CLEAR(owner);
+    if (!w->function_ranges)
+        return call_in_range(w, args, nargsf, kwnames, NULL, ts);
+    info = function_info(w, func);
+    if (info == NULL)
+        goto failed;
+    return call_in_new_range(w, args, nargsf, kwnames, info, ts);
 failed:
-    if (contain(w->fail) < 0) {
-        Py_XDECREF(owner);
-        Py_DECREF(ts);
-        return NULL;
-    }
-call:
     Py_XDECREF(owner);
-    return call_in_range(w, args, nargsf, kwnames, tok, ts);
+    return call_after_enter_error(w, args, nargsf, kwnames, ts);
 }
 
 /* -- the type ------------------------------------------------------------------------ */
@@ -759,60 +769,32 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
     }
 }
 
-static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
+/* What a Wrapper holds, beside its cache of link entries (VISIT_FIELD, CLEAR_FIELD). */
+#define WRAPPER_OBJECTS(F)                                                                   \
+    F(original) F(sw) F(fail) F(enter) F(exit) F(core) F(roots) F(make_entry) F(outer_enter) \
+    F(outer_exit) F(entry_type) F(variable_type) F(infos_by_type) F(infos_by_label)          \
+    F(new_info) F(default_label) F(entries) F(backward)
+
+static int wrapper_traverse(Wrapper *self, visitproc visit, void *arg)
 {
-    Py_VISIT(w->original);
-    Py_VISIT(w->sw);
-    Py_VISIT(w->fail);
-    Py_VISIT(w->enter);
-    Py_VISIT(w->exit);
-    Py_VISIT(w->core);
-    Py_VISIT(w->roots);
-    Py_VISIT(w->make_entry);
-    Py_VISIT(w->outer_enter);
-    Py_VISIT(w->outer_exit);
-    Py_VISIT(w->entry_type);
-    Py_VISIT(w->variable_type);
-    Py_VISIT(w->infos_by_type);
-    Py_VISIT(w->infos_by_label);
-    Py_VISIT(w->new_info);
-    Py_VISIT(w->default_label);
-    Py_VISIT(w->entries);
-    Py_VISIT(w->backward);
-    if (w->entry_cache != NULL) {
+    WRAPPER_OBJECTS(VISIT_FIELD)
+    if (self->entry_cache != NULL) {
         for (int i = 0; i < ENTRY_CACHE_SIZE; i++) {
-            Py_VISIT(w->entry_cache[i].parent);
-            Py_VISIT(w->entry_cache[i].entry);
+            Py_VISIT(self->entry_cache[i].parent);
+            Py_VISIT(self->entry_cache[i].entry);
         }
     }
     return 0;
 }
 
-static int wrapper_clear(Wrapper *w)
+static int wrapper_clear(Wrapper *self)
 {
-    Py_CLEAR(w->original);
-    Py_CLEAR(w->sw);
-    Py_CLEAR(w->fail);
-    Py_CLEAR(w->enter);
-    Py_CLEAR(w->exit);
-    Py_CLEAR(w->core);
-    Py_CLEAR(w->roots);
-    Py_CLEAR(w->make_entry);
-    Py_CLEAR(w->outer_enter);
-    Py_CLEAR(w->outer_exit);
-    Py_CLEAR(w->entry_type);
-    Py_CLEAR(w->variable_type);
-    Py_CLEAR(w->infos_by_type);
-    Py_CLEAR(w->infos_by_label);
-    Py_CLEAR(w->new_info);
-    Py_CLEAR(w->default_label);
-    Py_CLEAR(w->entries);
-    Py_CLEAR(w->backward);
-    if (w->entry_cache != NULL) {
+    WRAPPER_OBJECTS(CLEAR_FIELD)
+    if (self->entry_cache != NULL) {
         for (int i = 0; i < ENTRY_CACHE_SIZE; i++) {
-            w->entry_cache[i].link = NULL;
-            Py_CLEAR(w->entry_cache[i].parent);
-            Py_CLEAR(w->entry_cache[i].entry);
+            self->entry_cache[i].link = NULL;
+            Py_CLEAR(self->entry_cache[i].parent);
+            Py_CLEAR(self->entry_cache[i].entry);
         }
     }
     return 0;
@@ -901,11 +883,8 @@ static PyMethodDef wrapper_methods[] = {
 };
 
 static PyTypeObject WrapperType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "chainer_autoprof.runtime.hotpath._native.Wrapper",
-    .tp_basicsize = sizeof(Wrapper),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL
-                | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    NATIVE_GC_TYPE_HEAD("Wrapper", Wrapper, NULL, wrapper_dealloc, wrapper_traverse,
+                        wrapper_clear, Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR),
     .tp_doc = "A patched function: calls its hooks around the original, from C.",
     .tp_vectorcall_offset = offsetof(Wrapper, vectorcall),
     .tp_call = PyVectorcall_Call,
@@ -913,9 +892,6 @@ static PyTypeObject WrapperType = {
     .tp_getattro = wrapper_getattro,
     .tp_setattro = wrapper_setattro,
     .tp_repr = (reprfunc)wrapper_repr,
-    .tp_traverse = (traverseproc)wrapper_traverse,
-    .tp_clear = (inquiry)wrapper_clear,
-    .tp_dealloc = (destructor)wrapper_dealloc,
     .tp_weaklistoffset = offsetof(Wrapper, weakreflist),
     .tp_methods = wrapper_methods,
     .tp_getset = wrapper_getset,
@@ -1011,10 +987,8 @@ static PyObject *mod_link_wrapper(PyObject *Py_UNUSED(mod), PyObject *args, PyOb
         Py_DECREF(w);
         return PyErr_NoMemory();
     }
-    if (slot_offset(w->entry_type, "children", &w->off_children) < 0
-        || slot_offset(w->entry_type, "ref", &w->off_ref) < 0
-        || slot_offset(w->entry_type, "info", &w->off_info) < 0
-        || slot_offset(w->entry_type, "index", &w->off_index) < 0) {
+    if (slot_offsets(w->entry_type, "children", &w->off_children, "ref", &w->off_ref,
+                     "info", &w->off_info, "index", &w->off_index, NULL) < 0) {
         Py_DECREF(w);
         return NULL;
     }
@@ -1057,8 +1031,8 @@ static PyObject *make_function_wrapper(int kind, PyObject *args, PyObject *kw)
     w->infos_by_type = PyDict_New();
     w->infos_by_label = PyDict_New();
     if (w->infos_by_type == NULL || w->infos_by_label == NULL
-        || slot_offset(w->entry_type, "index", &w->off_index) < 0
-        || slot_offset(w->entry_type, "bwd_info", &w->off_bwd_info) < 0) {
+        || slot_offsets(w->entry_type, "index", &w->off_index, "bwd_info", &w->off_bwd_info,
+                        NULL) < 0) {
         Py_DECREF(w);
         return NULL;
     }
@@ -1106,15 +1080,11 @@ static PyMethodDef wrapper_functions[] = {
 
 int wrappers_ready(PyObject *module)
 {
-    str_label = PyUnicode_InternFromString("label");
-    str_node = PyUnicode_InternFromString("_node");
-    str_creator_node = PyUnicode_InternFromString("_creator_node");
-    str_link_attr = PyUnicode_InternFromString("_chainer_autoprof_link");
-    str_qualname = PyUnicode_InternFromString("__qualname__");
-    if (!str_label || !str_node || !str_creator_node || !str_link_attr || !str_qualname)
-        return -1;
-    if (add_type(module, &SwitchType, "Switch") < 0
-        || add_type(module, &WrapperType, "Wrapper") < 0)
+    if (intern_strings(&str_label, "label", &str_node, "_node",
+                       &str_creator_node, "_creator_node",
+                       &str_link_attr, "_chainer_autoprof_link",
+                       &str_qualname, "__qualname__", NULL) < 0
+        || add_types(module, &SwitchType, &WrapperType, NULL) < 0)
         return -1;
     return PyModule_AddFunctions(module, wrapper_functions);
 }
