@@ -522,6 +522,56 @@ def test_the_timelines_rows_in_c_are_numpys(extension, loop_tid):
                                    KERNEL, loop_tid, got)[1] is None
 
 
+def test_the_trace_keeper_groups_a_buffer_in_c_as_numpy_does(extension):
+    """The trace keeper's groups of a usual buffer (one thread, iterations in order) found
+    in one C call keep, drop and count what NumPy's grouping does: buffers of one thread
+    in order, out of order, of two threads, late operations of a dropped iteration, the
+    oldest iterations evicted and an iteration alone over the limit trimmed."""
+    from chainer_autoprof.analysis.gpu_analysis import AttributedKeeper
+    from chainer_autoprof.analysis.gpu_attribution import AttributedOps, Attribution
+
+    rng = np.random.default_rng(11)
+
+    def buffer(iteration: list[int], corr: int, tids: list[int]) -> AttributedOps:
+        n = len(iteration)
+        it = np.asarray(iteration, dtype=np.int64)
+        ops = GpuOps.from_columns(n, {"kind": np.zeros(n), "start": corr + np.arange(n),
+                                      "end": corr + np.arange(n) + 1,
+                                      "correlation": corr + np.arange(n)})
+        attr = Attribution.from_columns(n, {
+            "tid": np.asarray(tids, dtype=np.int64), "iteration": it,
+            "iter_end": np.where(it >= 0, 1000 * it + 7, -1),
+            "counted": (it >= 2).astype(np.int64)})
+        return AttributedOps(ops, attr)
+
+    buffers, corr, ordinal = [], 0, 0
+    for turn in range(60):
+        if turn % 10 == 9:  # out of order, two threads, or late operations of an old one
+            its = sorted(rng.integers(max(0, ordinal - 6), ordinal + 1, 30).tolist(),
+                         reverse=turn % 20 == 9)
+            tids = rng.choice([7, 8], 30).tolist() if turn % 30 == 9 else [7] * 30
+        else:
+            size = int(rng.integers(5, 60))
+            its = ([-1] * 3 if turn == 0 else []) + [ordinal] * size + [ordinal + 1] * (size // 3)
+            tids, ordinal = [7] * len(its), ordinal + 1
+        buffers.append(buffer(its, corr, tids))
+        corr += len(its)
+    buffers.append(buffer([ordinal + 5] * 400, corr, [7] * 400))  # alone over the limit
+    keepers = [AttributedKeeper(300), AttributedKeeper(300, extension)]
+    assert keepers[0].native is None and keepers[1].native is extension
+    for items in buffers:
+        seen = []
+        for keeper in keepers:
+            keeper.add(items)
+            kept = keeper.records()
+            seen.append((kept.ops.correlation.tolist(), kept.attr.iteration.tolist(),
+                         keeper.kept, keeper.dropped, keeper.dropped_by,
+                         keeper.dropped_iterations, keeper.complete_iterations(), keeper.note()))
+        assert seen[0] == seen[1]
+    assert keepers[1].dropped_iterations > 10 and keepers[1].complete_iterations() == set()
+    assert sum(len(b.items) for b in keepers[1].blocks) <= 2 * 300
+
+
 def test_the_launching_calls_kept_in_c_are_numpys_under_their_bound(extension, monkeypatch):
     """The calls kept in C (appended, sorted when buffers come out of order, the oldest ids
     cut past ``max_api``) are the ones NumPy's table keeps: the calls coming in shuffled

@@ -1094,6 +1094,50 @@ done:
     return result;
 }
 
+/* -- the trace keeper's groups (AttributedKeeper.add) ---------------------------------------
+ *
+ * keeper_runs((iteration, tid, counted, iter_end)) -> (tid, [(iteration, counted, tid,
+ * iter_end, rows), ...]): the runs of equal iteration ordinals, each at its first row, when
+ * every operation is of one thread and the ordinals never fall (the usual buffer); None
+ * otherwise (the keeper's NumPy path groups them).  No operation: None. */
+enum { G_ITERATION, G_TID, G_COUNTED, G_ITER_END, G_N };
+
+static PyObject *cupti_keeper_runs(PyObject *self, PyObject *cols_obj)
+{
+    (void)self;
+    held h = {NULL, 0, 0};
+    PyObject *result = NULL, *runs = NULL;
+    int64_t *c[G_N];
+    Py_ssize_t n = -1;
+    if (columns_held(&h, G_N, cols_obj, G_N, &n, 0, c) < 0)
+        goto done;
+    int in_order = n > 0;
+    for (Py_ssize_t i = 1; in_order && i < n; i++)
+        in_order = c[G_TID][i] == c[G_TID][0] && c[G_ITERATION][i] >= c[G_ITERATION][i - 1];
+    if (!in_order) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    runs = PyList_New(0);
+    for (Py_ssize_t first = 0, i = 1; runs != NULL && i <= n; i++) {
+        if (i < n && c[G_ITERATION][i] == c[G_ITERATION][first])
+            continue;
+        PyObject *run = Py_BuildValue("(LLLLn)", (long long)c[G_ITERATION][first],
+                                      (long long)c[G_COUNTED][first], (long long)c[G_TID][0],
+                                      (long long)c[G_ITER_END][first], i - first);
+        if (run == NULL || PyList_Append(runs, run) < 0)
+            Py_CLEAR(runs);
+        Py_XDECREF(run);
+        first = i;
+    }
+    if (runs != NULL)
+        result = Py_BuildValue("(LO)", (long long)c[G_TID][0], runs);
+done:
+    Py_XDECREF(runs);
+    release_all(&h);
+    return result;
+}
+
 /* This file's functions: cupti_<name>. */
 #define FN(name, flags, doc) {#name, cupti_##name, flags, doc}
 
@@ -1117,6 +1161,8 @@ static PyMethodDef figure_methods[] = { /* the figures' sums */
     FN(kernel_sums, METH_VARARGS,
        "kernel_sums(table, columns, kernel_kind): counted kernels per name, link, direction."),
     FN(kernel_rows, METH_O, "kernel_rows(table): its rows, in order."),
+    FN(keeper_runs, METH_O,
+       "keeper_runs((iteration, tid, counted, iter_end)): the trace keeper's groups, or None."),
     {NULL, NULL, 0, NULL},
 };
 
