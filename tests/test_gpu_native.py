@@ -609,6 +609,21 @@ def test_the_launching_calls_kept_in_c_are_numpys_under_their_bound(extension, m
         assert np.array_equal(values, b[column]), column
 
 
+def test_a_readers_new_kernel_names_are_appended_at_once_only_where_they_go():
+    """A buffer's new names go in as one slice of ids only when the table is as long as
+    their first id and holds none of them, no two alike; else nothing changes (the reader
+    then interns them one by one)."""
+    from chainer_autoprof.common.gpu_records import NameTable
+
+    names = NameTable(["a"])
+    assert not names.extend_new(0, ["b"])       # not where they go
+    assert not names.extend_new(1, ["a", "b"])  # one known
+    assert not names.extend_new(1, ["b", "b"])  # two alike
+    assert names.names == ["a"] and names.intern("b") == 1
+    assert names.extend_new(2, ["c", "d"])
+    assert names.names == ["a", "b", "c", "d"] and names.intern("d") == 3
+
+
 def test_kernel_names_keep_their_table_ids_when_the_extensions_differ():
     """The extension numbers kernel names itself; the collector's table may hold others'
     (a name interned meanwhile): each operation still names its own kernel, whether the
@@ -630,9 +645,9 @@ def test_kernel_names_keep_their_table_ids_when_the_extensions_differ():
             names.intern(text)
         collector = NativeCuptiCollector(lambda batch: None, names=names)
         ops, api = tables([0, 1, 0])
-        first = collector.batch_from_tables(ops, 3, api, 0, room, [(0, "k0"), (1, "k1")])
+        first = collector.batch_from_tables(ops, 3, api, 0, room, 0, ["k0", "k1"])
         assert [names.name(i) for i in first.ops.name.tolist()] == ["k0", "k1", "k0"]
         names.intern("interned meanwhile")
         ops, api = tables([2, 1, 0, 2])
-        second = collector.batch_from_tables(ops, 4, api, 0, room, [(2, "k2")])
+        second = collector.batch_from_tables(ops, 4, api, 0, room, 2, ["k2"])
         assert [names.name(i) for i in second.ops.name.tolist()] == ["k2", "k1", "k0", "k2"]
