@@ -843,13 +843,17 @@ typedef struct {
     size_t cap;     /* slots: a power of two, at least twice max */
     Py_ssize_t n, max;
     int64_t other_ns, other_calls;
+    kernel_sum *buf_sums; /* a buffer's sums and their slots, kept for the next buffer */
+    int32_t *buf_slots;
+    size_t buf_rows, buf_cap;
 } kernel_table;
 
 #define KERNELS_NAME "chainer_autoprof._cupti.kernel_table"
 
 static size_t slot_of(uint64_t key, size_t cap)
 {
-    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+    uint64_t h = key * 0x9E3779B97F4A7C15ull; /* the high half folded in: the name's bits */
+    return (size_t)(h ^ (h >> 32)) & (cap - 1);
 }
 
 /* kernel_table(max_keys) -> the table (a capsule). */
@@ -923,12 +927,24 @@ static PyObject *cupti_kernel_sums(PyObject *self, PyObject *args)
     size_t cap = 16;
     while (cap < 2 * (size_t)n)
         cap *= 2;
-    sums = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(kernel_sum));
-    slots = PyMem_Calloc(cap, sizeof(int32_t)); /* a buffer's keys: row + 1; 0: free */
-    if (sums == NULL || slots == NULL) {
-        PyErr_NoMemory();
-        goto done;
+    if (kt->buf_rows < (size_t)n || kt->buf_cap < cap) { /* grown (kept: no allocation each) */
+        kernel_sum *grown_sums = PyMem_Realloc(kt->buf_sums, (size_t)(n ? n : 1)
+                                               * sizeof(kernel_sum));
+        if (grown_sums != NULL)
+            kt->buf_sums = kt->own.blocks[2] = grown_sums;
+        int32_t *grown_slots = PyMem_Realloc(kt->buf_slots, cap * sizeof(int32_t));
+        if (grown_slots != NULL)
+            kt->buf_slots = kt->own.blocks[3] = grown_slots;
+        if (grown_sums == NULL || grown_slots == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        kt->buf_rows = (size_t)(n ? n : 1);
+        kt->buf_cap = cap;
     }
+    sums = kt->buf_sums;
+    slots = kt->buf_slots; /* a buffer's keys: row + 1; 0: free */
+    memset(slots, 0, cap * sizeof(int32_t));
     Py_ssize_t m = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (c[K_COL_KIND][i] != kernel || c[K_COL_COUNTED][i] != 1)
@@ -952,8 +968,6 @@ static PyObject *cupti_kernel_sums(PyObject *self, PyObject *args)
     result = Py_NewRef(Py_None);
 done:
     release_all(&h);
-    PyMem_Free(sums);
-    PyMem_Free(slots);
     return result;
 }
 
