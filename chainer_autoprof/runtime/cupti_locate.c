@@ -12,6 +12,8 @@
  *   t        int64[n]: each operation's launch (agent ns);
  *   depths   ((depth, t0, t1, index, ordinal, number), ...) by depth, shallowest first:
  *            that depth's ranges, disjoint and sorted by t0 (int64 arrays of one length);
+ *            or (depth, table): those five as the rows of one C-ordered int64[5][m] (one
+ *            buffer taken per depth, not five);
  *   kinds, link_ids  int64 per range name index (LaunchAttributor's tables);
  *   out      the OUT_N int64[n] columns below, written where a range contains the launch
  *            (a deeper one over a shallower one): range, range_t0, range_t1, range_depth
@@ -326,20 +328,35 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
                         w, hz, po, pth, at, dr, tid};
     }
     for (Py_ssize_t d = 0; d < n_levels; d++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(depth_seq, d), *depth;
+        PyObject *item = PySequence_Fast_GET_ITEM(depth_seq, d), *depth, *table;
         PyObject *cols[D_N];
-        if (!PyArg_ParseTuple(item, "OOOOOO", &depth, &cols[D_T0], &cols[D_T1], &cols[D_INDEX],
-                              &cols[D_ORDINAL], &cols[D_NUMBER]))
-            goto done;
+        Py_ssize_t m = -1;
+        if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2) { /* (depth, one table) */
+            if (!PyArg_ParseTuple(item, "OO", &depth, &table))
+                goto done;
+            const int64_t *cells = int64s(&h, table, &m, 0);
+            if (cells == NULL)
+                goto done;
+            if (m % D_N) {
+                PyErr_SetString(PyExc_ValueError, "locate: a depth's table of 5 rows");
+                goto done;
+            }
+            m /= D_N;
+            for (int c = 0; c < D_N; c++)
+                levels[d].col[c] = cells + c * m;
+        } else {
+            if (!PyArg_ParseTuple(item, "OOOOOO", &depth, &cols[D_T0], &cols[D_T1],
+                                  &cols[D_INDEX], &cols[D_ORDINAL], &cols[D_NUMBER]))
+                goto done;
+            for (int c = 0; c < D_N; c++) {
+                levels[d].col[c] = int64s(&h, cols[c], &m, 0);
+                if (levels[d].col[c] == NULL)
+                    goto done;
+            }
+        }
         levels[d].depth = PyLong_AsSsize_t(depth);
         if (levels[d].depth == -1 && PyErr_Occurred())
             goto done;
-        Py_ssize_t m = -1;
-        for (int c = 0; c < D_N; c++) {
-            levels[d].col[c] = int64s(&h, cols[c], &m, 0);
-            if (levels[d].col[c] == NULL)
-                goto done;
-        }
         levels[d].m = m;
     }
     name_kinds names = {kinds, link_ids, n_kinds};
