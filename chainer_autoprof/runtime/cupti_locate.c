@@ -1142,27 +1142,46 @@ static PyObject *cupti_keeper_runs(PyObject *self, PyObject *cols_obj)
     Py_ssize_t n = -1;
     if (columns_held(&h, G_N, cols_obj, G_N, &n, 0, c) < 0)
         goto done;
+    const int64_t *it = c[G_ITERATION], *tid = c[G_TID], thread = n > 0 ? tid[0] : 0;
+    Py_ssize_t firsts_n = 0, *firsts = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
+    if (firsts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     int in_order = n > 0;
-    for (Py_ssize_t i = 1; in_order && i < n; i++)
-        in_order = c[G_TID][i] == c[G_TID][0] && c[G_ITERATION][i] >= c[G_ITERATION][i - 1];
+    if (in_order)
+        firsts[firsts_n++] = 0;
+    for (Py_ssize_t i = 1; i < n; i++) { /* one pass: in order, and where each run begins */
+        in_order &= (tid[i] == thread) & (it[i] >= it[i - 1]);
+        if (it[i] != it[i - 1])
+            firsts[firsts_n++] = i;
+    }
     if (!in_order) {
+        PyMem_Free(firsts);
         result = Py_NewRef(Py_None);
         goto done;
     }
-    runs = PyList_New(0);
-    for (Py_ssize_t first = 0, i = 1; runs != NULL && i <= n; i++) {
-        if (i < n && c[G_ITERATION][i] == c[G_ITERATION][first])
-            continue;
-        PyObject *run = Py_BuildValue("(LLLLn)", (long long)c[G_ITERATION][first],
-                                      (long long)c[G_COUNTED][first], (long long)c[G_TID][0],
-                                      (long long)c[G_ITER_END][first], i - first);
-        if (run == NULL || PyList_Append(runs, run) < 0)
+    runs = PyList_New(firsts_n);
+    for (Py_ssize_t r = 0; runs != NULL && r < firsts_n; r++) {
+        Py_ssize_t first = firsts[r], end = r + 1 < firsts_n ? firsts[r + 1] : n;
+        PyObject *cells[5] = {PyLong_FromLongLong(it[first]),
+                              PyLong_FromLongLong(c[G_COUNTED][first]),
+                              PyLong_FromLongLong(thread),
+                              PyLong_FromLongLong(c[G_ITER_END][first]),
+                              PyLong_FromSsize_t(end - first)};
+        PyObject *run = NULL;
+        if (cells[0] && cells[1] && cells[2] && cells[3] && cells[4])
+            run = PyTuple_Pack(5, cells[0], cells[1], cells[2], cells[3], cells[4]);
+        for (int k = 0; k < 5; k++)
+            Py_XDECREF(cells[k]);
+        if (run == NULL)
             Py_CLEAR(runs);
-        Py_XDECREF(run);
-        first = i;
+        else
+            PyList_SET_ITEM(runs, r, run);
     }
+    PyMem_Free(firsts);
     if (runs != NULL)
-        result = Py_BuildValue("(LO)", (long long)c[G_TID][0], runs);
+        result = Py_BuildValue("(LO)", (long long)thread, runs);
 done:
     Py_XDECREF(runs);
     release_all(&h);
