@@ -556,6 +556,10 @@ def test_the_trace_keeper_groups_a_buffer_in_c_as_numpy_does(extension):
             tids, ordinal = [7] * len(its), ordinal + 1
         buffers.append(buffer(its, corr, tids))
         corr += len(its)
+    for its, tids in (([ordinal] * 560 + [ordinal - 3] * 40, [7] * 600),  # late ones, far in
+                      ([ordinal] * 560 + [ordinal + 1] * 40, [7] * 560 + [8] * 40)):
+        buffers.append(buffer(its, corr, tids))
+        corr += len(its)
     buffers.append(buffer([ordinal + 5] * 400, corr, [7] * 400))  # alone over the limit
     keepers = [AttributedKeeper(300), AttributedKeeper(300, extension)]
     assert keepers[0].native is None and keepers[1].native is extension

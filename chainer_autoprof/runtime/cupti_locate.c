@@ -1133,6 +1133,48 @@ done:
  * otherwise (the keeper's NumPy path groups them).  No operation: None. */
 enum { G_ITERATION, G_TID, G_COUNTED, G_ITER_END, G_N };
 
+/* Whether it[] never falls and every tid[i] is `thread`: differences and mismatches OR-ed
+ * (no branch per row), a block of rows at a time, the answer given at the first block that
+ * falls (a buffer out of order is grouped by NumPy: little spent here on it). */
+static int one_thread_in_order(const int64_t *it, const int64_t *tid, int64_t thread,
+                               Py_ssize_t n)
+{
+    enum { BLOCK = 512 };
+    for (Py_ssize_t at = 0; at < n; at += BLOCK) {
+        Py_ssize_t end = at + BLOCK < n ? at + BLOCK : n;
+        Py_ssize_t last = end < n ? end : n - 1; /* the differences it[i + 1] - it[i] */
+        uint64_t falls = 0, other = 0;           /* falls: a negative one's sign bit */
+        for (Py_ssize_t i = at; i < last; i++)
+            falls |= (uint64_t)it[i + 1] - (uint64_t)it[i]; /* ordinals: no wrap */
+        for (Py_ssize_t i = at; i < end; i++)
+            other |= (uint64_t)(tid[i] ^ thread);
+        if ((falls >> 63) || other)
+            return 0;
+    }
+    return 1;
+}
+
+/* The end of the run of it[first] in the non-decreasing it[first:n]: galloped to, then
+ * halved (runs are long: an iteration's operations). */
+static Py_ssize_t run_end(const int64_t *it, Py_ssize_t n, Py_ssize_t first)
+{
+    int64_t v = it[first];
+    Py_ssize_t lo = first, step = 1; /* it[lo] == v */
+    while (lo + step < n && it[lo + step] == v) {
+        lo += step;
+        step <<= 1;
+    }
+    Py_ssize_t hi = lo + step < n ? lo + step : n; /* it[hi] != v, or hi == n */
+    while (hi - lo > 1) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (it[mid] == v)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return hi;
+}
+
 static PyObject *cupti_keeper_runs(PyObject *self, PyObject *cols_obj)
 {
     (void)self;
@@ -1143,24 +1185,17 @@ static PyObject *cupti_keeper_runs(PyObject *self, PyObject *cols_obj)
     if (columns_held(&h, G_N, cols_obj, G_N, &n, 0, c) < 0)
         goto done;
     const int64_t *it = c[G_ITERATION], *tid = c[G_TID], thread = n > 0 ? tid[0] : 0;
-    Py_ssize_t firsts_n = 0, *firsts = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
+    if (!(n > 0 && one_thread_in_order(it, tid, thread, n))) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    Py_ssize_t firsts_n = 0, *firsts = PyMem_Malloc((size_t)n * sizeof(Py_ssize_t));
     if (firsts == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    int in_order = n > 0;
-    if (in_order)
-        firsts[firsts_n++] = 0;
-    for (Py_ssize_t i = 1; i < n; i++) { /* one pass: in order, and where each run begins */
-        in_order &= (tid[i] == thread) & (it[i] >= it[i - 1]);
-        if (it[i] != it[i - 1])
-            firsts[firsts_n++] = i;
-    }
-    if (!in_order) {
-        PyMem_Free(firsts);
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
+    for (Py_ssize_t first = 0; first < n; first = run_end(it, n, first)) /* runs: searched */
+        firsts[firsts_n++] = first;
     runs = PyList_New(firsts_n);
     for (Py_ssize_t r = 0; runs != NULL && r < firsts_n; r++) {
         Py_ssize_t first = firsts[r], end = r + 1 < firsts_n ? firsts[r + 1] : n;
