@@ -136,6 +136,9 @@ class FakeCupti:
         self.lib.cupti_fake_clock(*(ctypes.c_int64(int(v)) for v in (
             pairs.cupti_ns[0], pairs.perf_ns[0], pairs.cupti_ns[last], pairs.perf_ns[last])))
         self.lib.cupti_fake_system_ids(int(system_ids))
+        # bound once: a ctypes lookup per call would count in what a benchmark measures
+        self._serve, self._wait = self.lib.cupti_fake_serve, self.lib.cupti_fake_wait
+        self._served = self.lib.cupti_fake_served
 
     def prepare(self, pieces: int) -> None:
         """Fill the buffers of the stream cut into ``pieces`` parts (CUPTI's own work)."""
@@ -147,13 +150,13 @@ class FakeCupti:
         own thread (``prepared``: filled already by :meth:`prepare`)."""
         if not prepared:
             self.prepare(pieces)
-        if self.lib.cupti_fake_serve(ctypes.c_long(int(pace_s * 1e6))):
+        if self._serve(ctypes.c_long(int(pace_s * 1e6))):
             raise RuntimeError("the test libcupti could not start its thread")
 
     def wait(self) -> None:
-        self.lib.cupti_fake_wait()
+        self._wait()
 
     @property
     def served(self) -> int:
         """Records handed over so far (those of the enabled kinds and calls)."""
-        return int(self.lib.cupti_fake_served())
+        return int(self._served())

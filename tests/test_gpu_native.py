@@ -522,6 +522,60 @@ def test_the_timelines_rows_in_c_are_numpys(extension, loop_tid):
                                    KERNEL, loop_tid, got)[1] is None
 
 
+def test_the_trace_keeper_groups_a_buffer_in_c_as_numpy_does(extension):
+    """The trace keeper's groups of a usual buffer (one thread, iterations in order) found
+    in one C call keep, drop and count what NumPy's grouping does: buffers of one thread
+    in order, out of order, of two threads, late operations of a dropped iteration, the
+    oldest iterations evicted and an iteration alone over the limit trimmed."""
+    from chainer_autoprof.analysis.gpu_analysis import AttributedKeeper
+    from chainer_autoprof.analysis.gpu_attribution import AttributedOps, Attribution
+
+    rng = np.random.default_rng(11)
+
+    def buffer(iteration: list[int], corr: int, tids: list[int]) -> AttributedOps:
+        n = len(iteration)
+        it = np.asarray(iteration, dtype=np.int64)
+        ops = GpuOps.from_columns(n, {"kind": np.zeros(n), "start": corr + np.arange(n),
+                                      "end": corr + np.arange(n) + 1,
+                                      "correlation": corr + np.arange(n)})
+        attr = Attribution.from_columns(n, {
+            "tid": np.asarray(tids, dtype=np.int64), "iteration": it,
+            "iter_end": np.where(it >= 0, 1000 * it + 7, -1),
+            "counted": (it >= 2).astype(np.int64)})
+        return AttributedOps(ops, attr)
+
+    buffers, corr, ordinal = [], 0, 0
+    for turn in range(60):
+        if turn % 10 == 9:  # out of order, two threads, or late operations of an old one
+            its = sorted(rng.integers(max(0, ordinal - 6), ordinal + 1, 30).tolist(),
+                         reverse=turn % 20 == 9)
+            tids = rng.choice([7, 8], 30).tolist() if turn % 30 == 9 else [7] * 30
+        else:
+            size = int(rng.integers(5, 60))
+            its = ([-1] * 3 if turn == 0 else []) + [ordinal] * size + [ordinal + 1] * (size // 3)
+            tids, ordinal = [7] * len(its), ordinal + 1
+        buffers.append(buffer(its, corr, tids))
+        corr += len(its)
+    for its, tids in (([ordinal] * 560 + [ordinal - 3] * 40, [7] * 600),  # late ones, far in
+                      ([ordinal] * 560 + [ordinal + 1] * 40, [7] * 560 + [8] * 40)):
+        buffers.append(buffer(its, corr, tids))
+        corr += len(its)
+    buffers.append(buffer([ordinal + 5] * 400, corr, [7] * 400))  # alone over the limit
+    keepers = [AttributedKeeper(300), AttributedKeeper(300, extension)]
+    assert keepers[0].native is None and keepers[1].native is extension
+    for items in buffers:
+        seen = []
+        for keeper in keepers:
+            keeper.add(items)
+            kept = keeper.records()
+            seen.append((kept.ops.correlation.tolist(), kept.attr.iteration.tolist(),
+                         keeper.kept, keeper.dropped, keeper.dropped_by,
+                         keeper.dropped_iterations, keeper.complete_iterations(), keeper.note()))
+        assert seen[0] == seen[1]
+    assert keepers[1].dropped_iterations > 10 and keepers[1].complete_iterations() == set()
+    assert sum(len(b.items) for b in keepers[1].blocks) <= 2 * 300
+
+
 def test_the_launching_calls_kept_in_c_are_numpys_under_their_bound(extension, monkeypatch):
     """The calls kept in C (appended, sorted when buffers come out of order, the oldest ids
     cut past ``max_api``) are the ones NumPy's table keeps: the calls coming in shuffled
@@ -559,6 +613,21 @@ def test_the_launching_calls_kept_in_c_are_numpys_under_their_bound(extension, m
         assert np.array_equal(values, b[column]), column
 
 
+def test_a_readers_new_kernel_names_are_appended_at_once_only_where_they_go():
+    """A buffer's new names go in as one slice of ids only when the table is as long as
+    their first id and holds none of them, no two alike; else nothing changes (the reader
+    then interns them one by one)."""
+    from chainer_autoprof.common.gpu_records import NameTable
+
+    names = NameTable(["a"])
+    assert not names.extend_new(0, ["b"])       # not where they go
+    assert not names.extend_new(1, ["a", "b"])  # one known
+    assert not names.extend_new(1, ["b", "b"])  # two alike
+    assert names.names == ["a"] and names.intern("b") == 1
+    assert names.extend_new(2, ["c", "d"])
+    assert names.names == ["a", "b", "c", "d"] and names.intern("d") == 3
+
+
 def test_kernel_names_keep_their_table_ids_when_the_extensions_differ():
     """The extension numbers kernel names itself; the collector's table may hold others'
     (a name interned meanwhile): each operation still names its own kernel, whether the
@@ -580,9 +649,9 @@ def test_kernel_names_keep_their_table_ids_when_the_extensions_differ():
             names.intern(text)
         collector = NativeCuptiCollector(lambda batch: None, names=names)
         ops, api = tables([0, 1, 0])
-        first = collector.batch_from_tables(ops, 3, api, 0, room, [(0, "k0"), (1, "k1")])
+        first = collector.batch_from_tables(ops, 3, api, 0, room, 0, ["k0", "k1"])
         assert [names.name(i) for i in first.ops.name.tolist()] == ["k0", "k1", "k0"]
         names.intern("interned meanwhile")
         ops, api = tables([2, 1, 0, 2])
-        second = collector.batch_from_tables(ops, 4, api, 0, room, [(2, "k2")])
+        second = collector.batch_from_tables(ops, 4, api, 0, room, 2, ["k2"])
         assert [names.name(i) for i in second.ops.name.tolist()] == ["k2", "k1", "k0", "k2"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -67,18 +68,29 @@ OUTSIDE, WARMUP, COUNTED = 0, 1, 2
 class _Block:
     """A block of kept operations as it came, each row's group (an index in ``groups``);
     rows of dropped groups stay, marked dead, until half of the block is dead, then the
-    live rows are copied."""
+    live rows are copied.  A block whose groups came as runs keeps their lengths
+    (``runs``) and makes ``group_of`` only when a group of it is dropped."""
 
-    __slots__ = ("dead", "group_of", "groups", "items", "live", "size")
+    __slots__ = ("_group_of", "dead", "groups", "items", "live", "runs", "size")
 
-    def __init__(self, items: AttributedOps, group_of: Int64Array,
-                 groups: list[_Group]) -> None:
+    def __init__(self, items: AttributedOps, group_of: Int64Array | None,
+                 groups: list[_Group], runs: list[int]) -> None:
         self.items = items
-        self.group_of = group_of
+        self._group_of = group_of
+        self.runs = runs
         self.groups = groups
         self.dead: npt.NDArray[np.bool_] | None = None  # none dead yet
-        self.live = len(group_of)
-        self.size = len(group_of)
+        self.size = self.live = len(items)
+
+    @property
+    def group_of(self) -> Int64Array:
+        if self._group_of is None:
+            self._group_of = np.repeat(np.arange(len(self.runs), dtype=np.int64), self.runs)
+        return self._group_of
+
+    @group_of.setter
+    def group_of(self, value: Int64Array) -> None:
+        self._group_of = value
 
 
 class _Group:
@@ -116,8 +128,11 @@ class AttributedKeeper:
     and at most as many dropped ones waiting in half-live blocks.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, native: ModuleType | None = None) -> None:
         self.limit = max(0, limit)
+        #: The ``_cupti`` extension (``keeper_runs``: a usual buffer's groups in one call),
+        #: or ``None``: NumPy groups every buffer.
+        self.native = native if hasattr(native, "keeper_runs") else None
         self.blocks: list[_Block] = []
         self.groups: dict[tuple[int, int, int], _Group] = {}
         self._heap: list[tuple[int, int, int]] = []
@@ -135,6 +150,16 @@ class AttributedKeeper:
         n = len(ordinal)
         if not n:
             return
+        if self.native is not None and self.limit:  # the usual: one thread, in order
+            attr = items.attr
+            try:
+                found = self.native.keeper_runs((ordinal, tid, attr.counted, attr.iter_end))
+            except (ValueError, BufferError):  # not contiguous int64: NumPy's path below
+                found = None
+            if found is not None and (not self._dropped_upto or found[1][0][0] > (
+                    self._dropped_upto.get(found[0], -1))):
+                self._keep(items, found[1], None)
+                return
         one_thread = bool((tid == tid[0]).all())
         lowest = int(ordinal.min())
         if self._dropped_upto and not (  # late operations of an iteration already dropped
@@ -171,20 +196,25 @@ class AttributedKeeper:
             bounds[1:-1] = np.flatnonzero(change) + 1
             firsts = bounds[:-1]
             counts = bounds[1:] - firsts  # (np.diff's prepend/append cost ~100k instructions)
-            group_of = np.empty(n, dtype=np.int64)
-            group_of[0] = 0
-            np.cumsum(change, out=group_of[1:])
+            group_of: Int64Array | None = None  # runs of rows: made if a group is dropped
         else:
             _uniq, firsts, inverse, counts = np.unique(
                 key, return_index=True, return_inverse=True, return_counts=True)
             group_of = np.asarray(inverse, dtype=np.int64).reshape(-1)
+        attr = items.attr
+        self._keep(items, list(zip(
+            ordinal[firsts].tolist(), attr.counted[firsts].tolist(), tid[firsts].tolist(),
+            attr.iter_end[firsts].tolist(), counts.tolist())), group_of)
+
+    def _keep(self, items: AttributedOps, runs: list[tuple[int, int, int, int, int]],
+              group_of: Int64Array | None) -> None:
+        """Keep ``items``, its groups ``runs`` (iteration ordinal, counted, thread, the
+        iteration's end, rows), each row's group ``group_of`` (``None``: the groups are
+        runs of rows, in order)."""
         self._arrivals += 1
         groups: list[_Group] = []
-        block = _Block(items, group_of, groups)
-        attr = items.attr
-        for local, (o, c, t, end, rows) in enumerate(zip(
-                ordinal[firsts].tolist(), attr.counted[firsts].tolist(), tid[firsts].tolist(),
-                attr.iter_end[firsts].tolist(), counts.tolist())):
+        block = _Block(items, group_of, groups, [run[4] for run in runs])
+        for local, (o, c, t, end, rows) in enumerate(runs):
             gkey = ((OUTSIDE, self._arrivals, 0) if o < 0 else
                     (COUNTED if c == 1 else WARMUP, o, t))
             group = self.groups.get(gkey)
@@ -195,7 +225,7 @@ class AttributedKeeper:
             group.rows += rows
             groups.append(group)
         self.blocks.append(block)
-        self.kept += n
+        self.kept += block.size
         if self.kept > self.limit:
             self._evict()
 
@@ -325,7 +355,7 @@ class GpuAnalysis:
                                         loop_tid=loop_tid, max_pool=lim.max_pool,
                                         max_kept=lim.max_kept,
                                         native=self.attributor.native)
-        self.keeper = AttributedKeeper(record_limit)
+        self.keeper = AttributedKeeper(record_limit, self.attributor.native)
         self.finished = False
 
     def _take(self, items: AttributedOps) -> None:

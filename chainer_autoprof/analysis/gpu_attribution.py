@@ -158,30 +158,31 @@ def _unlocated(n: int, status: int, given: dict[str, Int64Array] | None = None) 
 
 
 class _Depth:
-    """One depth's ranges of a thread: disjoint, sorted by start."""
+    """One depth's ranges of a thread: disjoint, sorted by start.  Their columns are the
+    rows of one C-ordered table (the C lookup takes a depth as one array, not five)."""
 
-    __slots__ = ("index", "number", "ordinal", "t0", "t1")
+    __slots__ = ("index", "number", "ordinal", "t0", "t1", "table")
 
     def __init__(self) -> None:
-        self.t0 = np.zeros(0, dtype=np.int64)
-        self.t1 = np.zeros(0, dtype=np.int64)
-        self.index = np.zeros(0, dtype=np.int64)
-        self.ordinal = np.zeros(0, dtype=np.int64)
-        self.number = np.zeros(0, dtype=np.int64)
+        self._set(np.zeros((5, 0), dtype=np.int64))
+
+    def _set(self, table: npt.NDArray[np.int64]) -> None:
+        self.table = table
+        self.t0, self.t1, self.index, self.ordinal, self.number = table
 
     def extend(self, t0: Int64Array, t1: Int64Array, index: Int64Array, ordinal: Int64Array,
                number: Int64Array) -> None:
-        self.t0 = np.concatenate([self.t0, t0])
-        self.t1 = np.concatenate([self.t1, t1])
-        self.index = np.concatenate([self.index, index])
-        self.ordinal = np.concatenate([self.ordinal, ordinal])
-        self.number = np.concatenate([self.number, number])
+        self._set(np.concatenate([self.table, np.stack([t0, t1, index, ordinal, number])],
+                                 axis=1))
         if len(self.t0) > 1 and len(t0) and np.any(np.diff(self.t0) < 0):
             self.keep(np.argsort(self.t0, kind="stable"))
 
-    def keep(self, sel: RowIndex) -> None:
-        self.t0, self.t1 = self.t0[sel], self.t1[sel]
-        self.index, self.ordinal, self.number = self.index[sel], self.ordinal[sel], self.number[sel]
+    def keep(self, sel: Int64Array | npt.NDArray[np.bool_]) -> None:
+        """The rows ``sel`` (positions, or a mask) kept, in a C-ordered table."""
+        if sel.dtype == np.bool_:
+            self._set(np.compress(sel.astype(np.bool_, copy=False), self.table, axis=1))
+        else:
+            self._set(np.take(self.table, sel, axis=1))
 
 
 class _ThreadRanges:
@@ -386,8 +387,8 @@ class LaunchAttributor:
             return AttributedOps.concat(out)
         kinds, link_ids = self._kind_tables()
         got = locate(attr.api_start, [
-            (d, slot.t0, slot.t1, slot.index, slot.ordinal, slot.number)
-            for d, slot in sorted(th.depths.items()) if len(slot.t0)], kinds, link_ids, (
+            (d, slot.table) for d, slot in sorted(th.depths.items()) if len(slot.t0)],
+            kinds, link_ids, (
             attr.range, attr.range_t0, attr.range_t1, attr.range_depth, attr.link,
             attr.backward, attr.phase, attr.iteration, attr.number, attr.iter_end, block[-1]), (
             attr.counted, attr.status, attr.tid, mapped.start, mapped.end, self.warmup_skip,
@@ -532,8 +533,7 @@ class LaunchAttributor:
         if self.locate is not None and all(c.flags.c_contiguous and c.flags.writeable
                                            for c in out):
             self.locate(np.ascontiguousarray(t), [
-                (d, slot.t0, slot.t1, slot.index, slot.ordinal, slot.number)
-                for d, slot in sorted(th.depths.items()) if len(slot.t0)],
+                (d, slot.table) for d, slot in sorted(th.depths.items()) if len(slot.t0)],
                 kinds, link_ids, out)
         else:
             self._locate_numpy(t, th, kinds, link_ids, attr, depth_hit)

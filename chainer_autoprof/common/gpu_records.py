@@ -223,6 +223,22 @@ class NameTable:
                     self.names.append(name)
             return [ids[name] for name in names]
 
+    def extend_new(self, first: int, names: list[str]) -> bool:
+        """Append ``names`` as ids ``first``, ``first + 1``, ... when that is where they go
+        (the table ``first`` long, none of them in it, no two alike); whether it did.  One
+        pass in C over the names, not one Python step each (a reader's new names)."""
+        with self._lock:
+            ids = self._ids
+            if len(self.names) != first or not ids.keys().isdisjoint(names):
+                return False
+            ids.update(zip(names, range(first, first + len(names))))
+            if len(ids) != first + len(names):  # two alike: undone, interned one by one
+                for name in names:
+                    ids.pop(name, None)
+                return False
+            self.names.extend(names)
+            return True
+
     def name(self, index: int) -> str:
         return self.names[index] if 0 <= index < len(self.names) else f"kernel#{index}"
 

@@ -12,6 +12,8 @@
  *   t        int64[n]: each operation's launch (agent ns);
  *   depths   ((depth, t0, t1, index, ordinal, number), ...) by depth, shallowest first:
  *            that depth's ranges, disjoint and sorted by t0 (int64 arrays of one length);
+ *            or (depth, table): those five as the rows of one C-ordered int64[5][m] (one
+ *            buffer taken per depth, not five);
  *   kinds, link_ids  int64 per range name index (LaunchAttributor's tables);
  *   out      the OUT_N int64[n] columns below, written where a range contains the launch
  *            (a deeper one over a shallower one): range, range_t0, range_t1, range_depth
@@ -326,20 +328,35 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
                         w, hz, po, pth, at, dr, tid};
     }
     for (Py_ssize_t d = 0; d < n_levels; d++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(depth_seq, d), *depth;
+        PyObject *item = PySequence_Fast_GET_ITEM(depth_seq, d), *depth, *table;
         PyObject *cols[D_N];
-        if (!PyArg_ParseTuple(item, "OOOOOO", &depth, &cols[D_T0], &cols[D_T1], &cols[D_INDEX],
-                              &cols[D_ORDINAL], &cols[D_NUMBER]))
-            goto done;
+        Py_ssize_t m = -1;
+        if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2) { /* (depth, one table) */
+            if (!PyArg_ParseTuple(item, "OO", &depth, &table))
+                goto done;
+            const int64_t *cells = int64s(&h, table, &m, 0);
+            if (cells == NULL)
+                goto done;
+            if (m % D_N) {
+                PyErr_SetString(PyExc_ValueError, "locate: a depth's table of 5 rows");
+                goto done;
+            }
+            m /= D_N;
+            for (int c = 0; c < D_N; c++)
+                levels[d].col[c] = cells + c * m;
+        } else {
+            if (!PyArg_ParseTuple(item, "OOOOOO", &depth, &cols[D_T0], &cols[D_T1],
+                                  &cols[D_INDEX], &cols[D_ORDINAL], &cols[D_NUMBER]))
+                goto done;
+            for (int c = 0; c < D_N; c++) {
+                levels[d].col[c] = int64s(&h, cols[c], &m, 0);
+                if (levels[d].col[c] == NULL)
+                    goto done;
+            }
+        }
         levels[d].depth = PyLong_AsSsize_t(depth);
         if (levels[d].depth == -1 && PyErr_Occurred())
             goto done;
-        Py_ssize_t m = -1;
-        for (int c = 0; c < D_N; c++) {
-            levels[d].col[c] = int64s(&h, cols[c], &m, 0);
-            if (levels[d].col[c] == NULL)
-                goto done;
-        }
         levels[d].m = m;
     }
     name_kinds names = {kinds, link_ids, n_kinds};
@@ -843,13 +860,17 @@ typedef struct {
     size_t cap;     /* slots: a power of two, at least twice max */
     Py_ssize_t n, max;
     int64_t other_ns, other_calls;
+    kernel_sum *buf_sums; /* a buffer's sums and their slots, kept for the next buffer */
+    int32_t *buf_slots;
+    size_t buf_rows, buf_cap;
 } kernel_table;
 
 #define KERNELS_NAME "chainer_autoprof._cupti.kernel_table"
 
 static size_t slot_of(uint64_t key, size_t cap)
 {
-    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+    uint64_t h = key * 0x9E3779B97F4A7C15ull; /* the high half folded in: the name's bits */
+    return (size_t)(h ^ (h >> 32)) & (cap - 1);
 }
 
 /* kernel_table(max_keys) -> the table (a capsule). */
@@ -923,12 +944,24 @@ static PyObject *cupti_kernel_sums(PyObject *self, PyObject *args)
     size_t cap = 16;
     while (cap < 2 * (size_t)n)
         cap *= 2;
-    sums = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(kernel_sum));
-    slots = PyMem_Calloc(cap, sizeof(int32_t)); /* a buffer's keys: row + 1; 0: free */
-    if (sums == NULL || slots == NULL) {
-        PyErr_NoMemory();
-        goto done;
+    if (kt->buf_rows < (size_t)n || kt->buf_cap < cap) { /* grown (kept: no allocation each) */
+        kernel_sum *grown_sums = PyMem_Realloc(kt->buf_sums, (size_t)(n ? n : 1)
+                                               * sizeof(kernel_sum));
+        if (grown_sums != NULL)
+            kt->buf_sums = kt->own.blocks[2] = grown_sums;
+        int32_t *grown_slots = PyMem_Realloc(kt->buf_slots, cap * sizeof(int32_t));
+        if (grown_slots != NULL)
+            kt->buf_slots = kt->own.blocks[3] = grown_slots;
+        if (grown_sums == NULL || grown_slots == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        kt->buf_rows = (size_t)(n ? n : 1);
+        kt->buf_cap = cap;
     }
+    sums = kt->buf_sums;
+    slots = kt->buf_slots; /* a buffer's keys: row + 1; 0: free */
+    memset(slots, 0, cap * sizeof(int32_t));
     Py_ssize_t m = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (c[K_COL_KIND][i] != kernel || c[K_COL_COUNTED][i] != 1)
@@ -952,8 +985,6 @@ static PyObject *cupti_kernel_sums(PyObject *self, PyObject *args)
     result = Py_NewRef(Py_None);
 done:
     release_all(&h);
-    PyMem_Free(sums);
-    PyMem_Free(slots);
     return result;
 }
 
@@ -1094,6 +1125,104 @@ done:
     return result;
 }
 
+/* -- the trace keeper's groups (AttributedKeeper.add) ---------------------------------------
+ *
+ * keeper_runs((iteration, tid, counted, iter_end)) -> (tid, [(iteration, counted, tid,
+ * iter_end, rows), ...]): the runs of equal iteration ordinals, each at its first row, when
+ * every operation is of one thread and the ordinals never fall (the usual buffer); None
+ * otherwise (the keeper's NumPy path groups them).  No operation: None. */
+enum { G_ITERATION, G_TID, G_COUNTED, G_ITER_END, G_N };
+
+/* Whether it[] never falls and every tid[i] is `thread`: differences and mismatches OR-ed
+ * (no branch per row), a block of rows at a time, the answer given at the first block that
+ * falls (a buffer out of order is grouped by NumPy: little spent here on it). */
+static int one_thread_in_order(const int64_t *it, const int64_t *tid, int64_t thread,
+                               Py_ssize_t n)
+{
+    enum { BLOCK = 512 };
+    for (Py_ssize_t at = 0; at < n; at += BLOCK) {
+        Py_ssize_t end = at + BLOCK < n ? at + BLOCK : n;
+        Py_ssize_t last = end < n ? end : n - 1; /* the differences it[i + 1] - it[i] */
+        uint64_t falls = 0, other = 0;           /* falls: a negative one's sign bit */
+        for (Py_ssize_t i = at; i < last; i++)
+            falls |= (uint64_t)it[i + 1] - (uint64_t)it[i]; /* ordinals: no wrap */
+        for (Py_ssize_t i = at; i < end; i++)
+            other |= (uint64_t)(tid[i] ^ thread);
+        if ((falls >> 63) || other)
+            return 0;
+    }
+    return 1;
+}
+
+/* The end of the run of it[first] in the non-decreasing it[first:n]: galloped to, then
+ * halved (runs are long: an iteration's operations). */
+static Py_ssize_t run_end(const int64_t *it, Py_ssize_t n, Py_ssize_t first)
+{
+    int64_t v = it[first];
+    Py_ssize_t lo = first, step = 1; /* it[lo] == v */
+    while (lo + step < n && it[lo + step] == v) {
+        lo += step;
+        step <<= 1;
+    }
+    Py_ssize_t hi = lo + step < n ? lo + step : n; /* it[hi] != v, or hi == n */
+    while (hi - lo > 1) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (it[mid] == v)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return hi;
+}
+
+static PyObject *cupti_keeper_runs(PyObject *self, PyObject *cols_obj)
+{
+    (void)self;
+    held h = {NULL, 0, 0};
+    PyObject *result = NULL, *runs = NULL;
+    int64_t *c[G_N];
+    Py_ssize_t n = -1;
+    if (columns_held(&h, G_N, cols_obj, G_N, &n, 0, c) < 0)
+        goto done;
+    const int64_t *it = c[G_ITERATION], *tid = c[G_TID], thread = n > 0 ? tid[0] : 0;
+    if (!(n > 0 && one_thread_in_order(it, tid, thread, n))) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    Py_ssize_t firsts_n = 0, *firsts = PyMem_Malloc((size_t)n * sizeof(Py_ssize_t));
+    if (firsts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t first = 0; first < n; first = run_end(it, n, first)) /* runs: searched */
+        firsts[firsts_n++] = first;
+    runs = PyList_New(firsts_n);
+    for (Py_ssize_t r = 0; runs != NULL && r < firsts_n; r++) {
+        Py_ssize_t first = firsts[r], end = r + 1 < firsts_n ? firsts[r + 1] : n;
+        PyObject *cells[5] = {PyLong_FromLongLong(it[first]),
+                              PyLong_FromLongLong(c[G_COUNTED][first]),
+                              PyLong_FromLongLong(thread),
+                              PyLong_FromLongLong(c[G_ITER_END][first]),
+                              PyLong_FromSsize_t(end - first)};
+        PyObject *run = NULL;
+        if (cells[0] && cells[1] && cells[2] && cells[3] && cells[4])
+            run = PyTuple_Pack(5, cells[0], cells[1], cells[2], cells[3], cells[4]);
+        for (int k = 0; k < 5; k++)
+            Py_XDECREF(cells[k]);
+        if (run == NULL)
+            Py_CLEAR(runs);
+        else
+            PyList_SET_ITEM(runs, r, run);
+    }
+    PyMem_Free(firsts);
+    if (runs != NULL)
+        result = Py_BuildValue("(LO)", (long long)thread, runs);
+done:
+    Py_XDECREF(runs);
+    release_all(&h);
+    return result;
+}
+
 /* This file's functions: cupti_<name>. */
 #define FN(name, flags, doc) {#name, cupti_##name, flags, doc}
 
@@ -1117,6 +1246,8 @@ static PyMethodDef figure_methods[] = { /* the figures' sums */
     FN(kernel_sums, METH_VARARGS,
        "kernel_sums(table, columns, kernel_kind): counted kernels per name, link, direction."),
     FN(kernel_rows, METH_O, "kernel_rows(table): its rows, in order."),
+    FN(keeper_runs, METH_O,
+       "keeper_runs((iteration, tid, counted, iter_end)): the trace keeper's groups, or None."),
     {NULL, NULL, 0, NULL},
 };
 

@@ -114,7 +114,8 @@ static size_t cap_index;
 static struct { const char *ptr; int64_t id; } name_cache[NAME_CACHE];
 
 static size_t buffer_bytes = 8u << 20;
-/* called with (ops Block, its rows, api Block, its rows, rows of room, [(id, name), ...]) */
+/* called with (ops Block, its rows, api Block, its rows, rows of room, the first new name's
+ * id, [new name, ...]: ids from it on) */
 static PyObject *on_buffer;
 static volatile int closed = 1;   /* set: completed buffers are freed unread */
 static long long walked_records; /* counts.records, readable without the lock */
@@ -303,8 +304,8 @@ static void op_cells(const CUpti_Activity *record, table *ops, long i, table *fr
             k->gridX, k->gridY, k->gridZ, k->blockX, k->blockY, k->blockZ,
             k->registersPerThread, k->staticSharedMemory, k->dynamicSharedMemory};
         set_cells(ops, i, OP_GRID_X, launch, OP_NCOLS - OP_GRID_X);
-        for (int c = OP_BYTES; c <= OP_VALUE; c++) /* a copy's and a memset's */
-            CELL(ops, c, i) = -1;
+        static const int64_t none[OP_VALUE + 1 - OP_BYTES] = {-1, -1, -1, -1, -1};
+        set_cells(ops, i, OP_BYTES, none, OP_VALUE + 1 - OP_BYTES); /* a copy's, a memset's */
         break;
     }
     }
@@ -461,21 +462,24 @@ static void hand_over(table *ops, table *api, table *fresh)
     }
     PyObject *callback = on_buffer;
     Py_INCREF(callback);
-    PyObject *o = columns(ops), *a = columns(api), *n = PyList_New(0);
+    PyObject *o = columns(ops), *a = columns(api), *n = PyList_New((Py_ssize_t)fresh->n);
     int ok = o != NULL && a != NULL && n != NULL;
+    long long first = 0; /* a buffer's new names have consecutive ids (one walk at a time) */
     for (size_t i = 0; ok && i < fresh->n; i++) {
         int64_t id = CELL(fresh, 0, i);
+        if (i == 0)
+            first = (long long)id;
         pthread_mutex_lock(&lock);
         PyObject *text = PyUnicode_DecodeUTF8(names[id].text, (Py_ssize_t)names[id].len,
                                               "replace");
         pthread_mutex_unlock(&lock);
-        PyObject *item = text == NULL ? NULL : Py_BuildValue("(LN)", (long long)id, text);
-        ok = item != NULL && PyList_Append(n, item) == 0;
-        Py_XDECREF(item);
+        ok = text != NULL;
+        if (ok)
+            PyList_SET_ITEM(n, (Py_ssize_t)i, text);
     }
     if (ok) {
-        PyObject *r = PyObject_CallFunction(callback, "OnOnnO", o, (Py_ssize_t)ops->n, a,
-                                            (Py_ssize_t)api->n, (Py_ssize_t)ops->cap, n);
+        PyObject *r = PyObject_CallFunction(callback, "OnOnnLO", o, (Py_ssize_t)ops->n, a,
+                                            (Py_ssize_t)api->n, (Py_ssize_t)ops->cap, first, n);
         ok = r != NULL;
         Py_XDECREF(r);
     }

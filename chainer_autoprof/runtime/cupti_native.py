@@ -147,11 +147,11 @@ class NativeCuptiCollector(CuptiCollector):
 
     # -- what the extension calls, once per buffer, on CUPTI's thread --------------------
     def _on_buffer(self, ops: Buffer, n_ops: int, api: Buffer, n_api: int, room: int,
-                   fresh: list[tuple[int, str]]) -> None:
+                   first_name: int, fresh: list[str]) -> None:
         if self.closed:
             return
         try:
-            batch = self.batch_from_tables(ops, n_ops, api, n_api, room, fresh)
+            batch = self.batch_from_tables(ops, n_ops, api, n_api, room, first_name, fresh)
             self._pair()
             self._sync_counts()
             self.on_batch(batch)
@@ -161,11 +161,12 @@ class NativeCuptiCollector(CuptiCollector):
             self._sync_counts()
 
     def batch_from_tables(self, ops: Buffer, n_ops: int, api: Buffer, n_api: int, room: int,
-                          fresh: list[tuple[int, str]]) -> ActivityBatch:
+                          first_name: int, fresh: list[str]) -> ActivityBatch:
         """The extension's tables (column after column, ``room`` rows each, the first
-        ``n_*`` of them filled) -> an :class:`ActivityBatch` of views of them."""
+        ``n_*`` of them filled) -> an :class:`ActivityBatch` of views of them; ``fresh``: the
+        kernel names new to the extension, its ids ``first_name`` on."""
         if fresh:
-            self._learn_names(fresh)
+            self._learn_names(first_name, fresh)
         op_cols = np.frombuffer(ops, dtype=np.int64).reshape(-1, room)[:, :n_ops]
         api_cols = np.frombuffer(api, dtype=np.int64).reshape(-1, room)[:, :n_api]
         gpu_ops = GpuOps(*op_cols)
@@ -174,21 +175,26 @@ class NativeCuptiCollector(CuptiCollector):
             gpu_ops.name[named] = self._remap[gpu_ops.name[named]]
         return ActivityBatch(gpu_ops, ApiCalls(*api_cols), ExternalIds.empty(), self.names)
 
-    def _learn_names(self, fresh: list[tuple[int, str]]) -> None:
-        index = [i for i, _ in fresh]
-        ours = self.names.intern_all([text for _, text in fresh])
-        top = max(index) + 1
+    def _learn_names(self, first: int, fresh: list[str]) -> None:
+        top = first + len(fresh)
         if self._identity:
-            if index == ours:  # the usual: one collector, the table's own ids
+            # the usual: one collector, the table's own ids (the names appended as they are)
+            if self.names.extend_new(first, fresh):
+                self._top = max(self._top, top)
+                return
+            ours = self.names.intern_all(fresh)
+            if ours == list(range(first, top)):
                 self._top = max(self._top, top)
                 return
             self._remap = np.arange(max(self._top, top), dtype=np.int64)  # those so far
             self._identity = False
+        else:
+            ours = self.names.intern_all(fresh)
         if top > len(self._remap):
             grown = np.full(max(top, 2 * len(self._remap)), -1, dtype=np.int64)
             grown[:len(self._remap)] = self._remap
             self._remap = grown
-        self._remap[index] = ours  # all at once: a name's first buffer holds hundreds
+        self._remap[first:top] = ours  # all at once: a name's first buffer holds hundreds
 
     def _sync_counts(self) -> None:
         ext = self._ext
