@@ -15,9 +15,11 @@ iterations and then held: CuPy keeps freed blocks for reuse, which is not a leak
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from dataclasses import dataclass
+from typing import Callable, Tuple
 
 import numpy as np
 
@@ -48,6 +50,56 @@ UNCHAIN_DOC = ("https://docs.chainer.org/en/stable/reference/generated/chainer.V
                "#chainer.Variable.unchain_backward")
 
 
+_Libc = Tuple[Callable[[bytes, int], int], Callable[[int, object, int], int],
+              Callable[[int], int]]
+
+
+def _libc_keeping_the_gil() -> _Libc | None:
+    """libc's ``open``, ``read``, ``close`` called with the GIL held (``ctypes.PyDLL``).
+
+    ``os.read`` lets other threads run while it reads; at an iteration's end, inside the
+    recorder's callback, that hands the interpreter to the program's other threads in the
+    middle of the agent's bookkeeping, which a read of a few bytes from ``/proc`` does not
+    need."""
+    try:
+        libc = ctypes.PyDLL(None)
+        calls = (libc.open, libc.read, libc.close)
+    except (OSError, AttributeError):
+        return None
+    calls[0].argtypes, calls[0].restype = (ctypes.c_char_p, ctypes.c_int), ctypes.c_int
+    calls[1].argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+    calls[1].restype = ctypes.c_ssize_t
+    calls[2].argtypes, calls[2].restype = (ctypes.c_int,), ctypes.c_int
+    return calls
+
+
+_LIBC = _libc_keeping_the_gil()
+_STATM_BUF = ctypes.create_string_buffer(128)
+
+
+def _read_statm() -> bytes | None:
+    """STATM's line (opened, read and closed: no descriptor is held across the program's
+    code, which may close and reuse any), ``None`` where there is none."""
+    if _LIBC is None:
+        try:
+            fd = os.open(STATM, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            return os.read(fd, 128)
+        finally:
+            os.close(fd)
+    open_, read, close = _LIBC
+    fd = open_(STATM.encode(), os.O_RDONLY | os.O_CLOEXEC)
+    if fd < 0:
+        return None
+    try:
+        n = read(fd, _STATM_BUF, 127)
+    finally:
+        close(fd)
+    return _STATM_BUF.raw[:n] if n > 0 else None
+
+
 class Memory(IterationFigure):
     """Memory in use at each iteration's end."""
 
@@ -63,20 +115,15 @@ class Memory(IterationFigure):
         self._statm_ok = True
 
     def read(self) -> tuple[int, ...]:
-        """The resident size (STATM opened, read and closed: no descriptor is held across the
-        program's code, which may close and reuse any), and CuPy's pools where the program
+        """The resident size (STATM read with the GIL held), and CuPy's pools where the program
         imported CuPy (their own bookkeeping: no CUDA call)."""
         rss = -1
         if self._statm_ok:
-            try:
-                fd = os.open(STATM, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
+            line = _read_statm()
+            if line is None:
                 self._statm_ok = False  # not Linux: no resident figure
             else:
-                try:
-                    rss = int(os.read(fd, 128).split()[1]) * _PAGE
-                finally:
-                    os.close(fd)
+                rss = int(line.split()[1]) * _PAGE
         pools = _NO_POOLS
         cupy = sys.modules.get("cupy")
         if cupy is not None and hasattr(cupy, "get_default_memory_pool"):

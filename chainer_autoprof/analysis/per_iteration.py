@@ -79,8 +79,9 @@ class IterationFigure:
 
     def read(self) -> tuple[int, ...]:
         """Its value per series now, as an iteration ends (-1: not here).  Cheap: it runs at
-        every iteration's end on the training thread.  Raising stops the figure (one line);
-        the training goes on."""
+        every iteration's end on the training thread, inside the recorder's callback, and it
+        keeps the GIL (no blocking I/O: :mod:`.memory` reads ``/proc`` through libc with the
+        GIL held).  Raising stops the figure (one line); the training goes on."""
         raise NotImplementedError
 
     def shown(self, samples: Samples) -> list[str]:

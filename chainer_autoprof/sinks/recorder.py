@@ -151,8 +151,9 @@ class Recorder:
     def _read_figures(self, iteration: int, at_ns: int) -> None:
         """The figures read at each iteration's end (:mod:`..analysis.iteration_figures`).
         A figure that raises (our error) is not read any more, with one line; the training
-        goes on.  Their time is the agent's (``figures_ns``: in the overhead estimate)."""
-        start = perf_counter_ns()
+        goes on.  Their time is the agent's (``figures_ns``, this thread's CPU: not the waits
+        for the GIL another thread may take during a read; in the overhead estimate)."""
+        start = thread_time_ns()
         for track in self.figure_tracks:
             try:
                 track.add(iteration, at_ns, track.figure.read())
@@ -160,7 +161,7 @@ class Recorder:
                 self.figure_tracks = [t for t in self.figure_tracks if t is not track]
                 log.error(f"recorder: {type(exc).__name__}: {exc}; {track.figure.name} is not "
                           "read any more")
-        self.figures_ns += perf_counter_ns() - start
+        self.figures_ns += thread_time_ns() - start
 
     # -- the agent's own waits for the GPU -------------------------------------------
     def _make_waited(self) -> Callable[[int, int], None]:
