@@ -30,11 +30,12 @@ path is under test (``native_under_test``, ``twin_env``, ...) carries it.
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 from hypothesis import HealthCheck, settings
-from support import REPO, clean_env, native_under_test, twin_env, twins
+from support import REPO, clean_env, native_under_test, program, twin_env, twins, write_script
 
 from chainer_autoprof.common import log
 from chainer_autoprof.runtime import hotpath
@@ -115,6 +116,19 @@ def pytest_report_header(config):
     mode = os.environ.get(hotpath.ENV_TEST_NATIVE, "1")
     return f"hot path under test: {'native' if mode == '1' else 'python'} " \
            f"({hotpath.ENV_TEST_NATIVE}={mode})"
+
+
+@pytest.fixture(scope="session")
+def made_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One training run's trace, shared by the tests of output paths that only read it (each
+    takes a copy)."""
+    tmp = tmp_path_factory.mktemp("made")
+    script = write_script(tmp, "train.py", program("output_paths_train"))
+    made = subprocess.run([sys.executable, "-m", "chainer_autoprof", "--summary", "0", "--trace",
+                           "t.json", str(script)], env=clean_env(), cwd=tmp,
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    return tmp / "t.json"
 
 
 @pytest.fixture(scope="session")

@@ -30,17 +30,6 @@ def _python(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProce
     return subprocess.run([sys.executable, *args], env=clean_env(**env), cwd=cwd,
                           capture_output=True, text=True, timeout=120)
 
-@pytest.fixture(scope="module")
-def made_trace(tmp_path_factory) -> Path:
-    """One training run's trace, shared by the tests that only read it (each takes a copy)."""
-    tmp = tmp_path_factory.mktemp("made")
-    script = write_script(tmp, "train.py", TRAIN)
-    made = _python(["-m", "chainer_autoprof", "--summary", "0", "--trace", "t.json",
-                    str(script)], tmp)
-    assert made.returncode == 0, made.stderr
-    return tmp / "t.json"
-
-
 
 def _make(kind: str, tmp: Path) -> tuple[str, Path | None]:
     """A trace path of ``kind``; returns (path as given, node that must stay as it is)."""

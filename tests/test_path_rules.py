@@ -42,17 +42,6 @@ def _python(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProce
 def _left(tmp: Path) -> list[str]:
     return sorted(p.name for p in tmp.iterdir() if p.name != "train.py")
 
-@pytest.fixture(scope="module")
-def made_trace(tmp_path_factory) -> Path:
-    """One training run's trace, shared by the tests that only read it (each takes a copy)."""
-    tmp = tmp_path_factory.mktemp("made")
-    script = write_script(tmp, "train.py", TRAIN)
-    made = _python(["-m", "chainer_autoprof", "--summary", "0", "--trace", "t.json",
-                    str(script)], tmp)
-    assert made.returncode == 0, made.stderr
-    return tmp / "t.json"
-
-
 
 @pytest.mark.parametrize(("path", "why"), BAD)
 def test_the_launcher_refuses_a_path_the_kernel_reads_otherwise(tmp_path: Path, path: str,

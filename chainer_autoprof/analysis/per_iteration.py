@@ -155,7 +155,6 @@ class Judged:
     """A figure of a run, judged: what the renderers show of it."""
 
     figure: IterationFigure
-    samples: Samples
     rows: list[Row]
     notes: list[str]
 
@@ -171,5 +170,5 @@ def judge(figures_: Sequence[IterationFigure], held: Mapping[str, Samples]) -> l
                     samples.peak_iteration[s])
                 for s in fig.shown(samples) if s in samples.peak]
         if rows:
-            out.append(Judged(fig, samples, rows, fig.notes(samples)))
+            out.append(Judged(fig, rows, fig.notes(samples)))
     return out
