@@ -24,8 +24,10 @@
  * this module goes to Python once, as (id, text), with the buffer that first holds it.
  *
  * Only the leading fields of each record are read; they have kept their offsets in every
- * record version since CUDA 11 (new fields are appended), so a libcupti of CUDA 12 or 13
- * serves the structs of this header alike.
+ * record version since (new fields are appended), so the structs named here are the oldest
+ * that hold them (Kernel9, Memcpy6, Memset4: in the headers of CUDA 12 and 13 alike) and a
+ * libcupti of either serves its own newest version to them.  The tests' libcupti serves the
+ * newest version and checks at build time that the fields lie where these structs say.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -280,7 +282,7 @@ static void op_cells(const CUpti_Activity *record, table *ops, long i, table *fr
 {
     switch (record->kind) {
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
-        const CUpti_ActivityMemcpy7 *m = (const CUpti_ActivityMemcpy7 *)record;
+        const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)record;
         const int64_t copy[4] = {(int64_t)m->bytes, m->copyKind, m->srcKind, m->dstKind};
         set_cells(ops, i, OP_BYTES, copy, 4);
         CELL(ops, OP_NAME, i) = CELL(ops, OP_VALUE, i) = -1;
@@ -289,7 +291,7 @@ static void op_cells(const CUpti_Activity *record, table *ops, long i, table *fr
         break;
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
-        const CUpti_ActivityMemset5 *m = (const CUpti_ActivityMemset5 *)record;
+        const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)record;
         CELL(ops, OP_BYTES, i) = (int64_t)m->bytes;
         CELL(ops, OP_VALUE, i) = m->value;
         for (int c = OP_NAME; c < OP_NCOLS; c++)
@@ -298,7 +300,7 @@ static void op_cells(const CUpti_Activity *record, table *ops, long i, table *fr
         break;
     }
     default: { /* a kernel */
-        const CUpti_ActivityKernel13 *k = (const CUpti_ActivityKernel13 *)record;
+        const CUpti_ActivityKernel9 *k = (const CUpti_ActivityKernel9 *)record;
         CELL(ops, OP_NAME, i) = name_id(k->name, fresh);
         const int64_t launch[OP_NCOLS - OP_GRID_X] = {
             k->gridX, k->gridY, k->gridZ, k->blockX, k->blockY, k->blockZ,
@@ -354,13 +356,13 @@ static int walk(uint8_t *buffer, size_t valid, table *ops, table *api, table *fr
         switch (record->kind) {
         case CUPTI_ACTIVITY_KIND_KERNEL:
         case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
-            h = OP_HEAD(KIND_KERNEL, (const CUpti_ActivityKernel13 *)record);
+            h = OP_HEAD(KIND_KERNEL, (const CUpti_ActivityKernel9 *)record);
             break;
         case CUPTI_ACTIVITY_KIND_MEMCPY:
-            h = OP_HEAD(KIND_MEMCPY, (const CUpti_ActivityMemcpy7 *)record);
+            h = OP_HEAD(KIND_MEMCPY, (const CUpti_ActivityMemcpy6 *)record);
             break;
         case CUPTI_ACTIVITY_KIND_MEMSET:
-            h = OP_HEAD(KIND_MEMSET, (const CUpti_ActivityMemset5 *)record);
+            h = OP_HEAD(KIND_MEMSET, (const CUpti_ActivityMemset4 *)record);
             break;
         case CUPTI_ACTIVITY_KIND_RUNTIME:
         case CUPTI_ACTIVITY_KIND_DRIVER:

@@ -21,6 +21,7 @@
  *   cupti_fake_served()               records handed over so far
  */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,34 @@ static double clock_drift; /* slope - 1 */
 
 static CUpti_BuffersCallbackRequestFunc requested;
 static CUpti_BuffersCallbackCompleteFunc completed;
+
+/* The reader reads the oldest struct versions that hold its fields (Kernel9, Memcpy6,
+ * Memset4); these records are the newest: the fields must lie at the same offsets. */
+#define SAME_OFFSET(new_t, old_t, field) \
+    _Static_assert(offsetof(new_t, field) == offsetof(old_t, field), #old_t "." #field)
+#define SAME_HEAD(new_t, old_t) \
+    SAME_OFFSET(new_t, old_t, start); SAME_OFFSET(new_t, old_t, end); \
+    SAME_OFFSET(new_t, old_t, deviceId); SAME_OFFSET(new_t, old_t, contextId); \
+    SAME_OFFSET(new_t, old_t, streamId); SAME_OFFSET(new_t, old_t, correlationId)
+SAME_HEAD(CUpti_ActivityKernel13, CUpti_ActivityKernel9);
+SAME_OFFSET(CUpti_ActivityKernel13, CUpti_ActivityKernel9, name);
+SAME_OFFSET(CUpti_ActivityKernel13, CUpti_ActivityKernel9, gridX);
+SAME_OFFSET(CUpti_ActivityKernel13, CUpti_ActivityKernel9, gridY);
+SAME_OFFSET(CUpti_ActivityKernel13, CUpti_ActivityKernel9, gridZ);
+SAME_OFFSET(CUpti_ActivityKernel13, CUpti_ActivityKernel9, blockX);
+SAME_OFFSET(CUpti_ActivityKernel13, CUpti_ActivityKernel9, blockY);
+SAME_OFFSET(CUpti_ActivityKernel13, CUpti_ActivityKernel9, blockZ);
+SAME_OFFSET(CUpti_ActivityKernel13, CUpti_ActivityKernel9, registersPerThread);
+SAME_OFFSET(CUpti_ActivityKernel13, CUpti_ActivityKernel9, staticSharedMemory);
+SAME_OFFSET(CUpti_ActivityKernel13, CUpti_ActivityKernel9, dynamicSharedMemory);
+SAME_HEAD(CUpti_ActivityMemcpy7, CUpti_ActivityMemcpy6);
+SAME_OFFSET(CUpti_ActivityMemcpy7, CUpti_ActivityMemcpy6, bytes);
+SAME_OFFSET(CUpti_ActivityMemcpy7, CUpti_ActivityMemcpy6, copyKind);
+SAME_OFFSET(CUpti_ActivityMemcpy7, CUpti_ActivityMemcpy6, srcKind);
+SAME_OFFSET(CUpti_ActivityMemcpy7, CUpti_ActivityMemcpy6, dstKind);
+SAME_HEAD(CUpti_ActivityMemset5, CUpti_ActivityMemset4);
+SAME_OFFSET(CUpti_ActivityMemset5, CUpti_ActivityMemset4, bytes);
+SAME_OFFSET(CUpti_ActivityMemset5, CUpti_ActivityMemset4, value);
 
 static size_t record_size(CUpti_ActivityKind kind)
 {

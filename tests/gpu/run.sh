@@ -40,12 +40,16 @@ fi
     echo "tests/gpu/run.sh: no $CARRY/wheels: run 'tests/gpu/run.sh fetch' first" >&2; exit 2; }
 SITE=$CARRY/site
 rm -rf "$SITE"
+mkdir -p "$SITE"
 "$PY" -m pip install --quiet --no-index --no-deps --target "$SITE" "$CARRY"/wheels/*.whl
 export PYTHONPATH=$PWD/$SITE  # the build finds the nvidia wheels' headers there
 "$PY" -m pip install --quiet --no-deps --no-build-isolation --ignore-requires-python \
     --target "$SITE" .
 cp tests/gpu/harness/sitecustomize.py "$SITE/"  # Chainer 7.8.1 on Python 3.12 and NumPy 2
-"$PY" -c 'from chainer_autoprof.runtime import cupti_native; cupti_native.load_extension()' \
+# the tests and measure.py run this checkout: its extensions built in place
+"$PY" -c 'from chainer_autoprof.runtime.hotpath import build; build.build_in_place()
+build.build_cupti_in_place()
+from chainer_autoprof.runtime import cupti_native; cupti_native.load_extension()' \
     && echo "tests/gpu/run.sh: native CUPTI reader built" \
     || echo "tests/gpu/run.sh: native CUPTI reader NOT built: GPU activity reads cupti-python"
 if [ -n "${CUPTI_READER:-}" ]; then export CHAINER_AUTOPROF_CUPTI_READER=$CUPTI_READER; fi
