@@ -69,33 +69,41 @@ def cnn(batch: int, out: Path, rounds: int = 3, iterations: int = 60) -> bool:
                   f"median iteration {median:.2f} ms, process wall {wall:.1f} s", flush=True)
     ok = judged(f"\nbatch {batch} (iterations per second from the median iteration)",
                 runs[False], runs[True])
-    path = out / f"b{batch}_activity.json"
+    return describe(out / f"b{batch}_activity.json", out / f"hta{batch}") and ok
+
+
+def describe(path: Path, folder: Path) -> bool:
+    """Print a trace's GPU figures and HTA's beside them; whether the idle splits agree
+    within 5 points."""
     live = read_trace(str(path)).stats()
-    fig = live.gpu_activity or {}
-    n = fig.get("iterations") or 1
-    print(f"  GPU busy {(fig.get('busy_share') or 0):.1%}; idle by cause (ms per iteration): "
-          + ", ".join(f"{k} {v / n:.3f}" for k, v in (fig.get("idle_ms") or {}).items()))
+    fig = live.gpu_activity
+    if fig is None:
+        print("  no GPU activity figures in the trace")
+        return False
+    n = fig.iterations or 1
+    print(f"  GPU busy {(fig.busy_share or 0):.1%}; idle by cause (ms per iteration): "
+          + ", ".join(f"{k} {v / n:.3f}" for k, v in fig.idle_ms.items()))
     print(f"  {'link':<42} {'GPU fwd ms':>10} {'GPU bwd ms':>10} {'kernels':>8}")
-    for x in fig.get("links") or []:
+    for x in fig.links:
         print(f"  {x['name']:<42} {x['fwd_ms'] / n:>10.3f} {x['bwd_ms'] / n:>10.3f} "
               f"{(x['fwd_kernels'] + x['bwd_kernels']) / n:>8.1f}")
-    for note in fig.get("notes") or []:
+    for note in fig.notes:
         print(f"  note: {note}")
     try:
-        hta = hta_figures(json.loads(path.read_text()), out / f"hta{batch}")
+        hta = hta_figures(json.loads(path.read_text()), folder)
     except ImportError as exc:
         print(f"  HTA: not installed ({exc})")
-        return ok
+        return False
     print(f"  HTA over the counted iterations {hta['steps'][0]}..{hta['steps'][-1]}: busy "
           f"{hta['busy']:.1%}, active {hta['active']:.1%} (ours: busy "
-          f"{(fig.get('busy_share') or 0):.1%}, active {(fig.get('active_share') or 0):.1%})"
+          f"{(fig.busy_share or 0):.1%}, active {(fig.active_share or 0):.1%})"
           f"; idle (us) {hta['idle']}")
-    shares = idle_shares(fig.get("idle_ms") or {}, hta["idle"])
+    shares = idle_shares(fig.idle_ms, hta["idle"])
     apart = max(abs(theirs - ours) for theirs, ours in shares.values())
     print("  idle split, share of the idle time, HTA / ours: " + ", ".join(
         f"{k} {theirs:.1%} / {ours:.1%}" for k, (theirs, ours) in shares.items())
           + f"; within 5 points: {'met' if apart < 0.05 else 'not met'}", flush=True)
-    return ok
+    return apart < 0.05
 
 
 def ptb_run(reader: str, out: Path, words: int) -> tuple[float, float, str]:

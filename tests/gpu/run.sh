@@ -53,5 +53,7 @@ from chainer_autoprof.runtime import cupti_native; cupti_native.load_extension()
     && echo "tests/gpu/run.sh: native CUPTI reader built" \
     || echo "tests/gpu/run.sh: native CUPTI reader NOT built: GPU activity reads cupti-python"
 if [ -n "${CUPTI_READER:-}" ]; then export CHAINER_AUTOPROF_CUPTI_READER=$CUPTI_READER; fi
-"$PY" -m pytest -q -p no:cacheprovider -m gpu tests
-"$PY" tests/gpu/measure.py
+status=0
+"$PY" -m pytest -q -p no:cacheprovider -m gpu tests || status=1
+"$PY" tests/gpu/measure.py || status=1
+exit $status

@@ -75,8 +75,8 @@ def test_gpu_the_cnn_trains_with_gpu_activity_and_reports_gpu_time_per_link(cp, 
     assert "top links by GPU time" in proc.stderr and "GPU-bound" in proc.stderr
     stats = read_trace(str(trace)).stats()
     fig = stats.gpu_activity
-    assert fig is not None and fig["statuses"].get("attributed", {}).get("ops", 0) > 0
-    top = fig["links"][0]["name"]
-    assert "conv2" in top, fig["links"][:3]
+    assert fig is not None and fig.statuses.get("attributed", {}).get("ops", 0) > 0
+    top = fig.links[0]["name"]
+    assert "conv2" in top, fig.links[:3]
     data = json.loads(trace.read_text())
     assert any(e.get("cat") == "kernel" for e in data["traceEvents"])
