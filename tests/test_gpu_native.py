@@ -107,6 +107,50 @@ def test_the_calls_that_launch_nothing_are_switched_off_in_cupti(extension):
     assert extension.DRIVER_CBIDS["cuGetProcAddress_v2"] == 677
 
 
+def _launching(rec, extension) -> np.ndarray:
+    """Which of the recording's API records are calls that put work on a stream."""
+    api = rec.batch.api
+    return (np.isin(api.cbid, extension.RUNTIME_LAUNCH_CBIDS) & (api.domain == gr.RUNTIME)) | \
+        (np.isin(api.cbid, extension.DRIVER_LAUNCH_CBIDS) & (api.domain == gr.DRIVER))
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_asked_for_launches_cupti_records_only_the_launching_calls(name, tmp_path, extension):
+    """CHAINER_AUTOPROF_CUPTI_CALLS=launches: the API kinds stay off and only the calls that
+    put work on a stream are switched on, so CUPTI records no other call (its tracing of
+    every call is what a host-bound model pays for); every operation still gets its call."""
+    with environ({cupti_native.ENV_CUPTI_CALLS: "launches"}):
+        rec, batches, collector, fake = collect(name, tmp_path)
+    assert collector.reader == f"native ({fake.path}); only the launching calls recorded"
+    launching = _launching(rec, extension)
+    ops = GpuOps.concat([b.ops for b in batches])
+    api = gr.ApiCalls.concat([b.api for b in batches])
+    assert len(ops) == len(rec.batch.ops)
+    # what CUPTI recorded: the operations and the launching calls, nothing else
+    assert collector.records == fake.served == len(ops) + int(launching.sum())
+    assert int(launching.sum()) < 0.1 * len(rec.batch.api)
+    # each operation's call among them, handed over once
+    assert sorted(api.correlation.tolist()) == sorted(set(ops.correlation.tolist()))
+    assert set(api.correlation.tolist()) <= set(
+        rec.batch.api.correlation[launching].tolist())
+
+
+def test_a_libcupti_that_switches_no_call_on_records_every_call_and_says_so(tmp_path):
+    with environ({cupti_native.ENV_CUPTI_CALLS: "launches", "CUPTI_FAKE_NO_CALL_SWITCH": "1"}):
+        rec, _batches, collector, fake = collect("b16", tmp_path, pieces=1)
+    assert collector.reader == (f"native ({fake.path}); libcupti switches no single call "
+                                "on: every call recorded")
+    assert collector.calls == "all"
+    assert fake.served > 2 * len(rec.batch.ops)  # the other calls recorded again
+    assert collector.api_handed == len(set(rec.batch.ops.correlation.tolist()))
+
+
+def test_an_unknown_choice_of_calls_is_one_line():
+    with environ({cupti_native.ENV_CUPTI_CALLS: "some"}):
+        got = cupti_readers.start(lambda batch: None)
+    assert got == f"{cupti_native.ENV_CUPTI_CALLS}='some': accepted all or launches"
+
+
 def test_an_operation_before_its_call_still_gets_it(tmp_path):
     """CUPTI's buffers need not keep a launch before its kernel: an operation whose call
     comes in a later buffer waits for it in C and gets it handed over when it comes."""
@@ -122,14 +166,16 @@ def test_an_operation_before_its_call_still_gets_it(tmp_path):
     assert sorted(handed.correlation.tolist()) == sorted(set(rec.batch.ops.correlation.tolist()))
 
 
-@pytest.mark.parametrize("name", RECORDINGS)
-def test_the_native_reader_gives_the_figures_of_the_python_one(name, tmp_path):
+@pytest.mark.parametrize("name,calls", [(r, "all") for r in RECORDINGS] + [("b16", "launches")])
+def test_the_native_reader_gives_the_figures_of_the_python_one(name, calls, tmp_path):
     """The same recording through both readers, each on the live path: the same operations,
-    attributed to the same ranges, the same per-link times and busy share."""
+    attributed to the same ranges, the same per-link times and busy share (also where the
+    native reader has CUPTI record only the launching calls)."""
     runs = {}
     for reader in ("python", "native"):
         (tmp_path / reader).mkdir()
-        runs[reader] = replay_live(name, tmp_path / reader, reader=reader, pace_s=0.01)
+        with environ({cupti_native.ENV_CUPTI_CALLS: calls}):
+            runs[reader] = replay_live(name, tmp_path / reader, reader=reader, pace_s=0.01)
     py, nat = (runs[r].outcome.figures for r in ("python", "native"))
     assert runs["native"].session.reader.startswith("native (")
     assert nat.ops == py.ops and nat.iterations == py.iterations

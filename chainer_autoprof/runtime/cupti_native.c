@@ -846,6 +846,35 @@ static const struct { const char *name; int cbid; } DRIVER_IDS[] = {
     DRV(cuGetProcAddress_v2), DRV(cuStreamGetCaptureInfo_v2), DRV(cuDeviceGetAttribute),
     DRV(cuCtxGetCurrent)};
 
+/* The calls that put work on a stream, by callback id (the build reads them from the cbid
+ * headers: hotpath/build.py's LAUNCH_CALLS), each list ended by -1. */
+#ifndef LAUNCH_RUNTIME_CBIDS
+#define LAUNCH_RUNTIME_CBIDS
+#endif
+#ifndef LAUNCH_DRIVER_CBIDS
+#define LAUNCH_DRIVER_CBIDS
+#endif
+static const int RUNTIME_LAUNCHES[] = {LAUNCH_RUNTIME_CBIDS -1};
+static const int DRIVER_LAUNCHES[] = {LAUNCH_DRIVER_CBIDS -1};
+
+/* A -1-ended list as a tuple of ints, or NULL. */
+static PyObject *ids_tuple(const int *ids)
+{
+    Py_ssize_t n = 0;
+    while (ids[n] >= 0)
+        n++;
+    PyObject *t = PyTuple_New(n);
+    for (Py_ssize_t i = 0; t != NULL && i < n; i++) {
+        PyObject *v = PyLong_FromLong(ids[i]);
+        if (v == NULL) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
+}
+
 PyMODINIT_FUNC PyInit__cupti(void)
 {
     if (PyType_Ready(&BlockType) < 0)
@@ -868,6 +897,8 @@ PyMODINIT_FUNC PyInit__cupti(void)
     }
     if (rt == NULL || drv == NULL || PyModule_AddObject(m, "RUNTIME_CBIDS", rt) < 0
         || PyModule_AddObject(m, "DRIVER_CBIDS", drv) < 0
+        || PyModule_AddObject(m, "RUNTIME_LAUNCH_CBIDS", ids_tuple(RUNTIME_LAUNCHES)) < 0
+        || PyModule_AddObject(m, "DRIVER_LAUNCH_CBIDS", ids_tuple(DRIVER_LAUNCHES)) < 0
         || PyModule_AddObject(m, "OP_COLUMNS", names_tuple(OP_COLUMNS, OP_NCOLS)) < 0
         || PyModule_AddObject(m, "API_COLUMNS", names_tuple(API_COLUMNS, API_NCOLS)) < 0
         || cupti_locate_ready(m) < 0

@@ -52,9 +52,18 @@ from .gpu_activity import (
 #: A libcupti to load instead of those found (a path): a CUDA toolkit elsewhere, or the
 #: tests' library that serves recorded activity.
 ENV_CUPTI_LIBRARY = "CHAINER_AUTOPROF_CUPTI_LIBRARY"
+#: CUPTI's activity kinds of the operations themselves, and of the API calls.
+OP_KIND_IDS = (CUPTI_KIND_CONCURRENT_KERNEL, CUPTI_KIND_MEMCPY, CUPTI_KIND_MEMSET)
+API_KIND_IDS = (CUPTI_KIND_RUNTIME, CUPTI_KIND_DRIVER)
 #: CUPTI's activity kinds the collector enables (as :data:`.gpu_activity.ACTIVITY_KINDS`).
-ACTIVITY_KIND_IDS = (CUPTI_KIND_CONCURRENT_KERNEL, CUPTI_KIND_MEMCPY, CUPTI_KIND_MEMSET,
-                     CUPTI_KIND_RUNTIME, CUPTI_KIND_DRIVER)
+ACTIVITY_KIND_IDS = OP_KIND_IDS + API_KIND_IDS
+#: Which API calls CUPTI records for the native reader: ``all`` (the runtime and driver
+#: kinds, the quiet calls then switched off: every other call is traced), or ``launches``
+#: (the API kinds left off and only the calls that put work on a stream switched on, by
+#: callback id: CUPTI traces no other call).  Unset: ``all``.  Where libcupti refuses a
+#: call's switch, ``launches`` falls back to ``all`` and says so in the reader's name.
+ENV_CUPTI_CALLS = "CHAINER_AUTOPROF_CUPTI_CALLS"
+CALLS_CHOICES = ("all", "launches")
 #: CUPTI_SUCCESS
 SUCCESS = 0
 #: What the extension hands a table over in (its ``Block``: the buffer protocol).
@@ -132,10 +141,15 @@ class NativeCuptiCollector(CuptiCollector):
 
     def __init__(self, on_batch: Callable[[ActivityBatch], None], *,
                  buffer_bytes: int = BUFFER_BYTES, names: NameTable | None = None,
-                 extension: ModuleType | None = None, library: str = "") -> None:
+                 extension: ModuleType | None = None, library: str = "",
+                 calls: str = "all") -> None:
         super().__init__(on_batch, buffer_bytes=buffer_bytes, names=names)
         self._ext = extension
         self.library = library
+        #: The API calls CUPTI records (:data:`ENV_CUPTI_CALLS`): as asked, until
+        #: :meth:`_subscribe` finds libcupti refusing ``launches``.
+        self.calls = calls
+        self._switched_on: list[tuple[int, int]] = []  # (domain, cbid) turned on one by one
         #: extension name id -> this collector's NameTable id (-1: not yet told)
         self._remap = np.zeros(0, dtype=np.int64)
         #: Whether every extension id so far is this collector's own (no remap needed); the
@@ -240,16 +254,44 @@ class NativeCuptiCollector(CuptiCollector):
         self._check(ext.register(self.buffer_bytes, self._on_buffer),
                     "cuptiActivityRegisterCallbacks")
         self.system_thread_ids = ext.system_thread_ids() == SUCCESS
-        for kind in ACTIVITY_KIND_IDS:
+        for kind in OP_KIND_IDS:
             self._check(ext.enable(kind), f"cuptiActivityEnable({kind})")
             self._enabled.append(kind)
-        for domain, table, quiet in ((RUNTIME, ext.RUNTIME_CBIDS, QUIET_RUNTIME),
-                                     (DRIVER, ext.DRIVER_CBIDS, QUIET_DRIVER)):
-            for name in quiet:
-                if name in table:  # a failure leaves the call recorded: harmless
-                    ext.enable_api(domain, table[name], False)
+        if self.calls != "launches" or not self._switch_on_launches(ext):
+            self.calls = "all"
+            for kind in API_KIND_IDS:
+                self._check(ext.enable(kind), f"cuptiActivityEnable({kind})")
+                self._enabled.append(kind)
+            for domain, table, quiet in ((RUNTIME, ext.RUNTIME_CBIDS, QUIET_RUNTIME),
+                                         (DRIVER, ext.DRIVER_CBIDS, QUIET_DRIVER)):
+                for name in quiet:
+                    if name in table:  # a failure leaves the call recorded: harmless
+                        ext.enable_api(domain, table[name], False)
         ext.flush_period(FLUSH_PERIOD_MS)  # -1 or an error: buffers go when full
         self._pair()
+
+    def _switch_on_launches(self, ext: ModuleType) -> bool:
+        """Switch on, call by call, those that put work on a stream (the API kinds stay
+        off); whether libcupti took every one (if not, those taken are switched off)."""
+        if not ext.RUNTIME_LAUNCH_CBIDS or not ext.DRIVER_LAUNCH_CBIDS:
+            return False  # built without the cbid headers' lists
+        for domain, ids in ((RUNTIME, ext.RUNTIME_LAUNCH_CBIDS),
+                            (DRIVER, ext.DRIVER_LAUNCH_CBIDS)):
+            for cbid in ids:
+                if ext.enable_api(domain, cbid, True) != SUCCESS:
+                    self._switch_off_calls()
+                    return False
+                self._switched_on.append((domain, cbid))
+        return True
+
+    def _switch_off_calls(self) -> None:
+        ext = self._ext
+        while self._switched_on and ext is not None:
+            domain, cbid = self._switched_on.pop()
+            try:
+                ext.enable_api(domain, cbid, False)
+            except Exception:  # CUPTI may be gone at exit: switch off what it can  # noqa: BLE001
+                pass
 
     def flush(self) -> None:
         ext = self._ext
@@ -284,6 +326,7 @@ class NativeCuptiCollector(CuptiCollector):
             self._ext.close()
 
     def _disable(self) -> None:
+        self._switch_off_calls()
         ext = self._ext
         while self._enabled and ext is not None:
             try:
@@ -296,8 +339,9 @@ class NativeCuptiCollector(CuptiCollector):
 
 
 def start(on_batch: Callable[[ActivityBatch], None], *, buffer_bytes: int = BUFFER_BYTES,
-          names: NameTable | None = None) -> NativeCuptiCollector | str:
-    """A running native collector (the first libcupti that loads), or why there is none."""
+          names: NameTable | None = None, calls: str = "all") -> NativeCuptiCollector | str:
+    """A running native collector (the first libcupti that loads), or why there is none;
+    ``calls``: :data:`ENV_CUPTI_CALLS`."""
     try:
         ext = load_extension()
     except ImportError as exc:
@@ -305,7 +349,7 @@ def start(on_batch: Callable[[ActivityBatch], None], *, buffer_bytes: int = BUFF
     reasons: list[str] = []
     for library in libcupti_candidates():
         collector = NativeCuptiCollector(on_batch, buffer_bytes=buffer_bytes, names=names,
-                                         extension=ext, library=library)
+                                         extension=ext, library=library, calls=calls)
         reason = collector.start()
         if reason is None:
             return collector

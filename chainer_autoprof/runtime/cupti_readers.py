@@ -25,11 +25,18 @@ def start(on_batch: Callable[[ActivityBatch], None], **kw: Any) -> CuptiCollecto
     want = os.environ.get(ENV_CUPTI_READER, "").strip().lower()
     if want not in ("", "native", "python"):
         return f"{ENV_CUPTI_READER}={want!r}: accepted native or python"
+    calls = os.environ.get(cupti_native.ENV_CUPTI_CALLS, "").strip().lower() or "all"
+    if calls not in cupti_native.CALLS_CHOICES:
+        return (f"{cupti_native.ENV_CUPTI_CALLS}={calls!r}: accepted "
+                + " or ".join(cupti_native.CALLS_CHOICES))
     why_not_native = f"{ENV_CUPTI_READER}=python"
     if want != "python":
-        got = cupti_native.start(on_batch, **kw)
+        got = cupti_native.start(on_batch, calls=calls, **kw)
         if not isinstance(got, str):
-            got.reader = f"native ({got.library})"
+            got.reader = f"native ({got.library})" + {
+                "launches": "; only the launching calls recorded",
+                "all": "" if calls == "all" else "; libcupti switches no single call on: "
+                "every call recorded"}[got.calls]
             return got
         if want == "native" or not got.startswith(NATIVE_UNAVAILABLE):
             return got  # required, or CUPTI itself said no

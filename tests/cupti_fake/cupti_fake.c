@@ -52,7 +52,11 @@ static size_t pieces;
 static long pace_us;
 static int system_ids;
 static uint32_t enabled_kinds;  /* bit per CUpti_ActivityKind < 32 */
-static uint8_t runtime_off[4096], driver_off[4096];
+/* Each call's own switch (cuptiActivityEnableRuntimeApi / DriverApi): CALL_UNSET, CALL_ON,
+ * CALL_OFF.  As CUPTI documents it: with its kind enabled a call is recorded unless switched
+ * off; without, only if switched on; enabling the kind later overrides the switches. */
+enum { CALL_UNSET, CALL_ON, CALL_OFF };
+static uint8_t runtime_call[4096], driver_call[4096];
 static int64_t clock_c0, clock_p0;
 static double clock_drift; /* slope - 1 */
 
@@ -104,13 +108,12 @@ static size_t record_size(CUpti_ActivityKind kind)
 
 static int wanted(const entry *e)
 {
-    if (e->kind >= 32 || !(enabled_kinds & (1u << e->kind)))
-        return 0;
-    if (e->kind == CUPTI_ACTIVITY_KIND_RUNTIME && e->f[3] >= 0 && e->f[3] < 4096)
-        return !runtime_off[e->f[3]];
-    if (e->kind == CUPTI_ACTIVITY_KIND_DRIVER && e->f[3] >= 0 && e->f[3] < 4096)
-        return !driver_off[e->f[3]];
-    return 1;
+    int kind_on = e->kind < 32 && (enabled_kinds & (1u << e->kind));
+    const uint8_t *calls = e->kind == CUPTI_ACTIVITY_KIND_RUNTIME ? runtime_call
+                           : e->kind == CUPTI_ACTIVITY_KIND_DRIVER ? driver_call : NULL;
+    if (calls == NULL || e->f[3] < 0 || e->f[3] >= 4096)
+        return kind_on;
+    return kind_on ? calls[e->f[3]] != CALL_OFF : calls[e->f[3]] == CALL_ON;
 }
 
 /* Write entry `e` as CUPTI's struct at `p`. */
@@ -342,6 +345,10 @@ EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind)
     if ((unsigned)kind >= 32)
         return CUPTI_ERROR_NOT_COMPATIBLE;
     enabled_kinds |= 1u << kind;
+    if (kind == CUPTI_ACTIVITY_KIND_RUNTIME)
+        memset(runtime_call, CALL_UNSET, sizeof runtime_call);
+    if (kind == CUPTI_ACTIVITY_KIND_DRIVER)
+        memset(driver_call, CALL_UNSET, sizeof driver_call);
     return CUPTI_SUCCESS;
 }
 
@@ -357,7 +364,9 @@ EXPORT CUptiResult cuptiActivityEnableRuntimeApi(CUpti_CallbackId cbid, uint8_t 
 {
     if (cbid >= 4096)
         return CUPTI_ERROR_INVALID_PARAMETER;
-    runtime_off[cbid] = !enable;
+    if (enable && getenv("CUPTI_FAKE_NO_CALL_SWITCH")) /* a libcupti that switches none on */
+        return CUPTI_ERROR_NOT_SUPPORTED;
+    runtime_call[cbid] = enable ? CALL_ON : CALL_OFF;
     return CUPTI_SUCCESS;
 }
 
@@ -365,7 +374,9 @@ EXPORT CUptiResult cuptiActivityEnableDriverApi(CUpti_CallbackId cbid, uint8_t e
 {
     if (cbid >= 4096)
         return CUPTI_ERROR_INVALID_PARAMETER;
-    driver_off[cbid] = !enable;
+    if (enable && getenv("CUPTI_FAKE_NO_CALL_SWITCH")) /* a libcupti that switches none on */
+        return CUPTI_ERROR_NOT_SUPPORTED;
+    driver_call[cbid] = enable ? CALL_ON : CALL_OFF;
     return CUPTI_SUCCESS;
 }
 

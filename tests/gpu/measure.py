@@ -1,9 +1,10 @@
-"""On a GPU machine (tests/gpu/run.sh): the CNN at batch 512 and 16 under the agent at sync
-level 0, GPU activity off and on interleaved three times; prints throughput and process wall
-against the targets (within 3%; wall within 3% + 1 s), the per-link GPU times, the busy share
-and its idle split, and HolisticTraceAnalysis on the live trace (its idle split beside ours).
-Then the host-bound PTB-shaped RNN (``ptb.py``), GPU activity off, read natively and read by
-cupti-python, rotated three times: the same targets, for the native reader."""
+"""On a GPU machine (tests/gpu/run.sh): the CNN at batch 512 and 16, then the host-bound
+PTB-shaped RNN (``ptb.py``), each under the agent at sync level 0 in three configurations
+rotated three times: GPU activity off; on, CUPTI recording every API call but the quiet ones
+(``all``, today's default); on, CUPTI recording only the launching calls (``launches``,
+``CHAINER_AUTOPROF_CUPTI_CALLS``).  Each configuration's throughput and process wall against
+the targets (within 3%; wall within 3% + 1 s), and for the CNN the per-link GPU times, the
+busy share and its idle split with HolisticTraceAnalysis's beside them."""
 
 from __future__ import annotations
 
@@ -24,52 +25,83 @@ from gpu_live_replay import hta_figures, idle_shares  # noqa: E402
 
 from chainer_autoprof.report.tracefile import read_trace  # noqa: E402
 
+#: The configurations compared: GPU activity off, then on with each choice of API calls.
+CONFIGS = {
+    "off": {"CHAINER_PROF_GPU_ACTIVITY": "0"},
+    "all": {"CHAINER_PROF_GPU_ACTIVITY": "1", "CHAINER_AUTOPROF_CUPTI_CALLS": "all"},
+    "launches": {"CHAINER_PROF_GPU_ACTIVITY": "1", "CHAINER_AUTOPROF_CUPTI_CALLS": "launches"},
+}
 
-def run(batch: int, activity: bool, out: Path, iterations: int) -> tuple[Path, float]:
-    """One run of the CNN under the agent: (its trace, the process wall in s)."""
-    trace = out / f"b{batch}_{'activity' if activity else 'plain'}.json"
-    env = dict(os.environ, CHAINER_PROF_TRACE=str(trace), CHAINER_PROF_GRANULARITY="link",
-               CHAINER_PROF_SYNC_LEVEL="0", CHAINER_PROF_WARMUP="5",
-               CHAINER_PROF_GPU_ACTIVITY="1" if activity else "0")
+
+def under_agent(script: str, args: list[str], config: str, trace: Path,
+                **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    """One run of ``script`` under the agent in ``config``: (the process, its wall in s)."""
+    environ = dict(os.environ, CHAINER_PROF_TRACE=str(trace), CHAINER_PROF_GRANULARITY="link",
+                   CHAINER_PROF_SYNC_LEVEL="0", CHAINER_PROF_LOG="info", **CONFIGS[config],
+                   **env)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "chainer_autoprof", str(HERE / "cnn.py"),
-                           "--batch", str(batch), "--iterations", str(iterations)],
-                          env=env, capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run([sys.executable, "-m", "chainer_autoprof", str(HERE / script), *args],
+                          env=environ, capture_output=True, text=True, timeout=1200)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"the CNN at batch {batch} failed ({proc.returncode})")
-    return trace, wall
+        raise SystemExit(f"{script} {' '.join(args)} ({config}) failed ({proc.returncode})")
+    return proc, wall
 
 
-def judged(what: str, off: list[tuple[float, float]], on: list[tuple[float, float]]) -> bool:
-    """Print the medians of (iterations per second, process wall s) off and on against the
-    targets (throughput within 3%, wall within 3% + 1 s); whether both are met."""
-    off_rate, on_rate = (statistics.median(r for r, _ in x) for x in (off, on))
-    off_wall, on_wall = (statistics.median(w for _, w in x) for x in (off, on))
-    rate_ok = on_rate >= 0.97 * off_rate
-    wall_ok = on_wall <= 1.03 * off_wall + 1.0
-    print(f"{what}: {off_rate:.2f} it/s without GPU activity, {on_rate:.2f} with it "
-          f"({on_rate / off_rate - 1:+.1%}; within 3%: {'met' if rate_ok else 'not met'}); "
-          f"process wall {off_wall:.1f} s vs {on_wall:.1f} s (within 3% + 1 s: "
-          f"{'met' if wall_ok else 'not met'})", flush=True)
-    return rate_ok and wall_ok
+def reader_of(proc: subprocess.CompletedProcess[str]) -> str:
+    said = re.search(r"read by the (.+) reader", proc.stderr)
+    return f" (read by the {said.group(1)} reader)" if said else ""
+
+
+def judged(what: str, runs: dict[str, list[tuple[float, float]]]) -> bool:
+    """Print the medians of (iterations per second, process wall s) of each configuration
+    with GPU activity against those without (throughput within 3%, wall within 3% + 1 s);
+    whether the default configuration (``all``) meets both."""
+    off_rate = statistics.median(r for r, _ in runs["off"])
+    off_wall = statistics.median(w for _, w in runs["off"])
+    print(f"\n{what}: {off_rate:.2f} it/s without GPU activity, process wall {off_wall:.1f} s")
+    verdicts = {}
+    for config, got in runs.items():
+        if config == "off":
+            continue
+        rate = statistics.median(r for r, _ in got)
+        wall = statistics.median(w for _, w in got)
+        rate_ok, wall_ok = rate >= 0.97 * off_rate, wall <= 1.03 * off_wall + 1.0
+        verdicts[config] = rate_ok and wall_ok
+        print(f"  GPU activity, {config} calls: {rate:.2f} it/s ({rate / off_rate - 1:+.1%}; "
+              f"within 3%: {'met' if rate_ok else 'not met'}); process wall {wall:.1f} s "
+              f"(within 3% + 1 s: {'met' if wall_ok else 'not met'})", flush=True)
+    return verdicts["all"]
+
+
+def rotated(rounds: int) -> list[tuple[int, str]]:
+    """(round, configuration) in the order run: each round starts one further along."""
+    names = list(CONFIGS)
+    return [(i + 1, c) for i in range(rounds)
+            for c in names[i % len(names):] + names[:i % len(names)]]
 
 
 def cnn(batch: int, out: Path, rounds: int = 3, iterations: int = 60) -> bool:
-    """The CNN at ``batch``, GPU activity off and on interleaved ``rounds`` times; then the
-    last traced run's per-link GPU times, busy share, idle split and HTA's beside them."""
-    runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
-    for i in range(rounds):
-        for activity in ((False, True) if i % 2 == 0 else (True, False)):
-            path, wall = run(batch, activity, out, iterations)
-            median = read_trace(str(path)).stats().median()
-            runs[activity].append((1000.0 / median, wall))
-            print(f"  b{batch} round {i + 1}: GPU activity {'on ' if activity else 'off'} "
-                  f"median iteration {median:.2f} ms, process wall {wall:.1f} s", flush=True)
-    ok = judged(f"\nbatch {batch} (iterations per second from the median iteration)",
-                runs[False], runs[True])
-    return describe(out / f"b{batch}_activity.json", out / f"hta{batch}") and ok
+    """The CNN at ``batch`` in each configuration, rotated ``rounds`` times (iterations per
+    second from the agent's median iteration); then each activity configuration's last
+    trace described."""
+    runs: dict[str, list[tuple[float, float]]] = {c: [] for c in CONFIGS}
+    for i, config in rotated(rounds):
+        trace = out / f"b{batch}_{config}.json"
+        proc, wall = under_agent("cnn.py", ["--batch", str(batch), "--iterations",
+                                            str(iterations)], config, trace,
+                                 CHAINER_PROF_WARMUP="5")
+        median = read_trace(str(trace)).stats().median()
+        runs[config].append((1000.0 / median, wall))
+        print(f"  b{batch} round {i}: {config:<8} median iteration {median:.2f} ms, process "
+              f"wall {wall:.1f} s{reader_of(proc)}", flush=True)
+    ok = judged(f"batch {batch}", runs)
+    for config in CONFIGS:
+        if config != "off":
+            print(f"  the last run with GPU activity, {config} calls:")
+            ok = describe(out / f"b{batch}_{config}.json", out / f"hta{batch}{config}") and ok
+    return ok
 
 
 def describe(path: Path, folder: Path) -> bool:
@@ -106,44 +138,19 @@ def describe(path: Path, folder: Path) -> bool:
     return apart < 0.05
 
 
-def ptb_run(reader: str, out: Path, words: int) -> tuple[float, float, str]:
-    """One run of ptb.py under the agent, GPU activity off (``reader`` "off") or read by
-    ``reader``: (iterations per second, process wall s, the reader the agent names)."""
-    trace = out / f"ptb_{reader}.json"
-    env = dict(os.environ, CHAINER_PROF_TRACE=str(trace), CHAINER_PROF_GRANULARITY="link",
-               CHAINER_PROF_SYNC_LEVEL="0", CHAINER_PROF_LOG="info",
-               CHAINER_PROF_GPU_ACTIVITY="0" if reader == "off" else "1")
-    if reader != "off":
-        env["CHAINER_AUTOPROF_CUPTI_READER"] = reader
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "chainer_autoprof", str(HERE / "ptb.py"),
-                           "--words", str(words)], env=env, capture_output=True, text=True,
-                          timeout=1200)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"ptb.py failed ({proc.returncode})")
-    found = re.search(r"^iterations (\d+) training_s (\S+)$", proc.stdout, re.M)
-    assert found, proc.stdout[-2000:]
-    said = re.search(r"read by the (.+) reader", proc.stderr)
-    return int(found.group(1)) / float(found.group(2)), wall, said.group(1) if said else ""
-
-
-def ptb(out: Path, words: int = 70_000, rounds: int = 3,
-        readers: tuple[str, ...] = ("off", "native", "python")) -> bool:
-    """The PTB-shaped RNN: GPU activity off and on (each reader), rotated ``rounds`` times;
-    judged on the first reader (the one the agent chooses), the others for comparison."""
-    runs: dict[str, list[tuple[float, float]]] = {r: [] for r in readers}
-    for i in range(rounds):
-        for reader in readers[i % len(readers):] + readers[:i % len(readers)]:
-            rate, wall, said = ptb_run(reader, out, words)
-            runs[reader].append((rate, wall))
-            print(f"  ptb round {i + 1}: GPU activity {reader:<6} {rate:.2f} it/s, process "
-                  f"wall {wall:.1f} s{f' (read by the {said} reader)' if said else ''}",
-                  flush=True)
-    verdicts = [judged(f"\nptb, GPU activity read by the {reader} reader", runs["off"],
-                       runs[reader]) for reader in readers[1:]]
-    return verdicts[0]
+def ptb(out: Path, words: int = 35_000, rounds: int = 3) -> bool:
+    """The PTB-shaped RNN in each configuration, rotated ``rounds`` times."""
+    runs: dict[str, list[tuple[float, float]]] = {c: [] for c in CONFIGS}
+    for i, config in rotated(rounds):
+        proc, wall = under_agent("ptb.py", ["--words", str(words)], config,
+                                 out / f"ptb_{config}.json")
+        found = re.search(r"^iterations (\d+) training_s (\S+)$", proc.stdout, re.M)
+        assert found, proc.stdout[-2000:]
+        rate = int(found.group(1)) / float(found.group(2))
+        runs[config].append((rate, wall))
+        print(f"  ptb round {i}: {config:<8} {rate:.2f} it/s, process wall {wall:.1f} s"
+              f"{reader_of(proc)}", flush=True)
+    return judged(f"ptb ({words} words)", runs)
 
 
 def main() -> int:

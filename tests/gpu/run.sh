@@ -4,12 +4,13 @@
 #   tests/gpu/run.sh fetch   # here, with a package index: the wheels the GPU machine lacks,
 #                            # into tests/gpu/.carry (ignored by git; it travels with the checkout)
 #   tests/gpu/run.sh         # there: installs them and the project into tests/gpu/.carry/site
-#                            # (the native CUPTI reader built against the nvidia wheels'
-#                            # headers), runs the gpu-marked tests, then the CNN at batch 512
-#                            # and 16 with GPU activity off and on, and the PTB-shaped RNN
-#                            # (tests/gpu/ptb.py) off and on interleaved three times
-#                            # (tests/gpu/measure.py); CUPTI_READER=python: cupti-python's
-#                            # reader instead of the native one, for comparison
+#                            # (the native CUPTI reader built against the machine's CUPTI
+#                            # headers), runs the gpu-marked tests, then tests/gpu/measure.py:
+#                            # the CNN at batch 512 and 16 and the PTB-shaped RNN
+#                            # (tests/gpu/ptb.py), each with GPU activity off, on with every
+#                            # API call recorded, and on with only the launching calls
+#                            # recorded, rotated three times; CUPTI_READER=python:
+#                            # cupti-python's reader instead of the native one
 #
 # GPU_PYTHON_VERSION (default 3.12): the GPU machine's Python, for the wheels fetched here.
 # CUPTI_PYTHON (default cupti-python, the newest: CUDA 13): e.g. "cupti-python>=12.6,<13" for

@@ -61,10 +61,14 @@ def test_gpu_collector_ties_each_kernel_to_its_launch_on_this_thread(cp, reader,
     assert len(got.clock_pairs) >= 2
 
 
-def test_gpu_the_cnn_trains_with_gpu_activity_and_reports_gpu_time_per_link(cp, tmp_path):
+@pytest.mark.parametrize("calls", ["all", "launches"])
+def test_gpu_the_cnn_trains_with_gpu_activity_and_reports_gpu_time_per_link(cp, tmp_path,
+                                                                           calls):
+    """Also with CUPTI recording only the launching calls: every kernel still attributed."""
     trace = tmp_path / "b512.json"
     env = dict(os.environ, CHAINER_PROF_TRACE=str(trace), CHAINER_PROF_GRANULARITY="link",
-               CHAINER_PROF_GPU_ACTIVITY="1", CHAINER_PROF_WARMUP="5")
+               CHAINER_PROF_GPU_ACTIVITY="1", CHAINER_PROF_WARMUP="5",
+               CHAINER_AUTOPROF_CUPTI_CALLS=calls)
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "chainer_autoprof", str(HERE / "cnn.py"),
                            "--batch", "512", "--iterations", "30"], env=env,
@@ -76,6 +80,7 @@ def test_gpu_the_cnn_trains_with_gpu_activity_and_reports_gpu_time_per_link(cp, 
     stats = read_trace(str(trace)).stats()
     fig = stats.gpu_activity
     assert fig is not None and fig.statuses.get("attributed", {}).get("ops", 0) > 0
+    assert "no launch record" not in fig.statuses, fig.statuses  # every call recorded
     top = fig.links[0]["name"]
     assert "conv2" in top, fig.links[:3]
     data = json.loads(trace.read_text())

@@ -52,6 +52,14 @@ CUPTI_SOURCES = (HERE.parent / "cupti_native.c", HERE.parent / "cupti_locate.c")
 CUPTI_MODULE = "chainer_autoprof.runtime._cupti"
 #: The header the reader's sources share.
 CUPTI_OWN_HEADER = HERE.parent / "cupti_locate.h"
+#: The calls that put work on a stream (kernels, copies, memsets, graphs), by the prefix of
+#: CUPTI's callback names, per domain and the header naming them: the only API records GPU
+#: activity needs where it asks CUPTI for no others (``CHAINER_AUTOPROF_CUPTI_CALLS``).
+LAUNCH_CALLS = {
+    "RUNTIME": ("cupti_runtime_cbid.h", ("cudaLaunch", "cudaMemcpy", "cudaMemset",
+                                         "cudaGraphLaunch")),
+    "DRIVER": ("cupti_driver_cbid.h", ("cuLaunch", "cuMemcpy", "cuMemset", "cuGraphLaunch")),
+}
 #: What ``cupti_native.c`` includes, and from where.
 CUPTI_HEADERS = ("cupti_activity.h", "cuda.h", "builtin_types.h", "crt/host_defines.h")
 
@@ -132,7 +140,8 @@ def build_cupti_in_place(force: bool = False) -> Path:
     :class:`BuildError`."""
     out = cupti_target()
     if force or not out.exists() or any(
-            out.stat().st_mtime < f.stat().st_mtime for f in (*CUPTI_SOURCES, CUPTI_OWN_HEADER)):
+            out.stat().st_mtime < f.stat().st_mtime
+            for f in (*CUPTI_SOURCES, CUPTI_OWN_HEADER, Path(__file__))):
         compile_cupti_to(out)
     return out
 
@@ -145,7 +154,27 @@ def compile_cupti_to(out: Path, *, warnings_fail: bool = False) -> None:
         raise BuildError("the CUPTI headers (cupti_activity.h, cuda.h) were not found: pip "
                          "install nvidia-cuda-cupti nvidia-cuda-runtime nvidia-cuda-crt")
     _compile(out, CUPTI_SOURCES, [sysconfig.get_paths()["include"], *map(str, include)],
-             [], ["dl", "pthread"], warnings_fail)
+             launch_defines(include), ["dl", "pthread"], warnings_fail)
+
+
+def launch_cbids(include: list[Path]) -> dict[str, list[int]]:
+    """The callback ids of the calls that put work on a stream (:data:`LAUNCH_CALLS`), by
+    domain, read from the cbid headers the reader is compiled against (none where a header
+    is missing)."""
+    found: dict[str, list[int]] = {}
+    for domain, (header, prefixes) in LAUNCH_CALLS.items():
+        path = next((d / header for d in include if (d / header).is_file()), None)
+        text = path.read_text(encoding="utf-8", errors="replace") if path else ""
+        found[domain] = sorted({int(cbid) for name, cbid in re.findall(
+            rf"CUPTI_{domain}_TRACE_CBID_(\w+)\s*=\s*(\d+)", text)
+            if name.startswith(prefixes)})
+    return found
+
+
+def launch_defines(include: list[Path]) -> list[str]:
+    """``-DLAUNCH_<DOMAIN>_CBIDS=id,id,...,`` for ``cupti_native.c``'s tables."""
+    return [f"-DLAUNCH_{domain}_CBIDS=" + "".join(f"{c}," for c in ids)
+            for domain, ids in launch_cbids(include).items()]
 
 
 def build_in_place(force: bool = False) -> Path:
