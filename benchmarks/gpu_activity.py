@@ -12,6 +12,9 @@ Each reader of CUPTI's records runs as in a live run, in one process per recordi
   handover per buffer into the session's queue; ``attributing and summing`` is the session's
   drain: every operation tied to its launching range and added to the per-link and
   per-phase sums (``LaunchAttributor`` and ``GpuFigureBuilder.add``).
+* ``launches``: the native reader with CUPTI recording only the launching calls
+  (``CHAINER_AUTOPROF_CUPTI_CALLS=launches``): fewer records for the same operations, so
+  its figure per record is higher and per operation lower.
 * ``python``: the cupti-python reader fed the same records (those CUPTI records with the
   agent's quiet calls off) as cupti-python's record objects, made beforehand: ``reading`` is
   ``batch_from_records`` and the queue.  cupti-python's own making of one Python object per
@@ -59,7 +62,8 @@ RECORDINGS = ("b16", "b512")
 #: such a recording over in a live run; ``12``, the tests' cut; ``x10``, a run ten times as
 #: long in one buffer (the cost per record where a fixed cost per buffer weighs little).
 RUNS = (("native-live", "native", 1, 1), ("native-12", "native", 12, 1),
-        ("native-x10", "native", 1, 10), ("python-live", "python", 1, 1),
+        ("native-x10", "native", 1, 10), ("launches-live", "native:launches", 1, 1),
+        ("python-live", "python", 1, 1),
         ("python-12", "python", 12, 1), ("python-x10", "python", 1, 10))
 
 def _paths() -> None:
@@ -125,6 +129,7 @@ class Primed:
         pairs = [tuple(int(x) for x in row) for row in zip(
             rec.clock.cupti_ns, rec.clock.perf_ns, rec.clock.read_ns)]
         box: list[gpu_activity.CuptiCollector] = []
+        reader, _, calls = reader.partition(":")
         if reader == "native":
             from cupti_fake import FakeCupti
 
@@ -147,7 +152,8 @@ class Primed:
         self.tracer.on_new_thread = self.session.thread_started  # the agent's composition
         self.recorder.gpu_handover = self.session.handover
         with environ({cupti_native.ENV_CUPTI_LIBRARY: str(self.fake.path) if self.fake else None,
-                      cupti_readers.ENV_CUPTI_READER: reader}):
+                      cupti_readers.ENV_CUPTI_READER: reader,
+                      cupti_native.ENV_CUPTI_CALLS: calls or None}):
             self.session.start()
         assert self.session.state == "running", self.session.why_off
         if self.fake is not None:
@@ -289,7 +295,8 @@ def child(name: str, runs: tuple[str, ...] = ()) -> None:
             control.dump(f"finish:{label}".encode())
             control.stop()
             for part in ("read", "attribute", "finish"):
-                print(f"segment {part}:{label} {records}", flush=True)
+                print(f"segment {part}:{label} {records} {len(primed.rec.batch.ops)}",
+                      flush=True)
         for turn in ("off", "on") * 4:  # the training thread's part, per iteration
             primed = Primed(name, "native", Path(tmp) / f"thread-{turn}", cache)
             recorder = primed.recorder
@@ -328,8 +335,12 @@ def _dumps(out: Path) -> list[int]:
     return totals
 
 
-def measure(name: str, runs: tuple[str, ...] = ()) -> list[tuple[str, int, int]]:
-    """``(segment, instructions, records or iterations)`` of one recording's process."""
+Segment = tuple[str, int, int, int]
+
+
+def measure(name: str, runs: tuple[str, ...] = ()) -> list[Segment]:
+    """``(segment, instructions, records or iterations, operations)`` of one recording's
+    process."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS), str(HERE)]))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cg.out"
@@ -342,15 +353,17 @@ def measure(name: str, runs: tuple[str, ...] = ()) -> list[tuple[str, int, int]]
             raise SystemExit(f"callgrind run ({name}): exit {proc.returncode}\n"
                              f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
         totals = _dumps(out)
-    labels = re.findall(r"^segment (\S+) (\d+)$", proc.stdout, re.M)
+    labels = re.findall(r"^segment (\S+) (\d+)(?: (\d+))?$", proc.stdout, re.M)
     if len(labels) != len(totals):
         raise SystemExit(f"{len(labels)} segments but {len(totals)} callgrind dumps")
-    return [(label, total, int(n)) for (label, n), total in zip(labels, totals)]
+    return [(label, total, int(n), int(ops or 0))
+            for (label, n, ops), total in zip(labels, totals)]
 
 
-def report(name: str, segments: list[tuple[str, int, int]]) -> bool:
+def report(name: str, segments: list[Segment]) -> bool:
     """Print one recording's figures; whether the target is met."""
-    by = {label: (total, n) for label, total, n in segments}
+    by = {label: (total, n) for label, total, n, _ops in segments}
+    ops_of = {label: ops for label, _total, _n, ops in segments}
     print(f"recording {name}:")
 
     def per(label: str) -> tuple[float, float, float]:
@@ -364,9 +377,11 @@ def report(name: str, segments: list[tuple[str, int, int]]) -> bool:
         total, read, attribute = per(label)
         records = by[f"read:{label}"][1]
         finish = by[f"finish:{label}"][0]
-        print(f"  {label:<12} {records:>6} records in {buffers:>2} buffer(s): {total:7.0f} "
+        ops = ops_of[f"read:{label}"]
+        print(f"  {label:<13} {records:>6} records in {buffers:>2} buffer(s): {total:7.0f} "
               f"instructions per record = {read:6.0f} reading + {attribute:6.0f} attributing "
-              f"and summing; at exit {finish / 1e6:.1f} M once")
+              f"and summing ({total * records / ops:.0f} per operation); at exit "
+              f"{finish / 1e6:.1f} M once")
     native = per("native-live")[0]
     met = native <= TARGET
     print(f"  instructions per record: {native:.0f} (native reader, buffer completion to the "
@@ -385,11 +400,10 @@ def report(name: str, segments: list[tuple[str, int, int]]) -> bool:
     return met
 
 
-def _thread_part(segments: list[tuple[str, int, int]],
-                 by: dict[str, tuple[int, int]]) -> bool:
+def _thread_part(segments: list[Segment], by: dict[str, tuple[int, int]]) -> bool:
     """Print what GPU activity adds to the training thread; whether under 1%."""
-    offs = [t / n for label, t, n in segments if label == "thread:off"]
-    ons = [t / n for label, t, n in segments if label == "thread:on"]
+    offs = [t / n for label, t, n, _ in segments if label == "thread:off"]
+    ons = [t / n for label, t, n, _ in segments if label == "thread:on"]
     added = min(ons) - min(offs)
     iterations = by["thread:off"][1]
     held = by["read:native-live"][0] + by["attribute:native-live"][0]

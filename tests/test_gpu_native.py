@@ -309,16 +309,21 @@ def test_the_benchmark_measures_every_segment_of_both_readers():
                            "--child", "b16"], env=clean_env(PYTHONPATH=paths), cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    segments = [line.split()[1:] for line in proc.stdout.splitlines()
+    segments = [line.split()[1:3] for line in proc.stdout.splitlines()
                 if line.startswith("segment ")]
     labels = [label for label, _n in segments]
-    for run in ("native-live", "native-12", "native-x10", "python-live", "python-12",
-                "python-x10"):
+    for run in ("native-live", "native-12", "native-x10", "launches-live", "python-live",
+                "python-12", "python-x10"):
         assert [f"read:{run}", f"attribute:{run}", f"finish:{run}"] == \
             [x for x in labels if x.endswith(f":{run}") and not x.startswith("launches:")]
     served = {label: int(n) for label, n in segments}
     assert served["read:native-live"] == served["read:python-live"] > 4000
     assert served["read:native-x10"] == 10 * served["read:native-live"]
+    # the launching calls alone: the same operations, under three records in four
+    assert 1000 < served["read:launches-live"] < 0.75 * served["read:native-live"]
+    ops = {line.split()[1]: int(line.split()[3]) for line in proc.stdout.splitlines()
+           if line.startswith("segment read:")}
+    assert ops["read:launches-live"] == ops["read:native-live"] > 1000
     assert labels[-9:] == ["thread:off", "thread:on"] * 4 + ["launches:native-x10"]
 
 
