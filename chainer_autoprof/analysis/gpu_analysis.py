@@ -74,7 +74,7 @@ class _Block:
     __slots__ = ("_group_of", "dead", "groups", "items", "live", "runs", "size")
 
     def __init__(self, items: AttributedOps, group_of: Int64Array | None,
-                 groups: list[_Group], runs: list[int]) -> None:
+                 groups: list[_Group], runs: Int64Array) -> None:
         self.items = items
         self._group_of = group_of
         self.runs = runs
@@ -107,6 +107,14 @@ class _Group:
         self.complete = True             # none of its operations dropped
 
 
+#: A buffer kept whose groups are not made yet: its operations, each group's first row
+#: (``bytes`` of native int64 from C, or an array), rows per group (``None``: up to the next
+#: group's first row, the groups runs in order), each row's group (``None``: runs) and its
+#: arrival (the key of its group outside any iteration).
+_Pending = tuple[AttributedOps, bytes | Int64Array, Int64Array | None, Int64Array | None,
+                 int]
+
+
 def _copied(items: AttributedOps, a: int, b: int) -> AttributedOps:
     """Rows ``a:b`` of ``items``, copied (a view would keep every row's memory alive)."""
     ops, attr = items.ops, items.attr
@@ -126,6 +134,11 @@ class AttributedKeeper:
     pushes the training's iterations out.  Only an iteration alone larger than the limit
     keeps its newest operations, and then counts as incomplete.  Memory: the kept rows,
     and at most as many dropped ones waiting in half-live blocks.
+
+    A buffer is kept as it comes, with its groups' first rows (found in one C call for the
+    usual buffer); its groups are made (a Python object and a heap entry each, some
+    thousands of instructions) only when an eviction or a question needs them
+    (:meth:`_settle`), in the order the buffers came: the same groups as made at once.
     """
 
     def __init__(self, limit: int, native: ModuleType | None = None) -> None:
@@ -133,8 +146,10 @@ class AttributedKeeper:
         #: The ``_cupti`` extension (``keeper_runs``: a usual buffer's groups in one call),
         #: or ``None``: NumPy groups every buffer.
         self.native = native if hasattr(native, "keeper_runs") else None
+        #: the blocks and groups made (``_settle`` first: buffers may be pending)
         self.blocks: list[_Block] = []
         self.groups: dict[tuple[int, int, int], _Group] = {}
+        self._pending: list[_Pending] = []
         self._heap: list[tuple[int, int, int]] = []
         self._dropped_upto: dict[int, int] = {}  # tid -> its newest iteration dropped
         self._arrivals = 0
@@ -151,14 +166,13 @@ class AttributedKeeper:
         if not n:
             return
         if self.native is not None and self.limit:  # the usual: one thread, in order
-            attr = items.attr
-            try:
-                found = self.native.keeper_runs((ordinal, tid, attr.counted, attr.iter_end))
+            try:  # (thread, first ordinal, each run's first row) or None
+                found = self.native.keeper_runs((ordinal, tid))
             except (ValueError, BufferError):  # not contiguous int64: NumPy's path below
                 found = None
-            if found is not None and (not self._dropped_upto or found[1][0][0] > (
+            if found is not None and (not self._dropped_upto or found[1] > (
                     self._dropped_upto.get(found[0], -1))):
-                self._keep(items, found[1], None)
+                self._keep(items, n, found[2], None, None)
                 return
         one_thread = bool((tid == tid[0]).all())
         lowest = int(ordinal.min())
@@ -195,39 +209,54 @@ class AttributedKeeper:
             bounds[0], bounds[-1] = 0, n  # each group's first row, then the end
             bounds[1:-1] = np.flatnonzero(change) + 1
             firsts = bounds[:-1]
-            counts = bounds[1:] - firsts  # (np.diff's prepend/append cost ~100k instructions)
+            counts: Int64Array = bounds[1:] - firsts  # (np.diff's prepend/append: ~100k)
             group_of: Int64Array | None = None  # runs of rows: made if a group is dropped
         else:
             _uniq, firsts, inverse, counts = np.unique(
                 key, return_index=True, return_inverse=True, return_counts=True)
             group_of = np.asarray(inverse, dtype=np.int64).reshape(-1)
-        attr = items.attr
-        self._keep(items, list(zip(
-            ordinal[firsts].tolist(), attr.counted[firsts].tolist(), tid[firsts].tolist(),
-            attr.iter_end[firsts].tolist(), counts.tolist())), group_of)
+        self._keep(items, n, firsts, counts, group_of)
 
-    def _keep(self, items: AttributedOps, runs: list[tuple[int, int, int, int, int]],
-              group_of: Int64Array | None) -> None:
-        """Keep ``items``, its groups ``runs`` (iteration ordinal, counted, thread, the
-        iteration's end, rows), each row's group ``group_of`` (``None``: the groups are
-        runs of rows, in order)."""
+    def _keep(self, items: AttributedOps, n: int, firsts: bytes | Int64Array,
+              counts: Int64Array | None, group_of: Int64Array | None) -> None:
+        """Keep the ``n`` operations ``items``, its groups at rows ``firsts`` (``bytes``
+        of int64 from C), of ``counts`` rows each (``None``: runs up to the next one), each
+        row's group ``group_of`` (``None``: the groups are runs of rows, in order); their
+        groups made when needed."""
         self._arrivals += 1
-        groups: list[_Group] = []
-        block = _Block(items, group_of, groups, [run[4] for run in runs])
-        for local, (o, c, t, end, rows) in enumerate(runs):
-            gkey = ((OUTSIDE, self._arrivals, 0) if o < 0 else
-                    (COUNTED if c == 1 else WARMUP, o, t))
-            group = self.groups.get(gkey)
-            if group is None:
-                group = self.groups[gkey] = _Group(gkey, end)
-                heapq.heappush(self._heap, gkey)
-            group.parts.append((block, local))
-            group.rows += rows
-            groups.append(group)
-        self.blocks.append(block)
-        self.kept += block.size
+        self._pending.append((items, firsts, counts, group_of, self._arrivals))
+        self.kept += n
         if self.kept > self.limit:
+            self._settle()
             self._evict()
+
+    def _settle(self) -> None:
+        """Make the pending buffers' blocks and groups, in the order they came."""
+        pending, self._pending = self._pending, []
+        for items, firsts, counts, group_of, arrival in pending:
+            attr = items.attr
+            if isinstance(firsts, bytes):
+                firsts = np.frombuffer(firsts, dtype=np.int64)
+            if counts is None:  # runs: each up to the next one's first row, the last to n
+                counts = np.empty(len(firsts), dtype=np.int64)
+                counts[:-1] = firsts[1:] - firsts[:-1]
+                counts[-1] = len(attr.iteration) - firsts[-1]
+            groups: list[_Group] = []
+            block = _Block(items, group_of, groups, counts)
+            for local, (o, c, t, end, rows) in enumerate(zip(
+                    attr.iteration[firsts].tolist(), attr.counted[firsts].tolist(),
+                    attr.tid[firsts].tolist(), attr.iter_end[firsts].tolist(),
+                    counts.tolist())):
+                gkey = ((OUTSIDE, arrival, 0) if o < 0 else
+                        (COUNTED if c == 1 else WARMUP, o, t))
+                group = self.groups.get(gkey)
+                if group is None:
+                    group = self.groups[gkey] = _Group(gkey, end)
+                    heapq.heappush(self._heap, gkey)
+                group.parts.append((block, local))
+                group.rows += rows
+                groups.append(group)
+            self.blocks.append(block)
 
     def _count_dropped(self, items: AttributedOps) -> None:
         attr = items.attr
@@ -310,11 +339,13 @@ class AttributedKeeper:
                 block.size = len(live)
 
     def records(self) -> AttributedOps:
+        self._settle()
         return AttributedOps.concat([b.items if b.dead is None else b.items.take(~b.dead)
                                      for b in self.blocks])
 
     def complete_iterations(self) -> set[tuple[int, int]]:
         """``(tid, end of the iteration range)`` of each iteration kept whole."""
+        self._settle()
         return {(g.key[2], g.iter_end) for g in self.groups.values()
                 if g.key[0] != OUTSIDE and g.complete}
 
