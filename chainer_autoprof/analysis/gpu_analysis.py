@@ -92,6 +92,17 @@ class _Block:
     def group_of(self, value: Int64Array) -> None:
         self._group_of = value
 
+    def rows_of(self, locals_: list[int]) -> npt.NDArray[np.bool_]:
+        """Whether each row is of one of the groups ``locals_``: by a table of the block's
+        groups (np.isin: ~40k instructions), repeated over its runs where it came so."""
+        if self._group_of is not None and len(locals_) == 1:
+            return np.equal(self._group_of, locals_[0])
+        gone = np.zeros(len(self.groups), dtype=bool)
+        gone[locals_] = True
+        if self._group_of is None:  # runs, as they came (its rows never copied)
+            return np.repeat(gone, self.runs)
+        return gone[self._group_of]
+
 
 class _Group:
     """The kept operations of one iteration of one thread (or one block's operations outside
@@ -268,31 +279,36 @@ class AttributedKeeper:
     def _evict(self) -> None:
         """Drop the groups first in line until the rest fits (then free their rows)."""
         victims: dict[int, tuple[_Block, list[int]]] = {}
-        while self.kept > self.limit:
-            group = self.groups[self._heap[0]]
-            cls, order, tid = group.key
-            if len(self.groups) == 1:  # alone larger than the limit: its newest rows stay
-                self._trim(group, self.kept - self.limit)
+        groups, heap, upto, by = self.groups, self._heap, self._dropped_upto, self.dropped_by
+        over, gone = self.kept - self.limit, 0  # (counted into kept and dropped at the end)
+        while over > 0:
+            if len(groups) == 1:  # alone larger than the limit: its newest rows stay
+                self.kept -= gone
+                self.dropped += gone
+                gone = 0
+                self._trim(groups[heap[0]], over)
                 break
-            heapq.heappop(self._heap)
-            del self.groups[group.key]
+            group = groups.pop(heapq.heappop(heap))
             for block, local in group.parts:
-                victims.setdefault(id(block), (block, []))[1].append(local)
+                victim = victims.get(id(block))
+                if victim is None:
+                    victim = victims[id(block)] = (block, [])
+                victim[1].append(local)
             group.parts = []  # no cycle left for the collector (a block's arrays in it)
-            self.kept -= group.rows
-            self.dropped += group.rows
-            self.dropped_by[cls] += group.rows
+            cls, order, tid = group.key
+            rows = group.rows
+            over -= rows
+            gone += rows
+            by[cls] += rows
             if cls != OUTSIDE:
                 if group.complete:
                     self.dropped_iterations += 1
-                self._dropped_upto[tid] = max(self._dropped_upto.get(tid, -1), order)
+                if order > upto.get(tid, -1):
+                    upto[tid] = order
+        self.kept -= gone
+        self.dropped += gone
         for block, locals_ in victims.values():
-            if len(locals_) > 1:  # a table of the block's groups (np.isin: ~40k instructions)
-                gone = np.zeros(len(block.groups), dtype=bool)
-                gone[locals_] = True
-                dead = gone[block.group_of]
-            else:
-                dead = block.group_of == locals_[0]
+            dead = block.rows_of(locals_)
             if block.dead is not None:  # a group's rows die once: the others' stay
                 dead |= block.dead
             block.live = block.size - int(np.count_nonzero(dead))
