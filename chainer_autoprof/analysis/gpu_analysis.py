@@ -110,11 +110,12 @@ class _Group:
 
     __slots__ = ("complete", "iter_end", "key", "parts", "rows")
 
-    def __init__(self, key: tuple[int, int, int], iter_end: int) -> None:
+    def __init__(self, key: tuple[int, int, int], iter_end: int,
+                 first: tuple[_Block, int], rows: int) -> None:
         self.key = key                   # (OUTSIDE/WARMUP/COUNTED, ordinal or arrival, tid)
         self.iter_end = iter_end
-        self.parts: list[tuple[_Block, int]] = []
-        self.rows = 0
+        self.parts: list[tuple[_Block, int]] = [first]
+        self.rows = rows
         self.complete = True             # none of its operations dropped
 
 
@@ -254,18 +255,20 @@ class AttributedKeeper:
                 counts[-1] = len(attr.iteration) - firsts[-1]
             groups: list[_Group] = []
             block = _Block(items, group_of, groups, counts)
+            made, heap, push = self.groups, self._heap, heapq.heappush
             for local, (o, c, t, end, rows) in enumerate(zip(
                     attr.iteration[firsts].tolist(), attr.counted[firsts].tolist(),
                     attr.tid[firsts].tolist(), attr.iter_end[firsts].tolist(),
                     counts.tolist())):
                 gkey = ((OUTSIDE, arrival, 0) if o < 0 else
                         (COUNTED if c == 1 else WARMUP, o, t))
-                group = self.groups.get(gkey)
+                group = made.get(gkey)
                 if group is None:
-                    group = self.groups[gkey] = _Group(gkey, end)
-                    heapq.heappush(self._heap, gkey)
-                group.parts.append((block, local))
-                group.rows += rows
+                    group = made[gkey] = _Group(gkey, end, (block, local), rows)
+                    push(heap, gkey)
+                else:
+                    group.parts.append((block, local))
+                    group.rows += rows
                 groups.append(group)
             self.blocks.append(block)
 
