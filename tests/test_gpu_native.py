@@ -612,19 +612,85 @@ def test_the_trace_keeper_groups_a_buffer_in_c_as_numpy_does(extension):
         buffers.append(buffer(its, corr, tids))
         corr += len(its)
     buffers.append(buffer([ordinal + 5] * 400, corr, [7] * 400))  # alone over the limit
-    keepers = [AttributedKeeper(300), AttributedKeeper(300, extension)]
+
+    def state(keeper: AttributedKeeper) -> tuple:
+        kept = keeper.records()
+        return (kept.ops.correlation.tolist(), kept.attr.iteration.tolist(), keeper.kept,
+                keeper.dropped, list(keeper.dropped_by), keeper.dropped_iterations,
+                keeper.complete_iterations(), keeper.note())
+
+    # asked after every buffer (each buffer's groups made at once), NumPy's and C's; C's
+    # asked only every seventh buffer (the buffers between wait, their groups made when an
+    # eviction needs them, several at once)
+    keepers = [AttributedKeeper(300), AttributedKeeper(300, extension),
+               AttributedKeeper(300, extension)]
     assert keepers[0].native is None and keepers[1].native is extension
-    for items in buffers:
-        seen = []
+    for turn, items in enumerate(buffers):
         for keeper in keepers:
             keeper.add(items)
-            kept = keeper.records()
-            seen.append((kept.ops.correlation.tolist(), kept.attr.iteration.tolist(),
-                         keeper.kept, keeper.dropped, keeper.dropped_by,
-                         keeper.dropped_iterations, keeper.complete_iterations(), keeper.note()))
+        seen = [state(keepers[0]), state(keepers[1])]
         assert seen[0] == seen[1]
+        assert (keepers[2].kept, keepers[2].dropped) == seen[0][2:4]
+        if turn % 7 == 6 or turn == len(buffers) - 1:
+            assert state(keepers[2]) == seen[0]
     assert keepers[1].dropped_iterations > 10 and keepers[1].complete_iterations() == set()
     assert sum(len(b.items) for b in keepers[1].blocks) <= 2 * 300
+
+
+def test_the_trace_keepers_runs_in_c_are_numpys_at_every_row(extension):
+    """``keeper_runs`` (four rows a turn, blocks of 512) says a buffer is one thread's in
+    order exactly where NumPy does, with each run's first row, whichever row breaks it:
+    another thread, or an ordinal that falls, at every row of buffers around those
+    sizes."""
+    for n in (1, 2, 3, 4, 5, 8, 9, 511, 512, 513, 1030):
+        it = np.repeat(np.arange(-1, n), 7)[:n].astype(np.int64)
+        tid = np.full(n, 1 << 40, dtype=np.int64)
+        thread, first, firsts = extension.keeper_runs((it, tid))
+        assert (thread, first) == (1 << 40, -1)
+        assert np.frombuffer(firsts, np.int64).tolist() == [0, *np.flatnonzero(np.diff(it)) + 1]
+        for row in range(n):
+            other = tid.copy()
+            other[row] ^= 1 << (row % 63)  # one bit off, anywhere (the first: all the rest)
+            assert extension.keeper_runs((it, other)) is None or n == 1
+            if row:
+                fell = it.copy()
+                fell[row] = it[row - 1] - 1
+                assert extension.keeper_runs((fell, tid)) is None
+    empty = np.zeros(0, dtype=np.int64)
+    assert extension.keeper_runs((empty, empty)) is None
+
+
+def test_the_trace_keeper_makes_a_usual_buffers_groups_only_when_needed(extension):
+    """A usual buffer under the limit (one thread, iterations in order) is kept in a few
+    allocations whatever its iterations (its groups, some thousands of instructions each,
+    made when an eviction or a question needs them): then the same as made at once."""
+    from chainer_autoprof.analysis.gpu_analysis import AttributedKeeper
+    from chainer_autoprof.analysis.gpu_attribution import AttributedOps, Attribution
+
+    def buffer(iterations: int, corr: int) -> AttributedOps:
+        it = np.repeat(np.arange(corr // 1000, corr // 1000 + iterations), 3)
+        n = len(it)
+        ops = GpuOps.from_columns(n, {"kind": np.zeros(n), "start": corr + np.arange(n),
+                                      "end": corr + np.arange(n) + 1,
+                                      "correlation": corr + np.arange(n)})
+        return AttributedOps(ops, Attribution.from_columns(n, {
+            "tid": np.full(n, 3), "iteration": it, "iter_end": 10 * it + 9,
+            "counted": (it >= 1).astype(np.int64)}))
+
+    buffers = [buffer(300, 0), buffer(300, 300_000), buffer(40, 900_000)]
+    lazy, eager = AttributedKeeper(1800, extension), AttributedKeeper(1800)
+    lazy.add(buffers[0])  # the first: its code's first run
+    before = sys.getallocatedblocks()
+    lazy.add(buffers[1])
+    assert sys.getallocatedblocks() - before < 30  # not some per iteration (300)
+    lazy.add(buffers[2])  # over the limit: the oldest iterations go
+    for items in buffers:
+        eager.add(items)
+        eager.complete_iterations()
+    assert lazy.dropped == eager.dropped == 3 * 640 - 1800  # 40 iterations whole
+    assert lazy.records().ops.correlation.tolist() == eager.records().ops.correlation.tolist()
+    assert lazy.complete_iterations() == eager.complete_iterations()
+    assert len(lazy.complete_iterations()) == 640 - 40
 
 
 def test_the_launching_calls_kept_in_c_are_numpys_under_their_bound(extension, monkeypatch):

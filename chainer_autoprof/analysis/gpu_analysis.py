@@ -74,7 +74,7 @@ class _Block:
     __slots__ = ("_group_of", "dead", "groups", "items", "live", "runs", "size")
 
     def __init__(self, items: AttributedOps, group_of: Int64Array | None,
-                 groups: list[_Group], runs: list[int]) -> None:
+                 groups: list[_Group], runs: Int64Array) -> None:
         self.items = items
         self._group_of = group_of
         self.runs = runs
@@ -92,6 +92,17 @@ class _Block:
     def group_of(self, value: Int64Array) -> None:
         self._group_of = value
 
+    def rows_of(self, locals_: list[int]) -> npt.NDArray[np.bool_]:
+        """Whether each row is of one of the groups ``locals_``: by a table of the block's
+        groups (np.isin: ~40k instructions), repeated over its runs where it came so."""
+        if self._group_of is not None and len(locals_) == 1:
+            return np.equal(self._group_of, locals_[0])
+        gone = np.zeros(len(self.groups), dtype=bool)
+        gone[locals_] = True
+        if self._group_of is None:  # runs, as they came (its rows never copied)
+            return np.repeat(gone, self.runs)
+        return gone[self._group_of]
+
 
 class _Group:
     """The kept operations of one iteration of one thread (or one block's operations outside
@@ -99,12 +110,21 @@ class _Group:
 
     __slots__ = ("complete", "iter_end", "key", "parts", "rows")
 
-    def __init__(self, key: tuple[int, int, int], iter_end: int) -> None:
+    def __init__(self, key: tuple[int, int, int], iter_end: int,
+                 first: tuple[_Block, int], rows: int) -> None:
         self.key = key                   # (OUTSIDE/WARMUP/COUNTED, ordinal or arrival, tid)
         self.iter_end = iter_end
-        self.parts: list[tuple[_Block, int]] = []
-        self.rows = 0
+        self.parts: list[tuple[_Block, int]] = [first]
+        self.rows = rows
         self.complete = True             # none of its operations dropped
+
+
+#: A buffer kept whose groups are not made yet: its operations, each group's first row
+#: (``bytes`` of native int64 from C, or an array), rows per group (``None``: up to the next
+#: group's first row, the groups runs in order), each row's group (``None``: runs) and its
+#: arrival (the key of its group outside any iteration).
+_Pending = tuple[AttributedOps, bytes | Int64Array, Int64Array | None, Int64Array | None,
+                 int]
 
 
 def _copied(items: AttributedOps, a: int, b: int) -> AttributedOps:
@@ -126,6 +146,11 @@ class AttributedKeeper:
     pushes the training's iterations out.  Only an iteration alone larger than the limit
     keeps its newest operations, and then counts as incomplete.  Memory: the kept rows,
     and at most as many dropped ones waiting in half-live blocks.
+
+    A buffer is kept as it comes, with its groups' first rows (found in one C call for the
+    usual buffer); its groups are made (a Python object and a heap entry each, some
+    thousands of instructions) only when an eviction or a question needs them
+    (:meth:`_settle`), in the order the buffers came: the same groups as made at once.
     """
 
     def __init__(self, limit: int, native: ModuleType | None = None) -> None:
@@ -133,8 +158,10 @@ class AttributedKeeper:
         #: The ``_cupti`` extension (``keeper_runs``: a usual buffer's groups in one call),
         #: or ``None``: NumPy groups every buffer.
         self.native = native if hasattr(native, "keeper_runs") else None
+        #: the blocks and groups made (``_settle`` first: buffers may be pending)
         self.blocks: list[_Block] = []
         self.groups: dict[tuple[int, int, int], _Group] = {}
+        self._pending: list[_Pending] = []
         self._heap: list[tuple[int, int, int]] = []
         self._dropped_upto: dict[int, int] = {}  # tid -> its newest iteration dropped
         self._arrivals = 0
@@ -151,14 +178,13 @@ class AttributedKeeper:
         if not n:
             return
         if self.native is not None and self.limit:  # the usual: one thread, in order
-            attr = items.attr
-            try:
-                found = self.native.keeper_runs((ordinal, tid, attr.counted, attr.iter_end))
+            try:  # (thread, first ordinal, each run's first row) or None
+                found = self.native.keeper_runs((ordinal, tid))
             except (ValueError, BufferError):  # not contiguous int64: NumPy's path below
                 found = None
-            if found is not None and (not self._dropped_upto or found[1][0][0] > (
+            if found is not None and (not self._dropped_upto or found[1] > (
                     self._dropped_upto.get(found[0], -1))):
-                self._keep(items, found[1], None)
+                self._keep(items, n, found[2], None, None)
                 return
         one_thread = bool((tid == tid[0]).all())
         lowest = int(ordinal.min())
@@ -195,39 +221,56 @@ class AttributedKeeper:
             bounds[0], bounds[-1] = 0, n  # each group's first row, then the end
             bounds[1:-1] = np.flatnonzero(change) + 1
             firsts = bounds[:-1]
-            counts = bounds[1:] - firsts  # (np.diff's prepend/append cost ~100k instructions)
+            counts: Int64Array = bounds[1:] - firsts  # (np.diff's prepend/append: ~100k)
             group_of: Int64Array | None = None  # runs of rows: made if a group is dropped
         else:
             _uniq, firsts, inverse, counts = np.unique(
                 key, return_index=True, return_inverse=True, return_counts=True)
             group_of = np.asarray(inverse, dtype=np.int64).reshape(-1)
-        attr = items.attr
-        self._keep(items, list(zip(
-            ordinal[firsts].tolist(), attr.counted[firsts].tolist(), tid[firsts].tolist(),
-            attr.iter_end[firsts].tolist(), counts.tolist())), group_of)
+        self._keep(items, n, firsts, counts, group_of)
 
-    def _keep(self, items: AttributedOps, runs: list[tuple[int, int, int, int, int]],
-              group_of: Int64Array | None) -> None:
-        """Keep ``items``, its groups ``runs`` (iteration ordinal, counted, thread, the
-        iteration's end, rows), each row's group ``group_of`` (``None``: the groups are
-        runs of rows, in order)."""
+    def _keep(self, items: AttributedOps, n: int, firsts: bytes | Int64Array,
+              counts: Int64Array | None, group_of: Int64Array | None) -> None:
+        """Keep the ``n`` operations ``items``, its groups at rows ``firsts`` (``bytes``
+        of int64 from C), of ``counts`` rows each (``None``: runs up to the next one), each
+        row's group ``group_of`` (``None``: the groups are runs of rows, in order); their
+        groups made when needed."""
         self._arrivals += 1
-        groups: list[_Group] = []
-        block = _Block(items, group_of, groups, [run[4] for run in runs])
-        for local, (o, c, t, end, rows) in enumerate(runs):
-            gkey = ((OUTSIDE, self._arrivals, 0) if o < 0 else
-                    (COUNTED if c == 1 else WARMUP, o, t))
-            group = self.groups.get(gkey)
-            if group is None:
-                group = self.groups[gkey] = _Group(gkey, end)
-                heapq.heappush(self._heap, gkey)
-            group.parts.append((block, local))
-            group.rows += rows
-            groups.append(group)
-        self.blocks.append(block)
-        self.kept += block.size
+        self._pending.append((items, firsts, counts, group_of, self._arrivals))
+        self.kept += n
         if self.kept > self.limit:
+            self._settle()
             self._evict()
+
+    def _settle(self) -> None:
+        """Make the pending buffers' blocks and groups, in the order they came."""
+        pending, self._pending = self._pending, []
+        for items, firsts, counts, group_of, arrival in pending:
+            attr = items.attr
+            if isinstance(firsts, bytes):
+                firsts = np.frombuffer(firsts, dtype=np.int64)
+            if counts is None:  # runs: each up to the next one's first row, the last to n
+                counts = np.empty(len(firsts), dtype=np.int64)
+                counts[:-1] = firsts[1:] - firsts[:-1]
+                counts[-1] = len(attr.iteration) - firsts[-1]
+            groups: list[_Group] = []
+            block = _Block(items, group_of, groups, counts)
+            made, heap, push = self.groups, self._heap, heapq.heappush
+            for local, (o, c, t, end, rows) in enumerate(zip(
+                    attr.iteration[firsts].tolist(), attr.counted[firsts].tolist(),
+                    attr.tid[firsts].tolist(), attr.iter_end[firsts].tolist(),
+                    counts.tolist())):
+                gkey = ((OUTSIDE, arrival, 0) if o < 0 else
+                        (COUNTED if c == 1 else WARMUP, o, t))
+                group = made.get(gkey)
+                if group is None:
+                    group = made[gkey] = _Group(gkey, end, (block, local), rows)
+                    push(heap, gkey)
+                else:
+                    group.parts.append((block, local))
+                    group.rows += rows
+                groups.append(group)
+            self.blocks.append(block)
 
     def _count_dropped(self, items: AttributedOps) -> None:
         attr = items.attr
@@ -239,27 +282,36 @@ class AttributedKeeper:
     def _evict(self) -> None:
         """Drop the groups first in line until the rest fits (then free their rows)."""
         victims: dict[int, tuple[_Block, list[int]]] = {}
-        while self.kept > self.limit:
-            group = self.groups[self._heap[0]]
-            cls, order, tid = group.key
-            if len(self.groups) == 1:  # alone larger than the limit: its newest rows stay
-                self._trim(group, self.kept - self.limit)
+        groups, heap, upto, by = self.groups, self._heap, self._dropped_upto, self.dropped_by
+        over, gone = self.kept - self.limit, 0  # (counted into kept and dropped at the end)
+        while over > 0:
+            if len(groups) == 1:  # alone larger than the limit: its newest rows stay
+                self.kept -= gone
+                self.dropped += gone
+                gone = 0
+                self._trim(groups[heap[0]], over)
                 break
-            heapq.heappop(self._heap)
-            del self.groups[group.key]
+            group = groups.pop(heapq.heappop(heap))
             for block, local in group.parts:
-                victims.setdefault(id(block), (block, []))[1].append(local)
+                victim = victims.get(id(block))
+                if victim is None:
+                    victim = victims[id(block)] = (block, [])
+                victim[1].append(local)
             group.parts = []  # no cycle left for the collector (a block's arrays in it)
-            self.kept -= group.rows
-            self.dropped += group.rows
-            self.dropped_by[cls] += group.rows
+            cls, order, tid = group.key
+            rows = group.rows
+            over -= rows
+            gone += rows
+            by[cls] += rows
             if cls != OUTSIDE:
                 if group.complete:
                     self.dropped_iterations += 1
-                self._dropped_upto[tid] = max(self._dropped_upto.get(tid, -1), order)
+                if order > upto.get(tid, -1):
+                    upto[tid] = order
+        self.kept -= gone
+        self.dropped += gone
         for block, locals_ in victims.values():
-            dead = np.isin(block.group_of, locals_) if len(locals_) > 1 else \
-                block.group_of == locals_[0]
+            dead = block.rows_of(locals_)
             if block.dead is not None:  # a group's rows die once: the others' stay
                 dead |= block.dead
             block.live = block.size - int(np.count_nonzero(dead))
@@ -310,11 +362,13 @@ class AttributedKeeper:
                 block.size = len(live)
 
     def records(self) -> AttributedOps:
+        self._settle()
         return AttributedOps.concat([b.items if b.dead is None else b.items.take(~b.dead)
                                      for b in self.blocks])
 
     def complete_iterations(self) -> set[tuple[int, int]]:
         """``(tid, end of the iteration range)`` of each iteration kept whole."""
+        self._settle()
         return {(g.key[2], g.iter_end) for g in self.groups.values()
                 if g.key[0] != OUTSIDE and g.complete}
 

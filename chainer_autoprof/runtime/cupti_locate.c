@@ -1127,11 +1127,23 @@ done:
 
 /* -- the trace keeper's groups (AttributedKeeper.add) ---------------------------------------
  *
- * keeper_runs((iteration, tid, counted, iter_end)) -> (tid, [(iteration, counted, tid,
- * iter_end, rows), ...]): the runs of equal iteration ordinals, each at its first row, when
- * every operation is of one thread and the ordinals never fall (the usual buffer); None
- * otherwise (the keeper's NumPy path groups them).  No operation: None. */
-enum { G_ITERATION, G_TID, G_COUNTED, G_ITER_END, G_N };
+ * keeper_runs((iteration, tid)) -> (tid, first iteration, firsts): the runs of equal
+ * iteration ordinals, firsts the bytes of each run's first row (native int64), when every
+ * operation is of one thread and the ordinals never fall (the usual buffer); None otherwise
+ * (the keeper's NumPy path groups them).  No operation: None.  Nothing per run is made a
+ * Python object: the keeper reads the runs' columns with NumPy only when it needs them. */
+enum { G_ITERATION, G_TID, G_N };
+
+/* Two rows in one SSE2 or NEON register (GCC's and Clang's vector extension), four rows a
+ * turn: the check below is some four instructions a row, not sixteen. */
+typedef uint64_t rows2 __attribute__((vector_size(2 * sizeof(uint64_t))));
+
+static inline rows2 load2(const int64_t *p)
+{
+    rows2 v;
+    memcpy(&v, p, sizeof v); /* unaligned */
+    return v;
+}
 
 /* Whether it[] never falls and every tid[i] is `thread`: differences and mismatches OR-ed
  * (no branch per row), a block of rows at a time, the answer given at the first block that
@@ -1140,13 +1152,21 @@ static int one_thread_in_order(const int64_t *it, const int64_t *tid, int64_t th
                                Py_ssize_t n)
 {
     enum { BLOCK = 512 };
+    const rows2 none = {0, 0}, same = none + (uint64_t)thread;
     for (Py_ssize_t at = 0; at < n; at += BLOCK) {
         Py_ssize_t end = at + BLOCK < n ? at + BLOCK : n;
         Py_ssize_t last = end < n ? end : n - 1; /* the differences it[i + 1] - it[i] */
-        uint64_t falls = 0, other = 0;           /* falls: a negative one's sign bit */
-        for (Py_ssize_t i = at; i < last; i++)
-            falls |= (uint64_t)it[i + 1] - (uint64_t)it[i]; /* ordinals: no wrap */
-        for (Py_ssize_t i = at; i < end; i++)
+        rows2 falls2 = none, other2 = none;      /* falls: a negative one's sign bit */
+        Py_ssize_t i = at;
+        for (; i + 4 <= last; i += 4) { /* ordinals: no wrap */
+            falls2 |= (load2(it + i + 1) - load2(it + i)) |
+                      (load2(it + i + 3) - load2(it + i + 2));
+            other2 |= (load2(tid + i) ^ same) | (load2(tid + i + 2) ^ same);
+        }
+        uint64_t falls = falls2[0] | falls2[1], other = other2[0] | other2[1];
+        for (Py_ssize_t j = i; j < last; j++)
+            falls |= (uint64_t)it[j + 1] - (uint64_t)it[j];
+        for (; i < end; i++)
             other |= (uint64_t)(tid[i] ^ thread);
         if ((falls >> 63) || other)
             return 0;
@@ -1179,7 +1199,7 @@ static PyObject *cupti_keeper_runs(PyObject *self, PyObject *cols_obj)
 {
     (void)self;
     held h = {NULL, 0, 0};
-    PyObject *result = NULL, *runs = NULL;
+    PyObject *result = NULL;
     int64_t *c[G_N];
     Py_ssize_t n = -1;
     if (columns_held(&h, G_N, cols_obj, G_N, &n, 0, c) < 0)
@@ -1189,36 +1209,18 @@ static PyObject *cupti_keeper_runs(PyObject *self, PyObject *cols_obj)
         result = Py_NewRef(Py_None);
         goto done;
     }
-    Py_ssize_t firsts_n = 0, *firsts = PyMem_Malloc((size_t)n * sizeof(Py_ssize_t));
+    Py_ssize_t runs = 0;
+    int64_t *firsts = PyMem_Malloc((size_t)n * sizeof(int64_t));
     if (firsts == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t first = 0; first < n; first = run_end(it, n, first)) /* runs: searched */
-        firsts[firsts_n++] = first;
-    runs = PyList_New(firsts_n);
-    for (Py_ssize_t r = 0; runs != NULL && r < firsts_n; r++) {
-        Py_ssize_t first = firsts[r], end = r + 1 < firsts_n ? firsts[r + 1] : n;
-        PyObject *cells[5] = {PyLong_FromLongLong(it[first]),
-                              PyLong_FromLongLong(c[G_COUNTED][first]),
-                              PyLong_FromLongLong(thread),
-                              PyLong_FromLongLong(c[G_ITER_END][first]),
-                              PyLong_FromSsize_t(end - first)};
-        PyObject *run = NULL;
-        if (cells[0] && cells[1] && cells[2] && cells[3] && cells[4])
-            run = PyTuple_Pack(5, cells[0], cells[1], cells[2], cells[3], cells[4]);
-        for (int k = 0; k < 5; k++)
-            Py_XDECREF(cells[k]);
-        if (run == NULL)
-            Py_CLEAR(runs);
-        else
-            PyList_SET_ITEM(runs, r, run);
-    }
+        firsts[runs++] = first;
+    result = Py_BuildValue("(LLy#)", (long long)thread, (long long)it[0], (const char *)firsts,
+                           runs * (Py_ssize_t)sizeof(int64_t));
     PyMem_Free(firsts);
-    if (runs != NULL)
-        result = Py_BuildValue("(LO)", (long long)thread, runs);
 done:
-    Py_XDECREF(runs);
     release_all(&h);
     return result;
 }
@@ -1247,7 +1249,7 @@ static PyMethodDef figure_methods[] = { /* the figures' sums */
        "kernel_sums(table, columns, kernel_kind): counted kernels per name, link, direction."),
     FN(kernel_rows, METH_O, "kernel_rows(table): its rows, in order."),
     FN(keeper_runs, METH_O,
-       "keeper_runs((iteration, tid, counted, iter_end)): the trace keeper's groups, or None."),
+       "keeper_runs((iteration, tid)): (tid, first iteration, each run's first row), or None."),
     {NULL, NULL, 0, NULL},
 };
 
