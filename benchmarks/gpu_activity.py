@@ -25,8 +25,11 @@ operations are attributed as they come.  Buffers: ``live``, one, as CUPTI hands 
 recording over in a live run (one 8 MiB buffer per second at most: each recording, 15
 iterations and a few hundred kilobytes of records, is one); ``12``, the tests' cut (a cost
 per buffer weighs twelve times); ``x10``, the recording ten times over (each copy later, its
-correlation ids after the last) in one buffer, as a longer run fills it.  ``at exit`` (the
-figures' making, once per run) is counted apart.  The verdict is on ``native-live``.
+correlation ids after the last) in one buffer, as a longer run fills it; ``limit``, those
+ten copies in ten buffers with the trace bounded to about two iterations' operations, so
+that at every buffer the keeper drops whole iterations (a long run's steady state).  ``at
+exit`` (the figures' making, once per run) is counted apart.  The verdict is on
+``native-live``.
 
 The training thread: what GPU activity adds to it is the recorder's handover of each block
 of ranges to the session (a deque append): counted as the recorder's absorbing of the
@@ -60,11 +63,17 @@ TARGET = 250
 RECORDINGS = ("b16", "b512")
 #: (label, reader, buffers, copies of the recording): ``live``, one buffer as CUPTI hands
 #: such a recording over in a live run; ``12``, the tests' cut; ``x10``, a run ten times as
-#: long in one buffer (the cost per record where a fixed cost per buffer weighs little).
+#: long in one buffer (the cost per record where a fixed cost per buffer weighs little);
+#: ``limit``, that run in ten buffers with the trace full from the first one on (its keeper
+#: dropping whole iterations at every buffer, as through most of a long run).
 RUNS = (("native-live", "native", 1, 1), ("native-12", "native", 12, 1),
         ("native-x10", "native", 1, 10), ("launches-live", "native:launches", 1, 1),
         ("python-live", "python", 1, 1),
-        ("python-12", "python", 12, 1), ("python-x10", "python", 1, 10))
+        ("python-12", "python", 12, 1), ("python-x10", "python", 1, 10),
+        ("native-limit", "native", 10, 10))
+#: The trace's bound in ``native-limit``: the operations of about two iterations, so that in
+#: every buffer after the first the keeper drops whole iterations, as in a long run.
+LIMIT_RECORDS = 4 * 200
 
 def _paths() -> None:
     for path in (str(REPO), str(TESTS), str(HERE)):
@@ -77,7 +86,7 @@ class Primed:
     the records ready to be handed over (nothing measured yet)."""
 
     def __init__(self, name: str, reader: str, folder: Path, cache: dict[str, Any],
-                 tile: int = 1) -> None:
+                 tile: int = 1, record_limit: int = 200_000) -> None:
         import numpy as np
         from gpu_live_replay import DATA, as_cupti_records, environ, replay_clock
 
@@ -147,7 +156,7 @@ class Primed:
                 box.append(collector)
                 return collector
         self.session = gpu_session.GpuSession(
-            self.recorder, record_limit=200_000, warmup_skip=self.recorder.warm_skip,
+            self.recorder, record_limit=record_limit, warmup_skip=self.recorder.warm_skip,
             window=False, main_tid=self.tid, start_collector=starter)
         self.tracer.on_new_thread = self.session.thread_started  # the agent's composition
         self.recorder.gpu_handover = self.session.handover
@@ -277,7 +286,8 @@ def child(name: str, runs: tuple[str, ...] = ()) -> None:
         for label, reader, buffers, tile in RUNS:
             if runs and label not in runs:
                 continue
-            primed = Primed(name, reader, Path(tmp) / label, cache, tile)
+            primed = Primed(name, reader, Path(tmp) / label, cache, tile,
+                            LIMIT_RECORDS if label == "native-limit" else 200_000)
             if primed.fake is not None:  # CUPTI fills its buffers as the program runs
                 primed.fake.prepare(buffers)
             control.start()

@@ -313,12 +313,13 @@ def test_the_benchmark_measures_every_segment_of_both_readers():
                 if line.startswith("segment ")]
     labels = [label for label, _n in segments]
     for run in ("native-live", "native-12", "native-x10", "launches-live", "python-live",
-                "python-12", "python-x10"):
+                "python-12", "python-x10", "native-limit"):
         assert [f"read:{run}", f"attribute:{run}", f"finish:{run}"] == \
             [x for x in labels if x.endswith(f":{run}") and not x.startswith("launches:")]
     served = {label: int(n) for label, n in segments}
     assert served["read:native-live"] == served["read:python-live"] > 4000
-    assert served["read:native-x10"] == 10 * served["read:native-live"]
+    assert served["read:native-x10"] == 10 * served["read:native-live"] == \
+        served["read:native-limit"]
     # the launching calls alone: the same operations, under three records in four
     assert 1000 < served["read:launches-live"] < 0.75 * served["read:native-live"]
     ops = {line.split()[1]: int(line.split()[3]) for line in proc.stdout.splitlines()
