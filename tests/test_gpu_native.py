@@ -674,6 +674,51 @@ def test_a_readers_new_kernel_names_are_appended_at_once_only_where_they_go():
     assert names.names == ["a", "b", "c", "d"] and names.intern("d") == 3
 
 
+def test_a_readers_names_are_read_only_when_asked_and_outlive_its_collector(tmp_path):
+    """The native reader hands over a buffer's new kernel names as a range of ids, no text
+    read (no Python string made per name on CUPTI's thread); the texts come when a name is
+    first asked, right, also after the collector stopped and another one started."""
+    rec, batches, collector, fake = collect("b16", tmp_path)
+    names = batches[0].names
+    distinct = len(set(rec.batch.names.name(i) for i in rec.batch.ops.name.tolist() if i >= 0))
+    assert len(names) == distinct == collector._ext.counts()["names"] > 10
+    assert names.pending == distinct  # handed over, none read yet
+    ops = GpuOps.concat([b.ops for b in batches])
+    kernels = ops.kind == gr.KERNEL
+    by_correlation = dict(zip(rec.batch.ops.correlation.tolist(),
+                              (rec.batch.names.name(i) for i in rec.batch.ops.name.tolist())))
+    want = [by_correlation[c] for c in ops.correlation[kernels].tolist()]
+    # another collector starts on the same extension (its names begin again at id 0)
+    _, others, _, _ = collect("b512", tmp_path / "second")
+    assert others[0].names is not names and others[0].names.pending > 0
+    assert [names.name(i) for i in ops.name[kernels].tolist()] == want
+    assert names.pending == 0 and names.intern(want[0]) == int(ops.name[kernels][0])
+    assert names.name(len(names)) == f"kernel#{len(names)}"
+
+
+def test_names_added_unread_are_fetched_once_before_any_interning():
+    """Ids added with their texts left in a source keep their places: a name interned
+    after them gets the next id, one already among them its own; the source is read once."""
+    from chainer_autoprof.common.gpu_records import NameTable
+
+    reads: list[tuple[int, int]] = []
+
+    class Store:
+        def texts(self, first: int, stop: int) -> list[str]:
+            reads.append((first, stop))
+            return [f"k{i}" for i in range(first, stop)]
+
+    names = NameTable(["a"])
+    assert not names.extend_from(0, 3, Store())   # not where they go
+    assert names.extend_from(1, 4, Store()) and names.extend_from(4, 6, Store())
+    assert len(names) == 6 and names.pending == 5 and reads == []
+    assert names.intern("k2") == 2 and names.intern("new") == 6
+    assert reads == [(1, 4), (4, 6)] and names.pending == 0
+    assert names.names == ["a", "k1", "k2", "k3", "k4", "k5", "new"]
+    assert not names.extend_new(6, ["x"]) and names.extend_new(7, ["x"])
+    assert names.intern_all(["k5", "y"]) == [5, 8]
+
+
 def test_kernel_names_keep_their_table_ids_when_the_extensions_differ():
     """The extension numbers kernel names itself; the collector's table may hold others'
     (a name interned meanwhile): each operation still names its own kernel, whether the
@@ -684,20 +729,25 @@ def test_kernel_names_keep_their_table_ids_when_the_extensions_differ():
     room = 4
     name_row = GpuOps.columns().index("name")
 
+    class Store(list):  # the extension's NameStore: texts by id
+        def texts(self, first: int, stop: int) -> list[str]:
+            return self[first:stop]
+
     def tables(ids: list[int]) -> tuple[bytearray, bytearray]:  # as the extension's blocks
         ops = np.full((len(GpuOps.columns()), room), -1, dtype=np.int64)
         ops[name_row, :len(ids)] = ids
         return bytearray(ops.tobytes()), bytearray(np.zeros((6, room), np.int64).tobytes())
 
+    store = Store(["k0", "k1", "k2"])
     for before in ([], ["another's kernel"]):
         names = NameTable()
         for text in before:
             names.intern(text)
         collector = NativeCuptiCollector(lambda batch: None, names=names)
         ops, api = tables([0, 1, 0])
-        first = collector.batch_from_tables(ops, 3, api, 0, room, 0, ["k0", "k1"])
+        first = collector.batch_from_tables(ops, 3, api, 0, room, 0, 2, store)
         assert [names.name(i) for i in first.ops.name.tolist()] == ["k0", "k1", "k0"]
         names.intern("interned meanwhile")
         ops, api = tables([2, 1, 0, 2])
-        second = collector.batch_from_tables(ops, 4, api, 0, room, 2, ["k2"])
+        second = collector.batch_from_tables(ops, 4, api, 0, room, 2, 1, store)
         assert [names.name(i) for i in second.ops.name.tolist()] == ["k2", "k1", "k0", "k2"]

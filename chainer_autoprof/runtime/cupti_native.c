@@ -37,6 +37,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cupti_activity.h>
 #include <cupti_version.h>
@@ -106,18 +107,28 @@ typedef struct {
     uint64_t hash;
 } name_entry;
 
+/* One collector's kernel names (a Python object, so that a name table that still needs its
+ * texts keeps them after the collector stopped and another started): the walk appends to
+ * the current store (`store`) under `lock`; texts are read from any store under `lock`. */
+typedef struct {
+    PyObject_HEAD
+    name_entry *names; /* by id */
+    size_t n, cap;
+    int64_t *index;    /* open addressing by hash: id + 1, 0 empty */
+    size_t cap_index;
+    pid_t pid;         /* the process that made it (a forked child takes `lock` only if free) */
+} NameStore;
+
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static api_slot *api_table;      /* API_SLOTS */
 static uint32_t *waiting;        /* WAIT_SLOTS: ids of operations whose call is still to come */
-static name_entry *names;        /* by id */
-static size_t n_names, cap_names;
-static int64_t *name_index;      /* open addressing by hash: id + 1, 0 empty */
-static size_t cap_index;
+static NameStore *store;         /* the current collector's names (a reference held here) */
+static unsigned long store_generation; /* changes with `store` (under lock, the GIL held) */
 static struct { const char *ptr; int64_t id; } name_cache[NAME_CACHE];
 
 static size_t buffer_bytes = 8u << 20;
 /* called with (ops Block, its rows, api Block, its rows, rows of room, the first new name's
- * id, [new name, ...]: ids from it on) */
+ * id, how many new names, the NameStore that holds their texts) */
 static PyObject *on_buffer;
 static volatile int closed = 1;   /* set: completed buffers are freed unread */
 static long long walked_records; /* counts.records, readable without the lock */
@@ -163,68 +174,66 @@ static uint64_t text_hash(const char *s, size_t *len)
     return h;
 }
 
-static int index_insert(int64_t id)
+static void index_insert(NameStore *st, int64_t id)
 {
-    size_t mask = cap_index - 1, i = (size_t)names[id].hash & mask;
-    while (name_index[i])
+    size_t mask = st->cap_index - 1, i = (size_t)st->names[id].hash & mask;
+    while (st->index[i])
         i = (i + 1) & mask;
-    name_index[i] = id + 1;
-    return 0;
+    st->index[i] = id + 1;
 }
 
-/* The id of kernel name `s`, new ones appended to `fresh` as ids; -1 when out of memory. */
-static int64_t name_id(const char *s, table *fresh)
+/* The id of kernel name `s` in the current store (new ones appended); -1 when out of
+ * memory.  Python learns a buffer's new ids as a range and fetches texts when it needs
+ * them (NameStore.texts): no Python object is made here. */
+static int64_t name_id(const char *s)
 {
     if (s == NULL)
         return -1;
     size_t slot = ((uintptr_t)s >> 3) & (NAME_CACHE - 1);
     if (name_cache[slot].ptr == s)
         return name_cache[slot].id;
+    NameStore *st = store;
     size_t len;
     uint64_t h = text_hash(s, &len);
-    if (cap_index) {
-        size_t mask = cap_index - 1;
-        for (size_t i = (size_t)h & mask; name_index[i]; i = (i + 1) & mask) {
-            name_entry *e = &names[name_index[i] - 1];
+    if (st->cap_index) {
+        size_t mask = st->cap_index - 1;
+        for (size_t i = (size_t)h & mask; st->index[i]; i = (i + 1) & mask) {
+            name_entry *e = &st->names[st->index[i] - 1];
             if (e->hash == h && e->len == len && memcmp(e->text, s, len) == 0) {
                 name_cache[slot].ptr = s;
-                name_cache[slot].id = name_index[i] - 1;
-                return name_index[i] - 1;
+                name_cache[slot].id = st->index[i] - 1;
+                return st->index[i] - 1;
             }
         }
     }
-    if (n_names == cap_names) {
-        size_t cap = cap_names ? cap_names * 2 : 256;
-        name_entry *grown = realloc(names, cap * sizeof(name_entry));
+    if (st->n == st->cap) {
+        size_t cap = st->cap ? st->cap * 2 : 256;
+        name_entry *grown = realloc(st->names, cap * sizeof(name_entry));
         if (grown == NULL)
             return -1;
-        names = grown;
-        cap_names = cap;
+        st->names = grown;
+        st->cap = cap;
     }
-    if (2 * (n_names + 1) > cap_index) { /* rehash into twice the room */
-        size_t cap = cap_index ? cap_index * 2 : 512;
+    if (2 * (st->n + 1) > st->cap_index) { /* rehash into twice the room */
+        size_t cap = st->cap_index ? st->cap_index * 2 : 512;
         int64_t *index = calloc(cap, sizeof(int64_t));
         if (index == NULL)
             return -1;
-        free(name_index);
-        name_index = index;
-        cap_index = cap;
-        for (size_t i = 0; i < n_names; i++)
-            index_insert((int64_t)i);
+        free(st->index);
+        st->index = index;
+        st->cap_index = cap;
+        for (size_t i = 0; i < st->n; i++)
+            index_insert(st, (int64_t)i);
     }
     char *text = malloc(len + 1);
     if (text == NULL)
         return -1;
     memcpy(text, s, len + 1);
-    int64_t id = (int64_t)n_names++;
-    names[id].text = text;
-    names[id].len = len;
-    names[id].hash = h;
-    index_insert(id);
-    long row = table_row(fresh);
-    if (row < 0)
-        return -1;
-    CELL(fresh, 0, row) = id;
+    int64_t id = (int64_t)st->n++;
+    st->names[id].text = text;
+    st->names[id].len = len;
+    st->names[id].hash = h;
+    index_insert(st, id);
     name_cache[slot].ptr = s;
     name_cache[slot].id = id;
     return id;
@@ -278,7 +287,7 @@ static long op_row(table *ops, const op_head *h)
 }
 
 /* Row `i`'s cells that only its kind has; the others' -1. */
-static void op_cells(const CUpti_Activity *record, table *ops, long i, table *fresh)
+static void op_cells(const CUpti_Activity *record, table *ops, long i)
 {
     switch (record->kind) {
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
@@ -301,7 +310,7 @@ static void op_cells(const CUpti_Activity *record, table *ops, long i, table *fr
     }
     default: { /* a kernel */
         const CUpti_ActivityKernel9 *k = (const CUpti_ActivityKernel9 *)record;
-        CELL(ops, OP_NAME, i) = name_id(k->name, fresh);
+        CELL(ops, OP_NAME, i) = name_id(k->name);
         const int64_t launch[OP_NCOLS - OP_GRID_X] = {
             k->gridX, k->gridY, k->gridZ, k->blockX, k->blockY, k->blockZ,
             k->registersPerThread, k->staticSharedMemory, k->dynamicSharedMemory};
@@ -347,8 +356,8 @@ static int api_record(const CUpti_ActivityAPI *c, table *api)
     return 0;
 }
 
-/* Walk `buffer` into `ops`, `api` and `fresh` (new name ids); 0, or -1 out of memory. */
-static int walk(uint8_t *buffer, size_t valid, table *ops, table *api, table *fresh)
+/* Walk `buffer` into `ops` and `api` (new names into the store); 0, or -1 out of memory. */
+static int walk(uint8_t *buffer, size_t valid, table *ops, table *api)
 {
     CUpti_Activity *record = NULL;
     while (lib.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
@@ -381,7 +390,7 @@ static int walk(uint8_t *buffer, size_t valid, table *ops, table *api, table *fr
         long i = op_row(ops, &h);
         if (i < 0)
             return -1;
-        op_cells(record, ops, i, fresh);
+        op_cells(record, ops, i);
         if (launch_of(h.corr, api))
             return -1;
     }
@@ -451,37 +460,99 @@ static PyObject *columns(table *t)
     return (PyObject *)b;
 }
 
-/* Hand one buffer's tables to Python (GIL taken here, and only here). */
-static void hand_over(table *ops, table *api, table *fresh)
+/* -- the name store, a Python object ----------------------------------------------------- */
+static void name_store_dealloc(PyObject *self)
+{
+    NameStore *st = (NameStore *)self; /* no longer the current store: no walk reaches it */
+    for (size_t i = 0; i < st->n; i++)
+        free(st->names[i].text);
+    free(st->names);
+    free(st->index);
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* texts(first, stop): names first .. stop - 1 as str (invalid UTF-8 replaced).  In a forked
+ * child, `lock` is taken only if free (the thread that held it is gone): RuntimeError if not. */
+static PyObject *name_store_texts(PyObject *self, PyObject *args)
+{
+    NameStore *st = (NameStore *)self;
+    Py_ssize_t first, stop;
+    if (!PyArg_ParseTuple(args, "nn:texts", &first, &stop))
+        return NULL;
+    if (st->pid == getpid())
+        pthread_mutex_lock(&lock);
+    else if (pthread_mutex_trylock(&lock) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "kernel names held by a thread of the parent");
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (first < 0 || stop < first || (size_t)stop > st->n) {
+        PyErr_Format(PyExc_IndexError, "names %zd .. %zd of %zu", first, stop, st->n);
+    } else if ((out = PyList_New(stop - first)) != NULL) {
+        for (Py_ssize_t i = first; i < stop; i++) {
+            PyObject *text = PyUnicode_DecodeUTF8(st->names[i].text, (Py_ssize_t)st->names[i].len,
+                                                  "replace");
+            if (text == NULL) {
+                Py_CLEAR(out);
+                break;
+            }
+            PyList_SET_ITEM(out, i - first, text);
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return out;
+}
+
+static PyMethodDef name_store_methods[] = {
+    {"texts", name_store_texts, METH_VARARGS, "texts(first, stop): those names' texts (list)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject NameStoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "chainer_autoprof.runtime._cupti.NameStore",
+    .tp_basicsize = sizeof(NameStore),
+    .tp_dealloc = name_store_dealloc,
+    .tp_methods = name_store_methods,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One collector's kernel names, by id (texts fetched when needed).",
+};
+
+static NameStore *name_store_new(void)
+{
+    NameStore *st = PyObject_New(NameStore, &NameStoreType);
+    if (st != NULL) {
+        st->names = NULL;
+        st->n = st->cap = st->cap_index = 0;
+        st->index = NULL;
+        st->pid = getpid();
+    }
+    return st;
+}
+
+/* Hand one buffer's tables to Python (GIL taken here, and only here), with the range of
+ * name ids new in it (their texts stay in `names` until Python asks). */
+static void hand_over(table *ops, table *api, size_t first_name, size_t new_names,
+                      unsigned long generation)
 {
     if (closed || !Py_IsInitialized() || python_finalizing())
         return;
     PyGILState_STATE gil = PyGILState_Ensure();
-    if (closed || on_buffer == NULL) { /* closed while this thread waited for the GIL */
+    /* closed while this thread waited for the GIL, or another collector registered since
+     * the walk (its store may be gone: the store changes only with the GIL held) */
+    if (closed || on_buffer == NULL || generation != store_generation) {
         counts.unread++;
         PyGILState_Release(gil);
         return;
     }
-    PyObject *callback = on_buffer;
+    PyObject *callback = on_buffer, *names = (PyObject *)store;
     Py_INCREF(callback);
-    PyObject *o = columns(ops), *a = columns(api), *n = PyList_New((Py_ssize_t)fresh->n);
-    int ok = o != NULL && a != NULL && n != NULL;
-    long long first = 0; /* a buffer's new names have consecutive ids (one walk at a time) */
-    for (size_t i = 0; ok && i < fresh->n; i++) {
-        int64_t id = CELL(fresh, 0, i);
-        if (i == 0)
-            first = (long long)id;
-        pthread_mutex_lock(&lock);
-        PyObject *text = PyUnicode_DecodeUTF8(names[id].text, (Py_ssize_t)names[id].len,
-                                              "replace");
-        pthread_mutex_unlock(&lock);
-        ok = text != NULL;
-        if (ok)
-            PyList_SET_ITEM(n, (Py_ssize_t)i, text);
-    }
+    PyObject *o = columns(ops), *a = columns(api);
+    int ok = o != NULL && a != NULL;
     if (ok) {
-        PyObject *r = PyObject_CallFunction(callback, "OnOnnLO", o, (Py_ssize_t)ops->n, a,
-                                            (Py_ssize_t)api->n, (Py_ssize_t)ops->cap, first, n);
+        PyObject *r = PyObject_CallFunction(callback, "OnOnnnnO", o, (Py_ssize_t)ops->n, a,
+                                            (Py_ssize_t)api->n, (Py_ssize_t)ops->cap,
+                                            (Py_ssize_t)first_name, (Py_ssize_t)new_names,
+                                            names);
         ok = r != NULL;
         Py_XDECREF(r);
     }
@@ -491,7 +562,6 @@ static void hand_over(table *ops, table *api, table *fresh)
     }
     Py_XDECREF(o);
     Py_XDECREF(a);
-    Py_XDECREF(n);
     Py_DECREF(callback);
     PyGILState_Release(gil);
 }
@@ -500,20 +570,24 @@ static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_
                                       size_t size, size_t valid)
 {
     (void)size;
-    table ops = {NULL, 0, 0, OP_NCOLS}, api = {NULL, 0, 0, API_NCOLS}, fresh = {NULL, 0, 0, 1};
+    table ops = {NULL, 0, 0, OP_NCOLS}, api = {NULL, 0, 0, API_NCOLS};
     int failed = 0;
+    size_t first_name = 0, new_names = 0;
+    unsigned long generation = 0; /* of the store the walk added names to */
     if (!closed && buffer != NULL
-        && (table_init(&ops, OP_NCOLS, valid) || table_init(&api, API_NCOLS, valid)
-            || table_init(&fresh, 1, valid)))
+        && (table_init(&ops, OP_NCOLS, valid) || table_init(&api, API_NCOLS, valid)))
         failed = 1;
     pthread_mutex_lock(&lock);
     if (failed) {
         counts.errors++;
         counts.unread++;
-    } else if (closed || buffer == NULL || api_table == NULL) {
+    } else if (closed || buffer == NULL || api_table == NULL || store == NULL) {
         counts.unread += buffer != NULL && valid > 0;
     } else {
-        failed = walk(buffer, valid, &ops, &api, &fresh) != 0;
+        generation = store_generation;
+        first_name = store->n;
+        failed = walk(buffer, valid, &ops, &api) != 0;
+        new_names = store->n - first_name;
         __atomic_store_n(&walked_records, counts.records, __ATOMIC_RELEASE);
         counts.buffers++;
         counts.ops += (long long)ops.n;
@@ -528,11 +602,10 @@ static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_
     }
     pthread_mutex_unlock(&lock);
     free(buffer);
-    if (!failed && (ops.n || api.n || fresh.n))
-        hand_over(&ops, &api, &fresh);
+    if (!failed && (ops.n || api.n || new_names))
+        hand_over(&ops, &api, first_name, new_names, generation);
     free(ops.cols);
     free(api.cols);
-    free(fresh.cols);
 }
 
 /* -- the module's functions --------------------------------------------------------------- */
@@ -600,21 +673,22 @@ static PyObject *py_load(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* A new collector starts afresh: no calls, names or counts of an earlier one (under lock). */
-static void reset(void)
+/* A new collector starts afresh: no calls, names or counts of an earlier one (under lock,
+ * the GIL held); `fresh` becomes the current store, the earlier one is returned (its
+ * reference: let go of it after the lock). */
+static NameStore *reset(NameStore *fresh)
 {
     free(api_table);
     free(waiting);
     api_table = NULL;
     waiting = NULL;
-    for (size_t i = 0; i < n_names; i++)
-        free(names[i].text);
-    n_names = 0;
-    if (name_index != NULL)
-        memset(name_index, 0, cap_index * sizeof(int64_t));
+    NameStore *earlier = store;
+    store = fresh;
+    store_generation++;
     memset(name_cache, 0, sizeof(name_cache));
     memset(&counts, 0, sizeof(counts));
     __atomic_store_n(&walked_records, 0, __ATOMIC_RELEASE);
+    return earlier;
 }
 
 #define NEED_LIB()                                                                  \
@@ -637,13 +711,17 @@ static PyObject *py_register(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "register(bytes >= 4096, callable)");
         return NULL;
     }
+    NameStore *fresh = name_store_new();
+    if (fresh == NULL)
+        return NULL;
     pthread_mutex_lock(&lock);
-    reset();
+    NameStore *earlier = reset(fresh);
     api_table = calloc(API_SLOTS, sizeof(api_slot));
     waiting = calloc(WAIT_SLOTS, sizeof(uint32_t));
     int ok = api_table != NULL && waiting != NULL;
     buffer_bytes = (size_t)bytes;
     pthread_mutex_unlock(&lock);
+    Py_XDECREF(earlier); /* kept alive by a name table that still needs its texts */
     if (!ok)
         return PyErr_NoMemory();
     Py_INCREF(callback);
@@ -781,9 +859,19 @@ static PyObject *py_counts(PyObject *self, PyObject *noargs)
         "{sLsLsLsLsLsLsLsLsn}", "buffers", counts.buffers, "records", counts.records, "ops",
         counts.ops, "api_handed", counts.api_handed, "incomplete", counts.incomplete,
         "dropped_records", counts.dropped, "errors", counts.errors, "unread", counts.unread,
-        "names", (Py_ssize_t)n_names);
+        "names", (Py_ssize_t)(store != NULL ? store->n : 0));
     pthread_mutex_unlock(&lock);
     return d;
+}
+
+/* name_store(): the current collector's NameStore (None before the first register). */
+static PyObject *py_name_store(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    PyObject *st = store != NULL ? (PyObject *)store : Py_None; /* changes with the GIL held */
+    Py_INCREF(st);
+    return st;
 }
 
 /* walked(): the records read so far, without waiting for a walk in progress (no lock). */
@@ -814,6 +902,7 @@ static PyMethodDef methods[] = {
     METHOD(result_string, METH_O, "CUPTI's name of a result code."),
     METHOD(close, METH_NOARGS, "Completed buffers are freed unread from now on."),
     METHOD(counts, METH_NOARGS, "What the buffer callbacks saw (a dict)."),
+    METHOD(name_store, METH_NOARGS, "The current collector's kernel names (a NameStore)."),
     {NULL, NULL, 0, NULL},
 };
 
@@ -877,7 +966,7 @@ static PyObject *ids_tuple(const int *ids)
 
 PyMODINIT_FUNC PyInit__cupti(void)
 {
-    if (PyType_Ready(&BlockType) < 0)
+    if (PyType_Ready(&BlockType) < 0 || PyType_Ready(&NameStoreType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

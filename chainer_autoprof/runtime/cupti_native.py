@@ -37,6 +37,7 @@ from ..common.gpu_records import (
     ExternalIds,
     GpuOps,
     LocateKernel,
+    NameSource,
     NameTable,
 )
 from .gpu_activity import (
@@ -156,16 +157,20 @@ class NativeCuptiCollector(CuptiCollector):
         #: ids seen so far are below ``_top``.
         self._identity = True
         self._top = 0
+        #: Whether the extension's ids came in order, each buffer's from ``_top`` on (then
+        #: new names are added unread: they cannot be in the table already).
+        self._in_order = True
         self.api_handed = 0
         self._errors = 0  # ours; the extension counts its own (a buffer it could not read)
 
     # -- what the extension calls, once per buffer, on CUPTI's thread --------------------
     def _on_buffer(self, ops: Buffer, n_ops: int, api: Buffer, n_api: int, room: int,
-                   first_name: int, fresh: list[str]) -> None:
+                   first_name: int, new_names: int, store: NameSource) -> None:
         if self.closed:
             return
         try:
-            batch = self.batch_from_tables(ops, n_ops, api, n_api, room, first_name, fresh)
+            batch = self.batch_from_tables(ops, n_ops, api, n_api, room, first_name,
+                                           new_names, store)
             self._pair()
             self._sync_counts()
             self.on_batch(batch)
@@ -175,12 +180,13 @@ class NativeCuptiCollector(CuptiCollector):
             self._sync_counts()
 
     def batch_from_tables(self, ops: Buffer, n_ops: int, api: Buffer, n_api: int, room: int,
-                          first_name: int, fresh: list[str]) -> ActivityBatch:
+                          first_name: int, new_names: int, store: NameSource) -> ActivityBatch:
         """The extension's tables (column after column, ``room`` rows each, the first
-        ``n_*`` of them filled) -> an :class:`ActivityBatch` of views of them; ``fresh``: the
-        kernel names new to the extension, its ids ``first_name`` on."""
-        if fresh:
-            self._learn_names(first_name, fresh)
+        ``n_*`` of them filled) -> an :class:`ActivityBatch` of views of them; the kernel
+        names new to the extension: its ids ``first_name`` .. ``first_name + new_names -
+        1``, their texts in ``store``."""
+        if new_names:
+            self._learn_names(first_name, first_name + new_names, store)
         op_cols = np.frombuffer(ops, dtype=np.int64).reshape(-1, room)[:, :n_ops]
         api_cols = np.frombuffer(api, dtype=np.int64).reshape(-1, room)[:, :n_api]
         gpu_ops = GpuOps(*op_cols)
@@ -189,10 +195,16 @@ class NativeCuptiCollector(CuptiCollector):
             gpu_ops.name[named] = self._remap[gpu_ops.name[named]]
         return ActivityBatch(gpu_ops, ApiCalls(*api_cols), ExternalIds.empty(), self.names)
 
-    def _learn_names(self, first: int, fresh: list[str]) -> None:
-        top = first + len(fresh)
+    def _learn_names(self, first: int, top: int, store: NameSource) -> None:
         if self._identity:
-            # the usual: one collector, the table's own ids (the names appended as they are)
+            # the usual: one collector, the table's own ids so far, the new ones next (their
+            # texts fetched from the store when first asked: none made here)
+            if first != self._top:
+                self._in_order = False  # a buffer overtook another: the texts are checked
+            elif self._in_order and self.names.extend_from(first, top, store):
+                self._top = top  # the table's ids 0 .. top - 1 are exactly the store's
+                return
+            fresh = store.texts(first, top)
             if self.names.extend_new(first, fresh):
                 self._top = max(self._top, top)
                 return
@@ -203,7 +215,7 @@ class NativeCuptiCollector(CuptiCollector):
             self._remap = np.arange(max(self._top, top), dtype=np.int64)  # those so far
             self._identity = False
         else:
-            ours = self.names.intern_all(fresh)
+            ours = self.names.intern_all(store.texts(first, top))
         if top > len(self._remap):
             grown = np.full(max(top, 2 * len(self._remap)), -1, dtype=np.int64)
             grown[:len(self._remap)] = self._remap
