@@ -678,7 +678,7 @@ def test_a_readers_names_are_read_only_when_asked_and_outlive_its_collector(tmp_
     """The native reader hands over a buffer's new kernel names as a range of ids, no text
     read (no Python string made per name on CUPTI's thread); the texts come when a name is
     first asked, right, also after the collector stopped and another one started."""
-    rec, batches, collector, fake = collect("b16", tmp_path)
+    rec, batches, collector, _ = collect("b16", tmp_path)
     names = batches[0].names
     distinct = len(set(rec.batch.names.name(i) for i in rec.batch.ops.name.tolist() if i >= 0))
     assert len(names) == distinct == collector._ext.counts()["names"] > 10
