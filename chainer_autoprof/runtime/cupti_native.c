@@ -96,9 +96,8 @@ enum { DOMAIN_RUNTIME = 0, DOMAIN_DRIVER = 1 };
 #define NAME_CACHE 4096 /* pointer -> id, direct-mapped */
 
 typedef struct {
-    int64_t start, end;
-    uint32_t corr, cbid, thread;
-    uint8_t used, domain, handed, pad;
+    CUpti_ActivityAPI call; /* the record as CUPTI wrote it, copied whole (kind 0: empty) */
+    uint32_t handed;
 } api_slot;
 
 typedef struct {
@@ -161,7 +160,6 @@ static inline long table_row(table *t)
     return t->n < t->cap ? (long)t->n++ : -1;
 }
 
-#define CELL(t, c, i) ((t)->cols[(size_t)(c) * (t)->cap + (size_t)(i)])
 
 /* -- kernel names ------------------------------------------------------------------------- */
 static uint64_t text_hash(const char *s, size_t *len)
@@ -240,162 +238,160 @@ static int64_t name_id(const char *s)
 }
 
 /* -- the walk of one buffer ---------------------------------------------------------------- */
-/* Row i's `count` cells from column `first` on: `values`. */
-static inline __attribute__((always_inline)) void set_cells(table *t, long i, int first,
-                                                            const int64_t *values, int count)
-{
-    int64_t *cell = &CELL(t, first, i);
-    size_t stride = t->cap;
-#pragma GCC unroll 16
-    for (int k = 0; k < count; k++)
-        cell[(size_t)k * stride] = values[k];
-}
+/* A row's cells: column c of the row at `row` is row[c * stride] (CELL's layout). */
+#define AT(c) row[(size_t)(c) * stride]
 
-static int hand_api(api_slot *a, table *api)
+/* A kept call handed over: its row of `api`; 0, or -1 (never: the table has room). */
+static inline __attribute__((always_inline)) int hand_api(api_slot *a, table *api)
 {
-    long i = table_row(api);
-    if (i < 0)
+    if (api->n >= api->cap)
         return -1;
-    const int64_t row[API_NCOLS] = {a->domain, a->start, a->end, a->corr, a->cbid, a->thread};
-    set_cells(api, i, API_DOMAIN, row, API_NCOLS);
+    int64_t *row = api->cols + api->n++;
+    size_t stride = api->cap;
+    const CUpti_ActivityAPI *c = &a->call;
+    AT(API_DOMAIN) = c->kind == CUPTI_ACTIVITY_KIND_RUNTIME ? DOMAIN_RUNTIME : DOMAIN_DRIVER;
+    AT(API_START) = (int64_t)c->start;
+    AT(API_END) = (int64_t)c->end;
+    AT(API_CORR) = c->correlationId;
+    AT(API_CBID) = c->cbid;
+    AT(API_THREAD) = c->threadId;
     a->handed = 1;
     return 0;
 }
 
-/* An operation record's fields that every kind has (the CUPTI structs name them alike). */
-typedef struct {
-    int kind;
-    uint64_t start, end;
-    uint32_t corr, device, context, stream;
-} op_head;
+/* A new operation's row (its index in `ops` taken), or NULL (never: room for every record). */
+#define OP_ROW()                                                                           \
+    do {                                                                                   \
+        if (ops.n >= ops.cap)                                                              \
+            goto full;                                                                     \
+        row = ops.cols + ops.n++;                                                          \
+    } while (0)
 
-#define OP_HEAD(op_kind, r) \
-    ((op_head){(op_kind), (r)->start, (r)->end, (r)->correlationId, (r)->deviceId, \
-               (r)->contextId, (r)->streamId})
+/* The fields every operation kind has, at the same names in CUPTI's structs. */
+#define OP_HEAD(op_kind, r)                                                                \
+    do {                                                                                   \
+        AT(OP_KIND) = (op_kind);                                                           \
+        AT(OP_START) = (int64_t)(r)->start;                                                \
+        AT(OP_END) = (int64_t)(r)->end;                                                    \
+        AT(OP_CORR) = corr = (r)->correlationId;                                           \
+        AT(OP_DEVICE) = (r)->deviceId;                                                     \
+        AT(OP_CONTEXT) = (r)->contextId;                                                   \
+        AT(OP_STREAM) = (r)->streamId;                                                     \
+    } while (0)
 
-/* A new operation's row with its common fields (each kind sets or clears the rest); its
- * index, or -1. */
-static long op_row(table *ops, const op_head *h)
+_Static_assert(CUPTI_ACTIVITY_KIND_RUNTIME == CUPTI_ACTIVITY_KIND_DRIVER + 1,
+               "the walk tests the call kinds as one range");
+
+/* Walk `buffer` into `ops` and `api` (new names into the store), each record's row written
+ * in one place, the tables and counters held in locals; 0, or -1 out of room. */
+static int walk(uint8_t *buffer, size_t valid, table *ops_out, table *api_out)
 {
-    long i = table_row(ops);
-    if (i < 0)
-        return -1;
-    const int64_t head[OP_NAME] = {h->kind, (int64_t)h->start, (int64_t)h->end, h->corr,
-                                   h->device, h->context, h->stream};
-    set_cells(ops, i, OP_KIND, head, OP_NAME);
-    return i;
-}
-
-/* Row `i`'s cells that only its kind has; the others' -1. */
-static void op_cells(const CUpti_Activity *record, table *ops, long i)
-{
-    switch (record->kind) {
-    case CUPTI_ACTIVITY_KIND_MEMCPY: {
-        const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)record;
-        const int64_t copy[4] = {(int64_t)m->bytes, m->copyKind, m->srcKind, m->dstKind};
-        set_cells(ops, i, OP_BYTES, copy, 4);
-        CELL(ops, OP_NAME, i) = CELL(ops, OP_VALUE, i) = -1;
-        for (int c = OP_GRID_X; c < OP_NCOLS; c++) /* a kernel's */
-            CELL(ops, c, i) = -1;
-        break;
-    }
-    case CUPTI_ACTIVITY_KIND_MEMSET: {
-        const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)record;
-        CELL(ops, OP_BYTES, i) = (int64_t)m->bytes;
-        CELL(ops, OP_VALUE, i) = m->value;
-        for (int c = OP_NAME; c < OP_NCOLS; c++)
-            if (c != OP_BYTES && c != OP_VALUE)
-                CELL(ops, c, i) = -1;
-        break;
-    }
-    default: { /* a kernel */
-        const CUpti_ActivityKernel9 *k = (const CUpti_ActivityKernel9 *)record;
-        CELL(ops, OP_NAME, i) = name_id(k->name);
-        const int64_t launch[OP_NCOLS - OP_GRID_X] = {
-            k->gridX, k->gridY, k->gridZ, k->blockX, k->blockY, k->blockZ,
-            k->registersPerThread, k->staticSharedMemory, k->dynamicSharedMemory};
-        set_cells(ops, i, OP_GRID_X, launch, OP_NCOLS - OP_GRID_X);
-        static const int64_t none[OP_VALUE + 1 - OP_BYTES] = {-1, -1, -1, -1, -1};
-        set_cells(ops, i, OP_BYTES, none, OP_VALUE + 1 - OP_BYTES); /* a copy's, a memset's */
-        break;
-    }
-    }
-}
-
-/* The operation's launching call, handed over with it (or awaited). */
-static int launch_of(uint32_t corr, table *api)
-{
-    api_slot *a = &api_table[corr & (API_SLOTS - 1)];
-    if (a->used && a->corr == corr) {
-        return a->handed ? 0 : hand_api(a, api);
-    }
-    waiting[corr & (WAIT_SLOTS - 1)] = corr;
-    return 0;
-}
-
-/* A runtime or driver call's record, kept until its operation comes (or handed over now if
- * it came first); 0, or -1 out of memory. */
-static int api_record(const CUpti_ActivityAPI *c, table *api)
-{
-    uint32_t corr = c->correlationId;
-    api_slot *a = &api_table[corr & (API_SLOTS - 1)];
-    a->start = (int64_t)c->start;
-    a->end = (int64_t)c->end;
-    a->corr = corr;
-    a->cbid = c->cbid;
-    a->thread = c->threadId;
-    a->used = 1;
-    a->domain = c->kind == CUPTI_ACTIVITY_KIND_RUNTIME ? DOMAIN_RUNTIME : DOMAIN_DRIVER;
-    a->handed = 0;
-    uint32_t *w = &waiting[corr & (WAIT_SLOTS - 1)];
-    if (*w == corr && corr != 0) { /* its operation came first */
-        *w = 0;
-        if (hand_api(a, api))
-            return -1;
-    }
-    return 0;
-}
-
-/* Walk `buffer` into `ops` and `api` (new names into the store); 0, or -1 out of memory. */
-static int walk(uint8_t *buffer, size_t valid, table *ops, table *api)
-{
+    table ops = *ops_out, api = *api_out;
+    const next_fn next = lib.next_record;
+    api_slot *const calls = api_table;
+    uint32_t *const wait = waiting;
+    const size_t stride = ops.cap;
+    long long records = 0, incomplete = 0;
+    int failed = 0;
     CUpti_Activity *record = NULL;
-    while (lib.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
-        op_head h;
-        switch (record->kind) {
-        case CUPTI_ACTIVITY_KIND_KERNEL:
-        case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
-            h = OP_HEAD(KIND_KERNEL, (const CUpti_ActivityKernel9 *)record);
-            break;
-        case CUPTI_ACTIVITY_KIND_MEMCPY:
-            h = OP_HEAD(KIND_MEMCPY, (const CUpti_ActivityMemcpy6 *)record);
-            break;
-        case CUPTI_ACTIVITY_KIND_MEMSET:
-            h = OP_HEAD(KIND_MEMSET, (const CUpti_ActivityMemset4 *)record);
-            break;
-        case CUPTI_ACTIVITY_KIND_RUNTIME:
-        case CUPTI_ACTIVITY_KIND_DRIVER:
-            counts.records++;
-            if (api_record((const CUpti_ActivityAPI *)record, api))
-                return -1;
-            continue;
-        default:
-            continue;
-        }
-        counts.records++;
-        if (h.start == 0 || h.end < h.start) {
-            counts.incomplete++;
+    while (next(buffer, valid, &record) == CUPTI_SUCCESS) {
+        int64_t *row;
+        uint32_t corr;
+        const uint32_t kind = (uint32_t)record->kind;
+        /* by frequency (most records are calls), tested in order rather than by a jump */
+        if (kind - CUPTI_ACTIVITY_KIND_DRIVER <= 1u) { /* DRIVER or RUNTIME */
+            /* a call: kept (the record copied whole) until its operation comes, or handed
+             * over now if the operation came first */
+            const CUpti_ActivityAPI *c = (const CUpti_ActivityAPI *)record;
+            records++;
+            corr = c->correlationId;
+            api_slot *a = &calls[corr & (API_SLOTS - 1)];
+            memcpy(&a->call, c, sizeof(CUpti_ActivityAPI));
+            a->handed = 0;
+            uint32_t *w = &wait[corr & (WAIT_SLOTS - 1)];
+            if (*w == corr && corr != 0) {
+                *w = 0;
+                if (hand_api(a, &api))
+                    goto full;
+            }
             continue;
         }
-        long i = op_row(ops, &h);
-        if (i < 0)
-            return -1;
-        op_cells(record, ops, i);
-        if (launch_of(h.corr, api))
-            return -1;
+        if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+            const CUpti_ActivityKernel9 *k = (const CUpti_ActivityKernel9 *)record;
+            records++;
+            if (k->start == 0 || k->end < k->start) {
+                incomplete++;
+                continue;
+            }
+            OP_ROW();
+            OP_HEAD(KIND_KERNEL, k);
+            AT(OP_NAME) = name_id(k->name);
+            AT(OP_BYTES) = AT(OP_COPY_KIND) = AT(OP_SRC_KIND) = AT(OP_DST_KIND) = -1;
+            AT(OP_VALUE) = -1; /* a copy's, a memset's */
+            AT(OP_GRID_X) = k->gridX;
+            AT(OP_GRID_Y) = k->gridY;
+            AT(OP_GRID_Z) = k->gridZ;
+            AT(OP_BLOCK_X) = k->blockX;
+            AT(OP_BLOCK_Y) = k->blockY;
+            AT(OP_BLOCK_Z) = k->blockZ;
+            AT(OP_REGISTERS) = k->registersPerThread;
+            AT(OP_STATIC_SMEM) = k->staticSharedMemory;
+            AT(OP_DYNAMIC_SMEM) = k->dynamicSharedMemory;
+        } else if (kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+            const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)record;
+            records++;
+            if (m->start == 0 || m->end < m->start) {
+                incomplete++;
+                continue;
+            }
+            OP_ROW();
+            OP_HEAD(KIND_MEMCPY, m);
+            AT(OP_NAME) = AT(OP_VALUE) = -1;
+            AT(OP_BYTES) = (int64_t)m->bytes;
+            AT(OP_COPY_KIND) = m->copyKind;
+            AT(OP_SRC_KIND) = m->srcKind;
+            AT(OP_DST_KIND) = m->dstKind;
+            for (int c = OP_GRID_X; c < OP_NCOLS; c++) /* a kernel's */
+                AT(c) = -1;
+        } else if (kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+            const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)record;
+            records++;
+            if (m->start == 0 || m->end < m->start) {
+                incomplete++;
+                continue;
+            }
+            OP_ROW();
+            OP_HEAD(KIND_MEMSET, m);
+            AT(OP_NAME) = AT(OP_COPY_KIND) = AT(OP_SRC_KIND) = AT(OP_DST_KIND) = -1;
+            AT(OP_BYTES) = (int64_t)m->bytes;
+            AT(OP_VALUE) = m->value;
+            for (int c = OP_GRID_X; c < OP_NCOLS; c++) /* a kernel's */
+                AT(c) = -1;
+        } else {
+            continue;
+        }
+        /* the operation's launching call, handed over with it (or awaited) */
+        api_slot *a = &calls[corr & (API_SLOTS - 1)];
+        if (a->call.correlationId == corr && a->call.kind != 0) {
+            if (!a->handed && hand_api(a, &api))
+                goto full;
+        } else {
+            wait[corr & (WAIT_SLOTS - 1)] = corr;
+        }
     }
-    return 0;
+    goto done;
+full:
+    failed = -1;
+done:
+    counts.records += records;
+    counts.incomplete += incomplete;
+    *ops_out = ops;
+    *api_out = api;
+    return failed;
 }
+#undef OP_ROW
+#undef OP_HEAD
+#undef AT
 
 /* -- CUPTI's callbacks --------------------------------------------------------------------- */
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records)
@@ -548,14 +544,24 @@ static void hand_over(table *ops, table *api, size_t first_name, size_t new_name
     Py_INCREF(callback);
     PyObject *o = columns(ops), *a = columns(api);
     int ok = o != NULL && a != NULL;
+    PyObject *args[8] = {o,
+                         PyLong_FromSsize_t((Py_ssize_t)ops->n),
+                         a,
+                         PyLong_FromSsize_t((Py_ssize_t)api->n),
+                         PyLong_FromSsize_t((Py_ssize_t)ops->cap),
+                         PyLong_FromSsize_t((Py_ssize_t)first_name),
+                         PyLong_FromSsize_t((Py_ssize_t)new_names),
+                         names};
+    for (int k = 1; k < 7; k++)
+        ok = ok && args[k] != NULL;
     if (ok) {
-        PyObject *r = PyObject_CallFunction(callback, "OnOnnnnO", o, (Py_ssize_t)ops->n, a,
-                                            (Py_ssize_t)api->n, (Py_ssize_t)ops->cap,
-                                            (Py_ssize_t)first_name, (Py_ssize_t)new_names,
-                                            names);
+        PyObject *r = PyObject_Vectorcall(callback, args, 8, NULL);
         ok = r != NULL;
         Py_XDECREF(r);
     }
+    for (int k = 3; k < 7; k++)
+        Py_XDECREF(args[k]);
+    Py_XDECREF(args[1]);
     if (!ok) {
         counts.errors++;
         PyErr_Clear(); /* CUPTI's thread must never carry our exception */
@@ -874,6 +880,20 @@ static PyObject *py_name_store(PyObject *self, PyObject *noargs)
     return st;
 }
 
+/* count_values(): (buffers, records, ops, api_handed, incomplete, dropped_records, errors),
+ * what counts() says, as a tuple (read after every buffer: no dict built). */
+static PyObject *py_count_values(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    pthread_mutex_lock(&lock);
+    PyObject *t = Py_BuildValue("(LLLLLLL)", counts.buffers, counts.records, counts.ops,
+                                counts.api_handed, counts.incomplete, counts.dropped,
+                                counts.errors);
+    pthread_mutex_unlock(&lock);
+    return t;
+}
+
 /* walked(): the records read so far, without waiting for a walk in progress (no lock). */
 static PyObject *py_walked(PyObject *self, PyObject *noargs)
 {
@@ -902,6 +922,7 @@ static PyMethodDef methods[] = {
     METHOD(result_string, METH_O, "CUPTI's name of a result code."),
     METHOD(close, METH_NOARGS, "Completed buffers are freed unread from now on."),
     METHOD(counts, METH_NOARGS, "What the buffer callbacks saw (a dict)."),
+    METHOD(count_values, METH_NOARGS, "counts() but names and unread, as a tuple."),
     METHOD(name_store, METH_NOARGS, "The current collector's kernel names (a NameStore)."),
     {NULL, NULL, 0, NULL},
 };

@@ -67,6 +67,9 @@ ENV_CUPTI_CALLS = "CHAINER_AUTOPROF_CUPTI_CALLS"
 CALLS_CHOICES = ("all", "launches")
 #: CUPTI_SUCCESS
 SUCCESS = 0
+#: The rows of the extension's operation and call tables (one per column).
+OP_ROWS = tuple(range(len(GpuOps.columns())))
+API_ROWS = tuple(range(len(ApiCalls.columns())))
 #: What the extension hands a table over in (its ``Block``: the buffer protocol).
 Buffer = Union[bytes, bytearray, memoryview]
 
@@ -161,6 +164,7 @@ class NativeCuptiCollector(CuptiCollector):
         #: new names are added unread: they cannot be in the table already).
         self._in_order = True
         self.api_handed = 0
+        self._no_external = ExternalIds.empty()  # the native reader reads none: one for all
         self._errors = 0  # ours; the extension counts its own (a buffer it could not read)
 
     # -- what the extension calls, once per buffer, on CUPTI's thread --------------------
@@ -189,11 +193,13 @@ class NativeCuptiCollector(CuptiCollector):
             self._learn_names(first_name, first_name + new_names, store)
         op_cols = np.frombuffer(ops, dtype=np.int64).reshape(-1, room)[:, :n_ops]
         api_cols = np.frombuffer(api, dtype=np.int64).reshape(-1, room)[:, :n_api]
-        gpu_ops = GpuOps(*op_cols)
-        if not self._identity and len(gpu_ops):
+        # row by row: iterating a 2-D array ends in an IndexError, dearer than a row
+        gpu_ops = GpuOps(*[op_cols[c] for c in OP_ROWS])
+        if not self._identity and n_ops:
             named = gpu_ops.name >= 0
             gpu_ops.name[named] = self._remap[gpu_ops.name[named]]
-        return ActivityBatch(gpu_ops, ApiCalls(*api_cols), ExternalIds.empty(), self.names)
+        return ActivityBatch(gpu_ops, ApiCalls(*[api_cols[c] for c in API_ROWS]),
+                             self._no_external, self.names)
 
     def _learn_names(self, first: int, top: int, store: NameSource) -> None:
         if self._identity:
@@ -226,15 +232,11 @@ class NativeCuptiCollector(CuptiCollector):
         ext = self._ext
         if ext is None:
             return
-        c: dict[str, int] = ext.counts()
-        self.buffers = c["buffers"]
-        self.records = c["records"] - c["incomplete"]
-        self.ops = c["ops"]
-        self.incomplete = c["incomplete"]
-        self.dropped_records = c["dropped_records"]
-        self.api_handed = c["api_handed"]
-        self.callback_errors = self._errors + c["errors"]
-        if c["errors"] and not self.last_error:
+        (self.buffers, records, self.ops, self.api_handed, self.incomplete,
+         self.dropped_records, errors) = ext.count_values()
+        self.records = records - self.incomplete
+        self.callback_errors = self._errors + errors
+        if errors and not self.last_error:
             self.last_error = "a buffer could not be read (out of memory)"
 
     # -- CUPTI through the extension ---------------------------------------------------------
