@@ -145,11 +145,28 @@ typedef struct {
  * fewer rows of any table than valid / MIN_RECORD + 1. */
 #define MIN_RECORD 40
 
+/* Tables of up to 2^FIXED_MAX rows have a power of two of them, 2^FIXED_MIN at least: the walk
+ * is compiled for each such size, so a cell's column is a constant offset from its row (a
+ * store each, no address arithmetic).  Untouched pages cost nothing: only the rows written
+ * are ever touched. */
+#define FIXED_MIN 14
+#define FIXED_MAX 18
+
+static size_t table_rows(size_t valid)
+{
+    size_t rows = valid / MIN_RECORD + 1, fixed = (size_t)1 << FIXED_MIN;
+    if (rows > ((size_t)1 << FIXED_MAX))
+        return rows;
+    while (fixed < rows)
+        fixed <<= 1;
+    return fixed;
+}
+
 static int table_init(table *t, size_t width, size_t valid)
 {
     t->n = 0;
     t->width = width;
-    t->cap = valid / MIN_RECORD + 1;
+    t->cap = table_rows(valid);
     t->cols = malloc(width * t->cap * sizeof(int64_t)); /* pages touched as rows are written */
     return t->cols == NULL ? -1 : 0;
 }
@@ -162,13 +179,25 @@ static inline long table_row(table *t)
 
 
 /* -- kernel names ------------------------------------------------------------------------- */
+/* A kernel name's hash, eight bytes a step (mangled names run to hundreds of bytes), and its
+ * length. */
 static uint64_t text_hash(const char *s, size_t *len)
 {
-    uint64_t h = 1469598103934665603ull;
-    const char *p = s;
-    for (; *p; p++)
-        h = (h ^ (uint8_t)*p) * 1099511628211ull;
-    *len = (size_t)(p - s);
+    const size_t n = strlen(s);
+    uint64_t h = 1469598103934665603ull ^ n, w;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, s + i, 8);
+        h = (h ^ w) * 0x9e3779b97f4a7c15ull;
+        h ^= h >> 32;
+    }
+    w = 0;
+    memcpy(&w, s + i, n - i);
+    h = (h ^ w) * 0xff51afd7ed558ccdull; /* then MurmurHash3's finish: every bit mixed down */
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    *len = n;
     return h;
 }
 
@@ -183,13 +212,21 @@ static void index_insert(NameStore *st, int64_t id)
 /* The id of kernel name `s` in the current store (new ones appended); -1 when out of
  * memory.  Python learns a buffer's new ids as a range and fetches texts when it needs
  * them (NameStore.texts): no Python object is made here. */
-static int64_t name_id(const char *s)
+static __attribute__((noinline)) int64_t name_looked_up(const char *s, size_t slot);
+
+static inline __attribute__((always_inline)) int64_t name_id(const char *s)
 {
     if (s == NULL)
         return -1;
     size_t slot = ((uintptr_t)s >> 3) & (NAME_CACHE - 1);
     if (name_cache[slot].ptr == s)
         return name_cache[slot].id;
+    return name_looked_up(s, slot); /* out of line: the walk's registers stay its own */
+}
+
+/* name_id's lookup past the pointer cache: by text, new names appended. */
+static int64_t name_looked_up(const char *s, size_t slot)
+{
     NameStore *st = store;
     size_t len;
     uint64_t h = text_hash(s, &len);
@@ -238,16 +275,16 @@ static int64_t name_id(const char *s)
 }
 
 /* -- the walk of one buffer ---------------------------------------------------------------- */
-/* A row's cells: column c of the row at `row` is row[c * stride] (CELL's layout). */
+/* A row's cells: column c of the row at `row` is row[c * stride] (a table's layout). */
 #define AT(c) row[(size_t)(c) * stride]
 
 /* A kept call handed over: its row of `api`; 0, or -1 (never: the table has room). */
-static inline __attribute__((always_inline)) int hand_api(api_slot *a, table *api)
+static inline __attribute__((always_inline)) int hand_api(api_slot *a, table *api,
+                                                         const size_t stride)
 {
     if (api->n >= api->cap)
         return -1;
     int64_t *row = api->cols + api->n++;
-    size_t stride = api->cap;
     const CUpti_ActivityAPI *c = &a->call;
     AT(API_DOMAIN) = c->kind == CUPTI_ACTIVITY_KIND_RUNTIME ? DOMAIN_RUNTIME : DOMAIN_DRIVER;
     AT(API_START) = (int64_t)c->start;
@@ -284,13 +321,14 @@ _Static_assert(CUPTI_ACTIVITY_KIND_RUNTIME == CUPTI_ACTIVITY_KIND_DRIVER + 1,
 
 /* Walk `buffer` into `ops` and `api` (new names into the store), each record's row written
  * in one place, the tables and counters held in locals; 0, or -1 out of room. */
-static int walk(uint8_t *buffer, size_t valid, table *ops_out, table *api_out)
+static inline __attribute__((always_inline)) int walk_rows(uint8_t *buffer, size_t valid,
+                                                          table *ops_out, table *api_out,
+                                                          const size_t stride)
 {
-    table ops = *ops_out, api = *api_out;
+    table ops = *ops_out, api = *api_out; /* stride: the rows of each */
     const next_fn next = lib.next_record;
     api_slot *const calls = api_table;
     uint32_t *const wait = waiting;
-    const size_t stride = ops.cap;
     long long records = 0, incomplete = 0;
     int failed = 0;
     CUpti_Activity *record = NULL;
@@ -311,7 +349,7 @@ static int walk(uint8_t *buffer, size_t valid, table *ops_out, table *api_out)
             uint32_t *w = &wait[corr & (WAIT_SLOTS - 1)];
             if (*w == corr && corr != 0) {
                 *w = 0;
-                if (hand_api(a, &api))
+                if (hand_api(a, &api, stride))
                     goto full;
             }
             continue;
@@ -373,7 +411,7 @@ static int walk(uint8_t *buffer, size_t valid, table *ops_out, table *api_out)
         /* the operation's launching call, handed over with it (or awaited) */
         api_slot *a = &calls[corr & (API_SLOTS - 1)];
         if (a->call.correlationId == corr && a->call.kind != 0) {
-            if (!a->handed && hand_api(a, &api))
+            if (!a->handed && hand_api(a, &api, stride))
                 goto full;
         } else {
             wait[corr & (WAIT_SLOTS - 1)] = corr;
@@ -392,6 +430,22 @@ done:
 #undef OP_ROW
 #undef OP_HEAD
 #undef AT
+
+/* walk_rows for the tables' rows (both tables of a buffer have as many: table_init of the
+ * same bytes), compiled for each fixed size. */
+static int walk(uint8_t *buffer, size_t valid, table *ops, table *api)
+{
+    switch (ops->cap) {
+#define FIXED(bits)                                                                            \
+    case (size_t)1 << (bits):                                                                  \
+        return walk_rows(buffer, valid, ops, api, (size_t)1 << (bits));
+        FIXED(14) FIXED(15) FIXED(16) FIXED(17) FIXED(18)
+#undef FIXED
+    default:
+        return walk_rows(buffer, valid, ops, api, ops->cap);
+    }
+}
+_Static_assert(FIXED_MIN == 14 && FIXED_MAX == 18, "walk: one case per fixed size");
 
 /* -- CUPTI's callbacks --------------------------------------------------------------------- */
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records)
