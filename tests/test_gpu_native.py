@@ -98,6 +98,55 @@ def test_every_operation_comes_as_recorded_with_the_call_that_launched_it(name, 
     assert len(api) < 0.6 * calls_read
 
 
+def _table_rows(column: np.ndarray) -> int:
+    """How many rows the extension's table behind ``column`` has room for."""
+    block = column
+    while isinstance(block, np.ndarray):
+        block = block.base
+    return memoryview(block).nbytes // 8 // len(GpuOps.columns())
+
+
+def test_every_size_of_table_holds_the_same_rows(tmp_path):
+    """The walk is compiled for each fixed size of table (powers of two) and for any other (a
+    buffer larger than the sizes): small buffers and one buffer of 48 runs' records give
+    every operation, as recorded, with its call."""
+    from dataclasses import replace
+
+    rec = recording("b16")
+    b = rec.batch
+    step = int(max(b.ops.correlation.max(), b.api.correlation.max())) + 1
+    copies = range(48)  # the run 48 times over, each copy's ids after the previous ones
+    ops = GpuOps.concat([replace(b.ops.take(slice(None)), correlation=b.ops.correlation
+                                 + j * step) for j in copies])
+    api = gr.ApiCalls.concat([replace(b.api.take(slice(None)), correlation=b.api.correlation
+                                      + j * step) for j in copies])
+    long_run = replace(rec, batch=ActivityBatch(ops, api, b.external, b.names))
+    rows_seen = set()
+    for buffer_bytes in (64 << 10, 32 << 20):
+        fake = FakeCupti(long_run, tmp_path / str(buffer_bytes))
+        batches: list[ActivityBatch] = []
+        with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path)}):
+            collector = cupti_native.start(batches.append, buffer_bytes=buffer_bytes)
+        assert not isinstance(collector, str), collector
+        fake.serve(1, 0.0)
+        fake.wait()
+        assert collector.stop(5.0) is None and collector.callback_errors == 0
+        rows_seen |= {_table_rows(batch.ops.start) for batch in batches}
+        got = GpuOps.concat([batch.ops for batch in batches])
+        calls = gr.ApiCalls.concat([batch.api for batch in batches])
+        order = np.lexsort((got.correlation, got.end))
+        want_order = np.lexsort((ops.correlation, ops.end))
+        for column in GpuOps.columns():  # each field the recording holds (-1: it has none)
+            theirs = getattr(ops, column)[want_order]
+            held = theirs != -1
+            assert np.array_equal(getattr(got, column)[order][held], theirs[held]), column
+        names = batches[0].names
+        assert [names.name(i) for i in got.name[order].tolist()] == \
+            [b.names.name(i) for i in ops.name[want_order].tolist()]
+        assert sorted(calls.correlation.tolist()) == sorted(ops.correlation.tolist())
+    assert 1 << 14 in rows_seen and max(rows_seen) > 1 << 18, rows_seen
+
+
 def test_the_calls_that_launch_nothing_are_switched_off_in_cupti(extension):
     """The noisy calls are turned off by CUPTI's own per-call switch (by callback id), as
     the cupti-python reader does by name: they are never recorded, let alone read."""
