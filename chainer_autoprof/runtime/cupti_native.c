@@ -145,17 +145,18 @@ typedef struct {
  * fewer rows of any table than valid / MIN_RECORD + 1. */
 #define MIN_RECORD 40
 
-/* Tables of up to 2^FIXED_MAX rows have a power of two of them, 2^FIXED_MIN at least: the walk
- * is compiled for each such size, so a cell's column is a constant offset from its row (a
- * store each, no address arithmetic).  Untouched pages cost nothing: only the rows written
- * are ever touched. */
-#define FIXED_MIN 14
+/* Tables of 2^(FIXED_MIN - 1) + 1 .. 2^FIXED_MAX rows get the next power of two of them (at
+ * most twice the room, untouched pages costing nothing: only the rows written are touched):
+ * the walk is compiled for each such size, so a cell's column is a constant offset from its
+ * row (a store each, no address arithmetic).  Smaller tables (a flush's few records) and
+ * larger ones keep their exact size. */
+#define FIXED_MIN 10
 #define FIXED_MAX 18
 
 static size_t table_rows(size_t valid)
 {
     size_t rows = valid / MIN_RECORD + 1, fixed = (size_t)1 << FIXED_MIN;
-    if (rows > ((size_t)1 << FIXED_MAX))
+    if (rows <= fixed / 2 || rows > ((size_t)1 << FIXED_MAX))
         return rows;
     while (fixed < rows)
         fixed <<= 1;
@@ -439,13 +440,14 @@ static int walk(uint8_t *buffer, size_t valid, table *ops, table *api)
 #define FIXED(bits)                                                                            \
     case (size_t)1 << (bits):                                                                  \
         return walk_rows(buffer, valid, ops, api, (size_t)1 << (bits));
-        FIXED(14) FIXED(15) FIXED(16) FIXED(17) FIXED(18)
+        FIXED(10) FIXED(11) FIXED(12) FIXED(13) FIXED(14) FIXED(15) FIXED(16) FIXED(17)
+        FIXED(18)
 #undef FIXED
     default:
         return walk_rows(buffer, valid, ops, api, ops->cap);
     }
 }
-_Static_assert(FIXED_MIN == 14 && FIXED_MAX == 18, "walk: one case per fixed size");
+_Static_assert(FIXED_MIN == 10 && FIXED_MAX == 18, "walk: one case per fixed size");
 
 /* -- CUPTI's callbacks --------------------------------------------------------------------- */
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records)
