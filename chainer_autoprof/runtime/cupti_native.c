@@ -283,7 +283,7 @@ static int64_t name_looked_up(const char *s, size_t slot)
 static inline __attribute__((always_inline)) int hand_api(api_slot *a, table *api,
                                                          const size_t stride)
 {
-    if (api->n >= api->cap)
+    if (api->n >= stride) /* its rows: as many as the operations' table */
         return -1;
     int64_t *row = api->cols + api->n++;
     const CUpti_ActivityAPI *c = &a->call;
@@ -297,10 +297,11 @@ static inline __attribute__((always_inline)) int hand_api(api_slot *a, table *ap
     return 0;
 }
 
-/* A new operation's row (its index in `ops` taken), or NULL (never: room for every record). */
+/* A new operation's row (its index in `ops` taken); out of room (never: the table has a row
+ * for every record, `stride` of them) goes to `full`. */
 #define OP_ROW()                                                                           \
     do {                                                                                   \
-        if (ops.n >= ops.cap)                                                              \
+        if (ops.n >= stride)                                                               \
             goto full;                                                                     \
         row = ops.cols + ops.n++;                                                          \
     } while (0)
@@ -432,14 +433,23 @@ done:
 #undef OP_HEAD
 #undef AT
 
-/* walk_rows for the tables' rows (both tables of a buffer have as many: table_init of the
- * same bytes), compiled for each fixed size. */
+/* walk_rows compiled for each fixed size (a function each: its own registers) and for any
+ * other; both tables of a buffer have as many rows (table_init of the same bytes). */
+#define FIXED(bits)                                                                        \
+    static __attribute__((noinline)) int walk_##bits(uint8_t *buffer, size_t valid,        \
+                                                     table *ops, table *api)               \
+    {                                                                                      \
+        return walk_rows(buffer, valid, ops, api, (size_t)1 << (bits));                    \
+    }
+FIXED(10) FIXED(11) FIXED(12) FIXED(13) FIXED(14) FIXED(15) FIXED(16) FIXED(17) FIXED(18)
+#undef FIXED
+
 static int walk(uint8_t *buffer, size_t valid, table *ops, table *api)
 {
     switch (ops->cap) {
-#define FIXED(bits)                                                                            \
-    case (size_t)1 << (bits):                                                                  \
-        return walk_rows(buffer, valid, ops, api, (size_t)1 << (bits));
+#define FIXED(bits)                                                                        \
+    case (size_t)1 << (bits):                                                              \
+        return walk_##bits(buffer, valid, ops, api);
         FIXED(10) FIXED(11) FIXED(12) FIXED(13) FIXED(14) FIXED(15) FIXED(16) FIXED(17)
         FIXED(18)
 #undef FIXED
