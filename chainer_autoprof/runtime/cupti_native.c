@@ -95,10 +95,10 @@ enum { DOMAIN_RUNTIME = 0, DOMAIN_DRIVER = 1 };
 #define WAIT_SLOTS (1u << WAIT_BITS)
 #define NAME_CACHE 4096 /* pointer -> id, direct-mapped */
 
-typedef struct {
-    CUpti_ActivityAPI call; /* the record as CUPTI wrote it, copied whole (kind 0: empty) */
-    uint32_t handed;
-} api_slot;
+/* A kept call: its record as CUPTI wrote it, copied whole (kind 0: an empty slot), but for
+ * `returnValue`, which this module does not read: there, whether it was handed over. */
+typedef CUpti_ActivityAPI api_slot;
+#define HANDED(a) ((a)->returnValue)
 
 typedef struct {
     char *text;
@@ -286,14 +286,14 @@ static inline __attribute__((always_inline)) int hand_api(api_slot *a, table *ap
     if (api->n >= stride) /* its rows: as many as the operations' table */
         return -1;
     int64_t *row = api->cols + api->n++;
-    const CUpti_ActivityAPI *c = &a->call;
+    const CUpti_ActivityAPI *c = a;
     AT(API_DOMAIN) = c->kind == CUPTI_ACTIVITY_KIND_RUNTIME ? DOMAIN_RUNTIME : DOMAIN_DRIVER;
     AT(API_START) = (int64_t)c->start;
     AT(API_END) = (int64_t)c->end;
     AT(API_CORR) = c->correlationId;
     AT(API_CBID) = c->cbid;
     AT(API_THREAD) = c->threadId;
-    a->handed = 1;
+    HANDED(a) = 1;
     return 0;
 }
 
@@ -346,8 +346,8 @@ static inline __attribute__((always_inline)) int walk_rows(uint8_t *buffer, size
             records++;
             corr = c->correlationId;
             api_slot *a = &calls[corr & (API_SLOTS - 1)];
-            memcpy(&a->call, c, sizeof(CUpti_ActivityAPI));
-            a->handed = 0;
+            memcpy(a, c, sizeof(CUpti_ActivityAPI));
+            HANDED(a) = 0;
             uint32_t *w = &wait[corr & (WAIT_SLOTS - 1)];
             if (*w == corr && corr != 0) {
                 *w = 0;
@@ -412,8 +412,8 @@ static inline __attribute__((always_inline)) int walk_rows(uint8_t *buffer, size
         }
         /* the operation's launching call, handed over with it (or awaited) */
         api_slot *a = &calls[corr & (API_SLOTS - 1)];
-        if (a->call.correlationId == corr && a->call.kind != 0) {
-            if (!a->handed && hand_api(a, &api, stride))
+        if (a->correlationId == corr && a->kind != 0) {
+            if (!HANDED(a) && hand_api(a, &api, stride))
                 goto full;
         } else {
             wait[corr & (WAIT_SLOTS - 1)] = corr;
