@@ -820,3 +820,13 @@ def test_kernel_names_keep_their_table_ids_when_the_extensions_differ():
         ops, api = tables([2, 1, 0, 2])
         second = collector.batch_from_tables(ops, 4, api, 0, room, 2, 1, store)
         assert [names.name(i) for i in second.ops.name.tolist()] == ["k2", "k1", "k0", "k2"]
+    # a buffer handed over before the one that first held the earlier names (two CUPTI
+    # threads): its names are read and interned, each operation still named right
+    names = NameTable()
+    collector = NativeCuptiCollector(lambda batch: None, names=names)
+    ops, api = tables([2, 2])
+    later = collector.batch_from_tables(ops, 2, api, 0, room, 2, 1, store)
+    ops, api = tables([0, 1, 2])
+    earlier = collector.batch_from_tables(ops, 3, api, 0, room, 0, 2, store)
+    assert [names.name(i) for i in later.ops.name.tolist()] == ["k2", "k2"]
+    assert [names.name(i) for i in earlier.ops.name.tolist()] == ["k0", "k1", "k2"]

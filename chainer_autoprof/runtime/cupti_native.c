@@ -20,8 +20,15 @@
  * every operation to its call exactly as it would with every API record, at one API row per
  * operation instead of thirteen.
  *
- * Kernel names are interned here (by CUPTI's name pointer, then by text): a name new to
- * this module goes to Python once, as (id, text), with the buffer that first holds it.
+ * Kernel names are interned here (by CUPTI's name pointer, then by text) into the current
+ * collector's NameStore, a Python object: a buffer tells Python only the range of ids new in
+ * it; the texts stay here until the name table asks for them (NameStore.texts, at exit for
+ * the figures), so reading makes no Python string per name.  A store outlives its collector
+ * for as long as a name table still needs its texts.
+ *
+ * Each record's row is written in one place, every cell a store: tables of 2^10 .. 2^18
+ * rows have a power of two of them and the walk is compiled for each such size, so a
+ * column's cell is a constant offset from its row.
  *
  * Only the leading fields of each record are read; they have kept their offsets in every
  * record version since (new fields are appended), so the structs named here are the oldest
