@@ -38,6 +38,7 @@ from ..common.gpu_records import (
     ApiCalls,
     ExternalIds,
     GpuOps,
+    Int64Array,
     LocateKernel,
     NameSource,
     NameTable,
@@ -72,6 +73,7 @@ SUCCESS = 0
 #: The rows of the extension's operation and call tables (one per column).
 OP_ROWS = tuple(range(len(GpuOps.columns())))
 API_ROWS = tuple(range(len(ApiCalls.columns())))
+INT64 = np.dtype(np.int64)
 #: What the extension hands a table over in (its ``Block``: the buffer protocol).
 Buffer = Union[bytes, bytearray, memoryview]
 
@@ -193,9 +195,11 @@ class NativeCuptiCollector(CuptiCollector):
         1``, their texts in ``store``."""
         if new_names:
             self._learn_names(first_name, first_name + new_names, store)
-        op_cols = np.frombuffer(ops, dtype=np.int64).reshape(-1, room)[:, :n_ops]
-        api_cols = np.frombuffer(api, dtype=np.int64).reshape(-1, room)[:, :n_api]
-        # row by row: iterating a 2-D array ends in an IndexError, dearer than a row
+        # each table's first rows as one 2-D view (one constructor call), then a view per
+        # column, row by row: iterating a 2-D array ends in an IndexError, dearer than a row
+        op_cols: Int64Array = np.ndarray((len(OP_ROWS), n_ops), INT64, ops, 0, (room * 8, 8))
+        api_cols: Int64Array = np.ndarray((len(API_ROWS), n_api), INT64, api, 0,
+                                          (room * 8, 8))
         gpu_ops = GpuOps(*[op_cols[c] for c in OP_ROWS])
         if not self._identity and n_ops:
             named = gpu_ops.name >= 0
