@@ -943,16 +943,6 @@ static PyObject *py_counts(PyObject *self, PyObject *noargs)
     return d;
 }
 
-/* name_store(): the current collector's NameStore (None before the first register). */
-static PyObject *py_name_store(PyObject *self, PyObject *noargs)
-{
-    (void)self;
-    (void)noargs;
-    PyObject *st = store != NULL ? (PyObject *)store : Py_None; /* changes with the GIL held */
-    Py_INCREF(st);
-    return st;
-}
-
 /* count_values(): (buffers, records, ops, api_handed, incomplete, dropped_records, errors),
  * what counts() says, as a tuple (read after every buffer: no dict built). */
 static PyObject *py_count_values(PyObject *self, PyObject *noargs)
@@ -996,7 +986,6 @@ static PyMethodDef methods[] = {
     METHOD(close, METH_NOARGS, "Completed buffers are freed unread from now on."),
     METHOD(counts, METH_NOARGS, "What the buffer callbacks saw (a dict)."),
     METHOD(count_values, METH_NOARGS, "counts() but names and unread, as a tuple."),
-    METHOD(name_store, METH_NOARGS, "The current collector's kernel names (a NameStore)."),
     {NULL, NULL, 0, NULL},
 };
 
