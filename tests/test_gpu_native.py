@@ -98,6 +98,56 @@ def test_every_operation_comes_as_recorded_with_the_call_that_launched_it(name, 
     assert len(api) < 0.6 * calls_read
 
 
+def _table_rows(column: np.ndarray) -> int:
+    """How many rows the extension's table behind ``column`` has room for."""
+    block = column
+    while isinstance(block, np.ndarray):
+        block = block.base
+    return memoryview(block).nbytes // 8 // len(GpuOps.columns())
+
+
+def test_every_size_of_table_holds_the_same_rows(tmp_path):
+    """The walk is compiled for each fixed size of table (powers of two) and for any other (a
+    buffer larger than the sizes): small buffers and one buffer of 48 runs' records give
+    every operation, as recorded, with its call."""
+    from dataclasses import replace
+
+    rec = recording("b16")
+    b = rec.batch
+    step = int(max(b.ops.correlation.max(), b.api.correlation.max())) + 1
+    copies = range(48)  # the run 48 times over, each copy's ids after the previous ones
+    ops = GpuOps.concat([replace(b.ops.take(slice(None)), correlation=b.ops.correlation
+                                 + j * step) for j in copies])
+    api = gr.ApiCalls.concat([replace(b.api.take(slice(None)), correlation=b.api.correlation
+                                      + j * step) for j in copies])
+    long_run = replace(rec, batch=ActivityBatch(ops, api, b.external, b.names))
+    rows_seen = set()
+    for buffer_bytes in (64 << 10, 32 << 20):
+        fake = FakeCupti(long_run, tmp_path / str(buffer_bytes))
+        batches: list[ActivityBatch] = []
+        with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path)}):
+            collector = cupti_native.start(batches.append, buffer_bytes=buffer_bytes)
+        assert not isinstance(collector, str), collector
+        fake.serve(1, 0.0)
+        fake.wait()
+        assert collector.stop(5.0) is None and collector.callback_errors == 0
+        rows_seen |= {_table_rows(batch.ops.start) for batch in batches}
+        got = GpuOps.concat([batch.ops for batch in batches])
+        calls = gr.ApiCalls.concat([batch.api for batch in batches])
+        order = np.lexsort((got.correlation, got.end))
+        want_order = np.lexsort((ops.correlation, ops.end))
+        for column in GpuOps.columns():  # each field the recording holds (-1: it has none)
+            theirs = getattr(ops, column)[want_order]
+            held = theirs != -1
+            assert np.array_equal(getattr(got, column)[order][held], theirs[held]), column
+        names = batches[0].names
+        assert [names.name(i) for i in got.name[order].tolist()] == \
+            [b.names.name(i) for i in ops.name[want_order].tolist()]
+        assert sorted(calls.correlation.tolist()) == sorted(ops.correlation.tolist())
+    fixed = {r for r in rows_seen if r & (r - 1) == 0 and r <= 1 << 18}
+    assert fixed and max(rows_seen) > 1 << 18, rows_seen
+
+
 def test_the_calls_that_launch_nothing_are_switched_off_in_cupti(extension):
     """The noisy calls are turned off by CUPTI's own per-call switch (by callback id), as
     the cupti-python reader does by name: they are never recorded, let alone read."""
@@ -746,6 +796,70 @@ def test_a_readers_new_kernel_names_are_appended_at_once_only_where_they_go():
     assert names.names == ["a", "b", "c", "d"] and names.intern("d") == 3
 
 
+def test_a_readers_names_are_read_only_when_asked_and_outlive_its_collector(tmp_path):
+    """The native reader hands over a buffer's new kernel names as a range of ids, no text
+    read (no Python string made per name on CUPTI's thread); the texts come when a name is
+    first asked, right, also after the collector stopped and another one started."""
+    rec, batches, collector, _ = collect("b16", tmp_path)
+    names = batches[0].names
+    distinct = len(set(rec.batch.names.name(i) for i in rec.batch.ops.name.tolist() if i >= 0))
+    assert len(names) == distinct == collector._ext.counts()["names"] > 10
+    assert names.pending == distinct  # handed over, none read yet
+    ops = GpuOps.concat([b.ops for b in batches])
+    kernels = ops.kind == gr.KERNEL
+    by_correlation = dict(zip(rec.batch.ops.correlation.tolist(),
+                              (rec.batch.names.name(i) for i in rec.batch.ops.name.tolist())))
+    want = [by_correlation[c] for c in ops.correlation[kernels].tolist()]
+    # another collector starts on the same extension (its names begin again at id 0)
+    _, others, _, _ = collect("b512", tmp_path / "second")
+    assert others[0].names is not names and others[0].names.pending > 0
+    assert [names.name(i) for i in ops.name[kernels].tolist()] == want
+    assert names.pending == 0 and names.intern(want[0]) == int(ops.name[kernels][0])
+    assert names.name(len(names)) == f"kernel#{len(names)}"
+
+
+def test_a_forked_child_still_reads_the_names_its_parent_had_not(tmp_path):
+    """Names still in the extension's store at a fork are read in the child from its copy
+    of the store (its lock free: no walk runs in the child)."""
+    rec, batches, _, _ = collect("b16", tmp_path)
+    names = batches[0].names
+    assert names.pending == len(names) > 0
+    want = [rec.batch.names.name(i) for i in range(len(rec.batch.names))]
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if every name reads as in the recording
+        try:
+            got = {names.name(i) for i in range(len(names))}
+            os._exit(0 if got <= set(want) and len(got) == len(names) else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert names.pending == len(names)  # the parent's table: still unread
+
+
+def test_names_added_unread_are_fetched_once_before_any_interning():
+    """Ids added with their texts left in a source keep their places: a name interned
+    after them gets the next id, one already among them its own; the source is read once."""
+    from chainer_autoprof.common.gpu_records import NameTable
+
+    reads: list[tuple[int, int]] = []
+
+    class Store:
+        def texts(self, first: int, stop: int) -> list[str]:
+            reads.append((first, stop))
+            return [f"k{i}" for i in range(first, stop)]
+
+    names = NameTable(["a"])
+    assert not names.extend_from(0, 3, Store())   # not where they go
+    assert names.extend_from(1, 4, Store()) and names.extend_from(4, 6, Store())
+    assert len(names) == 6 and names.pending == 5 and reads == []
+    assert names.intern("k2") == 2 and names.intern("new") == 6
+    assert reads == [(1, 4), (4, 6)] and names.pending == 0
+    assert names.names == ["a", "k1", "k2", "k3", "k4", "k5", "new"]
+    assert not names.extend_new(6, ["x"]) and names.extend_new(7, ["x"])
+    assert names.intern_all(["k5", "y"]) == [5, 8]
+
+
 def test_kernel_names_keep_their_table_ids_when_the_extensions_differ():
     """The extension numbers kernel names itself; the collector's table may hold others'
     (a name interned meanwhile): each operation still names its own kernel, whether the
@@ -756,20 +870,35 @@ def test_kernel_names_keep_their_table_ids_when_the_extensions_differ():
     room = 4
     name_row = GpuOps.columns().index("name")
 
+    class Store(list):  # the extension's NameStore: texts by id
+        def texts(self, first: int, stop: int) -> list[str]:
+            return self[first:stop]
+
     def tables(ids: list[int]) -> tuple[bytearray, bytearray]:  # as the extension's blocks
         ops = np.full((len(GpuOps.columns()), room), -1, dtype=np.int64)
         ops[name_row, :len(ids)] = ids
         return bytearray(ops.tobytes()), bytearray(np.zeros((6, room), np.int64).tobytes())
 
+    store = Store(["k0", "k1", "k2"])
     for before in ([], ["another's kernel"]):
         names = NameTable()
         for text in before:
             names.intern(text)
         collector = NativeCuptiCollector(lambda batch: None, names=names)
         ops, api = tables([0, 1, 0])
-        first = collector.batch_from_tables(ops, 3, api, 0, room, 0, ["k0", "k1"])
+        first = collector.batch_from_tables(ops, 3, api, 0, room, 0, 2, store)
         assert [names.name(i) for i in first.ops.name.tolist()] == ["k0", "k1", "k0"]
         names.intern("interned meanwhile")
         ops, api = tables([2, 1, 0, 2])
-        second = collector.batch_from_tables(ops, 4, api, 0, room, 2, ["k2"])
+        second = collector.batch_from_tables(ops, 4, api, 0, room, 2, 1, store)
         assert [names.name(i) for i in second.ops.name.tolist()] == ["k2", "k1", "k0", "k2"]
+    # a buffer handed over before the one that first held the earlier names (two CUPTI
+    # threads): its names are read and interned, each operation still named right
+    names = NameTable()
+    collector = NativeCuptiCollector(lambda batch: None, names=names)
+    ops, api = tables([2, 2])
+    later = collector.batch_from_tables(ops, 2, api, 0, room, 2, 1, store)
+    ops, api = tables([0, 1, 2])
+    earlier = collector.batch_from_tables(ops, 3, api, 0, room, 0, 2, store)
+    assert [names.name(i) for i in later.ops.name.tolist()] == ["k2", "k2"]
+    assert [names.name(i) for i in earlier.ops.name.tolist()] == ["k0", "k1", "k2"]

@@ -39,7 +39,7 @@ import gzip
 import json
 import threading
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, Union
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -191,36 +191,92 @@ class ExternalIds(Columns):
     external_kind: Int64Array
 
 
+class NameSource(Protocol):
+    """Where a reader keeps kernel names' texts until they are needed (the native reader's
+    store: no Python string is made for a name while records are read)."""
+
+    def texts(self, first: int, stop: int) -> list[str]:
+        """The texts of the source's names ``first`` .. ``stop - 1``."""
+
+
 class NameTable:
     """Kernel names, interned: ``id -> name``; append-only and shared by a stream's batches
-    (a batch's ``name`` column indexes it).  Any thread may add names."""
+    (a batch's ``name`` column indexes it).  Any thread may add names.
+
+    A reader may add ids whose texts stay in a :class:`NameSource` (:meth:`extend_from`):
+    they are fetched, all at once, when a name or an interning first needs them; the index
+    ``text -> id`` is made only when something interns (the figures only read names)."""
 
     def __init__(self, names: Iterable[str] = ()) -> None:
         self._lock = threading.Lock()
-        self.names: list[str] = []
+        self._names: list[str] = []
         self._ids: dict[str, int] = {}
+        self._indexed = 0  # names[:_indexed] are in _ids
+        #: ids ``len(_names)`` on whose texts are still with their sources: (stop, source)
+        self._lazy: list[tuple[int, NameSource]] = []
+        self._size = 0
         for name in names:
             self.intern(name)
+
+    @property
+    def names(self) -> list[str]:
+        """Every name, by id (texts still with a source fetched first)."""
+        if self._lazy:
+            with self._lock:
+                self._resolve()
+        return self._names
+
+    @property
+    def pending(self) -> int:
+        """How many names' texts are still with their sources."""
+        return self._size - len(self._names)
+
+    def _resolve(self) -> None:
+        """Fetch the texts still with sources (the lock held).  A source that cannot tell
+        (a forked child's copy of one in use) leaves ``kernel#<id>``, as for unknown ids."""
+        while self._lazy:
+            stop, source = self._lazy[0]
+            first = len(self._names)
+            try:
+                texts = source.texts(first, stop)
+            except Exception:  # noqa: BLE001 -- a name is never worth an error at exit
+                texts = []
+            if len(texts) != stop - first:
+                texts = [f"kernel#{i}" for i in range(first, stop)]
+            self._names.extend(texts)
+            self._lazy.pop(0)
+
+    def _index(self) -> dict[str, int]:
+        """``text -> id`` of every name (the lock held); a text twice keeps its first id."""
+        self._resolve()
+        ids, names = self._ids, self._names
+        for i in range(self._indexed, len(names)):
+            ids.setdefault(names[i], i)
+        self._indexed = len(names)
+        return ids
 
     def intern(self, name: str) -> int:
         found = self._ids.get(name)
         if found is not None:
             return found
         with self._lock:
-            found = self._ids.get(name)
+            ids = self._index()
+            found = ids.get(name)
             if found is None:
-                found = self._ids[name] = len(self.names)
-                self.names.append(name)
+                found = ids[name] = len(self._names)
+                self._names.append(name)
+                self._indexed = self._size = len(self._names)
         return found
 
     def intern_all(self, names: list[str]) -> list[int]:
         """Each name's id (:meth:`intern`), under one taking of the lock."""
         with self._lock:
-            ids = self._ids
+            ids = self._index()
             for name in names:
                 if name not in ids:
-                    ids[name] = len(self.names)
-                    self.names.append(name)
+                    ids[name] = len(self._names)
+                    self._names.append(name)
+            self._indexed = self._size = len(self._names)
             return [ids[name] for name in names]
 
     def extend_new(self, first: int, names: list[str]) -> bool:
@@ -228,22 +284,44 @@ class NameTable:
         (the table ``first`` long, none of them in it, no two alike); whether it did.  One
         pass in C over the names, not one Python step each (a reader's new names)."""
         with self._lock:
-            ids = self._ids
-            if len(self.names) != first or not ids.keys().isdisjoint(names):
+            if self._size != first:
                 return False
+            ids = self._index()
+            if not ids.keys().isdisjoint(names):
+                return False
+            before = len(ids)
             ids.update(zip(names, range(first, first + len(names))))
-            if len(ids) != first + len(names):  # two alike: undone, interned one by one
+            if len(ids) != before + len(names):  # two alike: undone, interned one by one
                 for name in names:
                     ids.pop(name, None)
                 return False
-            self.names.extend(names)
+            self._names.extend(names)
+            self._indexed = self._size = len(self._names)
+            return True
+
+    def extend_from(self, first: int, stop: int, source: NameSource) -> bool:
+        """Add ids ``first`` .. ``stop - 1`` whose texts ``source`` keeps (fetched when first
+        needed) when that is where they go (the table ``first`` long); whether it did.  The
+        caller vouches that the texts are new to the table and distinct (a reader whose
+        every id so far is the table's own); no text is read here."""
+        with self._lock:
+            if self._size != first:
+                return False
+            if stop > first:
+                self._lazy.append((stop, source))
+                self._size = stop
             return True
 
     def name(self, index: int) -> str:
-        return self.names[index] if 0 <= index < len(self.names) else f"kernel#{index}"
+        names = self._names
+        if 0 <= index < len(names):
+            return names[index]
+        if len(names) <= index < self._size:
+            return self.names[index]
+        return f"kernel#{index}"
 
     def __len__(self) -> int:
-        return len(self.names)
+        return self._size
 
 
 @dataclass

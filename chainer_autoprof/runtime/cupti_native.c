@@ -20,8 +20,15 @@
  * every operation to its call exactly as it would with every API record, at one API row per
  * operation instead of thirteen.
  *
- * Kernel names are interned here (by CUPTI's name pointer, then by text): a name new to
- * this module goes to Python once, as (id, text), with the buffer that first holds it.
+ * Kernel names are interned here (by CUPTI's name pointer, then by text) into the current
+ * collector's NameStore, a Python object: a buffer tells Python only the range of ids new in
+ * it; the texts stay here until the name table asks for them (NameStore.texts, at exit for
+ * the figures), so reading makes no Python string per name.  A store outlives its collector
+ * for as long as a name table still needs its texts.
+ *
+ * Each record's row is written in one place, every cell a store: tables of 2^10 .. 2^18
+ * rows have a power of two of them and the walk is compiled for each such size, so a
+ * column's cell is a constant offset from its row.
  *
  * Only the leading fields of each record are read; they have kept their offsets in every
  * record version since (new fields are appended), so the structs named here are the oldest
@@ -37,6 +44,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cupti_activity.h>
 #include <cupti_version.h>
@@ -94,11 +102,10 @@ enum { DOMAIN_RUNTIME = 0, DOMAIN_DRIVER = 1 };
 #define WAIT_SLOTS (1u << WAIT_BITS)
 #define NAME_CACHE 4096 /* pointer -> id, direct-mapped */
 
-typedef struct {
-    int64_t start, end;
-    uint32_t corr, cbid, thread;
-    uint8_t used, domain, handed, pad;
-} api_slot;
+/* A kept call: its record as CUPTI wrote it, copied whole (kind 0: an empty slot), but for
+ * `returnValue`, which this module does not read: there, whether it was handed over. */
+typedef CUpti_ActivityAPI api_slot;
+#define HANDED(a) ((a)->returnValue)
 
 typedef struct {
     char *text;
@@ -106,18 +113,28 @@ typedef struct {
     uint64_t hash;
 } name_entry;
 
+/* One collector's kernel names (a Python object, so that a name table that still needs its
+ * texts keeps them after the collector stopped and another started): the walk appends to
+ * the current store (`store`) under `lock`; texts are read from any store under `lock`. */
+typedef struct {
+    PyObject_HEAD
+    name_entry *names; /* by id */
+    size_t n, cap;
+    int64_t *index;    /* open addressing by hash: id + 1, 0 empty */
+    size_t cap_index;
+    pid_t pid;         /* the process that made it (a forked child takes `lock` only if free) */
+} NameStore;
+
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static api_slot *api_table;      /* API_SLOTS */
 static uint32_t *waiting;        /* WAIT_SLOTS: ids of operations whose call is still to come */
-static name_entry *names;        /* by id */
-static size_t n_names, cap_names;
-static int64_t *name_index;      /* open addressing by hash: id + 1, 0 empty */
-static size_t cap_index;
+static NameStore *store;         /* the current collector's names (a reference held here) */
+static unsigned long store_generation; /* changes with `store` (under lock, the GIL held) */
 static struct { const char *ptr; int64_t id; } name_cache[NAME_CACHE];
 
 static size_t buffer_bytes = 8u << 20;
 /* called with (ops Block, its rows, api Block, its rows, rows of room, the first new name's
- * id, [new name, ...]: ids from it on) */
+ * id, how many new names, the NameStore that holds their texts) */
 static PyObject *on_buffer;
 static volatile int closed = 1;   /* set: completed buffers are freed unread */
 static long long walked_records; /* counts.records, readable without the lock */
@@ -135,11 +152,29 @@ typedef struct {
  * fewer rows of any table than valid / MIN_RECORD + 1. */
 #define MIN_RECORD 40
 
+/* Tables of 2^(FIXED_MIN - 1) + 1 .. 2^FIXED_MAX rows get the next power of two of them (at
+ * most twice the room, untouched pages costing nothing: only the rows written are touched):
+ * the walk is compiled for each such size, so a cell's column is a constant offset from its
+ * row (a store each, no address arithmetic).  Smaller tables (a flush's few records) and
+ * larger ones keep their exact size. */
+#define FIXED_MIN 10
+#define FIXED_MAX 18
+
+static size_t table_rows(size_t valid)
+{
+    size_t rows = valid / MIN_RECORD + 1, fixed = (size_t)1 << FIXED_MIN;
+    if (rows <= fixed / 2 || rows > ((size_t)1 << FIXED_MAX))
+        return rows;
+    while (fixed < rows)
+        fixed <<= 1;
+    return fixed;
+}
+
 static int table_init(table *t, size_t width, size_t valid)
 {
     t->n = 0;
     t->width = width;
-    t->cap = valid / MIN_RECORD + 1;
+    t->cap = table_rows(valid);
     t->cols = malloc(width * t->cap * sizeof(int64_t)); /* pages touched as rows are written */
     return t->cols == NULL ? -1 : 0;
 }
@@ -150,243 +185,286 @@ static inline long table_row(table *t)
     return t->n < t->cap ? (long)t->n++ : -1;
 }
 
-#define CELL(t, c, i) ((t)->cols[(size_t)(c) * (t)->cap + (size_t)(i)])
 
 /* -- kernel names ------------------------------------------------------------------------- */
+/* A kernel name's hash, eight bytes a step (mangled names run to hundreds of bytes), and its
+ * length. */
 static uint64_t text_hash(const char *s, size_t *len)
 {
-    uint64_t h = 1469598103934665603ull;
-    const char *p = s;
-    for (; *p; p++)
-        h = (h ^ (uint8_t)*p) * 1099511628211ull;
-    *len = (size_t)(p - s);
+    const size_t n = strlen(s);
+    uint64_t h = 1469598103934665603ull ^ n, w;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, s + i, 8);
+        h = (h ^ w) * 0x9e3779b97f4a7c15ull;
+        h ^= h >> 32;
+    }
+    w = 0;
+    memcpy(&w, s + i, n - i);
+    h = (h ^ w) * 0xff51afd7ed558ccdull; /* then MurmurHash3's finish: every bit mixed down */
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    *len = n;
     return h;
 }
 
-static int index_insert(int64_t id)
+static void index_insert(NameStore *st, int64_t id)
 {
-    size_t mask = cap_index - 1, i = (size_t)names[id].hash & mask;
-    while (name_index[i])
+    size_t mask = st->cap_index - 1, i = (size_t)st->names[id].hash & mask;
+    while (st->index[i])
         i = (i + 1) & mask;
-    name_index[i] = id + 1;
-    return 0;
+    st->index[i] = id + 1;
 }
 
-/* The id of kernel name `s`, new ones appended to `fresh` as ids; -1 when out of memory. */
-static int64_t name_id(const char *s, table *fresh)
+/* The id of kernel name `s` in the current store (new ones appended); -1 when out of
+ * memory.  Python learns a buffer's new ids as a range and fetches texts when it needs
+ * them (NameStore.texts): no Python object is made here. */
+static __attribute__((noinline)) int64_t name_looked_up(const char *s, size_t slot);
+
+static inline __attribute__((always_inline)) int64_t name_id(const char *s)
 {
     if (s == NULL)
         return -1;
     size_t slot = ((uintptr_t)s >> 3) & (NAME_CACHE - 1);
     if (name_cache[slot].ptr == s)
         return name_cache[slot].id;
+    return name_looked_up(s, slot); /* out of line: the walk's registers stay its own */
+}
+
+/* name_id's lookup past the pointer cache: by text, new names appended. */
+static int64_t name_looked_up(const char *s, size_t slot)
+{
+    NameStore *st = store;
     size_t len;
     uint64_t h = text_hash(s, &len);
-    if (cap_index) {
-        size_t mask = cap_index - 1;
-        for (size_t i = (size_t)h & mask; name_index[i]; i = (i + 1) & mask) {
-            name_entry *e = &names[name_index[i] - 1];
+    if (st->cap_index) {
+        size_t mask = st->cap_index - 1;
+        for (size_t i = (size_t)h & mask; st->index[i]; i = (i + 1) & mask) {
+            name_entry *e = &st->names[st->index[i] - 1];
             if (e->hash == h && e->len == len && memcmp(e->text, s, len) == 0) {
                 name_cache[slot].ptr = s;
-                name_cache[slot].id = name_index[i] - 1;
-                return name_index[i] - 1;
+                name_cache[slot].id = st->index[i] - 1;
+                return st->index[i] - 1;
             }
         }
     }
-    if (n_names == cap_names) {
-        size_t cap = cap_names ? cap_names * 2 : 256;
-        name_entry *grown = realloc(names, cap * sizeof(name_entry));
+    if (st->n == st->cap) {
+        size_t cap = st->cap ? st->cap * 2 : 256;
+        name_entry *grown = realloc(st->names, cap * sizeof(name_entry));
         if (grown == NULL)
             return -1;
-        names = grown;
-        cap_names = cap;
+        st->names = grown;
+        st->cap = cap;
     }
-    if (2 * (n_names + 1) > cap_index) { /* rehash into twice the room */
-        size_t cap = cap_index ? cap_index * 2 : 512;
+    if (2 * (st->n + 1) > st->cap_index) { /* rehash into twice the room */
+        size_t cap = st->cap_index ? st->cap_index * 2 : 512;
         int64_t *index = calloc(cap, sizeof(int64_t));
         if (index == NULL)
             return -1;
-        free(name_index);
-        name_index = index;
-        cap_index = cap;
-        for (size_t i = 0; i < n_names; i++)
-            index_insert((int64_t)i);
+        free(st->index);
+        st->index = index;
+        st->cap_index = cap;
+        for (size_t i = 0; i < st->n; i++)
+            index_insert(st, (int64_t)i);
     }
     char *text = malloc(len + 1);
     if (text == NULL)
         return -1;
     memcpy(text, s, len + 1);
-    int64_t id = (int64_t)n_names++;
-    names[id].text = text;
-    names[id].len = len;
-    names[id].hash = h;
-    index_insert(id);
-    long row = table_row(fresh);
-    if (row < 0)
-        return -1;
-    CELL(fresh, 0, row) = id;
+    int64_t id = (int64_t)st->n++;
+    st->names[id].text = text;
+    st->names[id].len = len;
+    st->names[id].hash = h;
+    index_insert(st, id);
     name_cache[slot].ptr = s;
     name_cache[slot].id = id;
     return id;
 }
 
 /* -- the walk of one buffer ---------------------------------------------------------------- */
-/* Row i's `count` cells from column `first` on: `values`. */
-static inline __attribute__((always_inline)) void set_cells(table *t, long i, int first,
-                                                            const int64_t *values, int count)
-{
-    int64_t *cell = &CELL(t, first, i);
-    size_t stride = t->cap;
-#pragma GCC unroll 16
-    for (int k = 0; k < count; k++)
-        cell[(size_t)k * stride] = values[k];
-}
+/* A row's cells: column c of the row at `row` is row[c * stride] (a table's layout). */
+#define AT(c) row[(size_t)(c) * stride]
 
-static int hand_api(api_slot *a, table *api)
+/* A kept call handed over: its row of `api`; 0, or -1 (never: the table has room). */
+static inline __attribute__((always_inline)) int hand_api(api_slot *a, table *api,
+                                                         const size_t stride)
 {
-    long i = table_row(api);
-    if (i < 0)
+    if (api->n >= stride) /* its rows: as many as the operations' table */
         return -1;
-    const int64_t row[API_NCOLS] = {a->domain, a->start, a->end, a->corr, a->cbid, a->thread};
-    set_cells(api, i, API_DOMAIN, row, API_NCOLS);
-    a->handed = 1;
+    int64_t *row = api->cols + api->n++;
+    const CUpti_ActivityAPI *c = a;
+    AT(API_DOMAIN) = c->kind == CUPTI_ACTIVITY_KIND_RUNTIME ? DOMAIN_RUNTIME : DOMAIN_DRIVER;
+    AT(API_START) = (int64_t)c->start;
+    AT(API_END) = (int64_t)c->end;
+    AT(API_CORR) = c->correlationId;
+    AT(API_CBID) = c->cbid;
+    AT(API_THREAD) = c->threadId;
+    HANDED(a) = 1;
     return 0;
 }
 
-/* An operation record's fields that every kind has (the CUPTI structs name them alike). */
-typedef struct {
-    int kind;
-    uint64_t start, end;
-    uint32_t corr, device, context, stream;
-} op_head;
+/* A new operation's row (its index in `ops` taken); out of room (never: the table has a row
+ * for every record, `stride` of them) goes to `full`. */
+#define OP_ROW()                                                                           \
+    do {                                                                                   \
+        if (ops.n >= stride)                                                               \
+            goto full;                                                                     \
+        row = ops.cols + ops.n++;                                                          \
+    } while (0)
 
-#define OP_HEAD(op_kind, r) \
-    ((op_head){(op_kind), (r)->start, (r)->end, (r)->correlationId, (r)->deviceId, \
-               (r)->contextId, (r)->streamId})
+/* The fields every operation kind has, at the same names in CUPTI's structs. */
+#define OP_HEAD(op_kind, r)                                                                \
+    do {                                                                                   \
+        AT(OP_KIND) = (op_kind);                                                           \
+        AT(OP_START) = (int64_t)(r)->start;                                                \
+        AT(OP_END) = (int64_t)(r)->end;                                                    \
+        AT(OP_CORR) = corr = (r)->correlationId;                                           \
+        AT(OP_DEVICE) = (r)->deviceId;                                                     \
+        AT(OP_CONTEXT) = (r)->contextId;                                                   \
+        AT(OP_STREAM) = (r)->streamId;                                                     \
+    } while (0)
 
-/* A new operation's row with its common fields (each kind sets or clears the rest); its
- * index, or -1. */
-static long op_row(table *ops, const op_head *h)
+_Static_assert(CUPTI_ACTIVITY_KIND_RUNTIME == CUPTI_ACTIVITY_KIND_DRIVER + 1,
+               "the walk tests the call kinds as one range");
+
+/* Walk `buffer` into `ops` and `api` (new names into the store), each record's row written
+ * in one place, the tables and counters held in locals; 0, or -1 out of room. */
+static inline __attribute__((always_inline)) int walk_rows(uint8_t *buffer, size_t valid,
+                                                          table *ops_out, table *api_out,
+                                                          const size_t stride)
 {
-    long i = table_row(ops);
-    if (i < 0)
-        return -1;
-    const int64_t head[OP_NAME] = {h->kind, (int64_t)h->start, (int64_t)h->end, h->corr,
-                                   h->device, h->context, h->stream};
-    set_cells(ops, i, OP_KIND, head, OP_NAME);
-    return i;
-}
-
-/* Row `i`'s cells that only its kind has; the others' -1. */
-static void op_cells(const CUpti_Activity *record, table *ops, long i, table *fresh)
-{
-    switch (record->kind) {
-    case CUPTI_ACTIVITY_KIND_MEMCPY: {
-        const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)record;
-        const int64_t copy[4] = {(int64_t)m->bytes, m->copyKind, m->srcKind, m->dstKind};
-        set_cells(ops, i, OP_BYTES, copy, 4);
-        CELL(ops, OP_NAME, i) = CELL(ops, OP_VALUE, i) = -1;
-        for (int c = OP_GRID_X; c < OP_NCOLS; c++) /* a kernel's */
-            CELL(ops, c, i) = -1;
-        break;
-    }
-    case CUPTI_ACTIVITY_KIND_MEMSET: {
-        const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)record;
-        CELL(ops, OP_BYTES, i) = (int64_t)m->bytes;
-        CELL(ops, OP_VALUE, i) = m->value;
-        for (int c = OP_NAME; c < OP_NCOLS; c++)
-            if (c != OP_BYTES && c != OP_VALUE)
-                CELL(ops, c, i) = -1;
-        break;
-    }
-    default: { /* a kernel */
-        const CUpti_ActivityKernel9 *k = (const CUpti_ActivityKernel9 *)record;
-        CELL(ops, OP_NAME, i) = name_id(k->name, fresh);
-        const int64_t launch[OP_NCOLS - OP_GRID_X] = {
-            k->gridX, k->gridY, k->gridZ, k->blockX, k->blockY, k->blockZ,
-            k->registersPerThread, k->staticSharedMemory, k->dynamicSharedMemory};
-        set_cells(ops, i, OP_GRID_X, launch, OP_NCOLS - OP_GRID_X);
-        static const int64_t none[OP_VALUE + 1 - OP_BYTES] = {-1, -1, -1, -1, -1};
-        set_cells(ops, i, OP_BYTES, none, OP_VALUE + 1 - OP_BYTES); /* a copy's, a memset's */
-        break;
-    }
-    }
-}
-
-/* The operation's launching call, handed over with it (or awaited). */
-static int launch_of(uint32_t corr, table *api)
-{
-    api_slot *a = &api_table[corr & (API_SLOTS - 1)];
-    if (a->used && a->corr == corr) {
-        return a->handed ? 0 : hand_api(a, api);
-    }
-    waiting[corr & (WAIT_SLOTS - 1)] = corr;
-    return 0;
-}
-
-/* A runtime or driver call's record, kept until its operation comes (or handed over now if
- * it came first); 0, or -1 out of memory. */
-static int api_record(const CUpti_ActivityAPI *c, table *api)
-{
-    uint32_t corr = c->correlationId;
-    api_slot *a = &api_table[corr & (API_SLOTS - 1)];
-    a->start = (int64_t)c->start;
-    a->end = (int64_t)c->end;
-    a->corr = corr;
-    a->cbid = c->cbid;
-    a->thread = c->threadId;
-    a->used = 1;
-    a->domain = c->kind == CUPTI_ACTIVITY_KIND_RUNTIME ? DOMAIN_RUNTIME : DOMAIN_DRIVER;
-    a->handed = 0;
-    uint32_t *w = &waiting[corr & (WAIT_SLOTS - 1)];
-    if (*w == corr && corr != 0) { /* its operation came first */
-        *w = 0;
-        if (hand_api(a, api))
-            return -1;
-    }
-    return 0;
-}
-
-/* Walk `buffer` into `ops`, `api` and `fresh` (new name ids); 0, or -1 out of memory. */
-static int walk(uint8_t *buffer, size_t valid, table *ops, table *api, table *fresh)
-{
+    table ops = *ops_out, api = *api_out; /* stride: the rows of each */
+    const next_fn next = lib.next_record;
+    api_slot *const calls = api_table;
+    uint32_t *const wait = waiting;
+    long long records = 0, incomplete = 0;
+    int failed = 0;
     CUpti_Activity *record = NULL;
-    while (lib.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
-        op_head h;
-        switch (record->kind) {
-        case CUPTI_ACTIVITY_KIND_KERNEL:
-        case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
-            h = OP_HEAD(KIND_KERNEL, (const CUpti_ActivityKernel9 *)record);
-            break;
-        case CUPTI_ACTIVITY_KIND_MEMCPY:
-            h = OP_HEAD(KIND_MEMCPY, (const CUpti_ActivityMemcpy6 *)record);
-            break;
-        case CUPTI_ACTIVITY_KIND_MEMSET:
-            h = OP_HEAD(KIND_MEMSET, (const CUpti_ActivityMemset4 *)record);
-            break;
-        case CUPTI_ACTIVITY_KIND_RUNTIME:
-        case CUPTI_ACTIVITY_KIND_DRIVER:
-            counts.records++;
-            if (api_record((const CUpti_ActivityAPI *)record, api))
-                return -1;
-            continue;
-        default:
-            continue;
-        }
-        counts.records++;
-        if (h.start == 0 || h.end < h.start) {
-            counts.incomplete++;
+    while (next(buffer, valid, &record) == CUPTI_SUCCESS) {
+        int64_t *row;
+        uint32_t corr;
+        const uint32_t kind = (uint32_t)record->kind;
+        /* by frequency (most records are calls), tested in order rather than by a jump */
+        if (kind - CUPTI_ACTIVITY_KIND_DRIVER <= 1u) { /* DRIVER or RUNTIME */
+            /* a call: kept (the record copied whole) until its operation comes, or handed
+             * over now if the operation came first */
+            const CUpti_ActivityAPI *c = (const CUpti_ActivityAPI *)record;
+            records++;
+            corr = c->correlationId;
+            api_slot *a = &calls[corr & (API_SLOTS - 1)];
+            memcpy(a, c, sizeof(CUpti_ActivityAPI));
+            HANDED(a) = 0;
+            uint32_t *w = &wait[corr & (WAIT_SLOTS - 1)];
+            if (*w == corr && corr != 0) {
+                *w = 0;
+                if (hand_api(a, &api, stride))
+                    goto full;
+            }
             continue;
         }
-        long i = op_row(ops, &h);
-        if (i < 0)
-            return -1;
-        op_cells(record, ops, i, fresh);
-        if (launch_of(h.corr, api))
-            return -1;
+        if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+            const CUpti_ActivityKernel9 *k = (const CUpti_ActivityKernel9 *)record;
+            records++;
+            if (k->start == 0 || k->end < k->start) {
+                incomplete++;
+                continue;
+            }
+            OP_ROW();
+            OP_HEAD(KIND_KERNEL, k);
+            AT(OP_NAME) = name_id(k->name);
+            AT(OP_BYTES) = AT(OP_COPY_KIND) = AT(OP_SRC_KIND) = AT(OP_DST_KIND) = -1;
+            AT(OP_VALUE) = -1; /* a copy's, a memset's */
+            AT(OP_GRID_X) = k->gridX;
+            AT(OP_GRID_Y) = k->gridY;
+            AT(OP_GRID_Z) = k->gridZ;
+            AT(OP_BLOCK_X) = k->blockX;
+            AT(OP_BLOCK_Y) = k->blockY;
+            AT(OP_BLOCK_Z) = k->blockZ;
+            AT(OP_REGISTERS) = k->registersPerThread;
+            AT(OP_STATIC_SMEM) = k->staticSharedMemory;
+            AT(OP_DYNAMIC_SMEM) = k->dynamicSharedMemory;
+        } else if (kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+            const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)record;
+            records++;
+            if (m->start == 0 || m->end < m->start) {
+                incomplete++;
+                continue;
+            }
+            OP_ROW();
+            OP_HEAD(KIND_MEMCPY, m);
+            AT(OP_NAME) = AT(OP_VALUE) = -1;
+            AT(OP_BYTES) = (int64_t)m->bytes;
+            AT(OP_COPY_KIND) = m->copyKind;
+            AT(OP_SRC_KIND) = m->srcKind;
+            AT(OP_DST_KIND) = m->dstKind;
+            for (int c = OP_GRID_X; c < OP_NCOLS; c++) /* a kernel's */
+                AT(c) = -1;
+        } else if (kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+            const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)record;
+            records++;
+            if (m->start == 0 || m->end < m->start) {
+                incomplete++;
+                continue;
+            }
+            OP_ROW();
+            OP_HEAD(KIND_MEMSET, m);
+            AT(OP_NAME) = AT(OP_COPY_KIND) = AT(OP_SRC_KIND) = AT(OP_DST_KIND) = -1;
+            AT(OP_BYTES) = (int64_t)m->bytes;
+            AT(OP_VALUE) = m->value;
+            for (int c = OP_GRID_X; c < OP_NCOLS; c++) /* a kernel's */
+                AT(c) = -1;
+        } else {
+            continue;
+        }
+        /* the operation's launching call, handed over with it (or awaited) */
+        api_slot *a = &calls[corr & (API_SLOTS - 1)];
+        if (a->correlationId == corr && a->kind != 0) {
+            if (!HANDED(a) && hand_api(a, &api, stride))
+                goto full;
+        } else {
+            wait[corr & (WAIT_SLOTS - 1)] = corr;
+        }
     }
-    return 0;
+    goto done;
+full:
+    failed = -1;
+done:
+    counts.records += records;
+    counts.incomplete += incomplete;
+    *ops_out = ops;
+    *api_out = api;
+    return failed;
 }
+#undef OP_ROW
+#undef OP_HEAD
+#undef AT
+
+/* walk_rows compiled for each fixed size (a function each: its own registers) and for any
+ * other; both tables of a buffer have as many rows (table_init of the same bytes). */
+#define FIXED(bits)                                                                        \
+    static __attribute__((noinline)) int walk_##bits(uint8_t *buffer, size_t valid,        \
+                                                     table *ops, table *api)               \
+    {                                                                                      \
+        return walk_rows(buffer, valid, ops, api, (size_t)1 << (bits));                    \
+    }
+FIXED(10) FIXED(11) FIXED(12) FIXED(13) FIXED(14) FIXED(15) FIXED(16) FIXED(17) FIXED(18)
+#undef FIXED
+
+static int walk(uint8_t *buffer, size_t valid, table *ops, table *api)
+{
+    switch (ops->cap) {
+#define FIXED(bits)                                                                        \
+    case (size_t)1 << (bits):                                                              \
+        return walk_##bits(buffer, valid, ops, api);
+        FIXED(10) FIXED(11) FIXED(12) FIXED(13) FIXED(14) FIXED(15) FIXED(16) FIXED(17)
+        FIXED(18)
+#undef FIXED
+    default:
+        return walk_rows(buffer, valid, ops, api, ops->cap);
+    }
+}
+_Static_assert(FIXED_MIN == 10 && FIXED_MAX == 18, "walk: one case per fixed size");
 
 /* -- CUPTI's callbacks --------------------------------------------------------------------- */
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records)
@@ -451,47 +529,118 @@ static PyObject *columns(table *t)
     return (PyObject *)b;
 }
 
-/* Hand one buffer's tables to Python (GIL taken here, and only here). */
-static void hand_over(table *ops, table *api, table *fresh)
+/* -- the name store, a Python object ----------------------------------------------------- */
+static void name_store_dealloc(PyObject *self)
+{
+    NameStore *st = (NameStore *)self; /* no longer the current store: no walk reaches it */
+    for (size_t i = 0; i < st->n; i++)
+        free(st->names[i].text);
+    free(st->names);
+    free(st->index);
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* texts(first, stop): names first .. stop - 1 as str (invalid UTF-8 replaced).  In a forked
+ * child, `lock` is taken only if free (the thread that held it is gone): RuntimeError if not. */
+static PyObject *name_store_texts(PyObject *self, PyObject *args)
+{
+    NameStore *st = (NameStore *)self;
+    Py_ssize_t first, stop;
+    if (!PyArg_ParseTuple(args, "nn:texts", &first, &stop))
+        return NULL;
+    if (st->pid == getpid())
+        pthread_mutex_lock(&lock);
+    else if (pthread_mutex_trylock(&lock) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "kernel names held by a thread of the parent");
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (first < 0 || stop < first || (size_t)stop > st->n) {
+        PyErr_Format(PyExc_IndexError, "names %zd .. %zd of %zu", first, stop, st->n);
+    } else if ((out = PyList_New(stop - first)) != NULL) {
+        for (Py_ssize_t i = first; i < stop; i++) {
+            PyObject *text = PyUnicode_DecodeUTF8(st->names[i].text, (Py_ssize_t)st->names[i].len,
+                                                  "replace");
+            if (text == NULL) {
+                Py_CLEAR(out);
+                break;
+            }
+            PyList_SET_ITEM(out, i - first, text);
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return out;
+}
+
+static PyMethodDef name_store_methods[] = {
+    {"texts", name_store_texts, METH_VARARGS, "texts(first, stop): those names' texts (list)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject NameStoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "chainer_autoprof.runtime._cupti.NameStore",
+    .tp_basicsize = sizeof(NameStore),
+    .tp_dealloc = name_store_dealloc,
+    .tp_methods = name_store_methods,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One collector's kernel names, by id (texts fetched when needed).",
+};
+
+static NameStore *name_store_new(void)
+{
+    NameStore *st = PyObject_New(NameStore, &NameStoreType);
+    if (st != NULL) {
+        st->names = NULL;
+        st->n = st->cap = st->cap_index = 0;
+        st->index = NULL;
+        st->pid = getpid();
+    }
+    return st;
+}
+
+/* Hand one buffer's tables to Python (GIL taken here, and only here), with the range of
+ * name ids new in it (their texts stay in `names` until Python asks). */
+static void hand_over(table *ops, table *api, size_t first_name, size_t new_names,
+                      unsigned long generation)
 {
     if (closed || !Py_IsInitialized() || python_finalizing())
         return;
     PyGILState_STATE gil = PyGILState_Ensure();
-    if (closed || on_buffer == NULL) { /* closed while this thread waited for the GIL */
+    /* closed while this thread waited for the GIL, or another collector registered since
+     * the walk (its store may be gone: the store changes only with the GIL held) */
+    if (closed || on_buffer == NULL || generation != store_generation) {
         counts.unread++;
         PyGILState_Release(gil);
         return;
     }
-    PyObject *callback = on_buffer;
+    PyObject *callback = on_buffer, *names = (PyObject *)store;
     Py_INCREF(callback);
-    PyObject *o = columns(ops), *a = columns(api), *n = PyList_New((Py_ssize_t)fresh->n);
-    int ok = o != NULL && a != NULL && n != NULL;
-    long long first = 0; /* a buffer's new names have consecutive ids (one walk at a time) */
-    for (size_t i = 0; ok && i < fresh->n; i++) {
-        int64_t id = CELL(fresh, 0, i);
-        if (i == 0)
-            first = (long long)id;
-        pthread_mutex_lock(&lock);
-        PyObject *text = PyUnicode_DecodeUTF8(names[id].text, (Py_ssize_t)names[id].len,
-                                              "replace");
-        pthread_mutex_unlock(&lock);
-        ok = text != NULL;
-        if (ok)
-            PyList_SET_ITEM(n, (Py_ssize_t)i, text);
-    }
+    PyObject *o = columns(ops), *a = columns(api);
+    int ok = o != NULL && a != NULL;
+    PyObject *args[8] = {o,
+                         PyLong_FromSsize_t((Py_ssize_t)ops->n),
+                         a,
+                         PyLong_FromSsize_t((Py_ssize_t)api->n),
+                         PyLong_FromSsize_t((Py_ssize_t)ops->cap),
+                         PyLong_FromSsize_t((Py_ssize_t)first_name),
+                         PyLong_FromSsize_t((Py_ssize_t)new_names),
+                         names};
+    for (int k = 1; k < 7; k++)
+        ok = ok && args[k] != NULL;
     if (ok) {
-        PyObject *r = PyObject_CallFunction(callback, "OnOnnLO", o, (Py_ssize_t)ops->n, a,
-                                            (Py_ssize_t)api->n, (Py_ssize_t)ops->cap, first, n);
+        PyObject *r = PyObject_Vectorcall(callback, args, 8, NULL);
         ok = r != NULL;
         Py_XDECREF(r);
     }
+    for (int k = 3; k < 7; k++)
+        Py_XDECREF(args[k]);
+    Py_XDECREF(args[1]);
     if (!ok) {
         counts.errors++;
         PyErr_Clear(); /* CUPTI's thread must never carry our exception */
     }
     Py_XDECREF(o);
     Py_XDECREF(a);
-    Py_XDECREF(n);
     Py_DECREF(callback);
     PyGILState_Release(gil);
 }
@@ -500,20 +649,24 @@ static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_
                                       size_t size, size_t valid)
 {
     (void)size;
-    table ops = {NULL, 0, 0, OP_NCOLS}, api = {NULL, 0, 0, API_NCOLS}, fresh = {NULL, 0, 0, 1};
+    table ops = {NULL, 0, 0, OP_NCOLS}, api = {NULL, 0, 0, API_NCOLS};
     int failed = 0;
+    size_t first_name = 0, new_names = 0;
+    unsigned long generation = 0; /* of the store the walk added names to */
     if (!closed && buffer != NULL
-        && (table_init(&ops, OP_NCOLS, valid) || table_init(&api, API_NCOLS, valid)
-            || table_init(&fresh, 1, valid)))
+        && (table_init(&ops, OP_NCOLS, valid) || table_init(&api, API_NCOLS, valid)))
         failed = 1;
     pthread_mutex_lock(&lock);
     if (failed) {
         counts.errors++;
         counts.unread++;
-    } else if (closed || buffer == NULL || api_table == NULL) {
+    } else if (closed || buffer == NULL || api_table == NULL || store == NULL) {
         counts.unread += buffer != NULL && valid > 0;
     } else {
-        failed = walk(buffer, valid, &ops, &api, &fresh) != 0;
+        generation = store_generation;
+        first_name = store->n;
+        failed = walk(buffer, valid, &ops, &api) != 0;
+        new_names = store->n - first_name;
         __atomic_store_n(&walked_records, counts.records, __ATOMIC_RELEASE);
         counts.buffers++;
         counts.ops += (long long)ops.n;
@@ -528,11 +681,10 @@ static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_
     }
     pthread_mutex_unlock(&lock);
     free(buffer);
-    if (!failed && (ops.n || api.n || fresh.n))
-        hand_over(&ops, &api, &fresh);
+    if (!failed && (ops.n || api.n || new_names))
+        hand_over(&ops, &api, first_name, new_names, generation);
     free(ops.cols);
     free(api.cols);
-    free(fresh.cols);
 }
 
 /* -- the module's functions --------------------------------------------------------------- */
@@ -600,21 +752,22 @@ static PyObject *py_load(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* A new collector starts afresh: no calls, names or counts of an earlier one (under lock). */
-static void reset(void)
+/* A new collector starts afresh: no calls, names or counts of an earlier one (under lock,
+ * the GIL held); `fresh` becomes the current store, the earlier one is returned (its
+ * reference: let go of it after the lock). */
+static NameStore *reset(NameStore *fresh)
 {
     free(api_table);
     free(waiting);
     api_table = NULL;
     waiting = NULL;
-    for (size_t i = 0; i < n_names; i++)
-        free(names[i].text);
-    n_names = 0;
-    if (name_index != NULL)
-        memset(name_index, 0, cap_index * sizeof(int64_t));
+    NameStore *earlier = store;
+    store = fresh;
+    store_generation++;
     memset(name_cache, 0, sizeof(name_cache));
     memset(&counts, 0, sizeof(counts));
     __atomic_store_n(&walked_records, 0, __ATOMIC_RELEASE);
+    return earlier;
 }
 
 #define NEED_LIB()                                                                  \
@@ -637,13 +790,17 @@ static PyObject *py_register(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "register(bytes >= 4096, callable)");
         return NULL;
     }
+    NameStore *fresh = name_store_new();
+    if (fresh == NULL)
+        return NULL;
     pthread_mutex_lock(&lock);
-    reset();
+    NameStore *earlier = reset(fresh);
     api_table = calloc(API_SLOTS, sizeof(api_slot));
     waiting = calloc(WAIT_SLOTS, sizeof(uint32_t));
     int ok = api_table != NULL && waiting != NULL;
     buffer_bytes = (size_t)bytes;
     pthread_mutex_unlock(&lock);
+    Py_XDECREF(earlier); /* kept alive by a name table that still needs its texts */
     if (!ok)
         return PyErr_NoMemory();
     Py_INCREF(callback);
@@ -781,9 +938,23 @@ static PyObject *py_counts(PyObject *self, PyObject *noargs)
         "{sLsLsLsLsLsLsLsLsn}", "buffers", counts.buffers, "records", counts.records, "ops",
         counts.ops, "api_handed", counts.api_handed, "incomplete", counts.incomplete,
         "dropped_records", counts.dropped, "errors", counts.errors, "unread", counts.unread,
-        "names", (Py_ssize_t)n_names);
+        "names", (Py_ssize_t)(store != NULL ? store->n : 0));
     pthread_mutex_unlock(&lock);
     return d;
+}
+
+/* count_values(): (buffers, records, ops, api_handed, incomplete, dropped_records, errors),
+ * what counts() says, as a tuple (read after every buffer: no dict built). */
+static PyObject *py_count_values(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    pthread_mutex_lock(&lock);
+    PyObject *t = Py_BuildValue("(LLLLLLL)", counts.buffers, counts.records, counts.ops,
+                                counts.api_handed, counts.incomplete, counts.dropped,
+                                counts.errors);
+    pthread_mutex_unlock(&lock);
+    return t;
 }
 
 /* walked(): the records read so far, without waiting for a walk in progress (no lock). */
@@ -814,6 +985,7 @@ static PyMethodDef methods[] = {
     METHOD(result_string, METH_O, "CUPTI's name of a result code."),
     METHOD(close, METH_NOARGS, "Completed buffers are freed unread from now on."),
     METHOD(counts, METH_NOARGS, "What the buffer callbacks saw (a dict)."),
+    METHOD(count_values, METH_NOARGS, "counts() but names and unread, as a tuple."),
     {NULL, NULL, 0, NULL},
 };
 
@@ -877,7 +1049,7 @@ static PyObject *ids_tuple(const int *ids)
 
 PyMODINIT_FUNC PyInit__cupti(void)
 {
-    if (PyType_Ready(&BlockType) < 0)
+    if (PyType_Ready(&BlockType) < 0 || PyType_Ready(&NameStoreType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -4,9 +4,11 @@
 go to libcupti through the extension instead of cupti-python: the extension registers its
 own buffer callbacks, walks each completed buffer in C (no Python object per record, the
 GIL not held), keeps the API calls that launched nothing, and calls :meth:`_on_buffer`
-once per buffer with two int64 tables (operations, their launching calls) and the kernel
-names it saw first.  Those become the same :class:`~..common.gpu_records.ActivityBatch`
-columns the cupti-python path builds: the attribution cannot tell the two apart.
+once per buffer with two int64 tables (operations, their launching calls) and the range of
+kernel name ids it saw first (their texts stay in the extension's name store until the name
+table needs them: :meth:`~..common.gpu_records.NameTable.extend_from`).  Those become the
+same :class:`~..common.gpu_records.ActivityBatch` columns the cupti-python path builds: the
+attribution cannot tell the two apart.
 
 Which libcupti: :func:`libcupti_candidates` (:data:`ENV_CUPTI_LIBRARY` first, then the
 ``nvidia-cuda-cupti`` wheels, newest CUDA first, then a CUDA toolkit, then the loader's
@@ -36,7 +38,9 @@ from ..common.gpu_records import (
     ApiCalls,
     ExternalIds,
     GpuOps,
+    Int64Array,
     LocateKernel,
+    NameSource,
     NameTable,
 )
 from .gpu_activity import (
@@ -66,6 +70,10 @@ ENV_CUPTI_CALLS = "CHAINER_AUTOPROF_CUPTI_CALLS"
 CALLS_CHOICES = ("all", "launches")
 #: CUPTI_SUCCESS
 SUCCESS = 0
+#: The rows of the extension's operation and call tables (one per column).
+OP_ROWS = tuple(range(len(GpuOps.columns())))
+API_ROWS = tuple(range(len(ApiCalls.columns())))
+INT64 = np.dtype(np.int64)
 #: What the extension hands a table over in (its ``Block``: the buffer protocol).
 Buffer = Union[bytes, bytearray, memoryview]
 
@@ -156,16 +164,21 @@ class NativeCuptiCollector(CuptiCollector):
         #: ids seen so far are below ``_top``.
         self._identity = True
         self._top = 0
+        #: Whether the extension's ids came in order, each buffer's from ``_top`` on (then
+        #: new names are added unread: they cannot be in the table already).
+        self._in_order = True
         self.api_handed = 0
+        self._no_external = ExternalIds.empty()  # the native reader reads none: one for all
         self._errors = 0  # ours; the extension counts its own (a buffer it could not read)
 
     # -- what the extension calls, once per buffer, on CUPTI's thread --------------------
     def _on_buffer(self, ops: Buffer, n_ops: int, api: Buffer, n_api: int, room: int,
-                   first_name: int, fresh: list[str]) -> None:
+                   first_name: int, new_names: int, store: NameSource) -> None:
         if self.closed:
             return
         try:
-            batch = self.batch_from_tables(ops, n_ops, api, n_api, room, first_name, fresh)
+            batch = self.batch_from_tables(ops, n_ops, api, n_api, room, first_name,
+                                           new_names, store)
             self._pair()
             self._sync_counts()
             self.on_batch(batch)
@@ -175,24 +188,35 @@ class NativeCuptiCollector(CuptiCollector):
             self._sync_counts()
 
     def batch_from_tables(self, ops: Buffer, n_ops: int, api: Buffer, n_api: int, room: int,
-                          first_name: int, fresh: list[str]) -> ActivityBatch:
+                          first_name: int, new_names: int, store: NameSource) -> ActivityBatch:
         """The extension's tables (column after column, ``room`` rows each, the first
-        ``n_*`` of them filled) -> an :class:`ActivityBatch` of views of them; ``fresh``: the
-        kernel names new to the extension, its ids ``first_name`` on."""
-        if fresh:
-            self._learn_names(first_name, fresh)
-        op_cols = np.frombuffer(ops, dtype=np.int64).reshape(-1, room)[:, :n_ops]
-        api_cols = np.frombuffer(api, dtype=np.int64).reshape(-1, room)[:, :n_api]
-        gpu_ops = GpuOps(*op_cols)
-        if not self._identity and len(gpu_ops):
+        ``n_*`` of them filled) -> an :class:`ActivityBatch` of views of them; the kernel
+        names new to the extension: its ids ``first_name`` .. ``first_name + new_names -
+        1``, their texts in ``store``."""
+        if new_names:
+            self._learn_names(first_name, first_name + new_names, store)
+        # each table's first rows as one 2-D view (one constructor call), then a view per
+        # column, row by row: iterating a 2-D array ends in an IndexError, dearer than a row
+        op_cols: Int64Array = np.ndarray((len(OP_ROWS), n_ops), INT64, ops, 0, (room * 8, 8))
+        api_cols: Int64Array = np.ndarray((len(API_ROWS), n_api), INT64, api, 0,
+                                          (room * 8, 8))
+        gpu_ops = GpuOps(*[op_cols[c] for c in OP_ROWS])
+        if not self._identity and n_ops:
             named = gpu_ops.name >= 0
             gpu_ops.name[named] = self._remap[gpu_ops.name[named]]
-        return ActivityBatch(gpu_ops, ApiCalls(*api_cols), ExternalIds.empty(), self.names)
+        return ActivityBatch(gpu_ops, ApiCalls(*[api_cols[c] for c in API_ROWS]),
+                             self._no_external, self.names)
 
-    def _learn_names(self, first: int, fresh: list[str]) -> None:
-        top = first + len(fresh)
+    def _learn_names(self, first: int, top: int, store: NameSource) -> None:
         if self._identity:
-            # the usual: one collector, the table's own ids (the names appended as they are)
+            # the usual: one collector, the table's own ids so far, the new ones next (their
+            # texts fetched from the store when first asked: none made here)
+            if first != self._top:
+                self._in_order = False  # a buffer overtook another: the texts are checked
+            elif self._in_order and self.names.extend_from(first, top, store):
+                self._top = top  # the table's ids 0 .. top - 1 are exactly the store's
+                return
+            fresh = store.texts(first, top)
             if self.names.extend_new(first, fresh):
                 self._top = max(self._top, top)
                 return
@@ -203,7 +227,7 @@ class NativeCuptiCollector(CuptiCollector):
             self._remap = np.arange(max(self._top, top), dtype=np.int64)  # those so far
             self._identity = False
         else:
-            ours = self.names.intern_all(fresh)
+            ours = self.names.intern_all(store.texts(first, top))
         if top > len(self._remap):
             grown = np.full(max(top, 2 * len(self._remap)), -1, dtype=np.int64)
             grown[:len(self._remap)] = self._remap
@@ -214,15 +238,11 @@ class NativeCuptiCollector(CuptiCollector):
         ext = self._ext
         if ext is None:
             return
-        c: dict[str, int] = ext.counts()
-        self.buffers = c["buffers"]
-        self.records = c["records"] - c["incomplete"]
-        self.ops = c["ops"]
-        self.incomplete = c["incomplete"]
-        self.dropped_records = c["dropped_records"]
-        self.api_handed = c["api_handed"]
-        self.callback_errors = self._errors + c["errors"]
-        if c["errors"] and not self.last_error:
+        (self.buffers, records, self.ops, self.api_handed, self.incomplete,
+         self.dropped_records, errors) = ext.count_values()
+        self.records = records - self.incomplete
+        self.callback_errors = self._errors + errors
+        if errors and not self.last_error:
             self.last_error = "a buffer could not be read (out of memory)"
 
     # -- CUPTI through the extension ---------------------------------------------------------
