@@ -27,8 +27,12 @@ GPU, whatever the length of the run
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import operator
+import sys
 from dataclasses import dataclass
+from itertools import accumulate, repeat
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -65,20 +69,38 @@ class Limits:
 OUTSIDE, WARMUP, COUNTED = 0, 1, 2
 
 
+#: A group's key: (OUTSIDE/WARMUP/COUNTED, ordinal or arrival, tid); groups go in its order.
+_Key = tuple[int, int, int]
+#: An iteration's class by whether it is counted.
+_CLASS = (WARMUP, COUNTED)
+#: Below every counted iteration's key, above every warm-up one's.
+_FIRST_COUNTED = (COUNTED,)
+
+
 class _Block:
-    """A block of kept operations as it came, each row's group (an index in ``groups``);
-    rows of dropped groups stay, marked dead, until half of the block is dead, then the
-    live rows are copied.  A block whose groups came as runs keeps their lengths
-    (``runs``) and makes ``group_of`` only when a group of it is dropped."""
+    """A block of kept operations as it came, with its groups' keys (``keys``, its groups
+    in order) and their rows: runs of rows (``runs``), or each row's group (``group_of``,
+    made from the runs when needed).
 
-    __slots__ = ("_group_of", "dead", "groups", "items", "live", "runs", "size")
+    Its dead rows (of dropped groups) stay until the keeper's dead rows pass its limit. A
+    block of runs whose keys ascend (the usual: one thread, iterations in order) loses its
+    groups first to last, so its dead rows are its first ``lo`` (``head`` groups dropped):
+    no mask.  Any other (or one trimmed) marks them in ``dead``, its dropped groups in
+    ``gone``."""
 
-    def __init__(self, items: AttributedOps, group_of: Int64Array | None,
-                 groups: list[_Group], runs: Int64Array) -> None:
+    __slots__ = ("_group_of", "cum", "dead", "gone", "head", "items", "keys", "live", "lo",
+                 "prefix", "runs", "size")
+
+    def __init__(self, items: AttributedOps, group_of: Int64Array | None, keys: list[_Key],
+                 runs: list[int], cum: list[int] | None) -> None:
         self.items = items
         self._group_of = group_of
+        self.keys = keys
         self.runs = runs
-        self.groups = groups
+        self.cum = cum                  # the runs' rows summed, where ``prefix``
+        self.prefix = cum is not None   # dead rows: the first ``lo`` (else ``dead``)
+        self.head = self.lo = 0
+        self.gone: list[bool] = [] if self.prefix else [False] * len(keys)
         self.dead: npt.NDArray[np.bool_] | None = None  # none dead yet
         self.size = self.live = len(items)
 
@@ -92,39 +114,143 @@ class _Block:
     def group_of(self, value: Int64Array) -> None:
         self._group_of = value
 
+    def masked(self) -> None:
+        """Its dead rows marked in ``dead`` from now on (a trim)."""
+        if self.prefix:
+            self.prefix = False
+            self.gone = [True] * self.head + [False] * (len(self.keys) - self.head)
+            if self.lo:
+                self.dead = np.zeros(self.size, dtype=bool)
+                self.dead[:self.lo] = True
+                self.lo = 0
+
+    def drop_upto(self, last: _Key) -> _Key | None:
+        """Drop its groups up to the key ``last`` (those not dropped yet); its first key
+        left (``None``: none)."""
+        keys = self.keys
+        if self.prefix and self.cum is not None:
+            head = bisect.bisect_right(keys, last, self.head)
+            lo = self.cum[head - 1] if head else 0
+            self.live -= lo - self.lo
+            self.head, self.lo = head, lo
+            return keys[head] if head < len(keys) else None
+        gone = self.gone
+        locals_ = [i for i, key in enumerate(keys) if not gone[i] and key <= last]
+        for i in locals_:
+            gone[i] = True
+        dead = self.rows_of(locals_)
+        if self.dead is not None:  # a group's rows die once: the others' stay
+            dead |= self.dead
+        self.live = self.size - int(np.count_nonzero(dead))
+        self.dead = dead
+        return min((key for i, key in enumerate(keys) if not gone[i]), default=None)
+
     def rows_of(self, locals_: list[int]) -> npt.NDArray[np.bool_]:
         """Whether each row is of one of the groups ``locals_``: by a table of the block's
         groups (np.isin: ~40k instructions), repeated over its runs where it came so."""
         if self._group_of is not None and len(locals_) == 1:
             return np.equal(self._group_of, locals_[0])
-        gone = np.zeros(len(self.groups), dtype=bool)
+        gone = np.zeros(len(self.keys), dtype=bool)
         gone[locals_] = True
         if self._group_of is None:  # runs, as they came (its rows never copied)
             return np.repeat(gone, self.runs)
         return gone[self._group_of]
 
+    def live_items(self) -> AttributedOps:
+        if self.dead is not None:
+            return self.items.take(~self.dead)
+        return _copied(self.items, self.lo, self.size) if self.lo else self.items
 
-class _Group:
-    """The kept operations of one iteration of one thread (or one block's operations outside
-    any iteration): ``parts``, each a block and the group's index there, oldest first."""
+    def compact(self) -> None:
+        """Its live rows copied, the dead ones freed."""
+        if self.prefix and self.cum is not None:
+            head, lo = self.head, self.lo
+            self.items = _copied(self.items, lo, self.size)
+            self.keys, self.runs = self.keys[head:], self.runs[head:]
+            self.cum = [c - lo for c in self.cum[head:]]
+            self.head = self.lo = 0
+        elif self.dead is not None:
+            live = np.flatnonzero(~self.dead)
+            a, b = int(live[0]), int(live[-1]) + 1
+            if b - a == len(live):  # one run of rows (the usual): copied, not gathered
+                self.items = _copied(self.items, a, b)
+                self.group_of = self.group_of[a:b].copy()
+            else:
+                self.items = self.items.take(live)
+                self.group_of = self.group_of[live]
+            self.dead = None
+        self.size = self.live
 
-    __slots__ = ("complete", "iter_end", "key", "parts", "rows")
 
-    def __init__(self, key: tuple[int, int, int], iter_end: int,
-                 first: tuple[_Block, int], rows: int) -> None:
-        self.key = key                   # (OUTSIDE/WARMUP/COUNTED, ordinal or arrival, tid)
-        self.iter_end = iter_end
-        self.parts: list[tuple[_Block, int]] = [first]
-        self.rows = rows
-        self.complete = True             # none of its operations dropped
+class _Groups:
+    """Groups in key order, from ``head``: their keys, rows summed from the first (``cum``,
+    ``base`` before it) and the iteration end of each one's first part."""
+
+    __slots__ = ("base", "cum", "ends", "head", "keys")
+
+    def __init__(self) -> None:
+        self.keys: list[_Key] = []
+        self.cum: list[int] = []
+        self.ends: list[int] = []
+        self.head = 0
+        self.base = 0  # the rows summed before ``keys[0]``
+
+    def __len__(self) -> int:
+        return len(self.keys) - self.head
+
+    def before(self, at: int) -> int:
+        """Rows summed before ``keys[at]``."""
+        return self.cum[at - 1] if at else self.base
+
+    def append(self, keys: list[_Key], runs: list[int], ends: list[int]) -> None:
+        """Groups after every one here."""
+        start = self.cum[-1] if self.cum else self.base
+        self.keys += keys
+        self.cum += accumulate(runs, initial=start)
+        del self.cum[-len(runs) - 1]  # (the start)
+        self.ends += ends
+
+    def place(self, key: _Key, count: int, end: int) -> None:
+        """A group's ``count`` rows in key order (added to the group's if here)."""
+        keys, cum = self.keys, self.cum
+        at = bisect.bisect_left(keys, key, self.head)
+        if at < len(keys) and keys[at] == key:
+            cum[at:] = [c + count for c in cum[at:]]
+            return
+        keys.insert(at, key)
+        self.ends.insert(at, end)
+        cum.insert(at, self.before(at))
+        cum[at:] = [c + count for c in cum[at:]]
+
+    def pop(self, over: int, most: int) -> tuple[int, int]:
+        """Drop the first groups until ``over`` rows are gone (at most ``most`` groups):
+        how many, and their rows."""
+        head, cum = self.head, self.cum
+        if over <= 0 or most <= 0:
+            return 0, 0
+        n = min(bisect.bisect_left(cum, self.before(head) + over, head) - head + 1,
+                len(cum) - head, most)
+        if n <= 0:
+            return 0, 0
+        gone = cum[head + n - 1] - self.before(head)
+        self.head = head + n
+        return n, gone
+
+    def forget(self) -> None:
+        """Free the dropped groups' room (now and then: each once)."""
+        head = self.head
+        if head > 64 and head * 2 > len(self.keys):
+            self.base = self.cum[head - 1]
+            del self.keys[:head], self.cum[:head], self.ends[:head]
+            self.head = 0
 
 
 #: A buffer kept whose groups are not made yet: its operations, each group's first row
 #: (``bytes`` of native int64 from C, or an array), rows per group (``None``: up to the next
-#: group's first row, the groups runs in order), each row's group (``None``: runs) and its
-#: arrival (the key of its group outside any iteration).
+#: group's first row, the groups runs in order), each row's group (``None``: runs), its
+#: arrival (the key of its group outside any iteration) and its one thread (``None``: look).
 _Pending = tuple[AttributedOps, bytes | Int64Array, Int64Array | None, Int64Array | None,
-                 int]
+                 int, int | None]
 
 
 def _copied(items: AttributedOps, a: int, b: int) -> AttributedOps:
@@ -145,12 +271,17 @@ class AttributedKeeper:
     ``ProfilerStep`` marks the trace keeps), and an evaluation after training never
     pushes the training's iterations out.  Only an iteration alone larger than the limit
     keeps its newest operations, and then counts as incomplete.  Memory: the kept rows,
-    and at most as many dropped ones waiting in half-live blocks.
+    and at most as many dropped ones waiting in their blocks (then the deadest blocks'
+    live rows are copied).
 
     A buffer is kept as it comes, with its groups' first rows (found in one C call for the
-    usual buffer); its groups are made (a Python object and a heap entry each, some
-    thousands of instructions) only when an eviction or a question needs them
-    (:meth:`_settle`), in the order the buffers came: the same groups as made at once.
+    usual buffer); its groups are placed only when an eviction or a question needs them
+    (:meth:`_settle`), in the order the buffers came.  A group is no object: a key in a
+    sorted list with its rows summed (:class:`_Groups`: those outside any iteration, then
+    the iterations), and in its blocks' lists of keys.  An eviction finds where the rest
+    fits by bisection, then drops every block's groups up to the last key dropped (the
+    blocks in a heap by their first key left): in the usual block, a count of rows.  So a
+    usual buffer costs a few list operations, whatever its iterations.
     """
 
     def __init__(self, limit: int, native: ModuleType | None = None) -> None:
@@ -158,11 +289,16 @@ class AttributedKeeper:
         #: The ``_cupti`` extension (``keeper_runs``: a usual buffer's groups in one call),
         #: or ``None``: NumPy groups every buffer.
         self.native = native if hasattr(native, "keeper_runs") else None
-        #: the blocks and groups made (``_settle`` first: buffers may be pending)
+        #: the blocks made (``_settle`` first: buffers may be pending)
         self.blocks: list[_Block] = []
-        self.groups: dict[tuple[int, int, int], _Group] = {}
         self._pending: list[_Pending] = []
-        self._heap: list[tuple[int, int, int]] = []
+        self._outside = _Groups()     # outside any iteration: one a buffer at most
+        self._iterations = _Groups()  # warm-up, then counted
+        self._tids: set[int] = set()  # the threads of the iterations placed
+        self._trimmed: set[_Key] = set()  # the groups kept in part (not whole)
+        # the blocks with groups kept, by their first such key: (key, arrival, block)
+        self._block_heap: list[tuple[_Key, int, _Block]] = []
+        self._dead_rows = 0  # rows of dropped groups still in blocks
         self._dropped_upto: dict[int, int] = {}  # tid -> its newest iteration dropped
         self._arrivals = 0
         self.kept = 0
@@ -182,9 +318,9 @@ class AttributedKeeper:
                 found = self.native.keeper_runs((ordinal, tid))
             except (ValueError, BufferError):  # not contiguous int64: NumPy's path below
                 found = None
-            if found is not None and (not self._dropped_upto or found[1] > (
-                    self._dropped_upto.get(found[0], -1))):
-                self._keep(items, n, found[2], None, None)
+            if found is not None and (not self._dropped_upto or self._none_late(
+                    found, ordinal)):
+                self._keep(items, n, found[2], None, None, found[0])
                 return
         one_thread = bool((tid == tid[0]).all())
         lowest = int(ordinal.min())
@@ -227,50 +363,101 @@ class AttributedKeeper:
             _uniq, firsts, inverse, counts = np.unique(
                 key, return_index=True, return_inverse=True, return_counts=True)
             group_of = np.asarray(inverse, dtype=np.int64).reshape(-1)
-        self._keep(items, n, firsts, counts, group_of)
+        self._keep(items, n, firsts, counts, group_of, int(tid[0]) if one_thread else None)
+
+    def _none_late(self, found: tuple[int, int, bytes], ordinal: Int64Array) -> bool:
+        """Whether no operation of a usual buffer (``keeper_runs``' ``found``) is of an
+        iteration already dropped: its first iteration (after the run outside any, if it
+        starts so) newer than its thread's newest dropped."""
+        tid, first, firsts = found
+        if first < 0:  # the next run's ordinal (none: no iteration at all)
+            if len(firsts) <= 8:
+                return True
+            first = int(ordinal[int.from_bytes(firsts[8:16], sys.byteorder, signed=True)])
+        return first > self._dropped_upto.get(tid, -1)
 
     def _keep(self, items: AttributedOps, n: int, firsts: bytes | Int64Array,
-              counts: Int64Array | None, group_of: Int64Array | None) -> None:
+              counts: Int64Array | None, group_of: Int64Array | None,
+              thread: int | None) -> None:
         """Keep the ``n`` operations ``items``, its groups at rows ``firsts`` (``bytes``
         of int64 from C), of ``counts`` rows each (``None``: runs up to the next one), each
-        row's group ``group_of`` (``None``: the groups are runs of rows, in order); their
-        groups made when needed."""
+        row's group ``group_of`` (``None``: the groups are runs of rows, in order), all of
+        ``thread`` (``None``: look); their groups made when needed."""
         self._arrivals += 1
-        self._pending.append((items, firsts, counts, group_of, self._arrivals))
+        self._pending.append((items, firsts, counts, group_of, self._arrivals, thread))
         self.kept += n
         if self.kept > self.limit:
             self._settle()
             self._evict()
 
     def _settle(self) -> None:
-        """Make the pending buffers' blocks and groups, in the order they came."""
+        """Make the pending buffers' blocks and place their groups, in the order they came
+        (a group already kept: its rows added)."""
         pending, self._pending = self._pending, []
-        for items, firsts, counts, group_of, arrival in pending:
+        for items, firsts, counts, group_of, arrival, thread in pending:
             attr = items.attr
             if isinstance(firsts, bytes):
                 firsts = np.frombuffer(firsts, dtype=np.int64)
             if counts is None:  # runs: each up to the next one's first row, the last to n
-                counts = np.empty(len(firsts), dtype=np.int64)
-                counts[:-1] = firsts[1:] - firsts[:-1]
-                counts[-1] = len(attr.iteration) - firsts[-1]
-            groups: list[_Group] = []
-            block = _Block(items, group_of, groups, counts)
-            made, heap, push = self.groups, self._heap, heapq.heappush
-            for local, (o, c, t, end, rows) in enumerate(zip(
-                    attr.iteration[firsts].tolist(), attr.counted[firsts].tolist(),
-                    attr.tid[firsts].tolist(), attr.iter_end[firsts].tolist(),
-                    counts.tolist())):
-                gkey = ((OUTSIDE, arrival, 0) if o < 0 else
-                        (COUNTED if c == 1 else WARMUP, o, t))
-                group = made.get(gkey)
-                if group is None:
-                    group = made[gkey] = _Group(gkey, end, (block, local), rows)
-                    push(heap, gkey)
-                else:
-                    group.parts.append((block, local))
-                    group.rows += rows
-                groups.append(group)
+                bounds = firsts.tolist()
+                bounds.append(len(attr.iteration))
+                runs = list(map(operator.sub, bounds[1:], bounds[:-1]))
+            else:
+                runs = counts.tolist()
+            ordinals = attr.iteration[firsts].tolist()
+            ends = attr.iter_end[firsts].tolist()
+            counted = (attr.counted[firsts] == 1).tolist()
+            tids = attr.tid[firsts].tolist() if thread is None else repeat(thread)
+            keys: list[_Key] = list(zip(map(_CLASS.__getitem__, counted), ordinals, tids))
+            cum = first = None
+            if thread is not None and group_of is None:  # one thread, iterations ascending
+                first = 1 if ordinals[0] < 0 else 0  # (outside any iteration: the first)
+                if ordinals[-1] >= 0:
+                    self._tids.add(thread)
+                rest = counted[first:]  # warm-up iterations, then counted ones: in order
+                if (True not in rest or False not in rest[rest.index(True):]) and not (
+                        len(ordinals) > 1 and ordinals[1] < 0):  # (one run outside at most)
+                    cum = list(accumulate(runs))
+            if cum is not None and first is not None:
+                if first:
+                    keys[0] = (OUTSIDE, arrival, 0)
+                    self._outside.append(keys[:1], runs[:1], ends[:1])
+                self._place_ascending(keys, runs, ends, first)
+            else:
+                self._tids.update(tid for o, tid in zip(ordinals, attr.tid[firsts].tolist())
+                                  if o >= 0)
+                outside = False
+                for local, (o, count, end) in enumerate(zip(ordinals, runs, ends)):
+                    if o < 0:  # one group a buffer outside any iteration
+                        keys[local] = (OUTSIDE, arrival, 0)
+                        if outside:  # (runs of several ordinals below 0)
+                            self._outside.cum[-1] += count
+                        else:
+                            self._outside.append(keys[local:local + 1], [count], [end])
+                        outside = True
+                    else:
+                        self._iterations.place(keys[local], count, end)
+            block = _Block(items, group_of, keys, runs, cum)
             self.blocks.append(block)
+            heapq.heappush(self._block_heap,
+                           (keys[0] if cum is not None else min(keys), arrival, block))
+
+    def _place_ascending(self, keys: list[_Key], runs: list[int], ends: list[int],
+                         first: int) -> None:
+        """Place a block's iterations, ascending from ``keys[first]``."""
+        groups = self._iterations
+        if first == len(keys):
+            return
+        if len(groups) and keys[first] <= groups.keys[-1]:
+            if keys[first] == groups.keys[-1]:  # the newest iteration goes on
+                groups.cum[-1] += runs[first]
+                first += 1
+            else:  # (not after every one kept: each placed)
+                for key, count, end in zip(keys[first:], runs[first:], ends[first:]):
+                    groups.place(key, count, end)
+                return
+        if first < len(keys):
+            groups.append(keys[first:], runs[first:], ends[first:])
 
     def _count_dropped(self, items: AttributedOps) -> None:
         attr = items.attr
@@ -280,97 +467,132 @@ class AttributedKeeper:
         self.dropped_by[COUNTED] += int(((attr.iteration >= 0) & (attr.counted == 1)).sum())
 
     def _evict(self) -> None:
-        """Drop the groups first in line until the rest fits (then free their rows)."""
-        victims: dict[int, tuple[_Block, list[int]]] = {}
-        groups, heap, upto, by = self.groups, self._heap, self._dropped_upto, self.dropped_by
-        over, gone = self.kept - self.limit, 0  # (counted into kept and dropped at the end)
-        while over > 0:
-            if len(groups) == 1:  # alone larger than the limit: its newest rows stay
-                self.kept -= gone
-                self.dropped += gone
-                gone = 0
-                self._trim(groups[heap[0]], over)
-                break
-            group = groups.pop(heapq.heappop(heap))
-            for block, local in group.parts:
-                victim = victims.get(id(block))
-                if victim is None:
-                    victim = victims[id(block)] = (block, [])
-                victim[1].append(local)
-            group.parts = []  # no cycle left for the collector (a block's arrays in it)
-            cls, order, tid = group.key
-            rows = group.rows
-            over -= rows
-            gone += rows
-            by[cls] += rows
-            if cls != OUTSIDE:
-                if group.complete:
-                    self.dropped_iterations += 1
-                if order > upto.get(tid, -1):
-                    upto[tid] = order
+        """Drop the groups first in line until the rest fits (then their blocks' rows)."""
+        outside, iterations = self._outside, self._iterations
+        over = self.kept - self.limit
+        most = len(outside) + len(iterations) - 1  # (one left alone over it: trimmed)
+        first_iteration = iterations.head
+        n_out, gone_out = outside.pop(over, most)
+        n_it, gone_it = iterations.pop(over - gone_out, most - n_out)
+        gone = gone_out + gone_it
         self.kept -= gone
         self.dropped += gone
-        for block, locals_ in victims.values():
-            dead = block.rows_of(locals_)
-            if block.dead is not None:  # a group's rows die once: the others' stay
-                dead |= block.dead
-            block.live = block.size - int(np.count_nonzero(dead))
-            block.dead = dead
-        self._compact([block for block, _ in victims.values()])
+        by = self.dropped_by
+        by[OUTSIDE] += gone_out
+        last: _Key | None = None
+        if n_out:
+            last = outside.keys[outside.head - 1]
+        if n_it:
+            last = self._iterations_dropped(first_iteration, gone_it)
+        if last is not None:
+            self._drop_upto(last)
+            outside.forget()
+            iterations.forget()
+        if gone < over:
+            self._trim(over - gone)
+        if self._dead_rows > self.limit:
+            self._compact()
 
-    def _trim(self, group: _Group, count: int) -> None:
-        """Drop the oldest ``count`` rows of ``group``."""
-        if group.key[0] != OUTSIDE and group.complete:
-            self.dropped_iterations += 1
-        group.complete = False
+    def _iterations_dropped(self, first: int, gone: int) -> _Key:
+        """Count the iterations dropped, ``keys[first:head]`` of ``gone`` rows: by class,
+        whole or not, each thread's newest; the last one's key."""
+        groups, by, upto = self._iterations, self.dropped_by, self._dropped_upto
+        keys, head = groups.keys, groups.head
+        counted = bisect.bisect_left(keys, _FIRST_COUNTED, first, head)
+        warm = groups.before(counted) - groups.before(first)
+        by[WARMUP] += warm
+        by[COUNTED] += gone - warm
+        whole = head - first
+        if self._trimmed:
+            for key in keys[first:head]:
+                if key in self._trimmed:
+                    self._trimmed.discard(key)
+                    whole -= 1
+        self.dropped_iterations += whole
+        if len(self._tids) == 1:  # one thread: each class's last key is its newest
+            newest = max(keys[i][1] for i in {counted - 1, head - 1} if i >= first)
+            tid = keys[head - 1][2]
+            if newest > upto.get(tid, -1):
+                upto[tid] = newest
+        else:
+            for _cls, order, tid in keys[first:head]:
+                if order > upto.get(tid, -1):
+                    upto[tid] = order
+        return keys[head - 1]
+
+    def _drop_upto(self, last: _Key) -> None:
+        """Drop every block's groups up to the key ``last`` (all of them dropped)."""
+        heap, died, dead = self._block_heap, False, 0
+        while heap and heap[0][0] <= last:
+            _first, arrival, block = heapq.heappop(heap)
+            if not block.live:  # (freed by a trim)
+                continue
+            live = block.live
+            left = block.drop_upto(last)
+            dead += live - block.live
+            if block.live:
+                if left is not None:
+                    heapq.heappush(heap, (left, arrival, block))
+            else:
+                died = True
+        self._dead_rows += dead
+        if died:
+            self._free()
+
+    def _free(self) -> None:
+        """Forget the blocks whose rows are all dead."""
+        for block in self.blocks:
+            if not block.live:
+                self._dead_rows -= block.size
+        self.blocks = [block for block in self.blocks if block.live]
+
+    def _trim(self, count: int) -> None:
+        """Drop the oldest ``count`` rows of the one group left."""
+        groups = self._outside if len(self._outside) else self._iterations
+        key = groups.keys[groups.head]
+        if key[0] != OUTSIDE:
+            if key not in self._trimmed:
+                self.dropped_iterations += 1
+            self._trimmed.add(key)
         self.kept -= count
         self.dropped += count
-        self.dropped_by[group.key[0]] += count
-        group.rows -= count
-        touched = []
-        while count > 0:
-            block, local = group.parts[0]
+        self.dropped_by[key[0]] += count
+        groups.cum[groups.head] -= count
+        self._dead_rows += count
+        for block in self.blocks:  # its rows: every live row left, oldest block first
+            if count <= 0:
+                break
+            block.masked()
             if block.dead is None:
                 block.dead = np.zeros(block.size, dtype=bool)
-            rows = np.flatnonzero((block.group_of == local) & ~block.dead)
-            n = min(count, len(rows))
-            block.dead[rows[:n]] = True
+            live = np.flatnonzero(~block.dead)
+            n = min(count, len(live))
+            block.dead[live[:n]] = True
             block.live -= n
             count -= n
-            touched.append(block)
-            if n == len(rows):
-                group.parts.pop(0)
-        self._compact(touched)
+        if not all(block.live for block in self.blocks):
+            self._free()
 
-    def _compact(self, touched: list[_Block]) -> None:
-        """Free the blocks whose rows are all dead, copy the live rows of those half dead."""
-        if any(not block.live for block in touched):
-            self.blocks = [block for block in self.blocks if block.live]
-        for block in touched:
-            if not block.live:
-                block.groups = []
-            elif block.live * 2 < block.size and block.dead is not None:
-                live = np.flatnonzero(~block.dead)
-                a, b = int(live[0]), int(live[-1]) + 1
-                if b - a == len(live):  # one run of rows (the usual): copied, not gathered
-                    block.items = _copied(block.items, a, b)
-                    block.group_of = block.group_of[a:b].copy()
-                else:
-                    block.items = block.items.take(live)
-                    block.group_of = block.group_of[live]
-                block.dead = None
-                block.size = len(live)
+    def _compact(self) -> None:
+        """Copy the live rows of the deadest blocks until at most half the limit's rows
+        are dead (each row copied once per ``limit / 2`` rows dropped, at most)."""
+        for block in sorted(self.blocks, key=lambda b: b.live - b.size):
+            if self._dead_rows * 2 <= self.limit:
+                break
+            self._dead_rows -= block.size - block.live
+            block.compact()
 
     def records(self) -> AttributedOps:
         self._settle()
-        return AttributedOps.concat([b.items if b.dead is None else b.items.take(~b.dead)
-                                     for b in self.blocks])
+        return AttributedOps.concat([b.live_items() for b in self.blocks])
 
     def complete_iterations(self) -> set[tuple[int, int]]:
         """``(tid, end of the iteration range)`` of each iteration kept whole."""
         self._settle()
-        return {(g.key[2], g.iter_end) for g in self.groups.values()
-                if g.key[0] != OUTSIDE and g.complete}
+        groups = self._iterations
+        return {(key[2], end) for key, end in zip(groups.keys[groups.head:],
+                                                  groups.ends[groups.head:])
+                if key not in self._trimmed}
 
     def note(self) -> str | None:
         """What the trace left out, in one line (``None``: nothing)."""
