@@ -639,25 +639,39 @@ def test_the_trace_keeper_groups_a_buffer_in_c_as_numpy_does(extension):
 
 def test_the_trace_keepers_runs_in_c_are_numpys_at_every_row(extension):
     """``keeper_runs`` (four rows a turn, blocks of 512) says a buffer is one thread's in
-    order exactly where NumPy does, with each run's first row, whichever row breaks it:
-    another thread, or an ordinal that falls, at every row of buffers around those
-    sizes."""
+    order exactly where NumPy does, with each run's first row, the first run in an
+    iteration and the first counted one, whichever row breaks it: another thread, an
+    ordinal that falls, or a warm-up run after a counted one, at every row of buffers
+    around those sizes."""
     for n in (1, 2, 3, 4, 5, 8, 9, 511, 512, 513, 1030):
         it = np.repeat(np.arange(-1, n), 7)[:n].astype(np.int64)
         tid = np.full(n, 1 << 40, dtype=np.int64)
-        thread, first, firsts = extension.keeper_runs((it, tid))
-        assert (thread, first) == (1 << 40, -1)
-        assert np.frombuffer(firsts, np.int64).tolist() == [0, *np.flatnonzero(np.diff(it)) + 1]
+        counted = (it >= 3).astype(np.int64)
+        found = extension.keeper_runs((it, tid, counted))
+        thread, firsts, counted_row, first_run, start, first, last_row, last = found
+        runs = [0, *np.flatnonzero(np.diff(it)) + 1]
+        assert thread == 1 << 40 and np.frombuffer(firsts, np.int64).tolist() == runs
+        assert (first_run, start, first) == ((1, 7, 0) if n > 7 else (1, n, -1))
+        assert counted_row == (int(np.argmax(it >= 3)) if (it >= 3).any() else n)
+        assert (last_row, last) == (runs[-1], it[-1])
         for row in range(n):
             other = tid.copy()
             other[row] ^= 1 << (row % 63)  # one bit off, anywhere (the first: all the rest)
-            assert extension.keeper_runs((it, other)) is None or n == 1
+            assert extension.keeper_runs((it, other, counted)) is None or n == 1
             if row:
                 fell = it.copy()
                 fell[row] = it[row - 1] - 1
-                assert extension.keeper_runs((fell, tid)) is None
+                assert extension.keeper_runs((fell, tid, counted)) is None
+            if row in runs and counted[row] == 1 and it[row] >= 0:  # a counted run goes
+                warm = counted.copy()  # back to warm-up: C leaves it to NumPy
+                warm[row] = 0
+                assert (extension.keeper_runs((it, tid, warm)) is None) == (
+                    counted[runs].tolist().index(1) < runs.index(row))
+                warm[row] = 5  # (any other value is warm-up)
+                assert (extension.keeper_runs((it, tid, warm)) is None) == (
+                    counted[runs].tolist().index(1) < runs.index(row))
     empty = np.zeros(0, dtype=np.int64)
-    assert extension.keeper_runs((empty, empty)) is None
+    assert extension.keeper_runs((empty, empty, empty)) is None
 
 
 def test_the_trace_keeper_makes_a_usual_buffers_groups_only_when_needed(extension):

@@ -30,7 +30,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import operator
-import sys
+from collections import deque
 from dataclasses import dataclass
 from itertools import accumulate, repeat
 from types import ModuleType
@@ -182,16 +182,98 @@ class _Block:
         self.size = self.live
 
 
+class _LaneBlock:
+    """A usual block in the lane (one thread, its groups' keys ascending after those of the
+    blocks before it): its groups are runs of rows (``firsts``: each one's first row, C's
+    bytes until read, then seen as int64 and searched by bisection), no key made; the first
+    outside any iteration where ``first_run`` (its rows up to ``start``); its counted runs
+    from ``counted_row``; ``merged``: its first iteration goes on from the block before.
+    Its dead rows are its first ``lo`` (``head`` runs)."""
+
+    __slots__ = ("arrival", "counted_row", "first_run", "firsts", "head", "items", "live",
+                 "lo", "merged", "size", "start", "tid")
+
+    def __init__(self, items: AttributedOps, n: int, firsts: bytes, arrival: int, tid: int,
+                 start: int, counted_row: int, merged: bool) -> None:
+        self.items = items
+        self.firsts: bytes | memoryview | list[int] = firsts
+        self.arrival = arrival
+        self.tid = tid
+        self.start = start
+        self.first_run = 1 if start else 0
+        self.counted_row = counted_row
+        self.merged = merged
+        self.head = self.lo = 0
+        self.size = self.live = n
+
+    def rows(self) -> memoryview | list[int]:
+        """Each run's first row."""
+        if isinstance(self.firsts, bytes):
+            self.firsts = memoryview(self.firsts).cast("q")
+        return self.firsts
+
+    def array(self) -> Int64Array:
+        return np.asarray(self.rows(), dtype=np.int64)
+
+    def drop_upto(self, last: _Key) -> _Key | None:
+        """Drop its group outside any iteration (the lane drops its iterations)."""
+        if self.head < self.first_run:
+            self.live -= self.start
+            self.lo, self.head = self.start, self.first_run
+        return None
+
+    def live_items(self) -> AttributedOps:
+        return _copied(self.items, self.lo, self.size) if self.lo else self.items
+
+    def compact(self) -> None:
+        """Its live rows copied, the dead ones freed."""
+        lo, head = self.lo, self.head
+        if not lo:
+            return
+        self.firsts = [first - lo for first in self.rows()[head:]]
+        self.items = _copied(self.items, lo, self.size)
+        if head > self.first_run:  # (its first iteration gone)
+            self.merged = False
+        self.start = self.first_run = self.head = self.lo = 0
+        self.counted_row = max(self.counted_row - lo, 0)
+        self.size = self.live
+
+    def whole(self) -> list[tuple[int, int]]:
+        """``(tid, iteration end)`` of each iteration whose first part it holds."""
+        first = max(self.head, self.first_run)
+        if self.merged and self.head <= self.first_run:
+            first += 1
+        ends = self.items.attr.iter_end[self.array()[first:]].tolist()
+        return list(zip(repeat(self.tid), ends))
+
+    def general(self) -> tuple[_Block, list[int]]:
+        """The same as a :class:`_Block` with its keys made, and its groups' iteration
+        ends."""
+        firsts, attr = self.array(), self.items.attr
+        bounds = firsts.tolist()
+        bounds.append(self.size)
+        runs = list(map(operator.sub, bounds[1:], bounds[:-1]))
+        counted = (attr.counted[firsts] == 1).tolist()
+        keys: list[_Key] = list(zip(map(_CLASS.__getitem__, counted),
+                                    attr.iteration[firsts].tolist(), repeat(self.tid)))
+        if self.first_run:
+            keys[0] = (OUTSIDE, self.arrival, 0)
+        block = _Block(self.items, None, keys, runs, list(accumulate(runs)))
+        block.head, block.lo, block.live = self.head, self.lo, self.live
+        return block, attr.iter_end[firsts].tolist()
+
+
 class _Groups:
     """Groups in key order, from ``head``: their keys, rows summed from the first (``cum``,
     ``base`` before it) and the iteration end of each one's first part."""
 
-    __slots__ = ("base", "cum", "ends", "head", "keys")
+    __slots__ = ("base", "cum", "ends", "head", "keys", "owners")
 
     def __init__(self) -> None:
         self.keys: list[_Key] = []
         self.cum: list[int] = []
         self.ends: list[int] = []
+        self.owners: list[_Block | _LaneBlock] = []  # (of those outside: each one's block)
         self.head = 0
         self.base = 0  # the rows summed before ``keys[0]``
 
@@ -209,6 +291,13 @@ class _Groups:
         self.cum += accumulate(runs, initial=start)
         del self.cum[-len(runs) - 1]  # (the start)
         self.ends += ends
+
+    def add(self, key: _Key, count: int, owner: _Block | _LaneBlock) -> None:
+        """One group outside any iteration after every one here, of block ``owner``."""
+        self.keys.append(key)
+        self.cum.append((self.cum[-1] if self.cum else self.base) + count)
+        self.ends.append(-1)
+        self.owners.append(owner)
 
     def place(self, key: _Key, count: int, end: int) -> None:
         """A group's ``count`` rows in key order (added to the group's if here)."""
@@ -241,16 +330,21 @@ class _Groups:
         head = self.head
         if head > 64 and head * 2 > len(self.keys):
             self.base = self.cum[head - 1]
-            del self.keys[:head], self.cum[:head], self.ends[:head]
+            del self.keys[:head], self.cum[:head], self.ends[:head], self.owners[:head]
             self.head = 0
 
 
+#: ``keeper_runs``' word on a usual buffer: (thread, each run's first row, the first counted
+#: run's row, the first run in an iteration, its row, its ordinal, the last run's row, the
+#: last ordinal).
+_Usual = tuple[int, bytes, int, int, int, int, int, int]
 #: A buffer kept whose groups are not made yet: its operations, each group's first row
 #: (``bytes`` of native int64 from C, or an array), rows per group (``None``: up to the next
 #: group's first row, the groups runs in order), each row's group (``None``: runs), its
-#: arrival (the key of its group outside any iteration) and its one thread (``None``: look).
+#: arrival (the key of its group outside any iteration), its one thread (``None``: look)
+#: and, for a usual buffer, C's word on it (``_Usual``).
 _Pending = tuple[AttributedOps, bytes | Int64Array, Int64Array | None, Int64Array | None,
-                 int, int | None]
+                 int, int | None, _Usual | None]
 
 
 def _copied(items: AttributedOps, a: int, b: int) -> AttributedOps:
@@ -280,8 +374,14 @@ class AttributedKeeper:
     sorted list with its rows summed (:class:`_Groups`: those outside any iteration, then
     the iterations), and in its blocks' lists of keys.  An eviction finds where the rest
     fits by bisection, then drops every block's groups up to the last key dropped (the
-    blocks in a heap by their first key left): in the usual block, a count of rows.  So a
-    usual buffer costs a few list operations, whatever its iterations.
+    blocks in a heap by their first key left): in the usual block, a count of rows.
+
+    The lane: while no other iteration is kept, the usual buffers (one thread, keys
+    ascending from one buffer to the next: C says so) are kept as :class:`_LaneBlock`,
+    with no key made at all; an eviction drops their first runs of rows by one search of
+    a block's first rows.  So a usual buffer costs the same few operations at the limit,
+    whatever its iterations.  Anything else (or a last group to trim) places the lane's
+    groups as above first (:meth:`_leave_lane`): the same groups, in the same order.
     """
 
     def __init__(self, limit: int, native: ModuleType | None = None) -> None:
@@ -290,14 +390,19 @@ class AttributedKeeper:
         #: or ``None``: NumPy groups every buffer.
         self.native = native if hasattr(native, "keeper_runs") else None
         #: the blocks made (``_settle`` first: buffers may be pending)
-        self.blocks: list[_Block] = []
+        self.blocks: list[_Block | _LaneBlock] = []
         self._pending: list[_Pending] = []
+        # the lane (no other iteration kept meanwhile): its blocks, live rows and groups,
+        # its newest group's key and rows
+        self._lane: deque[_LaneBlock] = deque()
+        self._lane_rows = self._lane_groups = self._lane_last_rows = 0
+        self._lane_last: _Key | None = None
         self._outside = _Groups()     # outside any iteration: one a buffer at most
         self._iterations = _Groups()  # warm-up, then counted
         self._tids: set[int] = set()  # the threads of the iterations placed
         self._trimmed: set[_Key] = set()  # the groups kept in part (not whole)
         # the blocks with groups kept, by their first such key: (key, arrival, block)
-        self._block_heap: list[tuple[_Key, int, _Block]] = []
+        self._block_heap: list[tuple[_Key, int, _Block | _LaneBlock]] = []
         self._dead_rows = 0  # rows of dropped groups still in blocks
         self._dropped_upto: dict[int, int] = {}  # tid -> its newest iteration dropped
         self._arrivals = 0
@@ -314,13 +419,14 @@ class AttributedKeeper:
         if not n:
             return
         if self.native is not None and self.limit:  # the usual: one thread, in order
-            try:  # (thread, first ordinal, each run's first row) or None
-                found = self.native.keeper_runs((ordinal, tid))
+            try:  # (thread, each run's first row, ... as _Usual) or None
+                found = self.native.keeper_runs((ordinal, tid, items.attr.counted))
             except (ValueError, BufferError):  # not contiguous int64: NumPy's path below
                 found = None
-            if found is not None and (not self._dropped_upto or self._none_late(
-                    found, ordinal)):
-                self._keep(items, n, found[2], None, None, found[0])
+            if found is not None and (  # none late: its first iteration after those dropped
+                    not self._dropped_upto or found[4] == n or
+                    found[5] > self._dropped_upto.get(found[0], -1)):
+                self._keep(items, n, found[1], None, None, found[0], found)
                 return
         one_thread = bool((tid == tid[0]).all())
         lowest = int(ordinal.min())
@@ -363,28 +469,19 @@ class AttributedKeeper:
             _uniq, firsts, inverse, counts = np.unique(
                 key, return_index=True, return_inverse=True, return_counts=True)
             group_of = np.asarray(inverse, dtype=np.int64).reshape(-1)
-        self._keep(items, n, firsts, counts, group_of, int(tid[0]) if one_thread else None)
-
-    def _none_late(self, found: tuple[int, int, bytes], ordinal: Int64Array) -> bool:
-        """Whether no operation of a usual buffer (``keeper_runs``' ``found``) is of an
-        iteration already dropped: its first iteration (after the run outside any, if it
-        starts so) newer than its thread's newest dropped."""
-        tid, first, firsts = found
-        if first < 0:  # the next run's ordinal (none: no iteration at all)
-            if len(firsts) <= 8:
-                return True
-            first = int(ordinal[int.from_bytes(firsts[8:16], sys.byteorder, signed=True)])
-        return first > self._dropped_upto.get(tid, -1)
+        self._keep(items, n, firsts, counts, group_of, int(tid[0]) if one_thread else None,
+                   None)
 
     def _keep(self, items: AttributedOps, n: int, firsts: bytes | Int64Array,
               counts: Int64Array | None, group_of: Int64Array | None,
-              thread: int | None) -> None:
+              thread: int | None, usual: _Usual | None) -> None:
         """Keep the ``n`` operations ``items``, its groups at rows ``firsts`` (``bytes``
         of int64 from C), of ``counts`` rows each (``None``: runs up to the next one), each
         row's group ``group_of`` (``None``: the groups are runs of rows, in order), all of
-        ``thread`` (``None``: look); their groups made when needed."""
+        ``thread`` (``None``: look), ``usual`` C's word on a usual buffer; their groups made
+        when needed."""
         self._arrivals += 1
-        self._pending.append((items, firsts, counts, group_of, self._arrivals, thread))
+        self._pending.append((items, firsts, counts, group_of, self._arrivals, thread, usual))
         self.kept += n
         if self.kept > self.limit:
             self._settle()
@@ -394,7 +491,9 @@ class AttributedKeeper:
         """Make the pending buffers' blocks and place their groups, in the order they came
         (a group already kept: its rows added)."""
         pending, self._pending = self._pending, []
-        for items, firsts, counts, group_of, arrival, thread in pending:
+        for items, firsts, counts, group_of, arrival, thread, usual in pending:
+            if usual is not None and self._to_lane(items, arrival, usual):
+                continue
             attr = items.attr
             if isinstance(firsts, bytes):
                 firsts = np.frombuffer(firsts, dtype=np.int64)
@@ -405,42 +504,90 @@ class AttributedKeeper:
             else:
                 runs = counts.tolist()
             ordinals = attr.iteration[firsts].tolist()
+            if self._lane and max(ordinals) >= 0:
+                self._leave_lane()  # (iterations of another order)
             ends = attr.iter_end[firsts].tolist()
             counted = (attr.counted[firsts] == 1).tolist()
             tids = attr.tid[firsts].tolist() if thread is None else repeat(thread)
             keys: list[_Key] = list(zip(map(_CLASS.__getitem__, counted), ordinals, tids))
-            cum = first = None
+            local = 0  # those outside any iteration come first (one run, usually)
+            while local < len(ordinals) and ordinals[local] < 0:
+                keys[local] = (OUTSIDE, arrival, 0)  # one group a buffer
+                local += 1
+            cum = None
             if thread is not None and group_of is None:  # one thread, iterations ascending
-                first = 1 if ordinals[0] < 0 else 0  # (outside any iteration: the first)
                 if ordinals[-1] >= 0:
                     self._tids.add(thread)
-                rest = counted[first:]  # warm-up iterations, then counted ones: in order
-                if (True not in rest or False not in rest[rest.index(True):]) and not (
-                        len(ordinals) > 1 and ordinals[1] < 0):  # (one run outside at most)
-                    cum = list(accumulate(runs))
-            if cum is not None and first is not None:
-                if first:
-                    keys[0] = (OUTSIDE, arrival, 0)
-                    self._outside.append(keys[:1], runs[:1], ends[:1])
-                self._place_ascending(keys, runs, ends, first)
+                rest = counted[local:]  # warm-up iterations, then counted ones: in order
+                if local <= 1 and (True not in rest or False not in rest[rest.index(True):]):
+                    cum = list(accumulate(runs))  # (one run outside any iteration at most)
             else:
                 self._tids.update(tid for o, tid in zip(ordinals, attr.tid[firsts].tolist())
                                   if o >= 0)
-                outside = False
-                for local, (o, count, end) in enumerate(zip(ordinals, runs, ends)):
-                    if o < 0:  # one group a buffer outside any iteration
-                        keys[local] = (OUTSIDE, arrival, 0)
-                        if outside:  # (runs of several ordinals below 0)
-                            self._outside.cum[-1] += count
-                        else:
-                            self._outside.append(keys[local:local + 1], [count], [end])
-                        outside = True
-                    else:
-                        self._iterations.place(keys[local], count, end)
             block = _Block(items, group_of, keys, runs, cum)
             self.blocks.append(block)
             heapq.heappush(self._block_heap,
                            (keys[0] if cum is not None else min(keys), arrival, block))
+            outside = False
+            for o, key, count in zip(ordinals, keys, runs):  # outside any iteration
+                if o < 0:
+                    if outside:  # (runs of several ordinals below 0)
+                        self._outside.cum[-1] += count
+                    else:
+                        self._outside.add(key, count, block)
+                    outside = True
+            if cum is not None:
+                self._place_ascending(keys, runs, ends, local)
+            else:
+                for o, key, count, end in zip(ordinals, keys, runs, ends):
+                    if o >= 0:
+                        self._iterations.place(key, count, end)
+
+    def _to_lane(self, items: AttributedOps, arrival: int, usual: _Usual) -> bool:
+        """Keep a usual buffer in the lane if it may go there (no other iteration kept, its
+        thread the lane's, its first key not below the lane's newest, one run outside any
+        iteration at most)."""
+        tid, firsts, counted_row, first_run, start, first, last_row, newest = usual
+        n, iterations = len(items.attr.iteration), self._iterations
+        if len(iterations.keys) > iterations.head or first_run > 1 or start == n:
+            return False
+        key = (COUNTED if counted_row == start else WARMUP, first, tid)
+        last = self._lane_last
+        merged = key == last
+        if last is not None and (tid != last[2] or not (merged or key > last)):
+            return False
+        self._lane_last = (COUNTED if counted_row < n else WARMUP, newest, tid)
+        runs = (len(firsts) >> 3) - first_run
+        if merged and runs == 1:  # the newest group goes on
+            self._lane_last_rows += n - start
+        else:
+            self._lane_last_rows = n - last_row
+        self._lane_groups += runs - merged
+        self._lane_rows += n - start
+        block = _LaneBlock(items, n, firsts, arrival, tid, start, counted_row, merged)
+        self.blocks.append(block)
+        self._lane.append(block)
+        if start:
+            self._outside.add((OUTSIDE, arrival, 0), start, block)
+        return True
+
+    def _leave_lane(self) -> None:
+        """Place the lane's groups as any block's (its blocks made :class:`_Block`)."""
+        made: dict[int, _Block] = {}
+        for lane_block in self._lane:
+            block, ends = lane_block.general()
+            made[id(lane_block)] = block
+            self._tids.add(lane_block.tid)
+            self._place_ascending(block.keys, block.runs, ends,
+                                  max(block.head, lane_block.first_run))
+            heapq.heappush(self._block_heap,
+                           (block.keys[block.head], lane_block.arrival, block))
+        self.blocks = [made.get(id(b), b) for b in self.blocks]
+        owners = self._outside.owners
+        owners[:] = [made.get(id(b), b) for b in owners]
+        self._lane.clear()
+        self._lane_rows = self._lane_groups = self._lane_last_rows = 0
+        self._lane_last = None
 
     def _place_ascending(self, keys: list[_Key], runs: list[int], ends: list[int],
                          first: int) -> None:
@@ -470,28 +617,84 @@ class AttributedKeeper:
         """Drop the groups first in line until the rest fits (then their blocks' rows)."""
         outside, iterations = self._outside, self._iterations
         over = self.kept - self.limit
-        most = len(outside) + len(iterations) - 1  # (one left alone over it: trimmed)
-        first_iteration = iterations.head
-        n_out, gone_out = outside.pop(over, most)
-        n_it, gone_it = iterations.pop(over - gone_out, most - n_out)
-        gone = gone_out + gone_it
+        most = len(outside) + len(iterations) + self._lane_groups - 1  # (one left: trimmed)
+        n_out, gone = outside.pop(over, most)
+        self.dropped_by[OUTSIDE] += gone
+        if n_out:
+            self._drop_outside(outside.head - n_out)
+        need = over - gone
+        if need > 0 and self._lane and need > self._lane_rows - self._lane_last_rows:
+            self._leave_lane()  # (its newest group to drop or trim)
+        if need > 0 and self._lane:
+            gone += self._pop_lane(need)
+        elif need > 0:
+            first = iterations.head
+            n_it, gone_it = iterations.pop(need, most - n_out)
+            if n_it:
+                self._drop_upto(self._iterations_dropped(first, gone_it))
+                iterations.forget()
+            gone += gone_it
         self.kept -= gone
         self.dropped += gone
-        by = self.dropped_by
-        by[OUTSIDE] += gone_out
-        last: _Key | None = None
-        if n_out:
-            last = outside.keys[outside.head - 1]
-        if n_it:
-            last = self._iterations_dropped(first_iteration, gone_it)
-        if last is not None:
-            self._drop_upto(last)
-            outside.forget()
-            iterations.forget()
         if gone < over:
             self._trim(over - gone)
         if self._dead_rows > self.limit:
             self._compact()
+
+    def _drop_outside(self, first: int) -> None:
+        """Drop the rows of the groups outside any iteration dropped, from ``first``."""
+        outside, died, dead = self._outside, 0, 0
+        for key, block in zip(outside.keys[first:outside.head],
+                              outside.owners[first:outside.head]):
+            live = block.live
+            block.drop_upto(key)  # (its entry in the heap, if any, stays: then dropped)
+            dead += live - block.live
+            died += not block.live
+        self._dead_rows += dead
+        outside.forget()
+        if died:
+            self._free(died)
+
+    def _pop_lane(self, need: int) -> int:
+        """Drop the lane's first groups until ``need`` rows are gone (never its newest
+        group): the rows gone."""
+        lane = self._lane
+        gone = warm = groups = died = 0
+        block = newest = lane[0]
+        while True:
+            firsts, lo = block.rows(), block.lo
+            head = bisect.bisect_left(firsts, lo + need, block.head)  # the first run left
+            end = firsts[head] if head < len(firsts) else block.size
+            if block.counted_row > lo:
+                warm += min(end, block.counted_row) - lo
+            groups += head - block.head - (block.merged and block.head == block.first_run)
+            block.lo, block.head = end, head
+            newest = block
+            block.live -= end - lo
+            gone += end - lo
+            need -= end - lo
+            if block.live:
+                break
+            died += 1
+            lane.popleft()
+            block = lane[0]
+            if need <= 0:
+                if not block.merged:
+                    break
+                need = 1  # the rest of its group goes too
+        by, upto = self.dropped_by, self._dropped_upto
+        by[WARMUP] += warm
+        by[COUNTED] += gone - warm
+        self.dropped_iterations += groups
+        self._lane_groups -= groups
+        self._lane_rows -= gone
+        self._dead_rows += gone
+        ordinal = int(newest.items.attr.iteration[newest.lo - 1])  # the last dropped
+        if ordinal > upto.get(newest.tid, -1):
+            upto[newest.tid] = ordinal
+        if died:
+            self._free(died)
+        return gone
 
     def _iterations_dropped(self, first: int, gone: int) -> _Key:
         """Count the iterations dropped, ``keys[first:head]`` of ``gone`` rows: by class,
@@ -522,7 +725,7 @@ class AttributedKeeper:
 
     def _drop_upto(self, last: _Key) -> None:
         """Drop every block's groups up to the key ``last`` (all of them dropped)."""
-        heap, died, dead = self._block_heap, False, 0
+        heap, died, dead = self._block_heap, 0, 0
         while heap and heap[0][0] <= last:
             _first, arrival, block = heapq.heappop(heap)
             if not block.live:  # (freed by a trim)
@@ -530,21 +733,29 @@ class AttributedKeeper:
             live = block.live
             left = block.drop_upto(last)
             dead += live - block.live
-            if block.live:
-                if left is not None:
-                    heapq.heappush(heap, (left, arrival, block))
-            else:
-                died = True
+            if not block.live:
+                died += 1
+            elif left is not None:
+                heapq.heappush(heap, (left, arrival, block))
         self._dead_rows += dead
         if died:
-            self._free()
+            self._free(died)
 
-    def _free(self) -> None:
-        """Forget the blocks whose rows are all dead."""
-        for block in self.blocks:
+    def _free(self, died: int) -> None:
+        """Forget the ``died`` blocks whose rows are all dead (the oldest, usually)."""
+        blocks = self.blocks
+        for block in blocks[:died]:
+            if block.live:
+                break
+        else:
+            for block in blocks[:died]:
+                self._dead_rows -= block.size
+            del blocks[:died]
+            return
+        for block in blocks:
             if not block.live:
                 self._dead_rows -= block.size
-        self.blocks = [block for block in self.blocks if block.live]
+        self.blocks = [block for block in blocks if block.live]
 
     def _trim(self, count: int) -> None:
         """Drop the oldest ``count`` rows of the one group left."""
@@ -562,6 +773,8 @@ class AttributedKeeper:
         for block in self.blocks:  # its rows: every live row left, oldest block first
             if count <= 0:
                 break
+            if not isinstance(block, _Block):  # (none: a lane keeps its newest group)
+                continue
             block.masked()
             if block.dead is None:
                 block.dead = np.zeros(block.size, dtype=bool)
@@ -570,8 +783,9 @@ class AttributedKeeper:
             block.dead[live[:n]] = True
             block.live -= n
             count -= n
-        if not all(block.live for block in self.blocks):
-            self._free()
+        died = sum(not block.live for block in self.blocks)
+        if died:
+            self._free(died)
 
     def _compact(self) -> None:
         """Copy the live rows of the deadest blocks until at most half the limit's rows
@@ -590,9 +804,12 @@ class AttributedKeeper:
         """``(tid, end of the iteration range)`` of each iteration kept whole."""
         self._settle()
         groups = self._iterations
-        return {(key[2], end) for key, end in zip(groups.keys[groups.head:],
-                                                  groups.ends[groups.head:])
-                if key not in self._trimmed}
+        whole = {(key[2], end) for key, end in zip(groups.keys[groups.head:],
+                                                   groups.ends[groups.head:])
+                 if key not in self._trimmed}
+        for block in self._lane:
+            whole.update(block.whole())
+        return whole
 
     def note(self) -> str | None:
         """What the trace left out, in one line (``None``: nothing)."""

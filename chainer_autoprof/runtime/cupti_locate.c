@@ -1127,12 +1127,17 @@ done:
 
 /* -- the trace keeper's groups (AttributedKeeper.add) ---------------------------------------
  *
- * keeper_runs((iteration, tid)) -> (tid, first iteration, firsts): the runs of equal
- * iteration ordinals, firsts the bytes of each run's first row (native int64), when every
- * operation is of one thread and the ordinals never fall (the usual buffer); None otherwise
- * (the keeper's NumPy path groups them).  No operation: None.  Nothing per run is made a
- * Python object: the keeper reads the runs' columns with NumPy only when it needs them. */
-enum { G_ITERATION, G_TID, G_N };
+ * keeper_runs((iteration, tid, counted)) -> (tid, firsts, counted row, first run, its row,
+ * its ordinal, last run's row, last ordinal): the runs of equal iteration ordinals, firsts
+ * the bytes of each run's first row (native int64); the first run in an iteration (after
+ * those outside any: ordinal < 0), its first row and ordinal (none: the run count, n, -1);
+ * the counted row the first row of the first run in an iteration whose first row is counted
+ * (counted == 1; n: none); when every operation is of one thread, the ordinals never fall
+ * and no warm-up run follows a counted one (the usual buffer: its groups' keys ascend); None
+ * otherwise (the keeper's NumPy path groups them).  No operation: None.  Nothing per run is
+ * made a Python object: the keeper reads the runs' columns with NumPy only when it needs
+ * them. */
+enum { G_ITERATION, G_TID, G_COUNTED, G_N };
 
 /* Two rows in one SSE2 or NEON register (GCC's and Clang's vector extension), four rows a
  * turn: the check below is some four instructions a row, not sixteen. */
@@ -1217,8 +1222,32 @@ static PyObject *cupti_keeper_runs(PyObject *self, PyObject *cols_obj)
     }
     for (Py_ssize_t first = 0; first < n; first = run_end(it, n, first)) /* runs: searched */
         firsts[runs++] = first;
-    result = Py_BuildValue("(LLy#)", (long long)thread, (long long)it[0], (const char *)firsts,
-                           runs * (Py_ssize_t)sizeof(int64_t));
+    const int64_t *counted = c[G_COUNTED];
+    Py_ssize_t counted_row = n; /* warm-up runs, then counted ones (by each run's first row) */
+    Py_ssize_t first_run = runs;
+    int falls = 0;
+    for (Py_ssize_t r = 0; r < runs && !falls; r++) {
+        int64_t f = firsts[r];
+        if (it[f] < 0)
+            continue;
+        if (first_run == runs)
+            first_run = r;
+        if (counted[f] == 1) {
+            if (counted_row == n)
+                counted_row = f;
+        } else {
+            falls = counted_row != n;
+        }
+    }
+    if (falls)
+        result = Py_NewRef(Py_None);
+    else
+        result = Py_BuildValue(
+            "(Ly#nnnLnL)", (long long)thread, (const char *)firsts,
+            runs * (Py_ssize_t)sizeof(int64_t), counted_row, first_run,
+            first_run < runs ? (Py_ssize_t)firsts[first_run] : n,
+            (long long)(first_run < runs ? it[firsts[first_run]] : -1),
+            (Py_ssize_t)firsts[runs - 1], (long long)it[n - 1]);
     PyMem_Free(firsts);
 done:
     release_all(&h);
@@ -1249,7 +1278,8 @@ static PyMethodDef figure_methods[] = { /* the figures' sums */
        "kernel_sums(table, columns, kernel_kind): counted kernels per name, link, direction."),
     FN(kernel_rows, METH_O, "kernel_rows(table): its rows, in order."),
     FN(keeper_runs, METH_O,
-       "keeper_runs((iteration, tid)): (tid, first iteration, each run's first row), or None."),
+       "keeper_runs((iteration, tid, counted)): (tid, each run's first row, the first counted "
+       "run's, the first iteration's run, row and ordinal, the last run's row, ordinal), or None."),
     {NULL, NULL, 0, NULL},
 };
 
