@@ -184,23 +184,27 @@ class _Block:
 
 class _LaneBlock:
     """A usual block in the lane (one thread, its groups' keys ascending after those of the
-    blocks before it): its groups are runs of rows (``firsts``: each one's first row, C's
-    bytes until read, then seen as int64 and searched by bisection), no key made; the first
-    outside any iteration where ``first_run`` (its rows up to ``start``); its counted runs
-    from ``counted_row``; ``merged``: its first iteration goes on from the block before.
-    Its dead rows are its first ``lo`` (``head`` runs)."""
+    groups kept before it): its groups are runs of rows (``firsts``: each one's first row,
+    C's bytes until read, then seen as int64 and searched by bisection), no key made.  Its
+    first ``first_run`` runs (rows up to ``start``) are not the lane's: one outside any
+    iteration, and the end of the newest iteration kept before the lane began (``pre``:
+    their keys); its counted runs from ``counted_row``; ``merged``: its first run goes on
+    from the block before in the lane.  Its dead rows are its first ``lo`` (``head``
+    runs)."""
 
     __slots__ = ("arrival", "counted_row", "first_run", "firsts", "head", "items", "live",
-                 "lo", "merged", "size", "start", "tid")
+                 "lo", "merged", "pre", "size", "start", "tid")
 
-    def __init__(self, items: AttributedOps, n: int, firsts: bytes, arrival: int, tid: int,
-                 start: int, counted_row: int, merged: bool) -> None:
+    def __init__(self, items: AttributedOps, n: int, firsts: bytes | memoryview, arrival: int,
+                 tid: int, pre: list[_Key], start: int, counted_row: int,
+                 merged: bool) -> None:
         self.items = items
         self.firsts: bytes | memoryview | list[int] = firsts
         self.arrival = arrival
         self.tid = tid
+        self.pre = pre
+        self.first_run = len(pre)
         self.start = start
-        self.first_run = 1 if start else 0
         self.counted_row = counted_row
         self.merged = merged
         self.head = self.lo = 0
@@ -216,11 +220,16 @@ class _LaneBlock:
         return np.asarray(self.rows(), dtype=np.int64)
 
     def drop_upto(self, last: _Key) -> _Key | None:
-        """Drop its group outside any iteration (the lane drops its iterations)."""
-        if self.head < self.first_run:
-            self.live -= self.start
-            self.lo, self.head = self.start, self.first_run
-        return None
+        """Drop its runs before the lane's up to the key ``last`` (the lane drops the
+        others); the key of the next one (``None``: none)."""
+        head, pre = self.head, self.pre
+        while head < len(pre) and pre[head] <= last:
+            head += 1
+        if head > self.head:
+            lo = self.rows()[head] if head < len(self.rows()) else self.size
+            self.live -= lo - self.lo
+            self.head, self.lo = head, lo
+        return pre[head] if head < len(pre) else None
 
     def live_items(self) -> AttributedOps:
         return _copied(self.items, self.lo, self.size) if self.lo else self.items
@@ -232,9 +241,12 @@ class _LaneBlock:
             return
         self.firsts = [first - lo for first in self.rows()[head:]]
         self.items = _copied(self.items, lo, self.size)
-        if head > self.first_run:  # (its first iteration gone)
+        if head > self.first_run:  # (its first run gone)
             self.merged = False
-        self.start = self.first_run = self.head = self.lo = 0
+        self.pre = self.pre[head:]
+        self.first_run = len(self.pre)
+        self.start = max(self.start - lo, 0)
+        self.head = self.lo = 0
         self.counted_row = max(self.counted_row - lo, 0)
         self.size = self.live
 
@@ -256,8 +268,7 @@ class _LaneBlock:
         counted = (attr.counted[firsts] == 1).tolist()
         keys: list[_Key] = list(zip(map(_CLASS.__getitem__, counted),
                                     attr.iteration[firsts].tolist(), repeat(self.tid)))
-        if self.first_run:
-            keys[0] = (OUTSIDE, self.arrival, 0)
+        keys[:self.first_run] = self.pre
         block = _Block(self.items, None, keys, runs, list(accumulate(runs)))
         block.head, block.lo, block.live = self.head, self.lo, self.live
         return block, attr.iter_end[firsts].tolist()
@@ -544,44 +555,61 @@ class AttributedKeeper:
                         self._iterations.place(key, count, end)
 
     def _to_lane(self, items: AttributedOps, arrival: int, usual: _Usual) -> bool:
-        """Keep a usual buffer in the lane if it may go there (no other iteration kept, its
-        thread the lane's, its first key not below the lane's newest, one run outside any
-        iteration at most)."""
-        tid, firsts, counted_row, first_run, start, first, last_row, newest = usual
-        n, iterations = len(items.attr.iteration), self._iterations
-        if len(iterations.keys) > iterations.head or first_run > 1 or start == n:
+        """Keep a usual buffer in the lane if it may go there: its thread the lane's, its
+        first key not below the lane's newest (no lane: above every iteration kept, or the
+        newest one's end, then the lane's from its next run), one run outside any
+        iteration at most."""
+        tid, runs_bytes, counted_row, first_run, start, first, last_row, newest = usual
+        firsts: bytes | memoryview = runs_bytes
+        n = len(items.attr.iteration)
+        if first_run > 1 or start == n:
             return False
         key = (COUNTED if counted_row == start else WARMUP, first, tid)
-        last = self._lane_last
-        merged = key == last
-        if last is not None and (tid != last[2] or not (merged or key > last)):
-            return False
+        runs = (len(firsts) >> 3) - first_run  # the lane's
+        outside_rows = start
+        pre: list[_Key] = [(OUTSIDE, arrival, 0)] if first_run else []
+        last, merged = self._lane_last, False
+        if last is not None:
+            merged = key == last
+            if tid != last[2] or not (merged or key > last):
+                return False
+        elif self._iterations.head < len(keys := self._iterations.keys) and \
+                not key > keys[-1]:  # the newest iteration kept goes on: its rows
+            if key != keys[-1] or runs == 1:
+                return False
+            view = memoryview(firsts).cast("q")
+            self._iterations.cum[-1] += view[first_run + 1] - start
+            start, runs, firsts = view[first_run + 1], runs - 1, view
+            pre.append(key)
         self._lane_last = (COUNTED if counted_row < n else WARMUP, newest, tid)
-        runs = (len(firsts) >> 3) - first_run
         if merged and runs == 1:  # the newest group goes on
             self._lane_last_rows += n - start
         else:
             self._lane_last_rows = n - last_row
         self._lane_groups += runs - merged
         self._lane_rows += n - start
-        block = _LaneBlock(items, n, firsts, arrival, tid, start, counted_row, merged)
+        block = _LaneBlock(items, n, firsts, arrival, tid, pre, start, counted_row, merged)
         self.blocks.append(block)
         self._lane.append(block)
-        if start:
-            self._outside.add((OUTSIDE, arrival, 0), start, block)
+        if first_run:
+            self._outside.add(pre[0], outside_rows, block)
+        if len(pre) > first_run:  # (dropped with the iteration kept before)
+            heapq.heappush(self._block_heap, (pre[-1], arrival, block))
         return True
 
     def _leave_lane(self) -> None:
         """Place the lane's groups as any block's (its blocks made :class:`_Block`)."""
         made: dict[int, _Block] = {}
+        heap = [entry for entry in self._block_heap if not isinstance(entry[2], _LaneBlock)]
         for lane_block in self._lane:
             block, ends = lane_block.general()
             made[id(lane_block)] = block
             self._tids.add(lane_block.tid)
             self._place_ascending(block.keys, block.runs, ends,
                                   max(block.head, lane_block.first_run))
-            heapq.heappush(self._block_heap,
-                           (block.keys[block.head], lane_block.arrival, block))
+            heap.append((block.keys[block.head], lane_block.arrival, block))
+        heapq.heapify(heap)
+        self._block_heap = heap
         self.blocks = [made.get(id(b), b) for b in self.blocks]
         owners = self._outside.owners
         owners[:] = [made.get(id(b), b) for b in owners]
@@ -614,7 +642,8 @@ class AttributedKeeper:
         self.dropped_by[COUNTED] += int(((attr.iteration >= 0) & (attr.counted == 1)).sum())
 
     def _evict(self) -> None:
-        """Drop the groups first in line until the rest fits (then their blocks' rows)."""
+        """Drop the groups first in line until the rest fits (then their blocks' rows): those
+        outside any iteration, the iterations placed, the lane's."""
         outside, iterations = self._outside, self._iterations
         over = self.kept - self.limit
         most = len(outside) + len(iterations) + self._lane_groups - 1  # (one left: trimmed)
@@ -622,24 +651,34 @@ class AttributedKeeper:
         self.dropped_by[OUTSIDE] += gone
         if n_out:
             self._drop_outside(outside.head - n_out)
-        need = over - gone
-        if need > 0 and self._lane and need > self._lane_rows - self._lane_last_rows:
-            self._leave_lane()  # (its newest group to drop or trim)
-        if need > 0 and self._lane:
-            gone += self._pop_lane(need)
-        elif need > 0:
-            first = iterations.head
-            n_it, gone_it = iterations.pop(need, most - n_out)
-            if n_it:
-                self._drop_upto(self._iterations_dropped(first, gone_it))
-                iterations.forget()
+        most -= n_out
+        if gone < over and iterations.head < len(iterations.keys):
+            n_it, gone_it = self._pop_placed(over - gone, most)
             gone += gone_it
+            most -= n_it
+        if gone < over and self._lane:
+            if over - gone > self._lane_rows - self._lane_last_rows:
+                self._leave_lane()  # (its newest group to drop or trim)
+                gone += self._pop_placed(over - gone, most)[1]
+            else:
+                gone += self._pop_lane(over - gone)
         self.kept -= gone
         self.dropped += gone
         if gone < over:
             self._trim(over - gone)
         if self._dead_rows > self.limit:
             self._compact()
+
+    def _pop_placed(self, need: int, most: int) -> tuple[int, int]:
+        """Drop the first iterations placed until ``need`` rows are gone (``most`` at most):
+        how many, and their rows."""
+        iterations = self._iterations
+        first = iterations.head
+        n, gone = iterations.pop(need, most)
+        if n:
+            self._drop_upto(self._iterations_dropped(first, gone))
+            iterations.forget()
+        return n, gone
 
     def _drop_outside(self, first: int) -> None:
         """Drop the rows of the groups outside any iteration dropped, from ``first``."""
