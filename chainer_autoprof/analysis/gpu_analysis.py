@@ -186,14 +186,14 @@ class _LaneBlock:
     """A usual block in the lane (one thread, its groups' keys ascending after those of the
     groups kept before it): its groups are runs of rows (``firsts``: each one's first row,
     C's bytes until read, then seen as int64 and searched by bisection), no key made.  Its
-    first ``first_run`` runs (rows up to ``start``) are not the lane's: one outside any
+    first ``len(pre)`` runs (rows up to ``start``) are not the lane's: one outside any
     iteration, and the end of the newest iteration kept before the lane began (``pre``:
     their keys); its counted runs from ``counted_row``; ``merged``: its first run goes on
     from the block before in the lane.  Its dead rows are its first ``lo`` (``head``
     runs)."""
 
-    __slots__ = ("arrival", "counted_row", "first_run", "firsts", "head", "items", "live",
-                 "lo", "merged", "pre", "size", "start", "tid")
+    __slots__ = ("arrival", "counted_row", "firsts", "head", "items", "live", "lo", "merged",
+                 "pre", "size", "start", "tid")
 
     def __init__(self, items: AttributedOps, n: int, firsts: bytes | memoryview, arrival: int,
                  tid: int, pre: list[_Key], start: int, counted_row: int,
@@ -202,8 +202,7 @@ class _LaneBlock:
         self.firsts: bytes | memoryview | list[int] = firsts
         self.arrival = arrival
         self.tid = tid
-        self.pre = pre
-        self.first_run = len(pre)
+        self.pre = pre  # (as many as its first runs not the lane's)
         self.start = start
         self.counted_row = counted_row
         self.merged = merged
@@ -226,7 +225,7 @@ class _LaneBlock:
         while head < len(pre) and pre[head] <= last:
             head += 1
         if head > self.head:
-            lo = self.rows()[head] if head < len(self.rows()) else self.size
+            lo = self.start if head == len(pre) else self.rows()[head]
             self.live -= lo - self.lo
             self.head, self.lo = head, lo
         return pre[head] if head < len(pre) else None
@@ -241,10 +240,9 @@ class _LaneBlock:
             return
         self.firsts = [first - lo for first in self.rows()[head:]]
         self.items = _copied(self.items, lo, self.size)
-        if head > self.first_run:  # (its first run gone)
+        if head > len(self.pre):  # (its first run gone)
             self.merged = False
         self.pre = self.pre[head:]
-        self.first_run = len(self.pre)
         self.start = max(self.start - lo, 0)
         self.head = self.lo = 0
         self.counted_row = max(self.counted_row - lo, 0)
@@ -252,8 +250,8 @@ class _LaneBlock:
 
     def whole(self) -> list[tuple[int, int]]:
         """``(tid, iteration end)`` of each iteration whose first part it holds."""
-        first = max(self.head, self.first_run)
-        if self.merged and self.head <= self.first_run:
+        first = max(self.head, len(self.pre))
+        if self.merged and self.head <= len(self.pre):
             first += 1
         ends = self.items.attr.iter_end[self.array()[first:]].tolist()
         return list(zip(repeat(self.tid), ends))
@@ -268,7 +266,7 @@ class _LaneBlock:
         counted = (attr.counted[firsts] == 1).tolist()
         keys: list[_Key] = list(zip(map(_CLASS.__getitem__, counted),
                                     attr.iteration[firsts].tolist(), repeat(self.tid)))
-        keys[:self.first_run] = self.pre
+        keys[:len(self.pre)] = self.pre
         block = _Block(self.items, None, keys, runs, list(accumulate(runs)))
         block.head, block.lo, block.live = self.head, self.lo, self.live
         return block, attr.iter_end[firsts].tolist()
@@ -326,15 +324,12 @@ class _Groups:
         """Drop the first groups until ``over`` rows are gone (at most ``most`` groups):
         how many, and their rows."""
         head, cum = self.head, self.cum
-        if over <= 0 or most <= 0:
+        if over <= 0 or most <= 0 or head == len(cum):
             return 0, 0
-        n = min(bisect.bisect_left(cum, self.before(head) + over, head) - head + 1,
-                len(cum) - head, most)
-        if n <= 0:
-            return 0, 0
-        gone = cum[head + n - 1] - self.before(head)
+        before = cum[head - 1] if head else self.base
+        n = min(bisect.bisect_left(cum, before + over, head) - head + 1, len(cum) - head, most)
         self.head = head + n
-        return n, gone
+        return n, cum[head + n - 1] - before
 
     def forget(self) -> None:
         """Free the dropped groups' room (now and then: each once)."""
@@ -490,13 +485,18 @@ class AttributedKeeper:
         of int64 from C), of ``counts`` rows each (``None``: runs up to the next one), each
         row's group ``group_of`` (``None``: the groups are runs of rows, in order), all of
         ``thread`` (``None``: look), ``usual`` C's word on a usual buffer; their groups made
-        when needed."""
+        when needed (at the limit, at once: straight to the lane if it may go there)."""
         self._arrivals += 1
-        self._pending.append((items, firsts, counts, group_of, self._arrivals, thread, usual))
         self.kept += n
-        if self.kept > self.limit:
+        if self.kept <= self.limit:
+            self._pending.append((items, firsts, counts, group_of, self._arrivals, thread,
+                                  usual))
+            return
+        if self._pending or usual is None or not self._to_lane(items, self._arrivals, usual):
+            self._pending.append((items, firsts, counts, group_of, self._arrivals, thread,
+                                  usual))
             self._settle()
-            self._evict()
+        self._evict()
 
     def _settle(self) -> None:
         """Make the pending buffers' blocks and place their groups, in the order they came
@@ -591,8 +591,13 @@ class AttributedKeeper:
         block = _LaneBlock(items, n, firsts, arrival, tid, pre, start, counted_row, merged)
         self.blocks.append(block)
         self._lane.append(block)
-        if first_run:
-            self._outside.add(pre[0], outside_rows, block)
+        if first_run:  # (_Groups.add)
+            outside = self._outside
+            outside.keys.append(pre[0])
+            outside.cum.append((outside.cum[-1] if outside.cum else outside.base) +
+                               outside_rows)
+            outside.ends.append(-1)
+            outside.owners.append(block)
         if len(pre) > first_run:  # (dropped with the iteration kept before)
             heapq.heappush(self._block_heap, (pre[-1], arrival, block))
         return True
@@ -606,7 +611,7 @@ class AttributedKeeper:
             made[id(lane_block)] = block
             self._tids.add(lane_block.tid)
             self._place_ascending(block.keys, block.runs, ends,
-                                  max(block.head, lane_block.first_run))
+                                  max(block.head, len(lane_block.pre)))
             heap.append((block.keys[block.head], lane_block.arrival, block))
         heapq.heapify(heap)
         self._block_heap = heap
@@ -646,7 +651,8 @@ class AttributedKeeper:
         outside any iteration, the iterations placed, the lane's."""
         outside, iterations = self._outside, self._iterations
         over = self.kept - self.limit
-        most = len(outside) + len(iterations) + self._lane_groups - 1  # (one left: trimmed)
+        most = (len(outside.keys) - outside.head + len(iterations.keys) - iterations.head +
+                self._lane_groups - 1)  # (one group left: trimmed)
         n_out, gone = outside.pop(over, most)
         self.dropped_by[OUTSIDE] += gone
         if n_out:
@@ -677,7 +683,8 @@ class AttributedKeeper:
         n, gone = iterations.pop(need, most)
         if n:
             self._drop_upto(self._iterations_dropped(first, gone))
-            iterations.forget()
+            if iterations.head > 64:
+                iterations.forget()
         return n, gone
 
     def _drop_outside(self, first: int) -> None:
@@ -690,7 +697,8 @@ class AttributedKeeper:
             dead += live - block.live
             died += not block.live
         self._dead_rows += dead
-        outside.forget()
+        if outside.head > 64:
+            outside.forget()
         if died:
             self._free(died)
 
@@ -701,12 +709,14 @@ class AttributedKeeper:
         gone = warm = groups = died = 0
         block = newest = lane[0]
         while True:
-            firsts, lo = block.rows(), block.lo
+            firsts, lo = block.firsts, block.lo
+            if isinstance(firsts, bytes):
+                firsts = block.rows()
             head = bisect.bisect_left(firsts, lo + need, block.head)  # the first run left
             end = firsts[head] if head < len(firsts) else block.size
             if block.counted_row > lo:
                 warm += min(end, block.counted_row) - lo
-            groups += head - block.head - (block.merged and block.head == block.first_run)
+            groups += head - block.head - (block.merged and block.head == len(block.pre))
             block.lo, block.head = end, head
             newest = block
             block.live -= end - lo
@@ -728,7 +738,7 @@ class AttributedKeeper:
         self._lane_groups -= groups
         self._lane_rows -= gone
         self._dead_rows += gone
-        ordinal = int(newest.items.attr.iteration[newest.lo - 1])  # the last dropped
+        ordinal = newest.items.attr.iteration.item(newest.lo - 1)  # the last dropped
         if ordinal > upto.get(newest.tid, -1):
             upto[newest.tid] = ordinal
         if died:
@@ -783,6 +793,10 @@ class AttributedKeeper:
     def _free(self, died: int) -> None:
         """Forget the ``died`` blocks whose rows are all dead (the oldest, usually)."""
         blocks = self.blocks
+        if died == 1 and not blocks[0].live:  # (the usual)
+            self._dead_rows -= blocks[0].size
+            del blocks[0]
+            return
         for block in blocks[:died]:
             if block.live:
                 break
