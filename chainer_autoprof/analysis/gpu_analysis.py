@@ -420,13 +420,14 @@ class AttributedKeeper:
         self.dropped_iterations = 0
 
     def add(self, items: AttributedOps) -> None:
-        ordinal, tid = items.attr.iteration, items.attr.tid
+        attr = items.attr
+        ordinal, tid = attr.iteration, attr.tid
         n = len(ordinal)
         if not n:
             return
         if self.native is not None and self.limit:  # the usual: one thread, in order
             try:  # (thread, each run's first row, ... as _Usual) or None
-                found = self.native.keeper_runs((ordinal, tid, items.attr.counted))
+                found = self.native.keeper_runs((ordinal, tid, attr.counted))
             except (ValueError, BufferError):  # not contiguous int64: NumPy's path below
                 found = None
             if found is not None and (  # none late: its first iteration after those dropped
@@ -492,7 +493,8 @@ class AttributedKeeper:
             self._pending.append((items, firsts, counts, group_of, self._arrivals, thread,
                                   usual))
             return
-        if self._pending or usual is None or not self._to_lane(items, self._arrivals, usual):
+        if self._pending or usual is None or not self._to_lane(items, n, self._arrivals,
+                                                               usual):
             self._pending.append((items, firsts, counts, group_of, self._arrivals, thread,
                                   usual))
             self._settle()
@@ -503,7 +505,8 @@ class AttributedKeeper:
         (a group already kept: its rows added)."""
         pending, self._pending = self._pending, []
         for items, firsts, counts, group_of, arrival, thread, usual in pending:
-            if usual is not None and self._to_lane(items, arrival, usual):
+            if usual is not None and self._to_lane(items, len(items.attr.iteration), arrival,
+                                                   usual):
                 continue
             attr = items.attr
             if isinstance(firsts, bytes):
@@ -554,14 +557,13 @@ class AttributedKeeper:
                     if o >= 0:
                         self._iterations.place(key, count, end)
 
-    def _to_lane(self, items: AttributedOps, arrival: int, usual: _Usual) -> bool:
+    def _to_lane(self, items: AttributedOps, n: int, arrival: int, usual: _Usual) -> bool:
         """Keep a usual buffer in the lane if it may go there: its thread the lane's, its
         first key not below the lane's newest (no lane: above every iteration kept, or the
         newest one's end, then the lane's from its next run), one run outside any
         iteration at most."""
         tid, runs_bytes, counted_row, first_run, start, first, last_row, newest = usual
         firsts: bytes | memoryview = runs_bytes
-        n = len(items.attr.iteration)
         if first_run > 1 or start == n:
             return False
         key = (COUNTED if counted_row == start else WARMUP, first, tid)
@@ -655,7 +657,14 @@ class AttributedKeeper:
                 self._lane_groups - 1)  # (one group left: trimmed)
         n_out, gone = outside.pop(over, most)
         self.dropped_by[OUTSIDE] += gone
-        if n_out:
+        if n_out == 1:  # (the usual: that of the buffer just come)
+            block = outside.owners[outside.head - 1]
+            live = block.live
+            block.drop_upto(outside.keys[outside.head - 1])
+            self._dead_rows += live - block.live
+            if not block.live:
+                self._free(1)
+        elif n_out:
             self._drop_outside(outside.head - n_out)
         most -= n_out
         if gone < over and iterations.head < len(iterations.keys):
@@ -707,28 +716,34 @@ class AttributedKeeper:
         group): the rows gone."""
         lane = self._lane
         gone = warm = groups = died = 0
-        block = newest = lane[0]
         while True:
-            firsts, lo = block.firsts, block.lo
-            if isinstance(firsts, bytes):
-                firsts = block.rows()
-            head = bisect.bisect_left(firsts, lo + need, block.head)  # the first run left
-            end = firsts[head] if head < len(firsts) else block.size
-            if block.counted_row > lo:
-                warm += min(end, block.counted_row) - lo
-            groups += head - block.head - (block.merged and block.head == len(block.pre))
+            block = lane[0]
+            lo, size, first = block.lo, block.size, block.head
+            if lo + need >= size:  # all its runs left
+                head, end = len(block.rows()), size
+            else:
+                firsts = block.firsts
+                if isinstance(firsts, bytes):
+                    firsts = block.rows()
+                head = bisect.bisect_left(firsts, lo + need, first)  # the first run left
+                end = firsts[head] if head < len(firsts) else size
+            counted_row = block.counted_row
+            if counted_row > lo:
+                warm += (end if end < counted_row else counted_row) - lo
+            groups += head - first
+            if block.merged and first == len(block.pre):  # (its first run: the group before)
+                groups -= 1
             block.lo, block.head = end, head
-            newest = block
-            block.live -= end - lo
             gone += end - lo
             need -= end - lo
-            if block.live:
+            if end < size:
+                block.live -= end - lo
                 break
+            block.live = 0
             died += 1
             lane.popleft()
-            block = lane[0]
             if need <= 0:
-                if not block.merged:
+                if not lane[0].merged:
                     break
                 need = 1  # the rest of its group goes too
         by, upto = self.dropped_by, self._dropped_upto
@@ -738,9 +753,9 @@ class AttributedKeeper:
         self._lane_groups -= groups
         self._lane_rows -= gone
         self._dead_rows += gone
-        ordinal = newest.items.attr.iteration.item(newest.lo - 1)  # the last dropped
-        if ordinal > upto.get(newest.tid, -1):
-            upto[newest.tid] = ordinal
+        ordinal = block.items.attr.iteration.item(end - 1)  # the last dropped
+        if ordinal > upto.get(block.tid, -1):
+            upto[block.tid] = ordinal
         if died:
             self._free(died)
         return gone
