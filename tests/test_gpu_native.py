@@ -654,6 +654,7 @@ def test_the_trace_keepers_runs_in_c_are_numpys_at_every_row(extension):
         assert (first_run, start, first) == ((1, 7, 0) if n > 7 else (1, n, -1))
         assert counted_row == (int(np.argmax(it >= 3)) if (it >= 3).any() else n)
         assert (last_row, last) == (runs[-1], it[-1])
+        assert extension.keeper_runs((it, tid)) == (*found[:2], -1, *found[3:])  # (unread)
         for row in range(n):
             other = tid.copy()
             other[row] ^= 1 << (row % 63)  # one bit off, anywhere (the first: all the rest)

@@ -341,8 +341,8 @@ class _Groups:
 
 
 #: ``keeper_runs``' word on a usual buffer: (thread, each run's first row, the first counted
-#: run's row, the first run in an iteration, its row, its ordinal, the last run's row, the
-#: last ordinal).
+#: run's row (-1: not read), the first run in an iteration, its row, its ordinal, the last
+#: run's row, the last ordinal).
 _Usual = tuple[int, bytes, int, int, int, int, int, int]
 #: A buffer kept whose groups are not made yet: its operations, each group's first row
 #: (``bytes`` of native int64 from C, or an array), rows per group (``None``: up to the next
@@ -426,14 +426,27 @@ class AttributedKeeper:
         if not n:
             return
         if self.native is not None and self.limit:  # the usual: one thread, in order
-            try:  # (thread, each run's first row, ... as _Usual) or None
-                found = self.native.keeper_runs((ordinal, tid, attr.counted))
+            try:  # (thread, each run's first row, ... as _Usual) or None; the runs'
+                # classes read where the lane may take it at once (at the limit)
+                found = self.native.keeper_runs((ordinal, tid) if self.kept + n <= self.limit
+                                                else (ordinal, tid, attr.counted))
             except (ValueError, BufferError):  # not contiguous int64: NumPy's path below
                 found = None
             if found is not None and (  # none late: its first iteration after those dropped
                     not self._dropped_upto or found[4] == n or
                     found[5] > self._dropped_upto.get(found[0], -1)):
-                self._keep(items, n, found[1], None, None, found[0], found)
+                self._arrivals += 1  # (_keep's, in line: the usual buffer's)
+                self.kept += n
+                if self.kept <= self.limit:
+                    self._pending.append((items, found[1], None, None, self._arrivals,
+                                          found[0], found))
+                elif self._pending or not self._to_lane(items, n, self._arrivals, found):
+                    self._pending.append((items, found[1], None, None, self._arrivals,
+                                          found[0], found))
+                    self._settle()
+                    self._evict()
+                else:
+                    self._evict()
                 return
         one_thread = bool((tid == tid[0]).all())
         lowest = int(ordinal.min())
@@ -566,6 +579,15 @@ class AttributedKeeper:
         firsts: bytes | memoryview = runs_bytes
         if first_run > 1 or start == n:
             return False
+        if counted_row < 0:  # (C left the runs' classes unread: kept under the limit)
+            lane_runs = np.frombuffer(runs_bytes, dtype=np.int64)[first_run:]
+            counted = (items.attr.counted[lane_runs] == 1).tolist()
+            if True not in counted:
+                counted_row = n
+            elif False in counted[counted.index(True):]:  # a warm-up run after a counted one
+                return False
+            else:
+                counted_row = int(lane_runs[counted.index(True)])
         key = (COUNTED if counted_row == start else WARMUP, first, tid)
         runs = (len(firsts) >> 3) - first_run  # the lane's
         outside_rows = start
