@@ -489,8 +489,7 @@ class AttributedKeeper:
             _uniq, firsts, inverse, counts = np.unique(
                 key, return_index=True, return_inverse=True, return_counts=True)
             group_of = np.asarray(inverse, dtype=np.int64).reshape(-1)
-        self._keep(items, n, firsts, counts, group_of, int(tid[0]) if one_thread else None,
-                   None)
+        self._keep(items, n, firsts, counts, group_of, None, None)  # (its thread: settled)
 
     def _keep(self, items: AttributedOps, n: int, firsts: bytes | Int64Array,
               counts: Int64Array | None, group_of: Int64Array | None,
@@ -535,7 +534,11 @@ class AttributedKeeper:
                 self._leave_lane()  # (iterations of another order)
             ends = attr.iter_end[firsts].tolist()
             counted = (attr.counted[firsts] == 1).tolist()
-            tids = attr.tid[firsts].tolist() if thread is None else repeat(thread)
+            if thread is None:
+                run_tids: list[int] = attr.tid[firsts].tolist()
+                if group_of is None and run_tids.count(run_tids[0]) == len(run_tids):
+                    thread = run_tids[0]  # (runs of one thread's iterations in order)
+            tids = run_tids if thread is None else repeat(thread)
             keys: list[_Key] = list(zip(map(_CLASS.__getitem__, counted), ordinals, tids))
             local = 0  # those outside any iteration come first (one run, usually)
             while local < len(ordinals) and ordinals[local] < 0:
