@@ -192,14 +192,15 @@ class _LaneBlock:
     from the block before in the lane.  Its dead rows are its first ``lo`` (``head``
     runs)."""
 
-    __slots__ = ("arrival", "counted_row", "firsts", "head", "items", "live", "lo", "merged",
-                 "pre", "size", "start", "tid")
+    __slots__ = ("arrival", "count", "counted_row", "firsts", "head", "items", "live", "lo",
+                 "merged", "pre", "size", "start", "tid")
 
     def __init__(self, items: AttributedOps, n: int, firsts: bytes | memoryview, arrival: int,
                  tid: int, pre: list[_Key], start: int, counted_row: int,
                  merged: bool) -> None:
         self.items = items
         self.firsts: bytes | memoryview | list[int] = firsts
+        self.count = len(firsts) >> 3 if isinstance(firsts, bytes) else len(firsts)  # runs
         self.arrival = arrival
         self.tid = tid
         self.pre = pre  # (as many as its first runs not the lane's)
@@ -239,6 +240,7 @@ class _LaneBlock:
         if not lo:
             return
         self.firsts = [first - lo for first in self.rows()[head:]]
+        self.count -= head
         self.items = _copied(self.items, lo, self.size)
         if head > len(self.pre):  # (its first run gone)
             self.merged = False
@@ -745,7 +747,7 @@ class AttributedKeeper:
             block = lane[0]
             lo, size, first = block.lo, block.size, block.head
             if lo + need >= size:  # all its runs left
-                head, end = len(block.rows()), size
+                head, end = block.count, size
             else:
                 firsts = block.firsts
                 if isinstance(firsts, bytes):
@@ -781,7 +783,10 @@ class AttributedKeeper:
         ordinal = block.items.attr.iteration.item(end - 1)  # the last dropped
         if ordinal > upto.get(block.tid, -1):
             upto[block.tid] = ordinal
-        if died:
+        if died == 1 and not self.blocks[0].live:  # (_free's usual, in line)
+            self._dead_rows -= self.blocks[0].size
+            del self.blocks[0]
+        elif died:
             self._free(died)
         return gone
 
