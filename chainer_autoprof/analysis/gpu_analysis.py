@@ -384,12 +384,13 @@ class AttributedKeeper:
     fits by bisection, then drops every block's groups up to the last key dropped (the
     blocks in a heap by their first key left): in the usual block, a count of rows.
 
-    The lane: while no other iteration is kept, the usual buffers (one thread, keys
-    ascending from one buffer to the next: C says so) are kept as :class:`_LaneBlock`,
-    with no key made at all; an eviction drops their first runs of rows by one search of
-    a block's first rows.  So a usual buffer costs the same few operations at the limit,
-    whatever its iterations.  Anything else (or a last group to trim) places the lane's
-    groups as above first (:meth:`_leave_lane`): the same groups, in the same order.
+    The lane: the usual buffers (one thread, keys ascending from one buffer to the next and
+    above every iteration placed: C says so) are kept as :class:`_LaneBlock`, no key made
+    at all; an eviction drops the iterations placed first, then the lane's first runs of
+    rows by one bisection of a block's first rows.  So a usual buffer costs the same few
+    operations at the limit, whatever its iterations.  Any other buffer with iterations (or
+    the lane's newest group to drop) places the lane's groups as above first
+    (:meth:`_leave_lane`): the same groups, in the same order.
     """
 
     def __init__(self, limit: int, native: ModuleType | None = None) -> None:
