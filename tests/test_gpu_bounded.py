@@ -293,3 +293,16 @@ def test_the_trace_keeps_whole_iterations_before_what_ran_outside_them():
     assert note == ("the trace keeps 0 whole iterations' GPU operations (record limit); "
                     f"left out: 12 iterations' ({sum(keeper.dropped_by[1:])}), 50 outside any "
                     "iteration; the figures count all")
+
+
+def test_the_trace_keeper_over_a_long_run_drops_what_the_reference_did():
+    """NumPy's keeper (no C extension) over a long run at its limit keeps and drops, buffer
+    after buffer, what its reference (one object and heap entry a group) did."""
+    from keeper_reference import ReferenceKeeper, keeper_state, long_run_buffers
+
+    reference, keeper = ReferenceKeeper(400), AttributedKeeper(400)
+    for items in long_run_buffers(8, 120):
+        reference.add(items)
+        keeper.add(items)
+        assert keeper_state(keeper) == keeper_state(reference)
+    assert reference.dropped_iterations > 150 and reference.dropped_by[0] > 200

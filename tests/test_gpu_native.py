@@ -690,25 +690,40 @@ def test_the_trace_keeper_groups_a_buffer_in_c_as_numpy_does(extension):
 
 def test_the_trace_keepers_runs_in_c_are_numpys_at_every_row(extension):
     """``keeper_runs`` (four rows a turn, blocks of 512) says a buffer is one thread's in
-    order exactly where NumPy does, with each run's first row, whichever row breaks it:
-    another thread, or an ordinal that falls, at every row of buffers around those
-    sizes."""
+    order exactly where NumPy does, with each run's first row, the first run in an
+    iteration and the first counted one, whichever row breaks it: another thread, an
+    ordinal that falls, or a warm-up run after a counted one, at every row of buffers
+    around those sizes."""
     for n in (1, 2, 3, 4, 5, 8, 9, 511, 512, 513, 1030):
         it = np.repeat(np.arange(-1, n), 7)[:n].astype(np.int64)
         tid = np.full(n, 1 << 40, dtype=np.int64)
-        thread, first, firsts = extension.keeper_runs((it, tid))
-        assert (thread, first) == (1 << 40, -1)
-        assert np.frombuffer(firsts, np.int64).tolist() == [0, *np.flatnonzero(np.diff(it)) + 1]
+        counted = (it >= 3).astype(np.int64)
+        found = extension.keeper_runs((it, tid, counted))
+        thread, firsts, counted_row, first_run, start, first, last_row, last = found
+        runs = [0, *np.flatnonzero(np.diff(it)) + 1]
+        assert thread == 1 << 40 and np.frombuffer(firsts, np.int64).tolist() == runs
+        assert (first_run, start, first) == ((1, 7, 0) if n > 7 else (1, n, -1))
+        assert counted_row == (int(np.argmax(it >= 3)) if (it >= 3).any() else n)
+        assert (last_row, last) == (runs[-1], it[-1])
+        assert extension.keeper_runs((it, tid)) == (*found[:2], -1, *found[3:])  # (unread)
         for row in range(n):
             other = tid.copy()
             other[row] ^= 1 << (row % 63)  # one bit off, anywhere (the first: all the rest)
-            assert extension.keeper_runs((it, other)) is None or n == 1
+            assert extension.keeper_runs((it, other, counted)) is None or n == 1
             if row:
                 fell = it.copy()
                 fell[row] = it[row - 1] - 1
-                assert extension.keeper_runs((fell, tid)) is None
+                assert extension.keeper_runs((fell, tid, counted)) is None
+            if row in runs and counted[row] == 1 and it[row] >= 0:  # a counted run goes
+                warm = counted.copy()  # back to warm-up: C leaves it to NumPy
+                warm[row] = 0
+                assert (extension.keeper_runs((it, tid, warm)) is None) == (
+                    counted[runs].tolist().index(1) < runs.index(row))
+                warm[row] = 5  # (any other value is warm-up)
+                assert (extension.keeper_runs((it, tid, warm)) is None) == (
+                    counted[runs].tolist().index(1) < runs.index(row))
     empty = np.zeros(0, dtype=np.int64)
-    assert extension.keeper_runs((empty, empty)) is None
+    assert extension.keeper_runs((empty, empty, empty)) is None
 
 
 def test_the_trace_keeper_makes_a_usual_buffers_groups_only_when_needed(extension):
@@ -742,6 +757,78 @@ def test_the_trace_keeper_makes_a_usual_buffers_groups_only_when_needed(extensio
     assert lazy.records().ops.correlation.tolist() == eager.records().ops.correlation.tolist()
     assert lazy.complete_iterations() == eager.complete_iterations()
     assert len(lazy.complete_iterations()) == 640 - 40
+
+
+@pytest.mark.parametrize("seed, limit", [(3, 500), (4, 150), (5, 1000)])
+def test_the_trace_keeper_at_its_limit_drops_what_the_reference_did(extension, seed, limit):
+    """Over a long run at the limit (iterations going on from one buffer to the next, an
+    evaluation now and then, late operations, another thread, a buffer out of order, an
+    iteration alone over the limit at the end), the keeper keeps and drops, buffer after
+    buffer, the operations its reference (one object and heap entry a group) did, and says
+    the same counts, whole iterations and note: on C's lane, on NumPy's groups, and asked
+    only now and then (its buffers' groups waiting)."""
+    from keeper_reference import ReferenceKeeper, keeper_state, long_run_buffers
+
+    from chainer_autoprof.analysis.gpu_analysis import AttributedKeeper
+
+    reference = ReferenceKeeper(limit)
+    numpy_, native, lazy = (AttributedKeeper(limit), AttributedKeeper(limit, extension),
+                            AttributedKeeper(limit, extension))
+    in_lane = 0
+    for turn, items in enumerate(long_run_buffers(seed, 160)):
+        for keeper in (reference, numpy_, native, lazy):
+            keeper.add(items)
+        in_lane += bool(native._lane)
+        want = keeper_state(reference)
+        assert keeper_state(numpy_) == want and keeper_state(native) == want
+        if turn % 10 == 9:
+            assert keeper_state(lazy) == want
+        assert sum(len(block.items) for block in native.blocks) <= 2 * limit
+    assert in_lane > 100  # the usual buffers went by C's lane
+    assert reference.dropped_iterations > 200 and reference.dropped_by[0] > 300
+
+
+def test_the_trace_keeper_at_its_limit_makes_nothing_per_iteration(extension):
+    """At the limit, a usual buffer of 1,000 iterations that pushes 1,000 others out makes
+    no object per iteration: its peak of traced memory is that of a few, where one object
+    a group (the reference) takes some hundred kilobytes."""
+    import tracemalloc
+
+    from keeper_reference import ReferenceKeeper
+
+    from chainer_autoprof.analysis.gpu_analysis import AttributedKeeper
+    from chainer_autoprof.analysis.gpu_attribution import AttributedOps, Attribution
+
+    def buffer(turn: int) -> AttributedOps:
+        it = np.repeat(np.arange(1000 * turn, 1000 * turn + 1000), 2)
+        n = len(it)
+        ops = GpuOps.from_columns(n, {"kind": np.zeros(n), "start": np.arange(n),
+                                      "end": np.arange(n) + 1,
+                                      "correlation": 2000 * turn + np.arange(n)})
+        return AttributedOps(ops, Attribution.from_columns(n, {
+            "tid": np.full(n, 3), "iteration": it, "iter_end": 10 * it + 9,
+            "counted": np.ones(n, dtype=np.int64)}))
+
+    buffers = [buffer(turn) for turn in range(8)]
+    peaks = {}
+    for keeper in (AttributedKeeper(4000, extension), ReferenceKeeper(4000)):
+        for items in buffers[:4]:  # at the limit, then once over it
+            keeper.add(items)
+        keeper.complete_iterations()
+        tracemalloc.start()
+        try:
+            peak = 0
+            for items in buffers[4:]:
+                tracemalloc.reset_peak()
+                before = tracemalloc.get_traced_memory()[0]
+                keeper.add(items)
+                peak = max(peak, tracemalloc.get_traced_memory()[1] - before)
+        finally:
+            tracemalloc.stop()
+        assert keeper.dropped == 6 * 2000 and len(keeper.complete_iterations()) == 2000
+        peaks[type(keeper).__name__] = peak
+    assert peaks["AttributedKeeper"] < 40_000  # (C's first rows: 8 kB, twice while made)
+    assert peaks["ReferenceKeeper"] > 10 * peaks["AttributedKeeper"]
 
 
 def test_the_launching_calls_kept_in_c_are_numpys_under_their_bound(extension, monkeypatch):

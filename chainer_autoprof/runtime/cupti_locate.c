@@ -1127,12 +1127,18 @@ done:
 
 /* -- the trace keeper's groups (AttributedKeeper.add) ---------------------------------------
  *
- * keeper_runs((iteration, tid)) -> (tid, first iteration, firsts): the runs of equal
- * iteration ordinals, firsts the bytes of each run's first row (native int64), when every
- * operation is of one thread and the ordinals never fall (the usual buffer); None otherwise
- * (the keeper's NumPy path groups them).  No operation: None.  Nothing per run is made a
- * Python object: the keeper reads the runs' columns with NumPy only when it needs them. */
-enum { G_ITERATION, G_TID, G_N };
+ * keeper_runs((iteration, tid, counted)) -> (tid, firsts, counted row, first run, its row,
+ * its ordinal, last run's row, last ordinal): the runs of equal iteration ordinals, firsts
+ * the bytes of each run's first row (native int64); the first run in an iteration (after
+ * those outside any: ordinal < 0), its first row and ordinal (none: the run count, n, -1);
+ * the counted row the first row of the first run in an iteration whose first row is counted
+ * (counted == 1; n: none); when every operation is of one thread, the ordinals never fall
+ * and no warm-up run follows a counted one (the usual buffer: its groups' keys ascend); None
+ * otherwise (the keeper's NumPy path groups them).  Without the counted column (the keeper
+ * under its limit: its groups wait), the counted row is -1 and the runs' classes unread.  No operation: None.  Nothing per run is
+ * made a Python object: the keeper reads the runs' columns with NumPy only when it needs
+ * them. */
+enum { G_ITERATION, G_TID, G_COUNTED, G_N };
 
 /* Two rows in one SSE2 or NEON register (GCC's and Clang's vector extension), four rows a
  * turn: the check below is some four instructions a row, not sixteen. */
@@ -1202,7 +1208,9 @@ static PyObject *cupti_keeper_runs(PyObject *self, PyObject *cols_obj)
     PyObject *result = NULL;
     int64_t *c[G_N];
     Py_ssize_t n = -1;
-    if (columns_held(&h, G_N, cols_obj, G_N, &n, 0, c) < 0)
+    int given = PyTuple_Check(cols_obj) && PyTuple_GET_SIZE(cols_obj) == G_COUNTED ? G_COUNTED
+                                                                                   : G_N;
+    if (columns_held(&h, G_N, cols_obj, given, &n, 0, c) < 0)
         goto done;
     const int64_t *it = c[G_ITERATION], *tid = c[G_TID], thread = n > 0 ? tid[0] : 0;
     if (!(n > 0 && one_thread_in_order(it, tid, thread, n))) {
@@ -1217,8 +1225,49 @@ static PyObject *cupti_keeper_runs(PyObject *self, PyObject *cols_obj)
     }
     for (Py_ssize_t first = 0; first < n; first = run_end(it, n, first)) /* runs: searched */
         firsts[runs++] = first;
-    result = Py_BuildValue("(LLy#)", (long long)thread, (long long)it[0], (const char *)firsts,
-                           runs * (Py_ssize_t)sizeof(int64_t));
+    const int64_t *counted = given == G_N ? c[G_COUNTED] : NULL;
+    Py_ssize_t counted_row = counted ? n : -1; /* warm-up runs, then counted ones (by each run's
+                                                * first row) */
+    Py_ssize_t first_run = runs;
+    int falls = 0;
+    for (Py_ssize_t r = 0; r < runs && !falls; r++) {
+        int64_t f = firsts[r];
+        if (it[f] < 0)
+            continue;
+        if (first_run == runs)
+            first_run = r;
+        if (counted == NULL)
+            break;
+        if (counted[f] == 1) {
+            if (counted_row == n)
+                counted_row = f;
+        } else {
+            falls = counted_row != n;
+        }
+    }
+    if (falls) {
+        result = Py_NewRef(Py_None);
+    } else { /* (a tuple filled in place: Py_BuildValue's parsing is most of its cost) */
+        PyObject *items[8] = {
+            PyLong_FromLongLong(thread),
+            PyBytes_FromStringAndSize((const char *)firsts, runs * (Py_ssize_t)sizeof(int64_t)),
+            PyLong_FromSsize_t(counted_row),
+            PyLong_FromSsize_t(first_run),
+            PyLong_FromSsize_t(first_run < runs ? (Py_ssize_t)firsts[first_run] : n),
+            PyLong_FromLongLong(first_run < runs ? it[firsts[first_run]] : -1),
+            PyLong_FromSsize_t((Py_ssize_t)firsts[runs - 1]),
+            PyLong_FromLongLong(it[n - 1])};
+        int made = 1;
+        for (int k = 0; k < 8; k++)
+            made &= items[k] != NULL;
+        result = made ? PyTuple_New(8) : NULL;
+        for (int k = 0; k < 8; k++) {
+            if (result != NULL)
+                PyTuple_SET_ITEM(result, k, items[k]);
+            else
+                Py_XDECREF(items[k]);
+        }
+    }
     PyMem_Free(firsts);
 done:
     release_all(&h);
@@ -1249,7 +1298,8 @@ static PyMethodDef figure_methods[] = { /* the figures' sums */
        "kernel_sums(table, columns, kernel_kind): counted kernels per name, link, direction."),
     FN(kernel_rows, METH_O, "kernel_rows(table): its rows, in order."),
     FN(keeper_runs, METH_O,
-       "keeper_runs((iteration, tid)): (tid, first iteration, each run's first row), or None."),
+       "keeper_runs((iteration, tid[, counted])): (tid, each run's first row, the first counted "
+       "run's, the first iteration's run, row and ordinal, the last run's row, ordinal), or None."),
     {NULL, NULL, 0, NULL},
 };
 
