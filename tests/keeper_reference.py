@@ -328,6 +328,30 @@ class ReferenceKeeper:
                 f"(record limit); left out: {', '.join(parts)}; the figures count all")
 
 
+def attributed_ops(iteration: object, first_corr: int, tid: object, counted_from: int, *,
+                   end_scale: int = 1000, end_offset: int = 0,
+                   first_start: int | None = None) -> AttributedOps:
+    """Attributed operations for the keeper, one per entry of ``iteration`` (its ordinal,
+    -1: none): correlation ids from ``first_corr`` on, starts from ``first_start`` (default
+    the same), launched by ``tid`` (one or each), counted from iteration ``counted_from``,
+    each iteration ending at ``end_scale * ordinal + end_offset``."""
+    from chainer_autoprof.analysis.gpu_attribution import Attribution
+    from chainer_autoprof.common.gpu_records import GpuOps
+
+    it = np.asarray(iteration, dtype=np.int64)
+    n = len(it)
+    start = (first_corr if first_start is None else first_start) + np.arange(n)
+    ops = GpuOps.from_columns(n, {"kind": np.zeros(n), "start": start, "end": start + 1,
+                                  "correlation": first_corr + np.arange(n)})
+    tids = np.empty(n, dtype=np.int64)
+    tids[:] = tid  # one thread, or each row's (a column of its own: contiguous, writable)
+    attr = Attribution.from_columns(n, {
+        "tid": tids, "iteration": it,
+        "iter_end": np.where(it >= 0, end_scale * it + end_offset, -1),
+        "counted": (it >= counted_from).astype(np.int64)})
+    return AttributedOps(ops, attr)
+
+
 def long_run_buffers(seed: int, count: int, size: int = 60) -> list[AttributedOps]:
     """``count`` buffers of a long training run as CUPTI cuts them (``size`` operations or
     so each, iterations of 20 to 40 going on from one buffer to the next): start-up
@@ -335,9 +359,6 @@ def long_run_buffers(seed: int, count: int, size: int = 60) -> list[AttributedOp
     evaluation outside any iteration, late operations of an old iteration, a second
     thread's buffer, a buffer out of order, and at the end one iteration larger than any
     limit under 400."""
-    from chainer_autoprof.analysis.gpu_attribution import Attribution
-    from chainer_autoprof.common.gpu_records import GpuOps
-
     rng = np.random.default_rng(seed)
     rows: list[tuple[int, int]] = [(-1, 1)] * 13  # (iteration, thread)
     for i in range(count * size // 30):
@@ -357,17 +378,9 @@ def long_run_buffers(seed: int, count: int, size: int = 60) -> list[AttributedOp
             cut, at = rows[at:at + n], at + n
             if turn % 29 == 28:  # out of order
                 cut = cut[::-1]
-        its = np.array([r[0] for r in cut], dtype=np.int64)
-        tids = np.array([r[1] for r in cut], dtype=np.int64)
-        n = len(cut)
-        ops = GpuOps.from_columns(n, {"kind": np.zeros(n), "start": corr + np.arange(n),
-                                      "end": corr + np.arange(n) + 1,
-                                      "correlation": corr + np.arange(n)})
-        attr = Attribution.from_columns(n, {
-            "tid": tids, "iteration": its, "iter_end": np.where(its >= 0, 1000 * its + 7, -1),
-            "counted": (its >= 3).astype(np.int64)})
-        buffers.append(AttributedOps(ops, attr))
-        corr += n
+        buffers.append(attributed_ops([r[0] for r in cut], corr, [r[1] for r in cut], 3,
+                                      end_offset=7))
+        corr += len(cut)
     return buffers
 
 

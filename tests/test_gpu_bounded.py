@@ -9,9 +9,10 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from keeper_reference import attributed_ops
 
 from chainer_autoprof.analysis.gpu_analysis import AttributedKeeper, GpuAnalysis, Limits
-from chainer_autoprof.analysis.gpu_attribution import AttributedOps, Attribution
+from chainer_autoprof.analysis.gpu_attribution import AttributedOps
 from chainer_autoprof.analysis.gpu_clock import fit
 from chainer_autoprof.analysis.stats import DEPTH_BITS
 from chainer_autoprof.common.gpu_records import (
@@ -248,15 +249,7 @@ def test_a_million_kernels_through_the_live_path_keep_memory_and_the_trace_bound
 def kept_ops(iteration: list[int], first_corr: int, tid: int = TID,
              warmup: int = WARMUP) -> AttributedOps:
     """Attributed operations, one per entry of ``iteration`` (its ordinal, -1: none)."""
-    n = len(iteration)
-    it = np.asarray(iteration, dtype=np.int64)
-    ops = GpuOps.from_columns(n, {"kind": np.zeros(n), "start": first_corr + np.arange(n),
-                                  "end": first_corr + np.arange(n) + 1,
-                                  "correlation": first_corr + np.arange(n)})
-    attr = Attribution.from_columns(n, {
-        "tid": np.full(n, tid), "iteration": it, "iter_end": np.where(it >= 0, 1000 * it, -1),
-        "counted": (it >= warmup).astype(np.int64)})
-    return AttributedOps(ops, attr)
+    return attributed_ops(iteration, first_corr, tid, warmup)
 
 
 def test_the_trace_keeps_whole_iterations_before_what_ran_outside_them():

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from cupti_fake import FakeCupti, stream_entries
 from gpu_live_replay import DATA, environ, replay_live, short
+from keeper_reference import attributed_ops
 from support import native_under_test
 
 from chainer_autoprof.common import gpu_records as gr
@@ -630,21 +631,12 @@ def test_the_trace_keeper_groups_a_buffer_in_c_as_numpy_does(extension):
     in order, out of order, of two threads, late operations of a dropped iteration, the
     oldest iterations evicted and an iteration alone over the limit trimmed."""
     from chainer_autoprof.analysis.gpu_analysis import AttributedKeeper
-    from chainer_autoprof.analysis.gpu_attribution import AttributedOps, Attribution
+    from chainer_autoprof.analysis.gpu_attribution import AttributedOps
 
     rng = np.random.default_rng(11)
 
     def buffer(iteration: list[int], corr: int, tids: list[int]) -> AttributedOps:
-        n = len(iteration)
-        it = np.asarray(iteration, dtype=np.int64)
-        ops = GpuOps.from_columns(n, {"kind": np.zeros(n), "start": corr + np.arange(n),
-                                      "end": corr + np.arange(n) + 1,
-                                      "correlation": corr + np.arange(n)})
-        attr = Attribution.from_columns(n, {
-            "tid": np.asarray(tids, dtype=np.int64), "iteration": it,
-            "iter_end": np.where(it >= 0, 1000 * it + 7, -1),
-            "counted": (it >= 2).astype(np.int64)})
-        return AttributedOps(ops, attr)
+        return attributed_ops(iteration, corr, tids, 2, end_offset=7)
 
     buffers, corr, ordinal = [], 0, 0
     for turn in range(60):
@@ -731,17 +723,11 @@ def test_the_trace_keeper_makes_a_usual_buffers_groups_only_when_needed(extensio
     allocations whatever its iterations (its groups, some thousands of instructions each,
     made when an eviction or a question needs them): then the same as made at once."""
     from chainer_autoprof.analysis.gpu_analysis import AttributedKeeper
-    from chainer_autoprof.analysis.gpu_attribution import AttributedOps, Attribution
+    from chainer_autoprof.analysis.gpu_attribution import AttributedOps
 
     def buffer(iterations: int, corr: int) -> AttributedOps:
         it = np.repeat(np.arange(corr // 1000, corr // 1000 + iterations), 3)
-        n = len(it)
-        ops = GpuOps.from_columns(n, {"kind": np.zeros(n), "start": corr + np.arange(n),
-                                      "end": corr + np.arange(n) + 1,
-                                      "correlation": corr + np.arange(n)})
-        return AttributedOps(ops, Attribution.from_columns(n, {
-            "tid": np.full(n, 3), "iteration": it, "iter_end": 10 * it + 9,
-            "counted": (it >= 1).astype(np.int64)}))
+        return attributed_ops(it, corr, 3, 1, end_scale=10, end_offset=9)
 
     buffers = [buffer(300, 0), buffer(300, 300_000), buffer(40, 900_000)]
     lazy, eager = AttributedKeeper(1800, extension), AttributedKeeper(1800)
@@ -797,17 +783,12 @@ def test_the_trace_keeper_at_its_limit_makes_nothing_per_iteration(extension):
     from keeper_reference import ReferenceKeeper
 
     from chainer_autoprof.analysis.gpu_analysis import AttributedKeeper
-    from chainer_autoprof.analysis.gpu_attribution import AttributedOps, Attribution
+    from chainer_autoprof.analysis.gpu_attribution import AttributedOps
 
     def buffer(turn: int) -> AttributedOps:
         it = np.repeat(np.arange(1000 * turn, 1000 * turn + 1000), 2)
-        n = len(it)
-        ops = GpuOps.from_columns(n, {"kind": np.zeros(n), "start": np.arange(n),
-                                      "end": np.arange(n) + 1,
-                                      "correlation": 2000 * turn + np.arange(n)})
-        return AttributedOps(ops, Attribution.from_columns(n, {
-            "tid": np.full(n, 3), "iteration": it, "iter_end": 10 * it + 9,
-            "counted": np.ones(n, dtype=np.int64)}))
+        return attributed_ops(it, 2000 * turn, 3, 0, end_scale=10, end_offset=9,
+                              first_start=0)
 
     buffers = [buffer(turn) for turn in range(8)]
     peaks = {}

@@ -33,10 +33,11 @@ def start(on_batch: Callable[[ActivityBatch], None], **kw: Any) -> CuptiCollecto
     if want != "python":
         got = cupti_native.start(on_batch, calls=calls, **kw)
         if not isinstance(got, str):
-            got.reader = f"native ({got.library})" + {
-                "launches": "; only the launching calls recorded",
-                "all": "" if calls == "all" else "; libcupti switches no single call on: "
-                "every call recorded"}[got.calls]
+            got.reader = f"native ({got.library})"
+            if got.calls == "launches":
+                got.reader += "; only the launching calls recorded"
+            elif calls == "launches":  # asked for, refused
+                got.reader += "; libcupti switches no single call on: every call recorded"
             return got
         if want == "native" or not got.startswith(NATIVE_UNAVAILABLE):
             return got  # required, or CUPTI itself said no
