@@ -199,7 +199,20 @@ def test_a_libcupti_that_switches_no_call_on_records_every_call_and_says_so(tmp_
 def test_an_unknown_choice_of_calls_is_one_line():
     with environ({cupti_native.ENV_CUPTI_CALLS: "some"}):
         got = cupti_readers.start(lambda batch: None)
-    assert got == f"{cupti_native.ENV_CUPTI_CALLS}='some': accepted all or launches"
+    assert got == f"{cupti_native.ENV_CUPTI_CALLS}='some': accepted all, launches or none"
+
+
+def test_asked_for_no_calls_cupti_records_the_operations_only(tmp_path):
+    """CHAINER_AUTOPROF_CUPTI_CALLS=none: CUPTI records no API call at all (the floor of
+    what its tracing costs); every operation is still read, none is tied to a range, and
+    the reader says so."""
+    with environ({cupti_native.ENV_CUPTI_CALLS: "none"}):
+        rec, batches, collector, fake = collect("b16", tmp_path)
+    assert collector.reader == (f"native ({fake.path}); no API call recorded: nothing "
+                                "attributed to a range")
+    ops = GpuOps.concat([b.ops for b in batches])
+    assert len(ops) == len(rec.batch.ops) == collector.records == fake.served
+    assert sum(len(b.api) for b in batches) == 0
 
 
 def test_an_operation_before_its_call_still_gets_it(tmp_path):

@@ -64,10 +64,12 @@ ACTIVITY_KIND_IDS = OP_KIND_IDS + API_KIND_IDS
 #: Which API calls CUPTI records for the native reader: ``all`` (the runtime and driver
 #: kinds, the quiet calls then switched off: every other call is traced), or ``launches``
 #: (the API kinds left off and only the calls that put work on a stream switched on, by
-#: callback id: CUPTI traces no other call).  Unset: ``all``.  Where libcupti refuses a
-#: call's switch, ``launches`` falls back to ``all`` and says so in the reader's name.
+#: callback id: CUPTI traces no other call), or ``none`` (no call recorded: the operations'
+#: own times, busy share and per-kernel figures only, nothing attributed to a range; the
+#: floor of what CUPTI's tracing costs).  Unset: ``all``.  Where libcupti refuses a call's
+#: switch, ``launches`` falls back to ``all`` and says so in the reader's name.
 ENV_CUPTI_CALLS = "CHAINER_AUTOPROF_CUPTI_CALLS"
-CALLS_CHOICES = ("all", "launches")
+CALLS_CHOICES = ("all", "launches", "none")
 #: CUPTI_SUCCESS
 SUCCESS = 0
 #: The rows of the extension's operation and call tables (one per column).
@@ -277,7 +279,9 @@ class NativeCuptiCollector(CuptiCollector):
         for kind in OP_KIND_IDS:
             self._check(ext.enable(kind), f"cuptiActivityEnable({kind})")
             self._enabled.append(kind)
-        if self.calls != "launches" or not self._switch_on_launches(ext):
+        if self.calls == "none":
+            pass  # no API kind, no call switched on: CUPTI records the operations only
+        elif self.calls != "launches" or not self._switch_on_launches(ext):
             self.calls = "all"
             for kind in API_KIND_IDS:
                 self._check(ext.enable(kind), f"cuptiActivityEnable({kind})")

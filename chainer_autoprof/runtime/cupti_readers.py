@@ -28,7 +28,8 @@ def start(on_batch: Callable[[ActivityBatch], None], **kw: Any) -> CuptiCollecto
     calls = os.environ.get(cupti_native.ENV_CUPTI_CALLS, "").strip().lower() or "all"
     if calls not in cupti_native.CALLS_CHOICES:
         return (f"{cupti_native.ENV_CUPTI_CALLS}={calls!r}: accepted "
-                + " or ".join(cupti_native.CALLS_CHOICES))
+                + ", ".join(cupti_native.CALLS_CHOICES[:-1]) + " or "
+                + cupti_native.CALLS_CHOICES[-1])
     why_not_native = f"{ENV_CUPTI_READER}=python"
     if want != "python":
         got = cupti_native.start(on_batch, calls=calls, **kw)
@@ -36,6 +37,8 @@ def start(on_batch: Callable[[ActivityBatch], None], **kw: Any) -> CuptiCollecto
             got.reader = f"native ({got.library})"
             if got.calls == "launches":
                 got.reader += "; only the launching calls recorded"
+            elif got.calls == "none":
+                got.reader += "; no API call recorded: nothing attributed to a range"
             elif calls == "launches":  # asked for, refused
                 got.reader += "; libcupti switches no single call on: every call recorded"
             return got

@@ -5,11 +5,11 @@
 #                            # into tests/gpu/.carry (ignored by git; it travels with the checkout)
 #   tests/gpu/run.sh         # there: installs them and the project into tests/gpu/.carry/site
 #                            # (the native CUPTI reader built against the machine's CUPTI
-#                            # headers), runs the gpu-marked tests, then tests/gpu/measure.py:
-#                            # the CNN at batch 512 and 16 and the PTB-shaped RNN
-#                            # (tests/gpu/ptb.py), each with GPU activity off, on with every
-#                            # API call recorded, and on with only the launching calls
-#                            # recorded, rotated three times; CUPTI_READER=python:
+#                            # headers), runs tests/gpu/measure.py: the PTB-shaped RNN
+#                            # (tests/gpu/ptb.py), the CNN at batch 16 and 512, each with GPU
+#                            # activity off, on with every API call recorded, and on with
+#                            # only the launching calls recorded (the RNN also with none),
+#                            # rotated three times; then the gpu-marked tests; CUPTI_READER=python:
 #                            # cupti-python's reader instead of the native one
 #
 # GPU_PYTHON_VERSION (default 3.12): the GPU machine's Python, for the wheels fetched here.
@@ -55,6 +55,6 @@ from chainer_autoprof.runtime import cupti_native; cupti_native.load_extension()
     || echo "tests/gpu/run.sh: native CUPTI reader NOT built: GPU activity reads cupti-python"
 if [ -n "${CUPTI_READER:-}" ]; then export CHAINER_AUTOPROF_CUPTI_READER=$CUPTI_READER; fi
 status=0
-"$PY" -m pytest -q -p no:cacheprovider -m gpu tests || status=1
 "$PY" tests/gpu/measure.py || status=1
+"$PY" -m pytest -q -p no:cacheprovider -m gpu tests || status=1
 exit $status
