@@ -162,7 +162,7 @@ class Primed:
         self.recorder.gpu_handover = self.session.handover
         with environ({cupti_native.ENV_CUPTI_LIBRARY: str(self.fake.path) if self.fake else None,
                       cupti_readers.ENV_CUPTI_READER: reader,
-                      cupti_native.ENV_CUPTI_CALLS: calls or None}):
+                      cupti_native.ENV_CUPTI_CALLS: calls or "all"}):
             self.session.start()
         assert self.session.state == "running", self.session.why_off
         if self.fake is not None:

@@ -47,14 +47,15 @@ def recording(name: str):
 
 
 def collect(name: str, folder: Path, *, pieces: int = 5, entries=None, on_batch=None,
-            system_ids: bool = False):
+            system_ids: bool = False, calls: str | None = "all"):
     """Start the native reader as the agent does on the tests' libcupti serving ``name``
-    (or ``entries``); every batch it hands over, the collector and the library."""
+    (or ``entries``), CUPTI recording ``calls`` (None: as by default); every batch it hands
+    over, the collector and the library."""
     rec = recording(name)
     fake = FakeCupti(rec, folder, system_ids=system_ids, entries=entries)
     batches: list[ActivityBatch] = []
     with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path),
-                  cupti_readers.ENV_CUPTI_READER: None}):
+                  cupti_readers.ENV_CUPTI_READER: None, cupti_native.ENV_CUPTI_CALLS: calls}):
         got = cupti_readers.start(on_batch or batches.append)
     assert not isinstance(got, str), got
     fake.serve(pieces, 0.0)
@@ -165,13 +166,13 @@ def _launching(rec, extension) -> np.ndarray:
         (np.isin(api.cbid, extension.DRIVER_LAUNCH_CBIDS) & (api.domain == gr.DRIVER))
 
 
-@pytest.mark.parametrize("name", RECORDINGS)
-def test_asked_for_launches_cupti_records_only_the_launching_calls(name, tmp_path, extension):
-    """CHAINER_AUTOPROF_CUPTI_CALLS=launches: the API kinds stay off and only the calls that
-    put work on a stream are switched on, so CUPTI records no other call (its tracing of
-    every call is what a host-bound model pays for); every operation still gets its call."""
-    with environ({cupti_native.ENV_CUPTI_CALLS: "launches"}):
-        rec, batches, collector, fake = collect(name, tmp_path)
+@pytest.mark.parametrize("name,calls", [(r, None) for r in RECORDINGS] + [("b16", "launches")])
+def test_cupti_records_only_the_launching_calls_by_default(name, calls, tmp_path, extension):
+    """By default (or CHAINER_AUTOPROF_CUPTI_CALLS=launches) the API kinds stay off and only
+    the calls that put work on a stream are switched on, so CUPTI records no other call (its
+    tracing of every call is what a host-bound model pays for); every operation still gets
+    its call."""
+    rec, batches, collector, fake = collect(name, tmp_path, calls=calls)
     assert collector.reader == f"native ({fake.path}); only the launching calls recorded"
     launching = _launching(rec, extension)
     ops = GpuOps.concat([b.ops for b in batches])
@@ -187,8 +188,8 @@ def test_asked_for_launches_cupti_records_only_the_launching_calls(name, tmp_pat
 
 
 def test_a_libcupti_that_switches_no_call_on_records_every_call_and_says_so(tmp_path):
-    with environ({cupti_native.ENV_CUPTI_CALLS: "launches", "CUPTI_FAKE_NO_CALL_SWITCH": "1"}):
-        rec, _batches, collector, fake = collect("b16", tmp_path, pieces=1)
+    with environ({"CUPTI_FAKE_NO_CALL_SWITCH": "1"}):
+        rec, _batches, collector, fake = collect("b16", tmp_path, pieces=1, calls=None)
     assert collector.reader == (f"native ({fake.path}); libcupti switches no single call "
                                 "on: every call recorded")
     assert collector.calls == "all"
@@ -199,20 +200,7 @@ def test_a_libcupti_that_switches_no_call_on_records_every_call_and_says_so(tmp_
 def test_an_unknown_choice_of_calls_is_one_line():
     with environ({cupti_native.ENV_CUPTI_CALLS: "some"}):
         got = cupti_readers.start(lambda batch: None)
-    assert got == f"{cupti_native.ENV_CUPTI_CALLS}='some': accepted all, launches or none"
-
-
-def test_asked_for_no_calls_cupti_records_the_operations_only(tmp_path):
-    """CHAINER_AUTOPROF_CUPTI_CALLS=none: CUPTI records no API call at all (the floor of
-    what its tracing costs); every operation is still read, none is tied to a range, and
-    the reader says so."""
-    with environ({cupti_native.ENV_CUPTI_CALLS: "none"}):
-        rec, batches, collector, fake = collect("b16", tmp_path)
-    assert collector.reader == (f"native ({fake.path}); no API call recorded: nothing "
-                                "attributed to a range")
-    ops = GpuOps.concat([b.ops for b in batches])
-    assert len(ops) == len(rec.batch.ops) == collector.records == fake.served
-    assert sum(len(b.api) for b in batches) == 0
+    assert got == f"{cupti_native.ENV_CUPTI_CALLS}='some': accepted all or launches"
 
 
 def test_an_operation_before_its_call_still_gets_it(tmp_path):
@@ -308,7 +296,8 @@ def test_which_reader_runs_is_chosen_in_one_place_and_said(tmp_path):
     with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path),
                   cupti_readers.ENV_CUPTI_READER: None}):
         got = cupti_readers.start(lambda batch: None)
-    assert not isinstance(got, str) and got.reader == f"native ({fake.path})"
+    assert not isinstance(got, str) and got.reader == \
+        f"native ({fake.path}); only the launching calls recorded"
     assert got.stop(5.0) is None
 
 

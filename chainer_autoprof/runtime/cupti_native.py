@@ -61,15 +61,16 @@ OP_KIND_IDS = (CUPTI_KIND_CONCURRENT_KERNEL, CUPTI_KIND_MEMCPY, CUPTI_KIND_MEMSE
 API_KIND_IDS = (CUPTI_KIND_RUNTIME, CUPTI_KIND_DRIVER)
 #: CUPTI's activity kinds the collector enables (as :data:`.gpu_activity.ACTIVITY_KINDS`).
 ACTIVITY_KIND_IDS = OP_KIND_IDS + API_KIND_IDS
-#: Which API calls CUPTI records for the native reader: ``all`` (the runtime and driver
-#: kinds, the quiet calls then switched off: every other call is traced), or ``launches``
-#: (the API kinds left off and only the calls that put work on a stream switched on, by
-#: callback id: CUPTI traces no other call), or ``none`` (no call recorded: the operations'
-#: own times, busy share and per-kernel figures only, nothing attributed to a range; the
-#: floor of what CUPTI's tracing costs).  Unset: ``all``.  Where libcupti refuses a call's
-#: switch, ``launches`` falls back to ``all`` and says so in the reader's name.
+#: Which API calls CUPTI records for the native reader: ``launches`` (the default: the API
+#: kinds left off and only the calls that put work on a stream switched on, by callback id,
+#: as CUPTI documents for "a small set" of calls: CUPTI traces no other call), ``all`` (the
+#: runtime and driver kinds, the quiet calls then switched off: every other call is traced;
+#: on an H200 this cost the PTB-shaped RNN up to twice what ``launches`` does, for the same
+#: figures).  Where libcupti refuses a call's switch, ``launches`` falls back to ``all``
+#: and says so in the reader's name.
 ENV_CUPTI_CALLS = "CHAINER_AUTOPROF_CUPTI_CALLS"
-CALLS_CHOICES = ("all", "launches", "none")
+DEFAULT_CALLS = "launches"
+CALLS_CHOICES = ("all", "launches")
 #: CUPTI_SUCCESS
 SUCCESS = 0
 #: The rows of the extension's operation and call tables (one per column).
@@ -152,7 +153,7 @@ class NativeCuptiCollector(CuptiCollector):
     def __init__(self, on_batch: Callable[[ActivityBatch], None], *,
                  buffer_bytes: int = BUFFER_BYTES, names: NameTable | None = None,
                  extension: ModuleType | None = None, library: str = "",
-                 calls: str = "all") -> None:
+                 calls: str = DEFAULT_CALLS) -> None:
         super().__init__(on_batch, buffer_bytes=buffer_bytes, names=names)
         self._ext = extension
         self.library = library
@@ -279,9 +280,7 @@ class NativeCuptiCollector(CuptiCollector):
         for kind in OP_KIND_IDS:
             self._check(ext.enable(kind), f"cuptiActivityEnable({kind})")
             self._enabled.append(kind)
-        if self.calls == "none":
-            pass  # no API kind, no call switched on: CUPTI records the operations only
-        elif self.calls != "launches" or not self._switch_on_launches(ext):
+        if self.calls != "launches" or not self._switch_on_launches(ext):
             self.calls = "all"
             for kind in API_KIND_IDS:
                 self._check(ext.enable(kind), f"cuptiActivityEnable({kind})")
@@ -363,7 +362,8 @@ class NativeCuptiCollector(CuptiCollector):
 
 
 def start(on_batch: Callable[[ActivityBatch], None], *, buffer_bytes: int = BUFFER_BYTES,
-          names: NameTable | None = None, calls: str = "all") -> NativeCuptiCollector | str:
+          names: NameTable | None = None, calls: str = DEFAULT_CALLS
+          ) -> NativeCuptiCollector | str:
     """A running native collector (the first libcupti that loads), or why there is none;
     ``calls``: :data:`ENV_CUPTI_CALLS`."""
     try:

@@ -25,11 +25,11 @@ def start(on_batch: Callable[[ActivityBatch], None], **kw: Any) -> CuptiCollecto
     want = os.environ.get(ENV_CUPTI_READER, "").strip().lower()
     if want not in ("", "native", "python"):
         return f"{ENV_CUPTI_READER}={want!r}: accepted native or python"
-    calls = os.environ.get(cupti_native.ENV_CUPTI_CALLS, "").strip().lower() or "all"
+    calls = os.environ.get(cupti_native.ENV_CUPTI_CALLS, "").strip().lower() \
+        or cupti_native.DEFAULT_CALLS
     if calls not in cupti_native.CALLS_CHOICES:
         return (f"{cupti_native.ENV_CUPTI_CALLS}={calls!r}: accepted "
-                + ", ".join(cupti_native.CALLS_CHOICES[:-1]) + " or "
-                + cupti_native.CALLS_CHOICES[-1])
+                + " or ".join(cupti_native.CALLS_CHOICES))
     why_not_native = f"{ENV_CUPTI_READER}=python"
     if want != "python":
         got = cupti_native.start(on_batch, calls=calls, **kw)
@@ -37,8 +37,6 @@ def start(on_batch: Callable[[ActivityBatch], None], **kw: Any) -> CuptiCollecto
             got.reader = f"native ({got.library})"
             if got.calls == "launches":
                 got.reader += "; only the launching calls recorded"
-            elif got.calls == "none":
-                got.reader += "; no API call recorded: nothing attributed to a range"
             elif calls == "launches":  # asked for, refused
                 got.reader += "; libcupti switches no single call on: every call recorded"
             return got

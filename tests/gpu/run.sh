@@ -8,7 +8,7 @@
 #                            # headers), runs tests/gpu/measure.py: the PTB-shaped RNN
 #                            # (tests/gpu/ptb.py), the CNN at batch 16 and 512, each with GPU
 #                            # activity off, on with every API call recorded, and on with
-#                            # only the launching calls recorded (the RNN also with none),
+#                            # only the launching calls recorded (the default),
 #                            # rotated three times; then the gpu-marked tests; CUPTI_READER=python:
 #                            # cupti-python's reader instead of the native one
 #

@@ -64,7 +64,8 @@ def test_gpu_collector_ties_each_kernel_to_its_launch_on_this_thread(cp, reader,
 @pytest.mark.parametrize("calls", ["all", "launches"])
 def test_gpu_the_cnn_trains_with_gpu_activity_and_reports_gpu_time_per_link(cp, tmp_path,
                                                                            calls):
-    """Also with CUPTI recording only the launching calls: every kernel still attributed."""
+    """With CUPTI recording only the launching calls (the default) or every call: every
+    kernel attributed."""
     trace = tmp_path / "b512.json"
     env = dict(os.environ, CHAINER_PROF_TRACE=str(trace), CHAINER_PROF_GRANULARITY="link",
                CHAINER_PROF_GPU_ACTIVITY="1", CHAINER_PROF_WARMUP="5",
