@@ -203,6 +203,35 @@ def test_a_record_field_of_the_statistics_must_have_their_type():
         section_of(Wrong, stats=record.RUN_STATS)
 
 
+def test_the_clock_reference_is_the_one_rank_takes_and_merge_needs_its_perf_counter():
+    """``process.clock_reference`` is common/rank.py's ClockReference itself: what rank writes
+    is what the record declares; a reader needs ``perf_counter_ns`` (merge aligns by it), any
+    other key may be missing."""
+    from chainer_autoprof.common import rank
+
+    process = record.RECORD.by_name["process"].kind
+    section = process.by_name["clock_reference"].kind
+    assert isinstance(section, Section) and section.cls is rank.ClockReference
+    rank.forget()
+    try:
+        rank.note_collective_end("comm:bcast_data", 1234)
+        taken = rank.clock_reference()
+    finally:
+        rank.forget()
+    assert taken is not None
+    built = record.build(By.EXIT, {"process": {"clock_reference": taken}}, complete=False)
+    assert built["process"]["clock_reference"] == taken
+    assert [f.name for f in section.fields] == list(taken)
+    saved = {"process": {"clock_reference": dict(taken)}}
+    del saved["process"]["clock_reference"]["op"], saved["process"]["clock_reference"]["method"]
+    assert record.check(saved)["process"]["clock_reference"] == {"perf_counter_ns": 1234,
+                                                                 "unix_time_ns": taken[
+                                                                     "unix_time_ns"]}
+    del saved["process"]["clock_reference"]["perf_counter_ns"]
+    with pytest.raises(MalformedError, match="clock_reference has no perf_counter_ns"):
+        record.check(saved)
+
+
 @pytest.mark.parametrize("where", sorted(facts_module.TYPED))
 def test_the_facts_types_match_their_declaration(where):
     section, typed = facts_module.TYPED[where]

@@ -350,7 +350,7 @@ def check(stats: RunStats, verdict: Verdict | None = None) -> list[Finding]:
         except Exception as exc:  # our bug  # noqa: BLE001
             log.warning(log.contained(f"advice of {fig.name}", exc), once=True)
     try:
-        return whatif.with_predictions(stats, findings)
+        return whatif.with_predictions(stats, findings, verdict.whatif)
     except Exception as exc:  # our bug: the findings stand without  # noqa: BLE001
         log.warning(log.contained("the advice's what-if costs", exc), once=True)
         return findings

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..common import log
-from . import communication, whatif
+from . import communication
 from .advice import check
 from .finding import Finding
 from .gpu_evidence import GpuEvidence, Waits, busy_text, gather, on_gpu, waits
@@ -102,7 +102,7 @@ def find(stats: RunStats, replay: RunStats | None = None, *, advice: bool = True
         try:
             out.verdict = decide(stats, replay)
             out.advice = check(stats, out.verdict)
-            out.whatif = whatif.model(stats)
+            out.whatif = out.verdict.whatif  # the verdict's: computed once
             if out.whatif is not None:
                 log.debug(out.whatif.replay_text())
         except Exception as exc:  # our bug or damaged facts: the rest stands  # noqa: BLE001

@@ -2,9 +2,10 @@
 
 Each shape is declared once, as the typed class that carries it: :class:`RunRecord`
 and its parts here, :class:`~.stats.RunStats` (its fields marked with a writer are
-record fields too), the facts (:mod:`.facts`) and the GPU figures
-(:mod:`.gpu_record`).  A field's kind comes from its type, the rest (doc, unit, who
-writes it, default) from its :class:`~.shapes.F`; :func:`~.shapes.section_of`
+record fields too), the facts (:mod:`.facts`), the GPU figures
+(:mod:`.gpu_record`) and the clock reference (:mod:`..common.rank`, where it is
+taken).  A field's kind comes from its type, the rest (doc, unit, who writes it,
+default) from its :class:`~.shapes.F`; :func:`~.shapes.section_of`
 derives the run-time :class:`~.shapes.Section` that drives everything that touches
 the record:
 
@@ -33,6 +34,7 @@ import copy
 import json
 from typing import Any, Dict, List, Mapping, Optional, TypedDict
 
+from ..common.rank import ClockReference
 from ..common.settings import SETTINGS
 from .facts import Facts
 from .gpu_record import GpuActivity, KernelGpuDict, LinkGpuDict, PhaseGpuDict, TimelineDict
@@ -124,15 +126,6 @@ class Implementation(TypedDict, total=False):
 
     name: Annotated[str, F("native or python")]
     reason: Annotated[str, F("why the Python one runs (empty for the native one)")]
-
-
-class ClockReference(TypedDict, total=False):
-    """The end of the first synchronizing collective (common/rank.py)."""
-
-    method: Annotated[str, F("how it was taken (first-collective)")]
-    op: Annotated[str, F("the collective")]
-    perf_counter_ns: Annotated[Ns, F("time.perf_counter_ns() at its end", default=NEEDED)]
-    unix_time_ns: Annotated[Ns, F("time.time_ns() at its end")]
 
 
 class Process(TypedDict, total=False):

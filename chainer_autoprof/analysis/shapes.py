@@ -31,6 +31,10 @@ if sys.version_info >= (3, 9):  # Annotated: the declaring classes' (re-exported
 else:  # Chainer's own dependency
     from typing_extensions import Annotated as Annotated
     from typing_extensions import get_type_hints
+if sys.version_info >= (3, 11):  # a TypedDict's key qualifiers (the declaring classes')
+    from typing import NotRequired, Required
+else:
+    from typing_extensions import NotRequired, Required
 
 #: ``X | Y`` (Python 3.10 and later), as ``Union[X, Y]`` is.
 _UNION_TYPES = (Union, getattr(types, "UnionType", Union))
@@ -496,10 +500,14 @@ def section_of(cls: type, *, stats: Section | None = None) -> Section:
         order = list(defaults)
     else:
         defaults, order = {}, list(hints)
+    total = bool(getattr(cls, "__total__", True))
     fields: list[Field] = []
     for name in order:
-        tp = hints[name]
+        tp, qualifier = _unqualified(hints[name])
         meta = merged(_metadata(tp))
+        if qualifier is Required and not total and meta.default is _UNSET:
+            # the one key a reader of a ``total=False`` class may count on: it needs it
+            meta = dataclasses.replace(meta, default=NEEDED)
         if meta.stats:
             if stats is None or name not in stats.by_name:
                 raise TypeError(f"{cls.__name__}.{name}: no statistics field of that name")
@@ -554,9 +562,21 @@ def _shared(f: Field, tp: object, meta: F) -> Field:
 
 
 def _metadata(tp: object) -> list[F]:
-    """The ``F`` s beside a type (a plain string there: the doc, for leaves below this layer)."""
-    return [m if isinstance(m, F) else F(m) for m in getattr(tp, "__metadata__", ())
-            if isinstance(m, (F, str))]
+    """The ``F`` s beside a type; plain strings there, for classes declared below this layer:
+    the doc, then the unit (``Annotated[int, "doc", "ns"]`` as ``F("doc", "ns")``)."""
+    meta = getattr(tp, "__metadata__", ())
+    texts = [m for m in meta if isinstance(m, str)] + ["", ""]
+    own = [F(texts[0], texts[1])] if texts[0] else []
+    return own + [m for m in meta if isinstance(m, F)]
+
+
+def _unqualified(tp: object) -> tuple[object, object]:
+    """A TypedDict key's type without ``Required``/``NotRequired``, and which of them it had
+    (``None``: neither)."""
+    origin = get_origin(tp)
+    if origin is Required or origin is NotRequired:
+        return get_args(tp)[0], origin
+    return tp, None
 
 
 def _strip(tp: object) -> object:

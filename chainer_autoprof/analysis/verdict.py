@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 from ..common import figures as fmt
+from ..common import log
 from ..common.wording import counted
 from . import communication, whatif
 from .communication import COMM_SHARE as COMM_SHARE
@@ -76,6 +77,7 @@ from .gpu_evidence import (
     waits,
 )
 from .outliers import OUTLIER_FACTOR, stutter
+from .whatif import WhatIf
 from .window import unreached
 
 if TYPE_CHECKING:
@@ -175,6 +177,9 @@ class Verdict:
     figures: dict[str, float] = field(default_factory=dict)
     #: What the run says about its GPU (``None`` on a CPU run).
     gpu: GpuEvidence | None = None
+    #: The what-if model of the run's step (``None``: too little to model), computed once
+    #: here and shared: the advice's costs and the renderers read this one.
+    whatif: WhatIf | None = None
 
 
 # -- figures ---------------------------------------------------------------------
@@ -292,6 +297,11 @@ def decide(stats: RunStats, replay: RunStats | None = None) -> Verdict:
                         if stats.warmup else "no training iteration was seen" if window is None
                         else f"the capture window was never reached: {window.progress()}"])
     gpu = gather(stats) if on_gpu(stats) else None
+    try:
+        wf = whatif.model(stats)
+    except Exception as exc:  # our bug: the verdict stands without its predictions  # noqa: BLE001
+        log.warning(log.contained("the what-if model", exc), once=True)
+        wf = None
     fig = _figures(stats, gpu)
     candidates = _candidates(stats, fig, gpu)
     if stats.iterations < MIN_ITERATIONS:  # one or two samples: no pattern to read
@@ -313,12 +323,13 @@ def decide(stats: RunStats, replay: RunStats | None = None) -> Verdict:
     else:
         candidates.sort(key=lambda c: -c[1])
         kind = candidates[0][0]
-        verdict = _BUILDERS[kind](stats, fig, gpu, replay)
+        verdict = _BUILDERS[kind](stats, fig, gpu, replay, wf)
         # compute-bound is where a CPU run with no other problem lands: not worth an "also"
         verdict.also = [f"{k} ({fmt.pct(share)})" for k, _total, share in candidates[1:]
                         if k != "compute-bound"]
     verdict.figures = fig
     verdict.gpu = gpu
+    verdict.whatif = wf
     if gpu is not None and verdict.kind not in ("GPU-bound", "host- and GPU-bound", "unknown"):
         verdict.evidence += _gpu_support(stats, gpu)
     verdict.stutter = _stutter(stats, fig)
@@ -481,7 +492,7 @@ def us_per_function(stats: RunStats, fig: dict[str, float]) -> float | None:
 # -- one builder per kind ------------------------------------------------------------
 
 def _extension(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
-               replay: RunStats | None) -> Verdict:
+               replay: RunStats | None, wf: WhatIf | None) -> Verdict:
     ext = sorted(extension_ms(stats).items(), key=lambda kv: -kv[1])
     v = Verdict("extension-bound",
                 f"extension-bound: {fmt.pct(fig['extension_share'])} of the training loop runs "
@@ -534,7 +545,7 @@ def dry_queues(stats: RunStats) -> list[tuple[str, float, int, int]]:
 
 
 def _input(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
-           replay: RunStats | None) -> Verdict:
+           replay: RunStats | None, wf: WhatIf | None) -> Verdict:
     facts = facts_of(stats)
     iterator = facts.get("iterator")
     share = fig["data_own_share"]
@@ -556,7 +567,6 @@ def _input(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
                           f"({capacity} prefetched at most)")
     mean = per_iteration(stats, fig["host_ms"])
     rest = mean - data_ms
-    wf = whatif.model(stats)
     free = wf.get(whatif.INPUT_FREE) if wf is not None else None
     if free is not None:  # the step replayed with free data: the GPU's time stays
         v.evidence.append(free.text())
@@ -587,7 +597,7 @@ def _input(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
 
 
 def _gc(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
-        replay: RunStats | None) -> Verdict:
+        replay: RunStats | None, wf: WhatIf | None) -> Verdict:
     v = Verdict("gc-bound",
                 f"gc-bound: garbage collection takes {fmt.pct(fig['gc_share'])} of the "
                 f"iteration time (threshold {fmt.pct(GC_SHARE)})")
@@ -626,7 +636,7 @@ def _calls_line(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None)
 
 
 def _host(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
-          replay: RunStats | None) -> Verdict:
+          replay: RunStats | None, wf: WhatIf | None) -> Verdict:
     share = fig["compute_own_share"]
     if gpu is not None:
         title = (f"host-bound: the GPU waits for the host, whose forward/backward/update "
@@ -660,7 +670,7 @@ def _host(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
 
 
 def _compute(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
-             replay: RunStats | None) -> Verdict:
+             replay: RunStats | None, wf: WhatIf | None) -> Verdict:
     v = Verdict("compute-bound",
                 f"compute-bound: forward/backward/update take {fmt.pct(fig['compute_share'])} "
                 "of the iteration time")
@@ -687,7 +697,7 @@ def _compute(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
 
 
 def _gpu_bound(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
-               replay: RunStats | None) -> Verdict:
+               replay: RunStats | None, wf: WhatIf | None) -> Verdict:
     assert gpu is not None and gpu.busy_share is not None
     busy = gpu.busy_share
     if gpu.busy_exact:
@@ -729,13 +739,12 @@ def _gpu_bound(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
 
 
 def _both(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
-          replay: RunStats | None) -> Verdict:
+          replay: RunStats | None, wf: WhatIf | None) -> Verdict:
     """Host and GPU both saturated: each side's figures, and which one pays off first."""
-    v = _gpu_bound(stats, fig, gpu, replay)
+    v = _gpu_bound(stats, fig, gpu, replay, wf)
     assert gpu is not None and gpu.busy_share is not None
     busy = ("" if gpu.busy_exact else "at least ") + fmt.pct(gpu.busy_share)
     host = fig.get("host_busy_share", 0.0)
-    wf = whatif.model(stats)
     first = whatif.pays_off_first(wf) if wf is not None else None
     v.kind = "host- and GPU-bound"
     v.title = (f"host- and GPU-bound: the GPU is busy {busy} of each iteration and the host's "
@@ -916,7 +925,7 @@ def _balanced(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None) -
 
 
 def _communication(stats: RunStats, fig: dict[str, float], gpu: GpuEvidence | None,
-                   replay: RunStats | None) -> Verdict:
+                   replay: RunStats | None, wf: WhatIf | None) -> Verdict:
     return Verdict("communication-bound", communication.title(stats),
                    communication.evidence(stats), communication.suggestions(stats))
 

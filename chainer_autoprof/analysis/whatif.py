@@ -19,8 +19,9 @@ Replaying it unchanged must give the measured median (the *replay error*); each 
 same replay with one input changed.  The band around a prediction is the replay with the
 open inputs at their ends, widened by the iterations' spread and the replay error.
 
-A pure function of a :class:`~.stats.RunStats`, read by the verdict, the advice, the summary
-and the HTML report alike.
+A pure function of a :class:`~.stats.RunStats`, computed once per run by the verdict
+(:attr:`~.verdict.Verdict.whatif`) and read from there by the advice, the summary and the HTML
+report alike.
 """
 
 from __future__ import annotations
@@ -459,10 +460,10 @@ def advice_prediction(wf: WhatIf, key: str, stats: RunStats) -> Prediction | Non
     return None
 
 
-def with_predictions(stats: RunStats, findings: Sequence[F]) -> list[F]:
-    """The findings with their lever's prediction in their cost, the largest predicted gain
-    first (those without a prediction after them, in their order)."""
-    wf = model(stats)
+def with_predictions(stats: RunStats, findings: Sequence[F], wf: WhatIf | None) -> list[F]:
+    """The findings with their lever's prediction in ``wf`` (the verdict's model of ``stats``)
+    in their cost, the largest predicted gain first (those without a prediction after them,
+    in their order)."""
     if wf is None:
         return list(findings)
     gains: list[tuple[float, int, F]] = []

@@ -14,10 +14,16 @@ rank, so ``merge`` can put all ranks on one timeline.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Mapping, TypedDict
+
+if sys.version_info >= (3, 11):
+    from typing import Annotated, Required
+else:  # Chainer's own dependency
+    from typing_extensions import Annotated, Required
 
 #: Launchers' rank variables: (rank variable, size variable, launcher), checked in order.
 LAUNCHER_VARS: tuple[tuple[str, str | None, str], ...] = (
@@ -41,14 +47,22 @@ class RankInfo:
 
 
 _noted: RankInfo | None = None  # learned from a communicator
-class ClockReference(TypedDict):
-    """The clock readings at the end of the first synchronizing collective (the run record's
-    ``clock_reference``: how ``merge`` lines the ranks' clocks up)."""
 
-    method: str
-    op: str
-    perf_counter_ns: int
-    unix_time_ns: int
+
+class ClockReference(TypedDict, total=False):
+    """The end of the first synchronizing collective (common/rank.py).
+
+    The run record's ``process.clock_reference`` (analysis/record.py holds it as it is
+    declared here, the docs beside each type its documentation): how ``merge`` lines the
+    ranks' clocks up.  Written whole (:func:`note_collective_end`); a reader of a saved
+    record counts on ``perf_counter_ns`` only (the record's check refuses a reference
+    without it), any other key may be missing.
+    """
+
+    method: Annotated[str, "how it was taken (first-collective)"]
+    op: Annotated[str, "the collective"]
+    perf_counter_ns: Required[Annotated[int, "time.perf_counter_ns() at its end", "ns"]]
+    unix_time_ns: Annotated[int, "time.time_ns() at its end", "ns"]
 
 
 _clock_ref: ClockReference | None = None
