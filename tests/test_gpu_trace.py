@@ -16,6 +16,7 @@ from chainer_autoprof.analysis.gpu_clock import fit
 from chainer_autoprof.common import names
 from chainer_autoprof.common.gpu_records import ClockPairs, NameTable, read_recording
 from chainer_autoprof.report import gpu_events, gpu_replay
+from chainer_autoprof.report.trace_events import GpuEventKind, Timeline, dumps, kind_of
 from chainer_autoprof.report.tracefile import open_trace, read_trace
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu" / "cupti"
@@ -79,6 +80,28 @@ def test_trace_with_gpu_events_follows_the_viewers_rules(name, tmp_path):
     assert data["distributedInfo"]["rank"] == 0 and data["schemaVersion"] == 1
     assert data["deviceProperties"] == [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}]
     assert data["baseTimeNanoseconds"] == trace.meta["clock"]["unix_time_ns_at_start"]
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_each_gpu_event_is_written_as_its_kinds_compact_strict_json(name):
+    """The per-operation events are made as JSON texts directly (a full trace holds
+    ``record_limit`` of them): each is exactly the compact strict JSON of the event it
+    reads back as, of the kind it is written under."""
+    trace = read_trace(str(DATA / name / "agent_trace.json"))
+    analysis = gpu_replay.replay(trace, read_recording(str(DATA / name / "cupti_activity.json.gz")))
+    _names, rows = trace.range_rows()
+    built = gpu_events.for_trace(analysis, trace.meta, pid=trace.pid, start_ns=0,
+                                 rows_by_thread=rows, loop_tid=trace.meta.get("main_tid"))
+    written = 0
+    for kind, items in built.tracks:
+        if not isinstance(kind, GpuEventKind):
+            continue  # the tracks' names: the codec's metadata kinds
+        for text in kind.encode(items, Timeline(trace.pid, 0)):
+            event = json.loads(text)
+            assert text == dumps(event), text
+            assert kind_of(event) is kind, text
+            written += 1
+    assert written > 4 * len(analysis.records()) - 10
 
 
 @pytest.mark.parametrize("name", RECORDINGS)

@@ -1,6 +1,7 @@
 """GPU activity as trace events, after the PyTorch profiler's (Kineto's) conventions.
 
-Records in, event dicts out (and back): the trace codec places these events beside the
+Records in, events out (each operation's as its JSON text, made directly; read back as
+dicts): the trace codec places these events beside the
 agent's ranges; HolisticTraceAnalysis reads such a trace as it reads a PyTorch profiler
 trace (temporal and idle-time breakdowns, kernel breakdowns), Perfetto and
 chrome://tracing show it.
@@ -48,6 +49,7 @@ attribution turns into the same figures (``report`` on a saved trace).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
@@ -78,6 +80,7 @@ from ..common.typedefs import JsonObject
 from .trace_events import (
     CUDA_DRIVER,
     CUDA_RUNTIME,
+    FLOW_END,
     FLOW_START,
     GPU_KINDS,
     GPU_MEMCPY,
@@ -182,9 +185,17 @@ def tracks(events: Iterable[Mapping[str, Any]]) -> list[Track]:
 class GpuEvents:
     """The encoded events, and the arguments they add to the agent's own range events."""
 
+    #: The tracks' metadata events (a few per device and stream).
     events: list[JsonObject] = field(default_factory=list)
+    #: The per-operation events (four at most each), already JSON texts by kind, in the
+    #: order made: a trace holds up to ``record_limit`` of them, so each is written once,
+    #: as compact JSON, without a dict made first (a tenth of the exit's time before).
+    texts: dict[GpuEventKind, list[str]] = field(default_factory=dict)
     #: (tid, range start ns) -> {"External id": n}: the writer's ``event_args``.
     range_args: dict[tuple[int, int], JsonObject] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.events) + sum(len(t) for t in self.texts.values())
 
 
 def op_name(ops: GpuOps, i: int, names: NameTable) -> str:
@@ -199,79 +210,130 @@ def op_name(ops: GpuOps, i: int, names: NameTable) -> str:
     return "Memset (Device)"
 
 
+def _json(text: str) -> str:
+    """A string as JSON (as the codec's ``dumps`` writes it)."""
+    return json.dumps(text)
+
+
+def _us_text(ns: int) -> str:
+    """:func:`_us` as JSON writes it (``repr`` of the float)."""
+    return repr(round(ns / 1000.0, 3))
+
+
 def encode(records: AttributedOps, *, pid: int, start_ns: int, names: NameTable,
            range_names: Sequence[str] = (), link_keys: Sequence[str] = ()) -> GpuEvents:
     """Attributed operations -> trace events (see the module docstring).
 
     ``start_ns``: the agent's ``perf_counter_ns`` at ``ts`` 0; ``range_names`` and
-    ``link_keys`` name the attribution's range indexes and link ids.
+    ``link_keys`` name the attribution's range indexes and link ids.  Each event's text is
+    what ``json.dumps(event, separators=(",", ":"))`` gives for the event of the module
+    docstring (its members in that order); the texts that repeat (names, categories,
+    ranges, links) are made once each.
     """
     out = GpuEvents()
     if not len(records):
         return out
     ops, attr = records.ops, records.attr
     order = np.lexsort((ops.start, ops.stream, ops.device))
+    col = {c: getattr(ops, c)[order].tolist() for c in (
+        "kind", "device", "stream", "correlation", "start", "end", "context", "name",
+        "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers",
+        "static_smem", "dynamic_smem", "bytes")}
+    acol = {c: getattr(attr, c)[order].tolist() for c in (
+        "tid", "range", "range_t0", "range_t1", "link", "backward", "api_start", "api_end",
+        "api_domain", "cbid")}
     ext_ids: dict[tuple[int, int], int] = {}
     tracks: dict[int, set[int]] = {}
     flows_started: set[int] = set()
-    events = out.events
-    api_events: list[JsonObject] = []
-    for i in order.tolist():
-        kind = int(ops.kind[i])
-        device, stream, corr = int(ops.device[i]), int(ops.stream[i]), int(ops.correlation[i])
+    # the texts that repeat, made once: (kind, name key) -> '"cat":..,"name":..'
+    heads: dict[tuple[int, int], str] = {}
+    launched_by: dict[int, str] = {}
+    link_texts: dict[tuple[int, int], str] = {}
+    call_heads: dict[tuple[int, int], str] = {}
+    by_kind = {KERNEL: KERNELS, MEMCPY: GPU_MEMCPY, MEMSET: GPU_MEMSET}
+    texts = out.texts
+    api_texts: dict[GpuEventKind, list[str]] = {}
+    flow_start: list[str] = []
+    flow_end: list[str] = []
+    flow_tail = f'"cat":{_json(CAT_FLOW)},"name":{_json(CAT_FLOW)}'
+    for j in range(len(order)):
+        kind = col["kind"][j]
+        device, stream, corr = col["device"][j], col["stream"][j], col["correlation"][j]
         tracks.setdefault(device, set()).add(stream)
-        t0, t1 = int(ops.start[i]), int(ops.end[i])
-        tid = int(attr.tid[i])
+        t0, t1 = col["start"][j], col["end"][j]
+        tid, r = acol["tid"][j], acol["range"][j]
         ext = -1
-        if attr.range[i] >= 0 and tid >= 0:
-            key = (tid, int(attr.range_t0[i]))
+        if r >= 0 and tid >= 0:
+            key = (tid, acol["range_t0"][j])
             ext = ext_ids.get(key, -1)
             if ext < 0:
                 ext = ext_ids[key] = len(ext_ids) + 1
                 out.range_args[key] = {"External id": ext}
-        args: JsonObject = {"device": device, "context": int(ops.context[i]),
-                                "stream": stream, "correlation": corr, "External id": ext}
         if kind == KERNEL:
-            args["grid"] = [int(ops.grid_x[i]), int(ops.grid_y[i]), int(ops.grid_z[i])]
-            args["block"] = [int(ops.block_x[i]), int(ops.block_y[i]), int(ops.block_z[i])]
-            args["registers per thread"] = int(ops.registers[i])
-            smem = [int(ops.static_smem[i]), int(ops.dynamic_smem[i])]
-            args["shared memory"] = sum(s for s in smem if s > 0) if max(smem) >= 0 else -1
+            name_key = col["name"][j]
+            smem = (col["static_smem"][j], col["dynamic_smem"][j])
+            shared = sum(x for x in smem if x > 0) if max(smem) >= 0 else -1
+            rest = (f',"grid":[{col["grid_x"][j]},{col["grid_y"][j]},{col["grid_z"][j]}],'
+                    f'"block":[{col["block_x"][j]},{col["block_y"][j]},{col["block_z"][j]}],'
+                    f'"registers per thread":{col["registers"][j]},"shared memory":{shared}')
         else:
-            nbytes = int(ops.bytes[i])
-            args["bytes"] = nbytes
+            name_key = -1
+            nbytes = col["bytes"][j]
+            rest = f',"bytes":{nbytes}'
             if kind == MEMCPY:
                 seconds = (t1 - t0) / 1e9
-                args["memory bandwidth (GB/s)"] = (
-                    round(nbytes / seconds / 1e9, 3) if seconds > 0 and nbytes > 0 else 0.0)
-        r = int(attr.range[i])
+                bandwidth = (round(nbytes / seconds / 1e9, 3)
+                             if seconds > 0 and nbytes > 0 else 0.0)
+                rest += f',"memory bandwidth (GB/s)":{bandwidth!r}'
+        head = heads.get((kind, name_key)) if kind == KERNEL else None
+        if head is None:  # a copy's or memset's name from its own fields: not cached
+            head = (f'"cat":{_json(_OP_CATS.get(kind, CAT_KERNEL))},'
+                    f'"name":{_json(op_name(ops, int(order[j]), names))}')
+            if kind == KERNEL:
+                heads[(kind, name_key)] = head
         if 0 <= r < len(range_names):
-            args["launched by"] = range_names[r]
-        link = int(attr.link[i])
+            by = launched_by.get(r)
+            if by is None:
+                by = launched_by[r] = f',"launched by":{_json(range_names[r])}'
+            rest += by
+        link = acol["link"][j]
         if 0 <= link < len(link_keys):
-            args["link"] = link_range_text(link_keys[link], bool(attr.backward[i]))
+            lk = (link, acol["backward"][j])
+            lt = link_texts.get(lk)
+            if lt is None:
+                lt = link_texts[lk] = \
+                    f',"link":{_json(link_range_text(link_keys[link], bool(lk[1])))}'
+            rest += lt
         gpid = gpu_pid(pid, device)
-        events.append({"ph": "X", "cat": _OP_CATS.get(kind, CAT_KERNEL),
-                       "name": op_name(ops, i, names), "pid": gpid, "tid": stream,
-                       "ts": _us(t0 - start_ns), "dur": _us(max(0, t1 - t0)), "args": args})
-        launch = int(attr.api_start[i])
+        ts = _us_text(t0 - start_ns)
+        texts.setdefault(by_kind.get(kind, KERNELS), []).append(
+            f'{{"ph":"X",{head},"pid":{gpid},"tid":{stream},"ts":{ts},'
+            f'"dur":{_us_text(max(0, t1 - t0))},"args":{{"device":{device},'
+            f'"context":{col["context"][j]},"stream":{stream},"correlation":{corr},'
+            f'"External id":{ext}{rest}}}}}')
+        launch = acol["api_start"][j]
         if launch < 0 or tid < 0 or corr in flows_started:
             continue
         flows_started.add(corr)
-        end = int(attr.api_end[i])
-        if attr.range[i] >= 0 and attr.range_t1[i] >= 0:
-            end = min(end, int(attr.range_t1[i]))  # inside its range on the thread's track
+        end = acol["api_end"][j]
+        if r >= 0 and acol["range_t1"][j] >= 0:
+            end = min(end, acol["range_t1"][j])  # inside its range on the thread's track
         end = max(end, launch)
-        domain = int(attr.api_domain[i])
-        api_events.append({
-            "ph": "X", "cat": CAT_DRIVER if domain == DRIVER else CAT_RUNTIME,
-            "name": api_name(domain, int(attr.cbid[i])), "pid": pid, "tid": tid,
-            "ts": _us(launch - start_ns), "dur": _us(end - launch),
-            "args": {"cbid": int(attr.cbid[i]), "correlation": corr, "External id": ext}})
-        api_events.append({"ph": "s", "id": corr, "pid": pid, "tid": tid,
-                           "ts": _us(launch - start_ns), "cat": CAT_FLOW, "name": CAT_FLOW})
-        events.append({"ph": "f", "id": corr, "pid": gpid, "tid": stream,
-                       "ts": _us(t0 - start_ns), "cat": CAT_FLOW, "name": CAT_FLOW, "bp": "e"})
+        domain, cbid = acol["api_domain"][j], acol["cbid"][j]
+        call = call_heads.get((domain, cbid))
+        if call is None:
+            cat = CAT_DRIVER if domain == DRIVER else CAT_RUNTIME
+            call = call_heads[(domain, cbid)] = \
+                f'"cat":{_json(cat)},"name":{_json(api_name(domain, cbid))}'
+        launch_ts = _us_text(launch - start_ns)
+        api_texts.setdefault(CUDA_DRIVER if domain == DRIVER else CUDA_RUNTIME, []).append(
+            f'{{"ph":"X",{call},"pid":{pid},"tid":{tid},"ts":{launch_ts},'
+            f'"dur":{_us_text(end - launch)},"args":{{"cbid":{cbid},"correlation":{corr},'
+            f'"External id":{ext}}}}}')
+        flow_start.append(f'{{"ph":"s","id":{corr},"pid":{pid},"tid":{tid},"ts":{launch_ts},'
+                          f'{flow_tail}}}')
+        flow_end.append(f'{{"ph":"f","id":{corr},"pid":{gpid},"tid":{stream},"ts":{ts},'
+                        f'{flow_tail},"bp":"e"}}')
     meta: list[JsonObject] = []
     for device in sorted(tracks):
         gpid = gpu_pid(pid, device)
@@ -286,7 +348,9 @@ def encode(records: AttributedOps, *, pid: int, start_ns: int, names: NameTable,
                          "args": {"name": f"stream {stream}"}})
             meta.append({"ph": "M", "name": "thread_sort_index", "pid": gpid, "tid": stream,
                          "args": {"sort_index": stream}})
-    out.events = meta + api_events + events
+    out.events = meta
+    out.texts = {**api_texts, **({FLOW_START: flow_start} if flow_start else {}), **texts,
+                 **({FLOW_END: flow_end} if flow_end else {})}
     return out
 
 
@@ -350,8 +414,9 @@ def for_trace(analysis: GpuAnalysis, meta: Mapping[str, Any], *, pid: int, start
     iterations = [it for it in iterations if (it[0], it[2]) in whole]
     if span is not None:
         iterations = [it for it in iterations if it[1] >= span[0] and it[2] <= span[1]]
-    events = encoded.events + profiler_steps(iterations, pid=pid, start_ns=start_ns)
-    return GpuTrace(tracks(events), encoded.range_args, trace_fields(meta), len(events))
+    steps = profiler_steps(iterations, pid=pid, start_ns=start_ns)
+    written: list[Track] = [*tracks(encoded.events + steps), *encoded.texts.items()]
+    return GpuTrace(written, encoded.range_args, trace_fields(meta), len(encoded) + len(steps))
 
 
 def figures_from_events(events: Mapping[str, Sequence[Mapping[str, Any]]],

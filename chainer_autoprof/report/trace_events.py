@@ -423,10 +423,12 @@ class GpuEventKind(EventKind[Dict[str, object]]):
         self.on_gpu = on_gpu
         self.read = read
 
-    def encode(self, items: Iterable[Mapping[str, object]], timeline: Timeline) -> Iterator[str]:
-        """``items``: the events (``pid``, ``ts`` already on ``timeline``)."""
+    def encode(self, items: Iterable[Mapping[str, object] | str],
+               timeline: Timeline) -> Iterator[str]:
+        """``items``: the events (``pid``, ``ts`` already on ``timeline``), each a dict or
+        already its compact JSON text (the many per-operation ones: written as they are)."""
         for ev in items:
-            yield dumps(ev)
+            yield ev if isinstance(ev, str) else dumps(ev)
 
     def decode(self, ev: dict[str, object], where: str) -> dict[str, object]:
         TEXT.check(ev.get("name", ""), f"{where}: name")
