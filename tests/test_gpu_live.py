@@ -89,6 +89,7 @@ def test_every_record_went_through_the_queues_and_was_attributed(live):
     assert live.outcome.notes == [] and live.stats.gpu_activity.notes == []
     counts = live.stats.gpu_activity.collector
     assert counts["buffers"] == 12 and counts["callback_errors"] == 0
+    assert 0 < counts["analysis_cpu_us"] * 1000 == pytest.approx(session.drain_cpu_ns, abs=999)
     if live.reader == "native":  # what the tests' libcupti served: the quiet calls are off
         assert live.session.reader.startswith("native (")
         assert counts["records"] == live.served > ops
@@ -147,6 +148,13 @@ def test_summary_ranks_links_by_gpu_time_and_shows_the_gpus_own_figures(live):
     kernels = text.split("top kernels by GPU time")[1]
     assert top["name"][:40] in kernels and (top["link"] or "-") in kernels
     assert f"{figures_ms(top['ms'] / n)}" in kernels
+    # what the analysis of the records cost, beside the agent's overhead
+    ops = sum(fig.ops.values())
+    cpu_us = live.stats.gpu_activity.collector["analysis_cpu_us"]
+    line = next(x for x in text.splitlines() if x.startswith("  GPU analysis "))
+    assert line.endswith(f" CPU for {ops:,} GPU operations ({cpu_us / ops:.2f} us each), on "
+                         "a thread of its own")
+    assert figures_ms(cpu_us / 1000) in line
 
 
 def figures_pct(x: float) -> str:

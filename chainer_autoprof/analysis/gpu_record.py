@@ -135,7 +135,8 @@ class GpuActivity(GpuFigures):
     source: Annotated[str, F("how the figures were obtained (the verdict names it)")] = ""
     collector: Annotated[Dict[str, int], F(
         "what the collection saw: buffers, records, dropped records, incomplete operations, "
-        "callback errors, operations and ranges its queues dropped", key="count",
+        "callback errors, operations and ranges its queues dropped, and the CPU time (us) "
+        "its analysis took (attributing and summing, on its own thread)", key="count",
         kind=MapOf(INT, key="count"))] = field(default_factory=dict)
     notes: Annotated[List[str], F("what is missing from the figures, one line each")] = \
         field(default_factory=list)

@@ -511,12 +511,24 @@ def _figure_lines(f: Findings) -> list[str]:
     return lines
 
 
+def _gpu_analysis_lines(gpu: GpuActivity | None) -> list[str]:
+    """What attributing and summing CUPTI's records cost the agent's CPU (not in the
+    overhead above: it runs on a thread of its own, beside the training)."""
+    cpu_us = gpu.collector.get("analysis_cpu_us", 0) if gpu is not None else 0
+    ops = sum(gpu.ops.values()) if gpu is not None else 0
+    if gpu is None or not cpu_us or not ops:
+        return []
+    return [f"  GPU analysis    {fmt_ms(cpu_us / 1000)} CPU for {figures.count(ops)} GPU "
+            f"operations ({cpu_us / ops:.2f} us each), on a thread of its own"]
+
+
 def _agent_lines(f: Findings) -> list[str]:
     stats = f.stats
     lines = []
     over = stats.overhead_ms
     lines.append(f"  agent overhead  ~{fmt_ms(over)} ({fmt_pct(stats.wall_share(over))} of wall)"
                  + (f"; {stats.overhead_method}" if stats.overhead_method else ""))
+    lines += _gpu_analysis_lines(stats.gpu_activity)
     line = (f"  sync level      {stats.sync_level} "
             f"({counted(figures.count(stats.sync_calls), 'synchronize call')})")
     waited = f.waits

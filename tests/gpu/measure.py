@@ -51,8 +51,12 @@ def under_agent(script: str, args: list[str], config: str, trace: Path,
 
 
 def reader_of(proc: subprocess.CompletedProcess[str]) -> str:
+    """Which reader read CUPTI's records, and what analysing them cost (the summary's
+    ``GPU analysis`` line)."""
     said = re.search(r"read by the (.+) reader", proc.stderr)
-    return f" (read by the {said.group(1)} reader)" if said else ""
+    cost = re.search(r"^  GPU analysis +(.+)$", proc.stderr, re.M)
+    return ((f" (read by the {said.group(1)} reader)" if said else "")
+            + (f"\n    analysis: {cost.group(1)}" if cost else ""))
 
 
 def judged(what: str, runs: dict[str, list[tuple[float, float]]]) -> bool:
