@@ -612,9 +612,10 @@ def test_the_timelines_rows_in_c_are_numpys(extension, loop_tid):
     told, or found as the thread of the first operation in an iteration (operations of
     that thread before it included), kernels apart from copies; with the one device of
     every row (none when several) and the earliest start, which spare NumPy's checks."""
-    from chainer_autoprof.analysis.gpu_attribution import _unlocated
+    from chainer_autoprof.analysis.gpu_attribution import PHASE_OUTSIDE, _unlocated
     from chainer_autoprof.analysis.gpu_figures import GpuFigureBuilder
-    from chainer_autoprof.common.gpu_records import KERNEL, NameTable
+    from chainer_autoprof.analysis.stats import PHASE_KEYS
+    from chainer_autoprof.common.gpu_records import KERNEL, MEMCPY, MEMSET, NameTable
 
     rng = np.random.default_rng(5)
     n = 500
@@ -626,16 +627,21 @@ def test_the_timelines_rows_in_c_are_numpys(extension, loop_tid):
     builder = GpuFigureBuilder([], NameTable(), loop_tid=loop_tid)  # NumPy's rows
     want = builder._timeline_rows(ops, attr, ops.kind == KERNEL, attr.iteration >= 0)
     got = np.empty((n, 7), dtype=np.int64)
-    found, device, earliest = extension.timeline_rows((
-        ops.start, ops.end, ops.kind, attr.api_start, attr.iteration, attr.iter_end, attr.tid,
-        ops.device), KERNEL, loop_tid, got)
+
+    def rows_in_c() -> tuple[object, object, object]:  # (the sums' pass makes the rows too)
+        return extension.figure_add(extension.kernel_table(16), (
+            ops.kind, ops.start, ops.end, attr.counted, attr.iteration, attr.link,
+            attr.backward, attr.phase, ops.name, attr.api_start, attr.iter_end, attr.tid,
+            ops.device), np.zeros((0, 5), dtype=np.int64),
+            np.zeros((len(PHASE_KEYS), 3), dtype=np.int64), (KERNEL, MEMCPY, MEMSET),
+            PHASE_OUTSIDE, loop_tid, got)[5:]
+
+    found, device, earliest = rows_in_c()
     assert found == builder.loop_tid and np.array_equal(got, want)
     assert (want[:40, 6] == 1).any()  # before the first operation in an iteration, too
     assert device == -1 and earliest == int(ops.start.min())  # one device, the first start
     ops.device[7] = 1  # and a second device: none is every row's
-    assert extension.timeline_rows((ops.start, ops.end, ops.kind, attr.api_start,
-                                    attr.iteration, attr.iter_end, attr.tid, ops.device),
-                                   KERNEL, loop_tid, got)[1] is None
+    assert rows_in_c()[1] is None
 
 
 def test_the_trace_keeper_groups_a_buffer_in_c_as_numpy_does(extension):

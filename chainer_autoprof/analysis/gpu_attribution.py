@@ -103,6 +103,9 @@ class Attribution(Columns):
     iter_end: Int64Array    # the iteration range's end, agent ns (-1: none)
     counted: Int64Array     # 1 in a counted iteration (after the warm-up)
 
+    def __len__(self) -> int:
+        return len(self.status)
+
 
 @dataclass
 class AttributedOps:
@@ -188,15 +191,27 @@ class _Depth:
 class _ThreadRanges:
     """An agent thread's ranges kept for attribution."""
 
-    __slots__ = ("depths", "done_ns", "finished", "horizon_ns", "iterations", "rows")
+    __slots__ = ("_levels", "depths", "done_ns", "finished", "horizon_ns", "iterations", "rows")
 
     def __init__(self) -> None:
         self.depths: dict[int, _Depth] = {}
+        self._levels: list[tuple[int, Int64Array]] | None = None
         self.done_ns = -(1 << 62)     # every launch up to here can be attributed
         self.horizon_ns = -(1 << 62)  # ranges ending before here were dropped
         self.finished = False
         self.iterations = 0
         self.rows = 0
+
+    def levels(self) -> list[tuple[int, Int64Array]]:
+        """``(depth, table)`` of each depth with ranges, shallowest first (the C lookup's
+        argument), made again only after the ranges changed: a buffer's lookup reuses it."""
+        if self._levels is None:
+            self._levels = [(d, slot.table) for d, slot in sorted(self.depths.items())
+                            if len(slot.t0)]
+        return self._levels
+
+    def changed(self) -> None:
+        self._levels = None
 
 
 class LaunchAttributor:
@@ -212,6 +227,8 @@ class LaunchAttributor:
                  max_api: int = 1 << 18, max_ranges: int = 1 << 17,
                  locate: LocateKernel | None = None) -> None:
         self.clock = clock
+        self._clock_of: ClockMap | None = None  # the map _clock_tuple was made of
+        self._clock_tuple = (0, 0, 1.0, 0.0)
         #: The range lookup in C where the caller has it (:data:`LocateKernel`); else NumPy.
         self.locate = locate
         self.warmup_skip = warmup_skip
@@ -290,6 +307,7 @@ class LaunchAttributor:
             th.iterations += int(is_iter.sum())
             packed = a[:, 3] >> DEPTH_BITS
             number = np.where(is_iter & (packed > 0), packed - 1, -1)
+            th.changed()
             for d in np.unique(depth).tolist():
                 sel = depth == d
                 slot = th.depths.get(d)
@@ -319,6 +337,7 @@ class LaunchAttributor:
         ends = np.concatenate([slot.t1 for slot in th.depths.values()])
         cut = int(np.partition(ends, len(ends) // 2)[len(ends) // 2])
         th.horizon_ns = max(th.horizon_ns, cut)
+        th.changed()
         rows = 0
         for slot in th.depths.values():
             slot.keep(slot.t1 >= cut)
@@ -350,7 +369,11 @@ class LaunchAttributor:
 
     def _clock_args(self) -> tuple[int, int, float, float]:
         c = self.clock
-        return (c.cupti0, c.perf0, float(c.slope), float(c.offset))
+        if self._clock_of is c:  # (the map changes only when refitted: set anew)
+            return self._clock_tuple
+        self._clock_of = c
+        self._clock_tuple = (c.cupti0, c.perf0, float(c.slope), float(c.offset))
+        return self._clock_tuple
 
     def _feed_native(self, batch: ActivityBatch) -> AttributedOps:
         """A buffer through the C kernels: its calls kept, its operations joined to theirs;
@@ -386,9 +409,7 @@ class LaunchAttributor:
                 out.append(self._map_by_containment(final=False))
             return AttributedOps.concat(out)
         kinds, link_ids = self._kind_tables()
-        got = locate(attr.api_start, [
-            (d, slot.table) for d, slot in sorted(th.depths.items()) if len(slot.t0)],
-            kinds, link_ids, (
+        got = locate(attr.api_start, th.levels(), kinds, link_ids, (
             attr.range, attr.range_t0, attr.range_t1, attr.range_depth, attr.link,
             attr.backward, attr.phase, attr.iteration, attr.number, attr.iter_end, block[-1]), (
             attr.counted, attr.status, attr.tid, mapped.start, mapped.end, self.warmup_skip,
@@ -532,9 +553,7 @@ class LaunchAttributor:
                attr.backward, attr.phase, attr.iteration, attr.number, attr.iter_end, depth_hit)
         if self.locate is not None and all(c.flags.c_contiguous and c.flags.writeable
                                            for c in out):
-            self.locate(np.ascontiguousarray(t), [
-                (d, slot.table) for d, slot in sorted(th.depths.items()) if len(slot.t0)],
-                kinds, link_ids, out)
+            self.locate(np.ascontiguousarray(t), th.levels(), kinds, link_ids, out)
         else:
             self._locate_numpy(t, th, kinds, link_ids, attr, depth_hit)
         in_iter = attr.iteration >= 0

@@ -259,22 +259,19 @@ class GpuFigureBuilder:
                                         np.zeros((n_links - len(self.link_sums), 5),
                                                  dtype=np.int64)])
         native = self.native
-        if native is not None:
-            kernels, copies, memsets, outside_ns, warmup_ns = native.figure_sums(
-                (ops.kind, ops.start, ops.end, attr.counted, attr.iteration, attr.link,
-                 attr.backward, attr.phase), self.link_sums, self.phase_sums,
-                (KERNEL, MEMCPY, MEMSET), PHASE_OUTSIDE)
+        if native is not None:  # the sums, the kernels' sums and the timeline's rows: one pass
+            rows = np.empty((len(items), 7), dtype=np.int64)
+            (kernels, copies, memsets, outside_ns, warmup_ns, self.loop_tid, only,
+             earliest) = native.figure_add(self._kernel_table, (
+                 ops.kind, ops.start, ops.end, attr.counted, attr.iteration, attr.link,
+                 attr.backward, attr.phase, ops.name, attr.api_start, attr.iter_end, attr.tid,
+                 ops.device), self.link_sums, self.phase_sums, (KERNEL, MEMCPY, MEMSET),
+                PHASE_OUTSIDE, self.loop_tid, rows)
             self.op_counts[KERNEL] += kernels
             self.op_counts[MEMCPY] += copies
             self.op_counts[MEMSET] += memsets
             self.outside_ns += outside_ns
             self.warmup_ns += warmup_ns
-            native.kernel_sums(self._kernel_table, (ops.kind, ops.start, ops.end, attr.counted,
-                                                    ops.name, attr.link, attr.backward), KERNEL)
-            rows = np.empty((len(items), 7), dtype=np.int64)
-            self.loop_tid, only, earliest = native.timeline_rows((
-                ops.start, ops.end, ops.kind, attr.api_start, attr.iteration, attr.iter_end,
-                attr.tid, ops.device), KERNEL, self.loop_tid, rows)
             self._add_timeline(ops.device, rows, only, earliest)
         else:
             dur = ops.end - ops.start

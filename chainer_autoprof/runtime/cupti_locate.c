@@ -28,7 +28,7 @@
  *            and (ops, ns) with their ranges dropped returned.
  *
  * The same module keeps the launching calls across buffers (api_store, api_add, api_join),
- * maps CUPTI's clock (to_agent) and sums the figures (figure_sums, kernel_sums): each the
+ * maps CUPTI's clock (to_agent) and sums the figures (figure_add): each the
  * twin of a NumPy path of analysis/, which passes its constants down as data.
  */
 #define PY_SSIZE_T_CLEAN
@@ -38,6 +38,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__) && defined(__x86_64__)
+#include <emmintrin.h> /* _mm_cvtsd_si64: to_agent's rounding */
+#endif
 
 #include "cupti_locate.h"
 
@@ -475,11 +478,24 @@ static inline double rint_even(double x)
     return x;
 }
 
+/* x rounded to an integer as rint_even does, in one instruction where there is one: SSE2's
+ * conversion rounds as the MXCSR says (to nearest, halves to even: the mode NumPy's rint
+ * runs in too), about a third of the instructions of the additions and tests above; four
+ * times per operation (its start and end, its call's). */
+static inline __attribute__((always_inline)) int64_t rounded(double x)
+{
+#if defined(__SSE2__) && defined(__x86_64__)
+    return _mm_cvtsd_si64(_mm_set_sd(x));
+#else
+    return (int64_t)rint_even(x);
+#endif
+}
+
 static inline __attribute__((always_inline)) int64_t to_agent(const clock_map *m, int64_t c)
 {
     double delta = (double)(int64_t)((uint64_t)c - (uint64_t)m->cupti0);
     double x = delta * m->slope;
-    return m->perf0 + (int64_t)rint_even(x + m->offset);
+    return m->perf0 + rounded(x + m->offset);
 }
 
 static int parse_clock(PyObject *obj, clock_map *m)
@@ -490,6 +506,25 @@ static int parse_clock(PyObject *obj, clock_map *m)
     m->cupti0 = c0;
     m->perf0 = p0;
     return 0;
+}
+
+/* n int64s copied, two per load and store (a loop, not memcpy: glibc copies a column of a
+ * buffer's calls, kilobytes, with a string instruction that counts one per byte; and GCC's
+ * -O2 leaves the plain loop at a load and a store per row). */
+typedef uint64_t pair64 __attribute__((vector_size(2 * sizeof(uint64_t))));
+
+static void copy_int64s(int64_t *restrict to, const int64_t *restrict from, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        pair64 a, b;
+        memcpy(&a, from + i, sizeof a); /* unaligned */
+        memcpy(&b, from + i + 2, sizeof b);
+        memcpy(to + i, &a, sizeof a);
+        memcpy(to + i + 2, &b, sizeof b);
+    }
+    for (; i < n; i++)
+        to[i] = from[i];
 }
 
 /* Room for `more` rows after the kept ones (the kept moved to the front, or grown). */
@@ -584,17 +619,15 @@ PyObject *cupti_api_add(PyObject *self, PyObject *args)
     Py_ssize_t at = st->lo + st->n;
     int sorted = 1;
     int64_t last = st->n ? st->col[A_CORR][at - 1] : INT64_MIN;
-    for (int c = 0; c < A_N; c++) { /* a loop, not memcpy: no string instruction per byte */
-        int64_t *to = st->col[c] + at;
-        const int64_t *from = in[c];
-        for (Py_ssize_t i = 0; i < k; i++)
-            to[i] = from[i];
-    }
-    int64_t *start = st->col[A_START] + at, *end = st->col[A_END] + at;
-    const int64_t *corr = in[A_CORR];
+    for (int c = 0; c < A_N; c++)
+        if (c != A_START && c != A_END) /* those two mapped on the way in, below */
+            copy_int64s(st->col[c] + at, in[c], k);
+    int64_t *const start = st->col[A_START] + at, *const end = st->col[A_END] + at;
+    const int64_t *const from_start = in[A_START], *const from_end = in[A_END],
+                  *const corr = in[A_CORR];
     for (Py_ssize_t i = 0; i < k; i++) {
-        start[i] = to_agent(&m, start[i]);
-        end[i] = to_agent(&m, end[i]);
+        start[i] = to_agent(&m, from_start[i]);
+        end[i] = to_agent(&m, from_end[i]);
         sorted &= corr[i] >= last;
         last = corr[i];
     }
@@ -645,31 +678,48 @@ PyObject *cupti_api_join(PyObject *self, PyObject *args)
     const int64_t *corr = int64s(&h, corr_obj, &n, 0);
     if (corr == NULL)
         goto done;
-    const int64_t *col[A_N];
-    for (int c = 0; c < A_N; c++)
-        col[c] = st->col[c] + st->lo;
+    /* the columns in locals: a store to an output cannot move them (no reload per row) */
+    const int64_t *const a_corr = st->col[A_CORR] + st->lo, *const a_start = st->col[A_START] +
+        st->lo, *const a_end = st->col[A_END] + st->lo, *const a_domain = st->col[A_DOMAIN] +
+        st->lo, *const a_cbid = st->col[A_CBID] + st->lo, *const a_thread = st->col[A_THREAD] +
+        st->lo;
+    int64_t *const o_start = out[J_START], *const o_end = out[J_END],
+            *const o_domain = out[J_DOMAIN], *const o_cbid = out[J_CBID],
+            *const o_thread = out[J_THREAD], *const o_found = out[J_FOUND];
+    const Py_ssize_t m = st->n;
     long long missing = 0, latest = INT64_MIN, thread = -1;
     int one = 1, first = 1;
     Py_ssize_t hint = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t k = st->n ? find_call(col[A_CORR], st->n, corr[i], &hint) : -1;
-        out[J_FOUND][i] = k >= 0;
+        const int64_t x = corr[i];
+        Py_ssize_t k;
+        /* the usual first: the operations come in the order of their calls, each call kept
+         * once, so the call is the previous one's (a call that launched several) or the
+         * next row; either is the first row of its id (the rows are sorted) */
+        if (hint >= 0 && a_corr[hint] == x)
+            k = hint;
+        else if (hint + 1 < m && a_corr[hint + 1] == x)
+            k = ++hint;
+        else
+            k = m ? find_call(a_corr, m, x, &hint) : -1;
+        o_found[i] = k >= 0;
         if (k < 0) {
             missing++;
             continue;
         }
-        out[J_START][i] = col[A_START][k];
-        out[J_END][i] = col[A_END][k];
-        out[J_DOMAIN][i] = col[A_DOMAIN][k];
-        out[J_CBID][i] = col[A_CBID][k];
-        out[J_THREAD][i] = col[A_THREAD][k];
+        const int64_t start = a_start[k], tid = a_thread[k];
+        o_start[i] = start;
+        o_end[i] = a_end[k];
+        o_domain[i] = a_domain[k];
+        o_cbid[i] = a_cbid[k];
+        o_thread[i] = tid;
         if (first) {
-            thread = col[A_THREAD][k];
+            thread = tid;
             first = 0;
         }
-        one &= col[A_THREAD][k] == thread;
-        if (col[A_START][k] > latest)
-            latest = col[A_START][k];
+        one &= tid == thread;
+        if (start > latest)
+            latest = start;
     }
     result = Py_BuildValue("(LLiL)", missing, thread, one, latest);
 done:
@@ -701,153 +751,11 @@ PyObject *cupti_to_agent(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* -- the per-link and per-phase sums of attributed operations (GpuFigureBuilder.add) ----- */
-enum { S_KIND, S_START, S_END, S_COUNTED, S_ITERATION, S_LINK, S_BACKWARD, S_PHASE, S_N };
-
-/* figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside): a block's kernels
- * and copies added to link_sums (int64[links][5]: forward ns, forward kernels, backward ns,
- * backward kernels, copy ns; counted operations in a link) and phase_sums (int64[phases][3]:
- * kernel ns, kernels, copy ns; counted, in a phase) -> (operations of each of the three
- * op_kinds (kernel, memcpy, memset), kernel ns outside any iteration, kernel ns in the
- * warm-up's iterations). */
-PyObject *cupti_figure_sums(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *cols_obj, *links_obj, *phases_obj;
-    long long kernel, memcpy_, memset_, phase_outside;
-    if (!PyArg_ParseTuple(args, "OOO(LLL)L", &cols_obj, &links_obj, &phases_obj, &kernel,
-                          &memcpy_, &memset_, &phase_outside))
-        return NULL;
-    held h = {NULL, 0, 0};
-    PyObject *result = NULL;
-    int64_t *c[S_N];
-    Py_ssize_t n = -1, n_link_cells = -1, n_phase_cells = -1;
-    if (columns_held(&h, S_N + 2, cols_obj, S_N, &n, 0, c) < 0)
-        goto done;
-    int64_t *links = int64s(&h, links_obj, &n_link_cells, 1);
-    int64_t *phases = links ? int64s(&h, phases_obj, &n_phase_cells, 1) : NULL;
-    if (phases == NULL)
-        goto done;
-    Py_ssize_t n_links = n_link_cells / 5, n_phases = n_phase_cells / 3;
-    long long counts[3] = {0, 0, 0}, outside = 0, warmup = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t kind = c[S_KIND][i], dur = c[S_END][i] - c[S_START][i];
-        int is_kernel = kind == kernel;
-        int is_copy = !is_kernel && (kind == memcpy_ || kind == memset_);
-        counts[0] += is_kernel;
-        counts[1] += kind == memcpy_;
-        counts[2] += kind == memset_;
-        int counted = c[S_COUNTED][i] == 1, in_iter = c[S_ITERATION][i] >= 0;
-        if (is_kernel && !in_iter)
-            outside += dur;
-        if (is_kernel && in_iter && !counted)
-            warmup += dur;
-        if (!counted || !(is_kernel || is_copy))
-            continue;
-        int64_t link = c[S_LINK][i], phase = c[S_PHASE][i];
-        if (link >= 0 && link < n_links) {
-            int64_t *row = links + 5 * link;
-            if (is_copy) {
-                row[4] += dur;
-            } else {
-                int back = c[S_BACKWARD][i] == 1;
-                row[2 * back] += dur;
-                row[2 * back + 1] += 1;
-            }
-        }
-        if (phase != phase_outside && phase >= 0 && phase < n_phases) {
-            int64_t *row = phases + 3 * phase;
-            if (is_copy) {
-                row[2] += dur;
-            } else {
-                row[0] += dur;
-                row[1] += 1;
-            }
-        }
-    }
-    result = Py_BuildValue("(LLLLL)", counts[0], counts[1], counts[2], outside, warmup);
-done:
-    release_all(&h);
-    return result;
-}
-
-/* -- the GPU timeline's rows (GpuFigureBuilder's _Timeline) ------------------------------- */
-enum { R_START, R_END, R_KIND, R_LAUNCH, R_ITERATION, R_ITER_END, R_TID, R_DEVICE, R_N };
-
-/* timeline_rows(columns, kernel_kind, loop_tid, rows) -> (loop_tid, device, earliest): each
- * operation's row (start, end, kernel?, launch, its iteration when the loop thread launched
- * it else -1, iteration's end, launched by the loop thread?) into rows (int64[n][7]);
- * loop_tid None: the thread of the first operation in an iteration (None while there is
- * none); the device of every operation (None: several) and the earliest start (None: no
- * operation).  Columns: start, end, kind, launch, iteration, iter_end, tid, device. */
-static PyObject *cupti_timeline_rows(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *cols_obj, *loop_obj, *rows_obj;
-    long long kernel;
-    if (!PyArg_ParseTuple(args, "OLOO", &cols_obj, &kernel, &loop_obj, &rows_obj))
-        return NULL;
-    held h = {NULL, 0, 0};
-    PyObject *result = NULL;
-    int64_t *c[R_N];
-    Py_ssize_t n = -1, cells = -1;
-    if (columns_held(&h, R_N + 1, cols_obj, R_N, &n, 0, c) < 0)
-        goto done;
-    int64_t *rows = int64s(&h, rows_obj, &cells, 1);
-    if (rows == NULL)
-        goto done;
-    if (cells != 7 * n) {
-        PyErr_SetString(PyExc_ValueError, "timeline_rows: rows of 7 per operation");
-        goto done;
-    }
-    int known = loop_obj != Py_None;
-    int64_t loop_tid = 0;
-    if (known) {
-        loop_tid = PyLong_AsLongLong(loop_obj);
-        if (loop_tid == -1 && PyErr_Occurred())
-            goto done;
-    }
-    for (Py_ssize_t i = 0; !known && i < n; i++) {
-        if (c[R_ITERATION][i] >= 0) {
-            loop_tid = c[R_TID][i];
-            known = 1;
-        }
-    }
-    int one_device = n > 0;
-    int64_t earliest = n ? c[R_START][0] : 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        one_device &= c[R_DEVICE][i] == c[R_DEVICE][0];
-        if (c[R_START][i] < earliest)
-            earliest = c[R_START][i];
-        int loop = known && c[R_TID][i] == loop_tid;
-        int64_t *row = rows + 7 * i;
-        row[0] = c[R_START][i];
-        row[1] = c[R_END][i];
-        row[2] = c[R_KIND][i] == kernel;
-        row[3] = c[R_LAUNCH][i];
-        row[4] = loop ? c[R_ITERATION][i] : -1;
-        row[5] = c[R_ITER_END][i];
-        row[6] = loop;
-    }
-    PyObject *parts[3] = {known ? PyLong_FromLongLong(loop_tid) : Py_NewRef(Py_None),
-                          one_device ? PyLong_FromLongLong(c[R_DEVICE][0]) : Py_NewRef(Py_None),
-                          n ? PyLong_FromLongLong(earliest) : Py_NewRef(Py_None)};
-    if (parts[0] != NULL && parts[1] != NULL && parts[2] != NULL)
-        result = PyTuple_Pack(3, parts[0], parts[1], parts[2]);
-    for (int k = 0; k < 3; k++)
-        Py_XDECREF(parts[k]);
-done:
-    release_all(&h);
-    return result;
-}
-
 /* -- the counted kernels' sums per (name, link, direction) (GpuFigureBuilder._add_kernels) -
  *
  * A table kept across buffers: at most `max` keys (name << 32 | (link + 1) << 1 | backward),
  * each a row in the order first seen (a buffer's new keys in ascending order), their ns and
  * kernels; the kernels of keys beyond it summed as "other".  Read once, at figure time. */
-enum { K_COL_KIND, K_COL_START, K_COL_END, K_COL_COUNTED, K_COL_NAME, K_COL_LINK, K_COL_BACK,
-       K_COL_N };
 
 typedef struct {
     int64_t key, ns, calls;
@@ -921,30 +829,19 @@ static void kernels_add(kernel_table *kt, const kernel_sum *s)
     kt->rows[kt->slots[at] - 1].calls += s->calls;
 }
 
-/* kernel_sums(table, columns, kernel_kind) -> None: a buffer's counted kernels (kind ==
- * kernel_kind, counted == 1) summed per key, then into the table in ascending key order. */
-static PyObject *cupti_kernel_sums(PyObject *self, PyObject *args)
+/* -- a block's figures: the per-link and per-phase sums, the counted kernels' sums and the
+ * GPU timeline's rows (GpuFigureBuilder.add), in one pass over its operations ----------- */
+enum { F_KIND, F_START, F_END, F_COUNTED, F_ITERATION, F_LINK, F_BACKWARD, F_PHASE, F_NAME,
+       F_LAUNCH, F_ITER_END, F_TID, F_DEVICE, F_N };
+
+/* The kernels' per-buffer sums: room for n keys and their slots (kept for the next buffer:
+ * no allocation each), the slots cleared; 0, or -1 with the error set. */
+static int kernel_buffer(kernel_table *kt, Py_ssize_t n, size_t *cap_out)
 {
-    (void)self;
-    PyObject *capsule, *cols_obj;
-    long long kernel;
-    if (!PyArg_ParseTuple(args, "OOL", &capsule, &cols_obj, &kernel))
-        return NULL;
-    kernel_table *kt = PyCapsule_GetPointer(capsule, KERNELS_NAME);
-    if (kt == NULL)
-        return NULL;
-    held h = {NULL, 0, 0};
-    kernel_sum *sums = NULL;
-    int32_t *slots = NULL;
-    PyObject *result = NULL;
-    int64_t *c[K_COL_N];
-    Py_ssize_t n = -1;
-    if (columns_held(&h, K_COL_N, cols_obj, K_COL_N, &n, 0, c) < 0)
-        goto done;
     size_t cap = 16;
     while (cap < 2 * (size_t)n)
         cap *= 2;
-    if (kt->buf_rows < (size_t)n || kt->buf_cap < cap) { /* grown (kept: no allocation each) */
+    if (kt->buf_rows < (size_t)n || kt->buf_cap < cap) {
         kernel_sum *grown_sums = PyMem_Realloc(kt->buf_sums, (size_t)(n ? n : 1)
                                                * sizeof(kernel_sum));
         if (grown_sums != NULL)
@@ -954,21 +851,144 @@ static PyObject *cupti_kernel_sums(PyObject *self, PyObject *args)
             kt->buf_slots = kt->own.blocks[3] = grown_slots;
         if (grown_sums == NULL || grown_slots == NULL) {
             PyErr_NoMemory();
-            goto done;
+            return -1;
         }
         kt->buf_rows = (size_t)(n ? n : 1);
         kt->buf_cap = cap;
     }
-    sums = kt->buf_sums;
-    slots = kt->buf_slots; /* a buffer's keys: row + 1; 0: free */
-    memset(slots, 0, cap * sizeof(int32_t));
-    Py_ssize_t m = 0;
+    memset(kt->buf_slots, 0, cap * sizeof(int32_t)); /* a buffer's keys: row + 1; 0: free */
+    *cap_out = cap;
+    return 0;
+}
+
+/* figure_add(kernel_table, columns, link_sums, phase_sums, op_kinds, phase_outside, loop_tid,
+ * rows) -> (kernels, copies, memsets, kernel ns outside any iteration, kernel ns in the
+ * warm-up's iterations, loop_tid, device, earliest).  Columns (F_*): kind, start, end,
+ * counted, iteration, link, backward, phase, name, launch, iter_end, tid, device.
+ *   sums: the block's kernels and copies added to link_sums (int64[links][5]: forward ns,
+ *     forward kernels, backward ns, backward kernels, copy ns; counted operations in a
+ *     link) and phase_sums (int64[phases][3]: kernel ns, kernels, copy ns; counted, in a
+ *     phase); the operations of each of the three op_kinds (kernel, memcpy, memset);
+ *   kernels: the counted kernels summed per key (name << 32 | (link + 1) << 1 | backward),
+ *     then into the table in ascending key order (GpuFigureBuilder._add_kernels);
+ *   timeline: each operation's row (start, end, kernel?, launch, its iteration when the loop
+ *     thread launched it else -1, iteration's end, launched by the loop thread?) into rows
+ *     (int64[n][7]); loop_tid None: the thread of the first operation in an iteration (None
+ *     while there is none); the device of every operation (None: several) and the earliest
+ *     start (None: no operation).
+ * One pass, not three: each operation's columns are read once (its kind, times and whether
+ * it counts serve all three) and one call's arrays are taken, not three calls'. */
+static PyObject *cupti_figure_add(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *capsule, *cols_obj, *links_obj, *phases_obj, *loop_obj, *rows_obj;
+    long long kernel, memcpy_, memset_, phase_outside;
+    if (!PyArg_ParseTuple(args, "OOOO(LLL)LOO", &capsule, &cols_obj, &links_obj, &phases_obj,
+                          &kernel, &memcpy_, &memset_, &phase_outside, &loop_obj, &rows_obj))
+        return NULL;
+    kernel_table *kt = PyCapsule_GetPointer(capsule, KERNELS_NAME);
+    if (kt == NULL)
+        return NULL;
+    held h = {NULL, 0, 0};
+    PyObject *result = NULL;
+    int64_t *c[F_N];
+    Py_ssize_t n = -1, n_link_cells = -1, n_phase_cells = -1, cells = -1;
+    if (columns_held(&h, F_N + 3, cols_obj, F_N, &n, 0, c) < 0)
+        goto done;
+    int64_t *links = int64s(&h, links_obj, &n_link_cells, 1);
+    int64_t *phases = links ? int64s(&h, phases_obj, &n_phase_cells, 1) : NULL;
+    int64_t *rows = phases ? int64s(&h, rows_obj, &cells, 1) : NULL;
+    if (rows == NULL)
+        goto done;
+    if (cells != 7 * n) {
+        PyErr_SetString(PyExc_ValueError, "figure_add: rows of 7 per operation");
+        goto done;
+    }
+    int known = loop_obj != Py_None;
+    int64_t loop_tid = 0;
+    if (known) {
+        loop_tid = PyLong_AsLongLong(loop_obj);
+        if (loop_tid == -1 && PyErr_Occurred())
+            goto done;
+    }
+    for (Py_ssize_t i = 0; !known && i < n; i++) {
+        if (c[F_ITERATION][i] >= 0) {
+            loop_tid = c[F_TID][i];
+            known = 1;
+        }
+    }
+    size_t cap;
+    if (kernel_buffer(kt, n, &cap) < 0)
+        goto done;
+    kernel_sum *const sums = kt->buf_sums;
+    int32_t *const slots = kt->buf_slots;
+    /* the columns in locals: a store to a sum or a row cannot move them (no reload per row) */
+    const int64_t *const kind_c = c[F_KIND], *const start_c = c[F_START], *const end_c = c[F_END],
+                  *const counted_c = c[F_COUNTED], *const iteration_c = c[F_ITERATION],
+                  *const link_c = c[F_LINK], *const backward_c = c[F_BACKWARD],
+                  *const phase_c = c[F_PHASE], *const name_c = c[F_NAME],
+                  *const launch_c = c[F_LAUNCH], *const iter_end_c = c[F_ITER_END],
+                  *const tid_c = c[F_TID], *const device_c = c[F_DEVICE];
+    const Py_ssize_t n_links = n_link_cells / 5, n_phases = n_phase_cells / 3;
+    const int64_t device = n ? device_c[0] : 0;
+    long long counts[3] = {0, 0, 0}, outside = 0, warmup = 0;
+    int64_t earliest = n ? start_c[0] : 0;
+    int one_device = n > 0;
+    Py_ssize_t m = 0; /* the buffer's kernel keys */
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (c[K_COL_KIND][i] != kernel || c[K_COL_COUNTED][i] != 1)
+        const int64_t kind = kind_c[i], start = start_c[i], end = end_c[i], dur = end - start;
+        const int64_t iteration = iteration_c[i];
+        const int is_kernel = kind == kernel;
+        const int is_copy = !is_kernel && (kind == memcpy_ || kind == memset_);
+        const int counted = counted_c[i] == 1, in_iter = iteration >= 0;
+        const int loop = known && tid_c[i] == loop_tid;
+        /* the timeline's row */
+        int64_t *row = rows + 7 * i;
+        row[0] = start;
+        row[1] = end;
+        row[2] = is_kernel;
+        row[3] = launch_c[i];
+        row[4] = loop ? iteration : -1;
+        row[5] = iter_end_c[i];
+        row[6] = loop;
+        one_device &= device_c[i] == device;
+        if (start < earliest)
+            earliest = start;
+        /* the sums */
+        counts[0] += is_kernel;
+        counts[1] += kind == memcpy_;
+        counts[2] += kind == memset_;
+        if (is_kernel && !in_iter)
+            outside += dur;
+        if (is_kernel && in_iter && !counted)
+            warmup += dur;
+        if (!counted || !(is_kernel || is_copy))
             continue;
-        int64_t key = (int64_t)(((uint64_t)c[K_COL_NAME][i] << 32)
-                                | ((uint64_t)(c[K_COL_LINK][i] + 1) << 1)
-                                | (uint64_t)(c[K_COL_BACK][i] == 1));
+        const int64_t link = link_c[i], phase = phase_c[i];
+        const int back = backward_c[i] == 1;
+        if (link >= 0 && link < n_links) {
+            int64_t *sum = links + 5 * link;
+            if (is_copy) {
+                sum[4] += dur;
+            } else {
+                sum[2 * back] += dur;
+                sum[2 * back + 1] += 1;
+            }
+        }
+        if (phase != phase_outside && phase >= 0 && phase < n_phases) {
+            int64_t *sum = phases + 3 * phase;
+            if (is_copy) {
+                sum[2] += dur;
+            } else {
+                sum[0] += dur;
+                sum[1] += 1;
+            }
+        }
+        if (!is_kernel)
+            continue;
+        /* the counted kernel's key, summed for the buffer */
+        const int64_t key = (int64_t)(((uint64_t)name_c[i] << 32) | ((uint64_t)(link + 1) << 1)
+                                      | (uint64_t)back);
         size_t at = slot_of((uint64_t)key, cap);
         while (slots[at] && sums[slots[at] - 1].key != key)
             at = (at + 1) & (cap - 1);
@@ -976,13 +996,20 @@ static PyObject *cupti_kernel_sums(PyObject *self, PyObject *args)
             sums[m] = (kernel_sum){key, 0, 0};
             slots[at] = (int32_t)++m;
         }
-        sums[slots[at] - 1].ns += c[K_COL_END][i] - c[K_COL_START][i];
+        sums[slots[at] - 1].ns += dur;
         sums[slots[at] - 1].calls++;
     }
     qsort(sums, (size_t)m, sizeof(kernel_sum), by_kernel_key);
     for (Py_ssize_t i = 0; i < m; i++)
         kernels_add(kt, &sums[i]);
-    result = Py_NewRef(Py_None);
+    PyObject *parts[3] = {known ? PyLong_FromLongLong(loop_tid) : Py_NewRef(Py_None),
+                          one_device ? PyLong_FromLongLong(device) : Py_NewRef(Py_None),
+                          n ? PyLong_FromLongLong(earliest) : Py_NewRef(Py_None)};
+    if (parts[0] != NULL && parts[1] != NULL && parts[2] != NULL)
+        result = Py_BuildValue("(LLLLLOOO)", counts[0], counts[1], counts[2], outside, warmup,
+                               parts[0], parts[1], parts[2]);
+    for (int k = 0; k < 3; k++)
+        Py_XDECREF(parts[k]);
 done:
     release_all(&h);
     return result;
@@ -1289,13 +1316,10 @@ static PyMethodDef launch_methods[] = { /* the attribution's: calls, clock, rang
 };
 
 static PyMethodDef figure_methods[] = { /* the figures' sums */
-    FN(figure_sums, METH_VARARGS,
-       "figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside): per range."),
-    FN(timeline_rows, METH_VARARGS,
-       "timeline_rows(columns, kernel_kind, loop_tid, rows): the GPU timeline's rows."),
     FN(kernel_table, METH_O, "kernel_table(max_keys): the kernels' sums kept in C."),
-    FN(kernel_sums, METH_VARARGS,
-       "kernel_sums(table, columns, kernel_kind): counted kernels per name, link, direction."),
+    FN(figure_add, METH_VARARGS,
+       "figure_add(kernel_table, columns, link_sums, phase_sums, op_kinds, phase_outside, "
+       "loop_tid, rows): a block's sums, kernels' sums and timeline rows."),
     FN(kernel_rows, METH_O, "kernel_rows(table): its rows, in order."),
     FN(keeper_runs, METH_O,
        "keeper_runs((iteration, tid[, counted])): (tid, each run's first row, the first counted "
