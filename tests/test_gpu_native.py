@@ -431,6 +431,58 @@ def test_the_range_lookup_in_c_attributes_as_its_numpy_twin(name, extension, mon
         assert (b["link"] >= 0).sum() > len(rec.batch.ops) // 2  # links found, not all -1
 
 
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_the_usual_buffer_in_c_is_attributed_as_numpys(name, extension, monkeypatch):
+    """Buffers as CUPTI hands them over live (each with the calls of its operations, in
+    order), the launching thread mapped and its ranges fed: each is mapped, joined, located
+    and settled in C as one table (two calls, no general path), and every operation's
+    columns, the statuses' ops and GPU time and every figure are NumPy's."""
+    from chainer_autoprof.analysis.gpu_analysis import GpuAnalysis
+    from chainer_autoprof.analysis.gpu_attribution import LaunchAttributor
+    from chainer_autoprof.analysis.gpu_clock import fit
+    from chainer_autoprof.report.tracefile import read_trace
+
+    trace = read_trace(str(DATA / name / "agent_trace.json"))
+    rec = recording(name)
+    ops, api = rec.batch.ops, rec.batch.api
+    ops = ops.take(np.argsort(ops.correlation, kind="stable"))
+    launched = api.take(np.isin(api.correlation, ops.correlation))
+    launched = launched.take(np.argsort(launched.correlation, kind="stable"))
+    cuts = [len(ops) * i // 6 for i in range(7)]
+    buffers = []
+    for a, b in zip(cuts[:-1], cuts[1:]):  # each buffer: its operations and their calls
+        part = ops.take(slice(a, b))
+        buffers.append(ActivityBatch(part, launched.take(np.isin(
+            launched.correlation, part.correlation)), gr.ExternalIds.empty(), rec.batch.names))
+    threads, counts = np.unique(launched.thread, return_counts=True)
+    general = []
+    join = LaunchAttributor._join_api
+    monkeypatch.setattr(LaunchAttributor, "_join_api", lambda self, force: (
+        general.append(self.locate), join(self, force))[1])
+    runs = []
+    for kernel in (None, extension.locate):
+        analysis = GpuAnalysis(fit(rec.clock), rec.batch.names, int(trace.meta["warmup_skip"]),
+                               loop_tid=trace.meta["main_tid"], locate=kernel)
+        range_names, rows = trace.range_rows()
+        for i, (range_name, category) in enumerate(range_names):
+            analysis.add_name(i, range_name, category)
+        analysis.map_thread(int(threads[counts.argmax()]), trace.meta["main_tid"])
+        for tid, block in rows.items():
+            analysis.feed_ranges(tid, block)
+        for batch in buffers:
+            analysis.feed_activity(batch)
+        runs.append(analysis)
+    numpy_run, native = runs
+    assert native.attributor.native is not None and extension.locate not in general
+    want, got = numpy_run.finish().to_dict(), native.finish().to_dict()
+    assert got["statuses"]["attributed"]["ops"] == len(rec.batch.ops)
+    assert got == want
+    a, b = _attributed(numpy_run), _attributed(native)
+    for column, values in a.items():
+        assert np.array_equal(values, b[column]), column
+    assert (b["link"] >= 0).sum() > len(rec.batch.ops) // 2  # links found, not all -1
+
+
 def _nested_ranges(seed: int, touching: bool = False
                    ) -> tuple[list[str], list[tuple[int, int, int, int]], np.ndarray]:
     """Random nested ranges of every kind on one thread, in end order (names' categories,

@@ -142,6 +142,9 @@ class AttributedOps:
 _ATTRIBUTION_COLUMNS = Attribution.columns()
 #: The launching call's columns of an Attribution, as ``api_join`` writes them.
 _CALL_COLUMNS = ("api_start", "api_end", "api_domain", "cbid", "tid")
+#: The rows of the usual buffer's table in C (``_feed_native``): its operations' start and
+#: end on the agent's clock, their attribution, the depth of the deepest range holding each.
+_BLOCK_ROWS = ("start", "end", *_ATTRIBUTION_COLUMNS, "depth_hit")
 #: Attribution's columns that start at 0 (the rest at -1, status at the status given).
 _ZERO_COLUMNS = ("backward", "counted")
 
@@ -256,7 +259,8 @@ class LaunchAttributor:
         #: The extension that gave ``locate`` where it also keeps the launching calls (and
         #: sums the figures: :class:`~.gpu_figures.GpuFigureBuilder`).
         owner = getattr(locate, "__self__", None)
-        self.native: ModuleType | None = owner if hasattr(owner, "api_join") else None
+        self.native: ModuleType | None = owner if hasattr(owner, "api_join") and tuple(
+            getattr(owner, "BLOCK_ROWS", ())) == _BLOCK_ROWS else None
         self._store = self.native.api_store(self.max_api) if self.native else None
 
     # -- names and threads ------------------------------------------------------------
@@ -387,17 +391,17 @@ class LaunchAttributor:
             self._add_api(batch.api)
         ops = batch.ops
         n = len(ops)
-        # start, end, the attribution's columns, the depth hit: each row written in C
-        block = np.empty((len(_ATTRIBUTION_COLUMNS) + 3, n), dtype=np.int64)
+        # start, end, the attribution's columns, the depth hit (_BLOCK_ROWS): each row
+        # written in C, the table handed over whole
+        block = np.empty((len(_BLOCK_ROWS), n), dtype=np.int64)
         mapped = GpuOps.__new__(GpuOps)
         mapped.__dict__.update(ops.__dict__)
         mapped.start, mapped.end = block[0], block[1]
-        native.to_agent(clock, ops.start, mapped.start)
-        native.to_agent(clock, ops.end, mapped.end)
         self.ops_in += n
-        attr = Attribution(**dict(zip(_ATTRIBUTION_COLUMNS, block[2:])))
-        missing, thread, one, latest = native.api_join(self._store, ops.correlation, (
-            attr.api_start, attr.api_end, attr.api_domain, attr.cbid, attr.tid, attr.status))
+        attr = Attribution.__new__(Attribution)
+        attr.__dict__.update(zip(_ATTRIBUTION_COLUMNS, block[2:]))
+        missing, thread, one, latest = native.join_block(
+            self._store, clock, (ops.correlation, ops.start, ops.end), block)
         tid = thread if self.identity_threads else self.thread_map.get(thread)
         th = self.threads.get(tid) if tid is not None else None
         if missing or not one or th is None or tid in self._wait_ranges or not (
@@ -409,11 +413,9 @@ class LaunchAttributor:
                 out.append(self._map_by_containment(final=False))
             return AttributedOps.concat(out)
         kinds, link_ids = self._kind_tables()
-        got = locate(attr.api_start, th.levels(), kinds, link_ids, (
-            attr.range, attr.range_t0, attr.range_t1, attr.range_depth, attr.link,
-            attr.backward, attr.phase, attr.iteration, attr.number, attr.iter_end, block[-1]), (
-            attr.counted, attr.status, attr.tid, mapped.start, mapped.end, self.warmup_skip,
-            th.horizon_ns, PHASE_OUTSIDE, PHASE_OTHER, ATTRIBUTED, RANGES_DROPPED, tid))
+        got = native.locate_block(th.levels(), kinds, link_ids, block, (
+            self.warmup_skip, th.horizon_ns, PHASE_OUTSIDE, PHASE_OTHER, ATTRIBUTED,
+            RANGES_DROPPED, tid))
         ops_ok, ns_ok, ops_dropped, ns_dropped = got  # settled: the sums per status
         self.status_ops[ATTRIBUTED] += ops_ok
         self.status_ns[ATTRIBUTED] += ns_ok

@@ -71,6 +71,9 @@ WINDOW_COLUMNS = ("span", "busy", *IDLE_KEYS)
 _NEG = -(1 << 62)
 #: A top kernel's key: its name id above this many bits, below them (link + 1) * 2 + backward.
 _NAME_SHIFT = 32
+#: Links :attr:`GpuFigureBuilder.link_sums` has rows for at first (a model's links, usually:
+#: no new table at its first buffer).
+LINK_ROOM = 256
 #: Kernel keys (names x links x directions) counted by a dense index rather than sorted.
 _DENSE_KEYS = 1 << 16
 
@@ -234,7 +237,9 @@ class GpuFigureBuilder:
         self.loop_tid = loop_tid
         self.max_pool = max(2, max_pool)
         self.max_kept = max_kept
-        self.link_sums = np.zeros((0, 5), dtype=np.int64)  # fwd ns, fwd n, bwd ns, bwd n, copy ns
+        #: per link (rows beyond the links known: room, zeros): fwd ns, fwd n, bwd ns, bwd n,
+        #: copy ns
+        self.link_sums = np.zeros((LINK_ROOM, 5), dtype=np.int64)
         self.phase_sums = np.zeros((len(PHASE_KEYS), 3), dtype=np.int64)  # kernel ns, n, copy ns
         self.kernel_keys: dict[int, int] = {}  # packed (name, link, direction) -> row
         self.kernel_sums = np.zeros((0, 2), dtype=np.int64)  # ns, calls
@@ -254,10 +259,10 @@ class GpuFigureBuilder:
             return
         ops, attr = items.ops, items.attr
         n_links = len(self.link_keys)
-        if len(self.link_sums) < n_links:
-            self.link_sums = np.vstack([self.link_sums,
-                                        np.zeros((n_links - len(self.link_sums), 5),
-                                                 dtype=np.int64)])
+        if len(self.link_sums) < n_links:  # room for twice as many (a model's links: once)
+            grown = np.zeros((max(n_links, 2 * len(self.link_sums)), 5), dtype=np.int64)
+            grown[:len(self.link_sums)] = self.link_sums
+            self.link_sums = grown
         native = self.native
         if native is not None:  # the sums, the kernels' sums and the timeline's rows: one pass
             rows = np.empty((len(items), 7), dtype=np.int64)

@@ -277,6 +277,46 @@ static PyObject *settle(const settling *s, const int64_t *t, Py_ssize_t n, int64
     return Py_BuildValue("(LLLL)", ops[0], ns[0], ops[1], ns[1]);
 }
 
+/* The depths' tables (see locate) into levels (one per item of depth_seq), their buffers
+ * held in h; 0, or -1 with the error set. */
+static int levels_held(held *h, PyObject *depth_seq, level *levels)
+{
+    const Py_ssize_t n_levels = PySequence_Fast_GET_SIZE(depth_seq);
+    for (Py_ssize_t d = 0; d < n_levels; d++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(depth_seq, d), *depth, *table;
+        PyObject *cols[D_N];
+        Py_ssize_t m = -1;
+        if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2) { /* (depth, one table) */
+            if (!PyArg_ParseTuple(item, "OO", &depth, &table))
+                return -1;
+            const int64_t *cells = int64s(h, table, &m, 0);
+            if (cells == NULL)
+                return -1;
+            if (m % D_N) {
+                PyErr_SetString(PyExc_ValueError, "locate: a depth's table of 5 rows");
+                return -1;
+            }
+            m /= D_N;
+            for (int c = 0; c < D_N; c++)
+                levels[d].col[c] = cells + c * m;
+        } else {
+            if (!PyArg_ParseTuple(item, "OOOOOO", &depth, &cols[D_T0], &cols[D_T1],
+                                  &cols[D_INDEX], &cols[D_ORDINAL], &cols[D_NUMBER]))
+                return -1;
+            for (int c = 0; c < D_N; c++) {
+                levels[d].col[c] = int64s(h, cols[c], &m, 0);
+                if (levels[d].col[c] == NULL)
+                    return -1;
+            }
+        }
+        levels[d].depth = PyLong_AsSsize_t(depth);
+        if (levels[d].depth == -1 && PyErr_Occurred())
+            return -1;
+        levels[d].m = m;
+    }
+    return 0;
+}
+
 PyObject *cupti_locate(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -330,38 +370,8 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
         st = (settling){c[T_COUNTED], c[T_STATUS], c[T_TID], c[T_START], c[T_END],
                         w, hz, po, pth, at, dr, tid};
     }
-    for (Py_ssize_t d = 0; d < n_levels; d++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(depth_seq, d), *depth, *table;
-        PyObject *cols[D_N];
-        Py_ssize_t m = -1;
-        if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2) { /* (depth, one table) */
-            if (!PyArg_ParseTuple(item, "OO", &depth, &table))
-                goto done;
-            const int64_t *cells = int64s(&h, table, &m, 0);
-            if (cells == NULL)
-                goto done;
-            if (m % D_N) {
-                PyErr_SetString(PyExc_ValueError, "locate: a depth's table of 5 rows");
-                goto done;
-            }
-            m /= D_N;
-            for (int c = 0; c < D_N; c++)
-                levels[d].col[c] = cells + c * m;
-        } else {
-            if (!PyArg_ParseTuple(item, "OOOOOO", &depth, &cols[D_T0], &cols[D_T1],
-                                  &cols[D_INDEX], &cols[D_ORDINAL], &cols[D_NUMBER]))
-                goto done;
-            for (int c = 0; c < D_N; c++) {
-                levels[d].col[c] = int64s(&h, cols[c], &m, 0);
-                if (levels[d].col[c] == NULL)
-                    goto done;
-            }
-        }
-        levels[d].depth = PyLong_AsSsize_t(depth);
-        if (levels[d].depth == -1 && PyErr_Occurred())
-            goto done;
-        levels[d].m = m;
-    }
+    if (levels_held(&h, depth_seq, levels) < 0)
+        goto done;
     name_kinds names = {kinds, link_ids, n_kinds};
     Py_ssize_t *hints = NULL;
     if (tail_obj != Py_None) {
@@ -384,6 +394,116 @@ done:
     PyMem_Free(levels);
     Py_XDECREF(depth_seq);
     return result;
+}
+
+/* -- a buffer's attribution as one block ----------------------------------------------------
+ *
+ * The usual buffer (LaunchAttributor._feed_native) keeps its operations' mapped times and
+ * their attribution as the rows of one C-ordered int64[B_N][n] table: the join and the
+ * lookup each take it as one array (one buffer to take, not twenty columns, each of which
+ * costs NumPy some 800 instructions to hand over).  Its rows, by name (checked from
+ * Python: BLOCK_ROWS): */
+enum {
+    B_START, B_END, B_STATUS, B_API_START, B_API_END, B_API_DOMAIN, B_CBID, B_TID, B_RANGE,
+    B_RANGE_T0, B_RANGE_T1, B_RANGE_DEPTH, B_LINK, B_BACKWARD, B_PHASE, B_ITERATION, B_NUMBER,
+    B_ITER_END, B_COUNTED, B_DEPTH_HIT, B_N
+};
+static const char *const BLOCK_ROWS[B_N] = {
+    "start", "end", "status", "api_start", "api_end", "api_domain", "cbid", "tid", "range",
+    "range_t0", "range_t1", "range_depth", "link", "backward", "phase", "iteration", "number",
+    "iter_end", "counted", "depth_hit"};
+_Static_assert(B_ITER_END - B_RANGE == OUT_ITER_END - OUT_RANGE,
+               "the lookup's columns are consecutive rows of a block, in its order");
+
+/* The block's rows (row r at rows[r]) and its operations, from obj (int64[B_N][n]); -1 with
+ * the error set. */
+static Py_ssize_t block_rows(held *h, PyObject *obj, int64_t **rows)
+{
+    Py_ssize_t cells = -1;
+    int64_t *cell = int64s(h, obj, &cells, 1);
+    if (cell == NULL)
+        return -1;
+    if (cells % B_N) {
+        PyErr_Format(PyExc_ValueError, "a block of %d rows", (int)B_N);
+        return -1;
+    }
+    const Py_ssize_t n = cells / B_N;
+    for (int r = 0; r < B_N; r++)
+        rows[r] = cell + r * n;
+    return n;
+}
+
+/* locate_block(depths, kinds, link_ids, block, (warmup_skip, horizon_ns, PHASE_OUTSIDE,
+ * PHASE_OTHER, ATTRIBUTED, RANGES_DROPPED, the agent's thread)) -> (ops, ns) attributed and
+ * (ops, ns) with their ranges dropped: locate with a tail, on a block (each launch at its
+ * row api_start, the thread's ranges known past every launch). */
+PyObject *cupti_locate_block(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *depths, *kinds_obj, *links_obj, *block_obj;
+    long long w, hz, po, pth, at, dr, tid;
+    if (!PyArg_ParseTuple(args, "OOOO(LLLLLLL)", &depths, &kinds_obj, &links_obj, &block_obj,
+                          &w, &hz, &po, &pth, &at, &dr, &tid))
+        return NULL;
+    held h = {NULL, 0, 0};
+    level *levels = NULL;
+    Py_ssize_t *hints = NULL;
+    PyObject *depth_seq = NULL, *result = NULL;
+    Py_ssize_t n_kinds = -1, n_links = -1;
+    depth_seq = PySequence_Fast(depths, "locate: depths is a sequence");
+    if (depth_seq == NULL)
+        goto done;
+    Py_ssize_t n_levels = PySequence_Fast_GET_SIZE(depth_seq);
+    h.cap = 3 + D_N * n_levels;
+    h.views = PyMem_Calloc((size_t)h.cap, sizeof(Py_buffer));
+    levels = PyMem_Calloc((size_t)(n_levels ? n_levels : 1), sizeof(level));
+    hints = PyMem_Calloc((size_t)(n_levels ? n_levels : 1), sizeof(Py_ssize_t));
+    if (h.views == NULL || levels == NULL || hints == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *row[B_N];
+    const Py_ssize_t n = block_rows(&h, block_obj, row);
+    const int64_t *kinds = n >= 0 ? int64s(&h, kinds_obj, &n_kinds, 0) : NULL;
+    const int64_t *link_ids = kinds ? int64s(&h, links_obj, &n_links, 0) : NULL;
+    if (link_ids == NULL || levels_held(&h, depth_seq, levels) < 0)
+        goto done;
+    if (n_links != n_kinds) {
+        PyErr_SetString(PyExc_ValueError, "locate: kinds and link ids differ in length");
+        goto done;
+    }
+    int64_t *out[OUT_N];
+    for (int c = OUT_RANGE; c <= OUT_ITER_END; c++)
+        out[c] = row[B_RANGE + (c - OUT_RANGE)];
+    out[OUT_DEPTH_HIT] = row[B_DEPTH_HIT];
+    settling st = {row[B_COUNTED], row[B_STATUS], row[B_TID], row[B_START], row[B_END],
+                   w, hz, po, pth, at, dr, tid};
+    name_kinds names = {kinds, link_ids, n_kinds};
+    const int64_t *t = row[B_API_START];
+    Py_BEGIN_ALLOW_THREADS
+    walk_launches(levels, n_levels, t, n, &names, out, hints);
+    Py_END_ALLOW_THREADS
+    result = settle(&st, t, n, out);
+done:
+    release_all(&h);
+    PyMem_Free(levels);
+    PyMem_Free(hints);
+    Py_XDECREF(depth_seq);
+    return result;
+}
+
+/* BLOCK_ROWS as a tuple of str. */
+PyObject *cupti_block_rows(void)
+{
+    PyObject *names = PyTuple_New(B_N);
+    for (int r = 0; names != NULL && r < B_N; r++) {
+        PyObject *name = PyUnicode_FromString(BLOCK_ROWS[r]);
+        if (name == NULL)
+            Py_CLEAR(names);
+        else
+            PyTuple_SET_ITEM(names, r, name);
+    }
+    return names;
 }
 
 PyObject *cupti_locate_kinds(void)
@@ -658,26 +778,15 @@ static Py_ssize_t find_call(const int64_t *a, Py_ssize_t m, int64_t x, Py_ssize_
 
 enum { J_START, J_END, J_DOMAIN, J_CBID, J_THREAD, J_FOUND, J_N };
 
-/* api_join(store, correlation, out): each operation's launching call (out: api_start,
- * api_end, api_domain, cbid, thread, found; written where found) ->
- * (missing, thread of the first found, 1 when every found one has that thread, the
- * latest start found). */
-PyObject *cupti_api_join(PyObject *self, PyObject *args)
+typedef struct {
+    long long missing, latest, thread;
+    int one;
+} join_result;
+
+/* Each of n operations' launching call (see api_join) into out's J_N columns. */
+static void join_rows(const api_store *st, const int64_t *corr, Py_ssize_t n,
+                      int64_t *const *out, join_result *r)
 {
-    (void)self;
-    PyObject *corr_obj, *out_obj;
-    api_store *st = store_args(args, &corr_obj, &out_obj);
-    if (st == NULL)
-        return NULL;
-    held h = {NULL, 0, 0};
-    PyObject *result = NULL;
-    Py_ssize_t n = -1;
-    int64_t *out[J_N];
-    if (columns_held(&h, 1 + J_N, out_obj, J_N, &n, 1, out) < 0)
-        goto done;
-    const int64_t *corr = int64s(&h, corr_obj, &n, 0);
-    if (corr == NULL)
-        goto done;
     /* the columns in locals: a store to an output cannot move them (no reload per row) */
     const int64_t *const a_corr = st->col[A_CORR] + st->lo, *const a_start = st->col[A_START] +
         st->lo, *const a_end = st->col[A_END] + st->lo, *const a_domain = st->col[A_DOMAIN] +
@@ -721,7 +830,74 @@ PyObject *cupti_api_join(PyObject *self, PyObject *args)
         if (start > latest)
             latest = start;
     }
-    result = Py_BuildValue("(LLiL)", missing, thread, one, latest);
+    *r = (join_result){missing, latest, thread, one};
+}
+
+
+/* api_join(store, correlation, out): each operation's launching call (out: api_start,
+ * api_end, api_domain, cbid, thread, found; written where found) ->
+ * (missing, thread of the first found, 1 when every found one has that thread, the
+ * latest start found). */
+PyObject *cupti_api_join(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *corr_obj, *out_obj;
+    api_store *st = store_args(args, &corr_obj, &out_obj);
+    if (st == NULL)
+        return NULL;
+    held h = {NULL, 0, 0};
+    PyObject *result = NULL;
+    Py_ssize_t n = -1;
+    int64_t *out[J_N];
+    if (columns_held(&h, 1 + J_N, out_obj, J_N, &n, 1, out) < 0)
+        goto done;
+    const int64_t *corr = int64s(&h, corr_obj, &n, 0);
+    if (corr == NULL)
+        goto done;
+    join_result r;
+    join_rows(st, corr, n, out, &r);
+    result = Py_BuildValue("(LLiL)", r.missing, r.thread, r.one, r.latest);
+done:
+    release_all(&h);
+    return result;
+}
+
+/* join_block(store, clock, (correlation, start, end), block) -> as api_join: the usual
+ * buffer's operations mapped onto the agent's clock (the block's rows start and end, as
+ * to_agent) and joined to their calls (rows api_start .. tid; found: status), one call. */
+PyObject *cupti_join_block(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *capsule, *clock_obj, *cols_obj, *block_obj;
+    if (!PyArg_ParseTuple(args, "OOOO", &capsule, &clock_obj, &cols_obj, &block_obj))
+        return NULL;
+    api_store *st = PyCapsule_GetPointer(capsule, STORE_NAME);
+    clock_map m;
+    if (st == NULL || parse_clock(clock_obj, &m) < 0)
+        return NULL;
+    held h = {NULL, 0, 0};
+    PyObject *result = NULL;
+    const int64_t *in[3]; /* correlation, start, end (CUPTI ns) */
+    int64_t *row[B_N];
+    Py_ssize_t n = -1;
+    if (columns_held(&h, 4, cols_obj, 3, &n, 0, (int64_t **)in) < 0)
+        goto done;
+    if (block_rows(&h, block_obj, row) != n) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "join_block: a block of the operations' length");
+        goto done;
+    }
+    int64_t *const start = row[B_START], *const end = row[B_END];
+    const int64_t *const from_start = in[1], *const from_end = in[2];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        start[i] = to_agent(&m, from_start[i]);
+        end[i] = to_agent(&m, from_end[i]);
+    }
+    int64_t *const out[J_N] = {row[B_API_START], row[B_API_END], row[B_API_DOMAIN], row[B_CBID],
+                               row[B_TID], row[B_STATUS]};
+    join_result r;
+    join_rows(st, in[0], n, out, &r);
+    result = Py_BuildValue("(LLiL)", r.missing, r.thread, r.one, r.latest);
 done:
     release_all(&h);
     return result;
@@ -1308,10 +1484,14 @@ static PyMethodDef launch_methods[] = { /* the attribution's: calls, clock, rang
     FN(api_store, METH_O, "api_store(max_api): launching calls kept in C."),
     FN(api_add, METH_VARARGS, "api_add(store, columns, clock): calls kept."),
     FN(api_join, METH_VARARGS, "api_join(store, correlation, out): each op's launching call."),
+    FN(join_block, METH_VARARGS,
+       "join_block(store, clock, (correlation, start, end), block): mapped and joined."),
     FN(to_agent, METH_VARARGS, "to_agent(clock, src, dst): CUPTI ns onto the agent's clock."),
     FN(clock_fit, METH_O, "clock_fit(pairs): gpu_clock.fit's fields."),
     FN(locate, METH_VARARGS,
        "locate(t, depths, kinds, link_ids, out[, tail]): the ranges around each launch."),
+    FN(locate_block, METH_VARARGS,
+       "locate_block(depths, kinds, link_ids, block, settling): located and settled."),
     {NULL, NULL, 0, NULL},
 };
 
