@@ -413,7 +413,7 @@ class LaunchAttributor:
                 out.append(self._map_by_containment(final=False))
             return AttributedOps.concat(out)
         kinds, link_ids = self._kind_tables()
-        got = native.locate_block(th.levels(), kinds, link_ids, block, (
+        got = native.locate_block(th.depths, kinds, link_ids, block, (
             self.warmup_skip, th.horizon_ns, PHASE_OUTSIDE, PHASE_OTHER, ATTRIBUTED,
             RANGES_DROPPED, tid))
         ops_ok, ns_ok, ops_dropped, ns_dropped = got  # settled: the sums per status

@@ -433,10 +433,53 @@ static Py_ssize_t block_rows(held *h, PyObject *obj, int64_t **rows)
     return n;
 }
 
+/* The thread's depths as the attribution keeps them ({depth: an object whose `table` is that
+ * depth's int64[5][m]}: its _Depth) into levels, those with ranges, shallowest first; their
+ * count, or -1 with the error set.  (Read here rather than listed in Python at each buffer:
+ * a thread has a depth per level of nesting, tens of them.) */
+static Py_ssize_t levels_of(held *h, PyObject *depths, level *levels)
+{
+    static PyObject *table_name;
+    if (table_name == NULL && (table_name = PyUnicode_InternFromString("table")) == NULL)
+        return -1;
+    Py_ssize_t pos = 0, n_levels = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(depths, &pos, &key, &value)) {
+        Py_ssize_t depth = PyLong_AsSsize_t(key), cells = -1;
+        if (depth == -1 && PyErr_Occurred())
+            return -1;
+        PyObject *table = PyObject_GetAttr(value, table_name);
+        if (table == NULL)
+            return -1;
+        const int64_t *cell = int64s(h, table, &cells, 0); /* held: the table lives on */
+        Py_DECREF(table);
+        if (cell == NULL)
+            return -1;
+        if (cells % D_N) {
+            PyErr_SetString(PyExc_ValueError, "locate: a depth's table of 5 rows");
+            return -1;
+        }
+        const Py_ssize_t m = cells / D_N;
+        if (m == 0)
+            continue;
+        Py_ssize_t at = n_levels++; /* in depth order (insertion: dicts come nearly sorted) */
+        while (at > 0 && levels[at - 1].depth > depth) {
+            levels[at] = levels[at - 1];
+            at--;
+        }
+        levels[at].depth = depth;
+        levels[at].m = m;
+        for (int c = 0; c < D_N; c++)
+            levels[at].col[c] = cell + c * m;
+    }
+    return n_levels;
+}
+
 /* locate_block(depths, kinds, link_ids, block, (warmup_skip, horizon_ns, PHASE_OUTSIDE,
  * PHASE_OTHER, ATTRIBUTED, RANGES_DROPPED, the agent's thread)) -> (ops, ns) attributed and
  * (ops, ns) with their ranges dropped: locate with a tail, on a block (each launch at its
- * row api_start, the thread's ranges known past every launch). */
+ * row api_start, the thread's ranges known past every launch); depths: the thread's dict
+ * (levels_of). */
 PyObject *cupti_locate_block(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -448,13 +491,14 @@ PyObject *cupti_locate_block(PyObject *self, PyObject *args)
     held h = {NULL, 0, 0};
     level *levels = NULL;
     Py_ssize_t *hints = NULL;
-    PyObject *depth_seq = NULL, *result = NULL;
+    PyObject *result = NULL;
     Py_ssize_t n_kinds = -1, n_links = -1;
-    depth_seq = PySequence_Fast(depths, "locate: depths is a sequence");
-    if (depth_seq == NULL)
-        goto done;
-    Py_ssize_t n_levels = PySequence_Fast_GET_SIZE(depth_seq);
-    h.cap = 3 + D_N * n_levels;
+    if (!PyDict_Check(depths)) {
+        PyErr_SetString(PyExc_TypeError, "locate_block: depths is a dict");
+        return NULL;
+    }
+    Py_ssize_t n_levels = PyDict_Size(depths);
+    h.cap = 3 + n_levels;
     h.views = PyMem_Calloc((size_t)h.cap, sizeof(Py_buffer));
     levels = PyMem_Calloc((size_t)(n_levels ? n_levels : 1), sizeof(level));
     hints = PyMem_Calloc((size_t)(n_levels ? n_levels : 1), sizeof(Py_ssize_t));
@@ -466,7 +510,7 @@ PyObject *cupti_locate_block(PyObject *self, PyObject *args)
     const Py_ssize_t n = block_rows(&h, block_obj, row);
     const int64_t *kinds = n >= 0 ? int64s(&h, kinds_obj, &n_kinds, 0) : NULL;
     const int64_t *link_ids = kinds ? int64s(&h, links_obj, &n_links, 0) : NULL;
-    if (link_ids == NULL || levels_held(&h, depth_seq, levels) < 0)
+    if (link_ids == NULL || (n_levels = levels_of(&h, depths, levels)) < 0)
         goto done;
     if (n_links != n_kinds) {
         PyErr_SetString(PyExc_ValueError, "locate: kinds and link ids differ in length");
@@ -488,7 +532,6 @@ done:
     release_all(&h);
     PyMem_Free(levels);
     PyMem_Free(hints);
-    Py_XDECREF(depth_seq);
     return result;
 }
 
