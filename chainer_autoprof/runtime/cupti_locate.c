@@ -211,7 +211,11 @@ static void walk_levels(const level *levels, Py_ssize_t n_levels, const int64_t 
  * deepest range that held the previous one, before its end, lies in the same ranges down
  * to there (each one's parent holds it; a range of the same level starts at that end at
  * the soonest), so only the levels below are searched.  Every column is set here.
- * `hints`: one per level. */
+ * Moreover the previous launch's walk says for which launches it would come out the same:
+ * those in its deepest range (before its end, as above) and in the gap it found at the
+ * level below (after the range there that ends before it, before the next one starts):
+ * the usual launch, next to the previous one, then only copies its columns, no level
+ * searched.  `hints`: one per level. */
 static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_t *t,
                           Py_ssize_t n, const name_kinds *names, int64_t *const *out,
                           Py_ssize_t *hints)
@@ -220,11 +224,19 @@ static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_
     memcpy(o, out, sizeof o);
     Py_ssize_t deepest = -1; /* the level of the previous launch's deepest range */
     int64_t held_t0 = 0, held_t1 = 0;
+    int64_t same_lo = 1, same_hi = 0; /* launches located as the previous one: none yet */
     for (Py_ssize_t d = 0; d < n_levels; d++)
         hints[d] = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t x = t[i];
+        if (x >= same_lo && x <= same_hi) {
+#pragma GCC unroll 16
+            for (int c = 0; c < OUT_N; c++)
+                o[c][i] = o[c][i - 1];
+            continue;
+        }
         Py_ssize_t d = 0;
-        if (deepest >= 0 && t[i] >= held_t0 && t[i] < held_t1) {
+        if (deepest >= 0 && x >= held_t0 && x < held_t1) {
 #pragma GCC unroll 16
             for (int c = 0; c < OUT_N; c++)
                 o[c][i] = o[c][i - 1];
@@ -235,16 +247,24 @@ static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_
                 o[c][i] = c == OUT_BACKWARD ? 0 : -1;
             deepest = -1;
         }
+        int64_t gap_lo = INT64_MIN, gap_hi = INT64_MAX; /* the gap at the level missed */
         for (; d < n_levels; d++) {
             const level *L = &levels[d];
-            Py_ssize_t k = hints[d] = last_at_or_before(L->col[D_T0], L->m, t[i], hints[d]);
-            if (k < 0 || t[i] > L->col[D_T1][k])
+            Py_ssize_t k = hints[d] = last_at_or_before(L->col[D_T0], L->m, x, hints[d]);
+            if (k < 0 || x > L->col[D_T1][k]) { /* (t1[k] < x, x < t0[k + 1]: no overflow) */
+                if (k >= 0)
+                    gap_lo = L->col[D_T1][k] + 1;
+                if (k + 1 < L->m)
+                    gap_hi = L->col[D_T0][k + 1] - 1;
                 break;
+            }
             fill_hit(L, k, i, names, o);
             deepest = d;
             held_t0 = L->col[D_T0][k];
             held_t1 = L->col[D_T1][k];
         }
+        same_lo = deepest >= 0 && held_t0 > gap_lo ? held_t0 : gap_lo;
+        same_hi = deepest >= 0 && held_t1 - 1 < gap_hi ? held_t1 - 1 : gap_hi;
     }
 }
 
