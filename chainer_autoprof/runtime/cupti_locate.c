@@ -282,17 +282,27 @@ enum { T_COUNTED, T_STATUS, T_TID, T_START, T_END, T_N }; /* the written ones fi
 
 static PyObject *settle(const settling *s, const int64_t *t, Py_ssize_t n, int64_t *const *out)
 {
+    /* the columns and constants in locals: a store to a column cannot move them (no reload
+     * of each per row) */
+    const int64_t *const iteration = out[OUT_ITERATION], *const start = s->start,
+                  *const end = s->end;
+    int64_t *const phase = out[OUT_PHASE], *const counted = s->counted, *const status = s->status,
+            *const tid = s->tid;
+    const int64_t outside = s->phase_outside, other = s->phase_other, warmup = s->warmup_skip,
+                  horizon = s->horizon_ns, thread = s->thread;
+    const int64_t state[2] = {s->attributed, s->dropped};
     long long ops[2] = {0, 0}, ns[2] = {0, 0};
     for (Py_ssize_t i = 0; i < n; i++) {
-        int in_iter = out[OUT_ITERATION][i] >= 0;
-        if (in_iter && out[OUT_PHASE][i] == s->phase_outside)
-            out[OUT_PHASE][i] = s->phase_other;
-        s->counted[i] = in_iter && out[OUT_ITERATION][i] >= s->warmup_skip;
-        int dropped = t[i] < s->horizon_ns;
-        s->status[i] = dropped ? s->dropped : s->attributed;
-        s->tid[i] = s->thread;
+        const int64_t it = iteration[i];
+        const int in_iter = it >= 0;
+        if (in_iter && phase[i] == outside)
+            phase[i] = other;
+        counted[i] = in_iter && it >= warmup;
+        const int dropped = t[i] < horizon;
+        status[i] = state[dropped];
+        tid[i] = thread;
         ops[dropped]++;
-        ns[dropped] += (long long)(s->end[i] - s->start[i]);
+        ns[dropped] += (long long)(end[i] - start[i]);
     }
     return Py_BuildValue("(LLLL)", ops[0], ns[0], ops[1], ns[1]);
 }
