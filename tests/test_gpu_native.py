@@ -682,9 +682,9 @@ def test_the_timelines_rows_in_c_are_numpys(extension, loop_tid):
 
     def rows_in_c() -> tuple[object, object, object]:  # (the sums' pass makes the rows too)
         return extension.figure_add(extension.kernel_table(16), (
-            ops.kind, ops.start, ops.end, attr.counted, attr.iteration, attr.link,
-            attr.backward, attr.phase, ops.name, attr.api_start, attr.iter_end, attr.tid,
-            ops.device), np.zeros((0, 5), dtype=np.int64),
+            ops.kind, ops.start, ops.end, ops.name, ops.device), (
+            attr.counted, attr.iteration, attr.link, attr.backward, attr.phase, attr.api_start,
+            attr.iter_end, attr.tid), np.zeros((0, 5), dtype=np.int64),
             np.zeros((len(PHASE_KEYS), 3), dtype=np.int64), (KERNEL, MEMCPY, MEMSET),
             PHASE_OUTSIDE, loop_tid, got)[5:]
 

@@ -40,6 +40,7 @@ newest :attr:`max_ranges` ranges (a launch older than those is counted as such).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from types import ModuleType
 from typing import TYPE_CHECKING, Iterable
 
@@ -140,6 +141,8 @@ class AttributedOps:
 
 
 _ATTRIBUTION_COLUMNS = Attribution.columns()
+#: A table of calls -> its columns, in order (one C call).
+_API_COLUMNS_OF = attrgetter(*ApiCalls.columns())
 #: The launching call's columns of an Attribution, as ``api_join`` writes them.
 _CALL_COLUMNS = ("api_start", "api_end", "api_domain", "cbid", "tid")
 #: The rows of the usual buffer's table in C (``_feed_native``): its operations' start and
@@ -230,8 +233,6 @@ class LaunchAttributor:
                  max_api: int = 1 << 18, max_ranges: int = 1 << 17,
                  locate: LocateKernel | None = None) -> None:
         self.clock = clock
-        self._clock_of: ClockMap | None = None  # the map _clock_tuple was made of
-        self._clock_tuple = (0, 0, 1.0, 0.0)
         #: The range lookup in C where the caller has it (:data:`LocateKernel`); else NumPy.
         self.locate = locate
         self.warmup_skip = warmup_skip
@@ -371,14 +372,6 @@ class LaunchAttributor:
             out.append(self._map_by_containment(final=False))
         return AttributedOps.concat(out)
 
-    def _clock_args(self) -> tuple[int, int, float, float]:
-        c = self.clock
-        if self._clock_of is c:  # (the map changes only when refitted: set anew)
-            return self._clock_tuple
-        self._clock_of = c
-        self._clock_tuple = (c.cupti0, c.perf0, float(c.slope), float(c.offset))
-        return self._clock_tuple
-
     def _feed_native(self, batch: ActivityBatch) -> AttributedOps:
         """A buffer through the C kernels: its calls kept, its operations joined to theirs;
         when each has its call, one launching thread that is mapped, and that thread's
@@ -386,7 +379,6 @@ class LaunchAttributor:
         general path from the join on."""
         native, locate = self.native, self.locate
         assert native is not None and locate is not None
-        clock = self._clock_args()
         if len(batch.api):
             self._add_api(batch.api)
         ops = batch.ops
@@ -400,8 +392,8 @@ class LaunchAttributor:
         self.ops_in += n
         attr = Attribution.__new__(Attribution)
         attr.__dict__.update(zip(_ATTRIBUTION_COLUMNS, block[2:]))
-        missing, thread, one, latest = native.join_block(
-            self._store, clock, (ops.correlation, ops.start, ops.end), block)
+        missing, thread, one, latest = native.join_block(  # (the map read in C)
+            self._store, self.clock, (ops.correlation, ops.start, ops.end), block)
         tid = thread if self.identity_threads else self.thread_map.get(thread)
         th = self.threads.get(tid) if tid is not None else None
         if missing or not one or th is None or tid in self._wait_ranges or not (
@@ -425,8 +417,7 @@ class LaunchAttributor:
 
     def _add_api(self, api: ApiCalls) -> None:
         if self.native is not None:
-            self.native.api_add(self._store, [getattr(api, c) for c in ApiCalls.columns()],
-                                 self._clock_args())
+            self.native.api_add(self._store, _API_COLUMNS_OF(api), self.clock)
             return
         mapped = ApiCalls(**{c: getattr(api, c) for c in ApiCalls.columns()})
         mapped.start = self.clock.to_agent(api.start)

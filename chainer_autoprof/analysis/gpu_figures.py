@@ -42,6 +42,7 @@ fills); one arriving behind what was placed is counted as late and left off the 
 
 from __future__ import annotations
 
+from operator import attrgetter
 from types import ModuleType
 
 import numpy as np
@@ -74,6 +75,10 @@ _NAME_SHIFT = 32
 #: Links :attr:`GpuFigureBuilder.link_sums` has rows for at first (a model's links, usually:
 #: no new table at its first buffer).
 LINK_ROOM = 256
+#: The columns the figures' pass in C reads (``figure_add``), each tuple in one C call.
+_OPS_COLUMNS_OF = attrgetter("kind", "start", "end", "name", "device")
+_ATTR_COLUMNS_OF = attrgetter("counted", "iteration", "link", "backward", "phase", "api_start",
+                              "iter_end", "tid")
 #: Kernel keys (names x links x directions) counted by a dense index rather than sorted.
 _DENSE_KEYS = 1 << 16
 
@@ -267,11 +272,10 @@ class GpuFigureBuilder:
         if native is not None:  # the sums, the kernels' sums and the timeline's rows: one pass
             rows = np.empty((len(items), 7), dtype=np.int64)
             (kernels, copies, memsets, outside_ns, warmup_ns, self.loop_tid, only,
-             earliest) = native.figure_add(self._kernel_table, (
-                 ops.kind, ops.start, ops.end, attr.counted, attr.iteration, attr.link,
-                 attr.backward, attr.phase, ops.name, attr.api_start, attr.iter_end, attr.tid,
-                 ops.device), self.link_sums, self.phase_sums, (KERNEL, MEMCPY, MEMSET),
-                PHASE_OUTSIDE, self.loop_tid, rows)
+             earliest) = native.figure_add(self._kernel_table, _OPS_COLUMNS_OF(ops),
+                                           _ATTR_COLUMNS_OF(attr), self.link_sums,
+                                           self.phase_sums, (KERNEL, MEMCPY, MEMSET),
+                                           PHASE_OUTSIDE, self.loop_tid, rows)
             self.op_counts[KERNEL] += kernels
             self.op_counts[MEMCPY] += copies
             self.op_counts[MEMSET] += memsets

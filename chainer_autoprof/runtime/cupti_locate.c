@@ -28,8 +28,9 @@
  *            and (ops, ns) with their ranges dropped returned.
  *
  * The same module keeps the launching calls across buffers (api_store, api_add, api_join),
- * maps CUPTI's clock (to_agent) and sums the figures (figure_add): each the
- * twin of a NumPy path of analysis/, which passes its constants down as data.
+ * maps CUPTI's clock (to_agent) and sums the figures (figure_add): each the twin of a NumPy
+ * path of analysis/, which passes its constants down as data.  The usual buffer's join and
+ * lookup (join_block, locate_block) take its attribution as one table, not column by column.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -691,11 +692,33 @@ static inline __attribute__((always_inline)) int64_t to_agent(const clock_map *m
     return m->perf0 + rounded(x + m->offset);
 }
 
+/* The map from a tuple (cupti0, perf0, slope, offset), or from the attributes of those names
+ * (analysis.gpu_clock.ClockMap itself: no tuple made in Python at each buffer); 0, or -1
+ * with the error set. */
 static int parse_clock(PyObject *obj, clock_map *m)
 {
     long long c0, p0;
-    if (!PyArg_ParseTuple(obj, "LLdd", &c0, &p0, &m->slope, &m->offset))
-        return -1;
+    if (PyTuple_Check(obj)) {
+        if (!PyArg_ParseTuple(obj, "LLdd", &c0, &p0, &m->slope, &m->offset))
+            return -1;
+    } else {
+        static const char *const names[4] = {"cupti0", "perf0", "slope", "offset"};
+        PyObject *v[4] = {NULL, NULL, NULL, NULL};
+        int ok = 1;
+        for (int k = 0; ok && k < 4; k++)
+            ok = (v[k] = PyObject_GetAttrString(obj, names[k])) != NULL;
+        if (ok) {
+            c0 = PyLong_AsLongLong(v[0]);
+            p0 = PyLong_AsLongLong(v[1]);
+            m->slope = PyFloat_AsDouble(v[2]);
+            m->offset = PyFloat_AsDouble(v[3]);
+            ok = !PyErr_Occurred();
+        }
+        for (int k = 0; k < 4; k++)
+            Py_XDECREF(v[k]);
+        if (!ok)
+            return -1;
+    }
     m->cupti0 = c0;
     m->perf0 = p0;
     return 0;
@@ -1080,8 +1103,10 @@ static void kernels_add(kernel_table *kt, const kernel_sum *s)
 
 /* -- a block's figures: the per-link and per-phase sums, the counted kernels' sums and the
  * GPU timeline's rows (GpuFigureBuilder.add), in one pass over its operations ----------- */
-enum { F_KIND, F_START, F_END, F_COUNTED, F_ITERATION, F_LINK, F_BACKWARD, F_PHASE, F_NAME,
-       F_LAUNCH, F_ITER_END, F_TID, F_DEVICE, F_N };
+/* The operations' columns, then their attribution's (two sequences: each read in one C call
+ * in Python, operator.attrgetter's). */
+enum { F_KIND, F_START, F_END, F_NAME, F_DEVICE, F_OPS_N = F_DEVICE + 1, F_COUNTED = F_OPS_N,
+       F_ITERATION, F_LINK, F_BACKWARD, F_PHASE, F_LAUNCH, F_ITER_END, F_TID, F_N };
 
 /* The kernels' per-buffer sums: room for n keys and their slots (kept for the next buffer:
  * no allocation each), the slots cleared; 0, or -1 with the error set. */
@@ -1110,10 +1135,11 @@ static int kernel_buffer(kernel_table *kt, Py_ssize_t n, size_t *cap_out)
     return 0;
 }
 
-/* figure_add(kernel_table, columns, link_sums, phase_sums, op_kinds, phase_outside, loop_tid,
- * rows) -> (kernels, copies, memsets, kernel ns outside any iteration, kernel ns in the
- * warm-up's iterations, loop_tid, device, earliest).  Columns (F_*): kind, start, end,
- * counted, iteration, link, backward, phase, name, launch, iter_end, tid, device.
+/* figure_add(kernel_table, (kind, start, end, name, device), (counted, iteration, link,
+ * backward, phase, launch, iter_end, tid), link_sums, phase_sums, op_kinds, phase_outside,
+ * loop_tid, rows) -> (kernels, copies, memsets, kernel ns outside any iteration, kernel ns in
+ * the warm-up's iterations, loop_tid, device, earliest): the operations' columns and their
+ * attribution's (F_*).
  *   sums: the block's kernels and copies added to link_sums (int64[links][5]: forward ns,
  *     forward kernels, backward ns, backward kernels, copy ns; counted operations in a
  *     link) and phase_sums (int64[phases][3]: kernel ns, kernels, copy ns; counted, in a
@@ -1130,10 +1156,11 @@ static int kernel_buffer(kernel_table *kt, Py_ssize_t n, size_t *cap_out)
 static PyObject *cupti_figure_add(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *capsule, *cols_obj, *links_obj, *phases_obj, *loop_obj, *rows_obj;
+    PyObject *capsule, *ops_obj, *attr_obj, *links_obj, *phases_obj, *loop_obj, *rows_obj;
     long long kernel, memcpy_, memset_, phase_outside;
-    if (!PyArg_ParseTuple(args, "OOOO(LLL)LOO", &capsule, &cols_obj, &links_obj, &phases_obj,
-                          &kernel, &memcpy_, &memset_, &phase_outside, &loop_obj, &rows_obj))
+    if (!PyArg_ParseTuple(args, "OOOOO(LLL)LOO", &capsule, &ops_obj, &attr_obj, &links_obj,
+                          &phases_obj, &kernel, &memcpy_, &memset_, &phase_outside, &loop_obj,
+                          &rows_obj))
         return NULL;
     kernel_table *kt = PyCapsule_GetPointer(capsule, KERNELS_NAME);
     if (kt == NULL)
@@ -1142,7 +1169,8 @@ static PyObject *cupti_figure_add(PyObject *self, PyObject *args)
     PyObject *result = NULL;
     int64_t *c[F_N];
     Py_ssize_t n = -1, n_link_cells = -1, n_phase_cells = -1, cells = -1;
-    if (columns_held(&h, F_N + 3, cols_obj, F_N, &n, 0, c) < 0)
+    if (columns_held(&h, F_N + 3, ops_obj, F_OPS_N, &n, 0, c) < 0 ||
+        int64_columns(&h, attr_obj, F_N - F_OPS_N, &n, 0, c + F_OPS_N) < 0)
         goto done;
     int64_t *links = int64s(&h, links_obj, &n_link_cells, 1);
     int64_t *phases = links ? int64s(&h, phases_obj, &n_phase_cells, 1) : NULL;
@@ -1571,8 +1599,8 @@ static PyMethodDef launch_methods[] = { /* the attribution's: calls, clock, rang
 static PyMethodDef figure_methods[] = { /* the figures' sums */
     FN(kernel_table, METH_O, "kernel_table(max_keys): the kernels' sums kept in C."),
     FN(figure_add, METH_VARARGS,
-       "figure_add(kernel_table, columns, link_sums, phase_sums, op_kinds, phase_outside, "
-       "loop_tid, rows): a block's sums, kernels' sums and timeline rows."),
+       "figure_add(kernel_table, op_columns, attr_columns, link_sums, phase_sums, op_kinds, "
+       "phase_outside, loop_tid, rows): a block's sums, kernels' sums and timeline rows."),
     FN(kernel_rows, METH_O, "kernel_rows(table): its rows, in order."),
     FN(keeper_runs, METH_O,
        "keeper_runs((iteration, tid[, counted])): (tid, each run's first row, the first counted "
