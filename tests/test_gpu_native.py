@@ -694,6 +694,12 @@ def test_the_timelines_rows_in_c_are_numpys(extension, loop_tid):
     assert device == -1 and earliest == int(ops.start.min())  # one device, the first start
     ops.device[7] = 1  # and a second device: none is every row's
     assert rows_in_c()[1] is None
+    if loop_tid is None:  # no operation in an iteration: no loop thread yet, none its row
+        attr.iteration[:] = -1
+        builder = GpuFigureBuilder([], NameTable())
+        want = builder._timeline_rows(ops, attr, ops.kind == KERNEL, attr.iteration >= 0)
+        assert rows_in_c()[0] is None is builder.loop_tid
+        assert np.array_equal(got, want) and not got[:, 6].any()
 
 
 def test_the_trace_keeper_groups_a_buffer_in_c_as_numpy_does(extension):

@@ -1210,7 +1210,10 @@ static PyObject *cupti_figure_add(PyObject *self, PyObject *args)
     const int64_t device = n ? device_c[0] : 0;
     long long counts[3] = {0, 0, 0}, outside = 0, warmup = 0;
     int64_t earliest = n ? start_c[0] : 0;
-    int one_device = n > 0;
+    uint64_t other_device = 0; /* its bits set by a device other than the first */
+    /* the loop thread's id, or none (INT64_MIN: a thread id is an agent's or CUPTI's, never
+     * negative but for -1, unknown): one comparison a row, no flag kept at hand */
+    const int64_t loop_match = known ? loop_tid : INT64_MIN;
     Py_ssize_t m = 0; /* the buffer's kernel keys */
     for (Py_ssize_t i = 0; i < n; i++) {
         const int64_t kind = kind_c[i], start = start_c[i], end = end_c[i], dur = end - start;
@@ -1218,7 +1221,7 @@ static PyObject *cupti_figure_add(PyObject *self, PyObject *args)
         const int is_kernel = kind == kernel;
         const int is_copy = !is_kernel && (kind == memcpy_ || kind == memset_);
         const int counted = counted_c[i] == 1, in_iter = iteration >= 0;
-        const int loop = known && tid_c[i] == loop_tid;
+        const int loop = tid_c[i] == loop_match;
         /* the timeline's row */
         int64_t *row = rows + 7 * i;
         row[0] = start;
@@ -1228,7 +1231,7 @@ static PyObject *cupti_figure_add(PyObject *self, PyObject *args)
         row[4] = loop ? iteration : -1;
         row[5] = iter_end_c[i];
         row[6] = loop;
-        one_device &= device_c[i] == device;
+        other_device |= (uint64_t)(device_c[i] ^ device);
         if (start < earliest)
             earliest = start;
         /* the sums */
@@ -1280,7 +1283,7 @@ static PyObject *cupti_figure_add(PyObject *self, PyObject *args)
     for (Py_ssize_t i = 0; i < m; i++)
         kernels_add(kt, &sums[i]);
     PyObject *parts[3] = {known ? PyLong_FromLongLong(loop_tid) : Py_NewRef(Py_None),
-                          one_device ? PyLong_FromLongLong(device) : Py_NewRef(Py_None),
+                          n && !other_device ? PyLong_FromLongLong(device) : Py_NewRef(Py_None),
                           n ? PyLong_FromLongLong(earliest) : Py_NewRef(Py_None)};
     if (parts[0] != NULL && parts[1] != NULL && parts[2] != NULL)
         result = Py_BuildValue("(LLLLLOOO)", counts[0], counts[1], counts[2], outside, warmup,
