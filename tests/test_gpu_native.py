@@ -420,6 +420,58 @@ def test_the_range_lookup_in_c_attributes_as_its_numpy_twin(name, extension, mon
         assert (b["link"] >= 0).sum() > len(rec.batch.ops) // 2  # links found, not all -1
 
 
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_the_usual_buffer_in_c_is_attributed_as_numpys(name, extension, monkeypatch):
+    """Buffers as CUPTI hands them over live (each with the calls of its operations, in
+    order), the launching thread mapped and its ranges fed: each is mapped, joined, located
+    and settled in C as one table (two calls, no general path), and every operation's
+    columns, the statuses' ops and GPU time and every figure are NumPy's."""
+    from chainer_autoprof.analysis.gpu_analysis import GpuAnalysis
+    from chainer_autoprof.analysis.gpu_attribution import LaunchAttributor
+    from chainer_autoprof.analysis.gpu_clock import fit
+    from chainer_autoprof.report.tracefile import read_trace
+
+    trace = read_trace(str(DATA / name / "agent_trace.json"))
+    rec = recording(name)
+    ops, api = rec.batch.ops, rec.batch.api
+    ops = ops.take(np.argsort(ops.correlation, kind="stable"))
+    launched = api.take(np.isin(api.correlation, ops.correlation))
+    launched = launched.take(np.argsort(launched.correlation, kind="stable"))
+    cuts = [len(ops) * i // 6 for i in range(7)]
+    buffers = []
+    for a, b in zip(cuts[:-1], cuts[1:]):  # each buffer: its operations and their calls
+        part = ops.take(slice(a, b))
+        buffers.append(ActivityBatch(part, launched.take(np.isin(
+            launched.correlation, part.correlation)), gr.ExternalIds.empty(), rec.batch.names))
+    threads, counts = np.unique(launched.thread, return_counts=True)
+    general = []
+    join = LaunchAttributor._join_api
+    monkeypatch.setattr(LaunchAttributor, "_join_api", lambda self, force: (
+        general.append(self.locate), join(self, force))[1])
+    runs = []
+    for kernel in (None, extension.locate):
+        analysis = GpuAnalysis(fit(rec.clock), rec.batch.names, int(trace.meta["warmup_skip"]),
+                               loop_tid=trace.meta["main_tid"], locate=kernel)
+        range_names, rows = trace.range_rows()
+        for i, (range_name, category) in enumerate(range_names):
+            analysis.add_name(i, range_name, category)
+        analysis.map_thread(int(threads[counts.argmax()]), trace.meta["main_tid"])
+        for tid, block in rows.items():
+            analysis.feed_ranges(tid, block)
+        for batch in buffers:
+            analysis.feed_activity(batch)
+        runs.append(analysis)
+    numpy_run, native = runs
+    assert native.attributor.native is not None and extension.locate not in general
+    want, got = numpy_run.finish().to_dict(), native.finish().to_dict()
+    assert got["statuses"]["attributed"]["ops"] == len(rec.batch.ops)
+    assert got == want
+    a, b = _attributed(numpy_run), _attributed(native)
+    for column, values in a.items():
+        assert np.array_equal(values, b[column]), column
+    assert (b["link"] >= 0).sum() > len(rec.batch.ops) // 2  # links found, not all -1
+
+
 def _nested_ranges(seed: int, touching: bool = False
                    ) -> tuple[list[str], list[tuple[int, int, int, int]], np.ndarray]:
     """Random nested ranges of every kind on one thread, in end order (names' categories,
@@ -601,9 +653,10 @@ def test_the_timelines_rows_in_c_are_numpys(extension, loop_tid):
     told, or found as the thread of the first operation in an iteration (operations of
     that thread before it included), kernels apart from copies; with the one device of
     every row (none when several) and the earliest start, which spare NumPy's checks."""
-    from chainer_autoprof.analysis.gpu_attribution import _unlocated
+    from chainer_autoprof.analysis.gpu_attribution import PHASE_OUTSIDE, _unlocated
     from chainer_autoprof.analysis.gpu_figures import GpuFigureBuilder
-    from chainer_autoprof.common.gpu_records import KERNEL, NameTable
+    from chainer_autoprof.analysis.stats import PHASE_KEYS
+    from chainer_autoprof.common.gpu_records import KERNEL, MEMCPY, MEMSET, NameTable
 
     rng = np.random.default_rng(5)
     n = 500
@@ -615,16 +668,27 @@ def test_the_timelines_rows_in_c_are_numpys(extension, loop_tid):
     builder = GpuFigureBuilder([], NameTable(), loop_tid=loop_tid)  # NumPy's rows
     want = builder._timeline_rows(ops, attr, ops.kind == KERNEL, attr.iteration >= 0)
     got = np.empty((n, 7), dtype=np.int64)
-    found, device, earliest = extension.timeline_rows((
-        ops.start, ops.end, ops.kind, attr.api_start, attr.iteration, attr.iter_end, attr.tid,
-        ops.device), KERNEL, loop_tid, got)
+
+    def rows_in_c() -> tuple[object, object, object]:  # (the sums' pass makes the rows too)
+        return extension.figure_add(extension.kernel_table(16), (
+            ops.kind, ops.start, ops.end, ops.name, ops.device), (
+            attr.counted, attr.iteration, attr.link, attr.backward, attr.phase, attr.api_start,
+            attr.iter_end, attr.tid), np.zeros((0, 5), dtype=np.int64),
+            np.zeros((len(PHASE_KEYS), 3), dtype=np.int64), (KERNEL, MEMCPY, MEMSET),
+            PHASE_OUTSIDE, loop_tid, got)[5:]
+
+    found, device, earliest = rows_in_c()
     assert found == builder.loop_tid and np.array_equal(got, want)
     assert (want[:40, 6] == 1).any()  # before the first operation in an iteration, too
     assert device == -1 and earliest == int(ops.start.min())  # one device, the first start
     ops.device[7] = 1  # and a second device: none is every row's
-    assert extension.timeline_rows((ops.start, ops.end, ops.kind, attr.api_start,
-                                    attr.iteration, attr.iter_end, attr.tid, ops.device),
-                                   KERNEL, loop_tid, got)[1] is None
+    assert rows_in_c()[1] is None
+    if loop_tid is None:  # no operation in an iteration: no loop thread yet, none its row
+        attr.iteration[:] = -1
+        builder = GpuFigureBuilder([], NameTable())
+        want = builder._timeline_rows(ops, attr, ops.kind == KERNEL, attr.iteration >= 0)
+        assert rows_in_c()[0] is None is builder.loop_tid
+        assert np.array_equal(got, want) and not got[:, 6].any()
 
 
 def test_the_trace_keeper_groups_a_buffer_in_c_as_numpy_does(extension):

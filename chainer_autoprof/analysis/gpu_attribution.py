@@ -40,6 +40,7 @@ newest :attr:`max_ranges` ranges (a launch older than those is counted as such).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from types import ModuleType
 from typing import TYPE_CHECKING, Iterable
 
@@ -103,6 +104,9 @@ class Attribution(Columns):
     iter_end: Int64Array    # the iteration range's end, agent ns (-1: none)
     counted: Int64Array     # 1 in a counted iteration (after the warm-up)
 
+    def __len__(self) -> int:
+        return len(self.status)
+
 
 @dataclass
 class AttributedOps:
@@ -137,8 +141,13 @@ class AttributedOps:
 
 
 _ATTRIBUTION_COLUMNS = Attribution.columns()
+#: A table of calls -> its columns, in order (one C call).
+_API_COLUMNS_OF = attrgetter(*ApiCalls.columns())
 #: The launching call's columns of an Attribution, as ``api_join`` writes them.
 _CALL_COLUMNS = ("api_start", "api_end", "api_domain", "cbid", "tid")
+#: The rows of the usual buffer's table in C (``_feed_native``): its operations' start and
+#: end on the agent's clock, their attribution, the depth of the deepest range holding each.
+_BLOCK_ROWS = ("start", "end", *_ATTRIBUTION_COLUMNS, "depth_hit")
 #: Attribution's columns that start at 0 (the rest at -1, status at the status given).
 _ZERO_COLUMNS = ("backward", "counted")
 
@@ -188,15 +197,27 @@ class _Depth:
 class _ThreadRanges:
     """An agent thread's ranges kept for attribution."""
 
-    __slots__ = ("depths", "done_ns", "finished", "horizon_ns", "iterations", "rows")
+    __slots__ = ("_levels", "depths", "done_ns", "finished", "horizon_ns", "iterations", "rows")
 
     def __init__(self) -> None:
         self.depths: dict[int, _Depth] = {}
+        self._levels: list[tuple[int, Int64Array]] | None = None
         self.done_ns = -(1 << 62)     # every launch up to here can be attributed
         self.horizon_ns = -(1 << 62)  # ranges ending before here were dropped
         self.finished = False
         self.iterations = 0
         self.rows = 0
+
+    def levels(self) -> list[tuple[int, Int64Array]]:
+        """``(depth, table)`` of each depth with ranges, shallowest first (the C lookup's
+        argument), made again only after the ranges changed: a buffer's lookup reuses it."""
+        if self._levels is None:
+            self._levels = [(d, slot.table) for d, slot in sorted(self.depths.items())
+                            if len(slot.t0)]
+        return self._levels
+
+    def changed(self) -> None:
+        self._levels = None
 
 
 class LaunchAttributor:
@@ -239,7 +260,8 @@ class LaunchAttributor:
         #: The extension that gave ``locate`` where it also keeps the launching calls (and
         #: sums the figures: :class:`~.gpu_figures.GpuFigureBuilder`).
         owner = getattr(locate, "__self__", None)
-        self.native: ModuleType | None = owner if hasattr(owner, "api_join") else None
+        self.native: ModuleType | None = owner if hasattr(owner, "api_join") and tuple(
+            getattr(owner, "BLOCK_ROWS", ())) == _BLOCK_ROWS else None
         self._store = self.native.api_store(self.max_api) if self.native else None
 
     # -- names and threads ------------------------------------------------------------
@@ -290,6 +312,7 @@ class LaunchAttributor:
             th.iterations += int(is_iter.sum())
             packed = a[:, 3] >> DEPTH_BITS
             number = np.where(is_iter & (packed > 0), packed - 1, -1)
+            th.changed()
             for d in np.unique(depth).tolist():
                 sel = depth == d
                 slot = th.depths.get(d)
@@ -319,6 +342,7 @@ class LaunchAttributor:
         ends = np.concatenate([slot.t1 for slot in th.depths.values()])
         cut = int(np.partition(ends, len(ends) // 2)[len(ends) // 2])
         th.horizon_ns = max(th.horizon_ns, cut)
+        th.changed()
         rows = 0
         for slot in th.depths.values():
             slot.keep(slot.t1 >= cut)
@@ -348,10 +372,6 @@ class LaunchAttributor:
             out.append(self._map_by_containment(final=False))
         return AttributedOps.concat(out)
 
-    def _clock_args(self) -> tuple[int, int, float, float]:
-        c = self.clock
-        return (c.cupti0, c.perf0, float(c.slope), float(c.offset))
-
     def _feed_native(self, batch: ActivityBatch) -> AttributedOps:
         """A buffer through the C kernels: its calls kept, its operations joined to theirs;
         when each has its call, one launching thread that is mapped, and that thread's
@@ -359,22 +379,21 @@ class LaunchAttributor:
         general path from the join on."""
         native, locate = self.native, self.locate
         assert native is not None and locate is not None
-        clock = self._clock_args()
         if len(batch.api):
             self._add_api(batch.api)
         ops = batch.ops
         n = len(ops)
-        # start, end, the attribution's columns, the depth hit: each row written in C
-        block = np.empty((len(_ATTRIBUTION_COLUMNS) + 3, n), dtype=np.int64)
+        # start, end, the attribution's columns, the depth hit (_BLOCK_ROWS): each row
+        # written in C, the table handed over whole
+        block = np.empty((len(_BLOCK_ROWS), n), dtype=np.int64)
         mapped = GpuOps.__new__(GpuOps)
         mapped.__dict__.update(ops.__dict__)
         mapped.start, mapped.end = block[0], block[1]
-        native.to_agent(clock, ops.start, mapped.start)
-        native.to_agent(clock, ops.end, mapped.end)
         self.ops_in += n
-        attr = Attribution(**dict(zip(_ATTRIBUTION_COLUMNS, block[2:])))
-        missing, thread, one, latest = native.api_join(self._store, ops.correlation, (
-            attr.api_start, attr.api_end, attr.api_domain, attr.cbid, attr.tid, attr.status))
+        attr = Attribution.__new__(Attribution)
+        attr.__dict__.update(zip(_ATTRIBUTION_COLUMNS, block[2:]))
+        missing, thread, one, latest = native.join_block(  # (the map read in C)
+            self._store, self.clock, (ops.correlation, ops.start, ops.end), block)
         tid = thread if self.identity_threads else self.thread_map.get(thread)
         th = self.threads.get(tid) if tid is not None else None
         if missing or not one or th is None or tid in self._wait_ranges or not (
@@ -386,13 +405,9 @@ class LaunchAttributor:
                 out.append(self._map_by_containment(final=False))
             return AttributedOps.concat(out)
         kinds, link_ids = self._kind_tables()
-        got = locate(attr.api_start, [
-            (d, slot.table) for d, slot in sorted(th.depths.items()) if len(slot.t0)],
-            kinds, link_ids, (
-            attr.range, attr.range_t0, attr.range_t1, attr.range_depth, attr.link,
-            attr.backward, attr.phase, attr.iteration, attr.number, attr.iter_end, block[-1]), (
-            attr.counted, attr.status, attr.tid, mapped.start, mapped.end, self.warmup_skip,
-            th.horizon_ns, PHASE_OUTSIDE, PHASE_OTHER, ATTRIBUTED, RANGES_DROPPED, tid))
+        got = native.locate_block(th.depths, kinds, link_ids, block, (
+            self.warmup_skip, th.horizon_ns, PHASE_OUTSIDE, PHASE_OTHER, ATTRIBUTED,
+            RANGES_DROPPED, tid))
         ops_ok, ns_ok, ops_dropped, ns_dropped = got  # settled: the sums per status
         self.status_ops[ATTRIBUTED] += ops_ok
         self.status_ns[ATTRIBUTED] += ns_ok
@@ -402,8 +417,7 @@ class LaunchAttributor:
 
     def _add_api(self, api: ApiCalls) -> None:
         if self.native is not None:
-            self.native.api_add(self._store, [getattr(api, c) for c in ApiCalls.columns()],
-                                 self._clock_args())
+            self.native.api_add(self._store, _API_COLUMNS_OF(api), self.clock)
             return
         mapped = ApiCalls(**{c: getattr(api, c) for c in ApiCalls.columns()})
         mapped.start = self.clock.to_agent(api.start)
@@ -532,9 +546,7 @@ class LaunchAttributor:
                attr.backward, attr.phase, attr.iteration, attr.number, attr.iter_end, depth_hit)
         if self.locate is not None and all(c.flags.c_contiguous and c.flags.writeable
                                            for c in out):
-            self.locate(np.ascontiguousarray(t), [
-                (d, slot.table) for d, slot in sorted(th.depths.items()) if len(slot.t0)],
-                kinds, link_ids, out)
+            self.locate(np.ascontiguousarray(t), th.levels(), kinds, link_ids, out)
         else:
             self._locate_numpy(t, th, kinds, link_ids, attr, depth_hit)
         in_iter = attr.iteration >= 0

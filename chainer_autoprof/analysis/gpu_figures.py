@@ -42,6 +42,7 @@ fills); one arriving behind what was placed is counted as late and left off the 
 
 from __future__ import annotations
 
+from operator import attrgetter
 from types import ModuleType
 
 import numpy as np
@@ -71,6 +72,13 @@ WINDOW_COLUMNS = ("span", "busy", *IDLE_KEYS)
 _NEG = -(1 << 62)
 #: A top kernel's key: its name id above this many bits, below them (link + 1) * 2 + backward.
 _NAME_SHIFT = 32
+#: Links :attr:`GpuFigureBuilder.link_sums` has rows for at first (a model's links, usually:
+#: no new table at its first buffer).
+LINK_ROOM = 256
+#: The columns the figures' pass in C reads (``figure_add``), each tuple in one C call.
+_OPS_COLUMNS_OF = attrgetter("kind", "start", "end", "name", "device")
+_ATTR_COLUMNS_OF = attrgetter("counted", "iteration", "link", "backward", "phase", "api_start",
+                              "iter_end", "tid")
 #: Kernel keys (names x links x directions) counted by a dense index rather than sorted.
 _DENSE_KEYS = 1 << 16
 
@@ -234,7 +242,9 @@ class GpuFigureBuilder:
         self.loop_tid = loop_tid
         self.max_pool = max(2, max_pool)
         self.max_kept = max_kept
-        self.link_sums = np.zeros((0, 5), dtype=np.int64)  # fwd ns, fwd n, bwd ns, bwd n, copy ns
+        #: per link (rows beyond the links known: room, zeros): fwd ns, fwd n, bwd ns, bwd n,
+        #: copy ns
+        self.link_sums = np.zeros((LINK_ROOM, 5), dtype=np.int64)
         self.phase_sums = np.zeros((len(PHASE_KEYS), 3), dtype=np.int64)  # kernel ns, n, copy ns
         self.kernel_keys: dict[int, int] = {}  # packed (name, link, direction) -> row
         self.kernel_sums = np.zeros((0, 2), dtype=np.int64)  # ns, calls
@@ -254,27 +264,23 @@ class GpuFigureBuilder:
             return
         ops, attr = items.ops, items.attr
         n_links = len(self.link_keys)
-        if len(self.link_sums) < n_links:
-            self.link_sums = np.vstack([self.link_sums,
-                                        np.zeros((n_links - len(self.link_sums), 5),
-                                                 dtype=np.int64)])
+        if len(self.link_sums) < n_links:  # room for twice as many (a model's links: once)
+            grown = np.zeros((max(n_links, 2 * len(self.link_sums)), 5), dtype=np.int64)
+            grown[:len(self.link_sums)] = self.link_sums
+            self.link_sums = grown
         native = self.native
-        if native is not None:
-            kernels, copies, memsets, outside_ns, warmup_ns = native.figure_sums(
-                (ops.kind, ops.start, ops.end, attr.counted, attr.iteration, attr.link,
-                 attr.backward, attr.phase), self.link_sums, self.phase_sums,
-                (KERNEL, MEMCPY, MEMSET), PHASE_OUTSIDE)
+        if native is not None:  # the sums, the kernels' sums and the timeline's rows: one pass
+            rows = np.empty((len(items), 7), dtype=np.int64)
+            (kernels, copies, memsets, outside_ns, warmup_ns, self.loop_tid, only,
+             earliest) = native.figure_add(self._kernel_table, _OPS_COLUMNS_OF(ops),
+                                           _ATTR_COLUMNS_OF(attr), self.link_sums,
+                                           self.phase_sums, (KERNEL, MEMCPY, MEMSET),
+                                           PHASE_OUTSIDE, self.loop_tid, rows)
             self.op_counts[KERNEL] += kernels
             self.op_counts[MEMCPY] += copies
             self.op_counts[MEMSET] += memsets
             self.outside_ns += outside_ns
             self.warmup_ns += warmup_ns
-            native.kernel_sums(self._kernel_table, (ops.kind, ops.start, ops.end, attr.counted,
-                                                    ops.name, attr.link, attr.backward), KERNEL)
-            rows = np.empty((len(items), 7), dtype=np.int64)
-            self.loop_tid, only, earliest = native.timeline_rows((
-                ops.start, ops.end, ops.kind, attr.api_start, attr.iteration, attr.iter_end,
-                attr.tid, ops.device), KERNEL, self.loop_tid, rows)
             self._add_timeline(ops.device, rows, only, earliest)
         else:
             dur = ops.end - ops.start

@@ -28,8 +28,9 @@
  *            and (ops, ns) with their ranges dropped returned.
  *
  * The same module keeps the launching calls across buffers (api_store, api_add, api_join),
- * maps CUPTI's clock (to_agent) and sums the figures (figure_sums, kernel_sums): each the
- * twin of a NumPy path of analysis/, which passes its constants down as data.
+ * maps CUPTI's clock (to_agent) and sums the figures (figure_add): each the twin of a NumPy
+ * path of analysis/, which passes its constants down as data.  The usual buffer's join and
+ * lookup (join_block, locate_block) take its attribution as one table, not column by column.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -38,6 +39,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__) && defined(__x86_64__)
+#include <emmintrin.h> /* _mm_cvtsd_si64: to_agent's rounding */
+#endif
 
 #include "cupti_locate.h"
 
@@ -208,7 +212,11 @@ static void walk_levels(const level *levels, Py_ssize_t n_levels, const int64_t 
  * deepest range that held the previous one, before its end, lies in the same ranges down
  * to there (each one's parent holds it; a range of the same level starts at that end at
  * the soonest), so only the levels below are searched.  Every column is set here.
- * `hints`: one per level. */
+ * Moreover the previous launch's walk says for which launches it would come out the same:
+ * those in its deepest range (before its end, as above) and in the gap it found at the
+ * level below (after the range there that ends before it, before the next one starts):
+ * the usual launch, next to the previous one, then only copies its columns, no level
+ * searched.  `hints`: one per level. */
 static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_t *t,
                           Py_ssize_t n, const name_kinds *names, int64_t *const *out,
                           Py_ssize_t *hints)
@@ -217,11 +225,19 @@ static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_
     memcpy(o, out, sizeof o);
     Py_ssize_t deepest = -1; /* the level of the previous launch's deepest range */
     int64_t held_t0 = 0, held_t1 = 0;
+    int64_t same_lo = 1, same_hi = 0; /* launches located as the previous one: none yet */
     for (Py_ssize_t d = 0; d < n_levels; d++)
         hints[d] = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t x = t[i];
+        if (x >= same_lo && x <= same_hi) {
+#pragma GCC unroll 16
+            for (int c = 0; c < OUT_N; c++)
+                o[c][i] = o[c][i - 1];
+            continue;
+        }
         Py_ssize_t d = 0;
-        if (deepest >= 0 && t[i] >= held_t0 && t[i] < held_t1) {
+        if (deepest >= 0 && x >= held_t0 && x < held_t1) {
 #pragma GCC unroll 16
             for (int c = 0; c < OUT_N; c++)
                 o[c][i] = o[c][i - 1];
@@ -232,16 +248,24 @@ static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_
                 o[c][i] = c == OUT_BACKWARD ? 0 : -1;
             deepest = -1;
         }
+        int64_t gap_lo = INT64_MIN, gap_hi = INT64_MAX; /* the gap at the level missed */
         for (; d < n_levels; d++) {
             const level *L = &levels[d];
-            Py_ssize_t k = hints[d] = last_at_or_before(L->col[D_T0], L->m, t[i], hints[d]);
-            if (k < 0 || t[i] > L->col[D_T1][k])
+            Py_ssize_t k = hints[d] = last_at_or_before(L->col[D_T0], L->m, x, hints[d]);
+            if (k < 0 || x > L->col[D_T1][k]) { /* (t1[k] < x, x < t0[k + 1]: no overflow) */
+                if (k >= 0)
+                    gap_lo = L->col[D_T1][k] + 1;
+                if (k + 1 < L->m)
+                    gap_hi = L->col[D_T0][k + 1] - 1;
                 break;
+            }
             fill_hit(L, k, i, names, o);
             deepest = d;
             held_t0 = L->col[D_T0][k];
             held_t1 = L->col[D_T1][k];
         }
+        same_lo = deepest >= 0 && held_t0 > gap_lo ? held_t0 : gap_lo;
+        same_hi = deepest >= 0 && held_t1 - 1 < gap_hi ? held_t1 - 1 : gap_hi;
     }
 }
 
@@ -259,19 +283,69 @@ enum { T_COUNTED, T_STATUS, T_TID, T_START, T_END, T_N }; /* the written ones fi
 
 static PyObject *settle(const settling *s, const int64_t *t, Py_ssize_t n, int64_t *const *out)
 {
+    /* the columns and constants in locals: a store to a column cannot move them (no reload
+     * of each per row) */
+    const int64_t *const iteration = out[OUT_ITERATION], *const start = s->start,
+                  *const end = s->end;
+    int64_t *const phase = out[OUT_PHASE], *const counted = s->counted, *const status = s->status,
+            *const tid = s->tid;
+    const int64_t outside = s->phase_outside, other = s->phase_other, warmup = s->warmup_skip,
+                  horizon = s->horizon_ns, thread = s->thread;
+    const int64_t state[2] = {s->attributed, s->dropped};
     long long ops[2] = {0, 0}, ns[2] = {0, 0};
     for (Py_ssize_t i = 0; i < n; i++) {
-        int in_iter = out[OUT_ITERATION][i] >= 0;
-        if (in_iter && out[OUT_PHASE][i] == s->phase_outside)
-            out[OUT_PHASE][i] = s->phase_other;
-        s->counted[i] = in_iter && out[OUT_ITERATION][i] >= s->warmup_skip;
-        int dropped = t[i] < s->horizon_ns;
-        s->status[i] = dropped ? s->dropped : s->attributed;
-        s->tid[i] = s->thread;
+        const int64_t it = iteration[i];
+        const int in_iter = it >= 0;
+        if (in_iter && phase[i] == outside)
+            phase[i] = other;
+        counted[i] = in_iter && it >= warmup;
+        const int dropped = t[i] < horizon;
+        status[i] = state[dropped];
+        tid[i] = thread;
         ops[dropped]++;
-        ns[dropped] += (long long)(s->end[i] - s->start[i]);
+        ns[dropped] += (long long)(end[i] - start[i]);
     }
     return Py_BuildValue("(LLLL)", ops[0], ns[0], ops[1], ns[1]);
+}
+
+/* The depths' tables (see locate) into levels (one per item of depth_seq), their buffers
+ * held in h; 0, or -1 with the error set. */
+static int levels_held(held *h, PyObject *depth_seq, level *levels)
+{
+    const Py_ssize_t n_levels = PySequence_Fast_GET_SIZE(depth_seq);
+    for (Py_ssize_t d = 0; d < n_levels; d++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(depth_seq, d), *depth, *table;
+        PyObject *cols[D_N];
+        Py_ssize_t m = -1;
+        if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2) { /* (depth, one table) */
+            if (!PyArg_ParseTuple(item, "OO", &depth, &table))
+                return -1;
+            const int64_t *cells = int64s(h, table, &m, 0);
+            if (cells == NULL)
+                return -1;
+            if (m % D_N) {
+                PyErr_SetString(PyExc_ValueError, "locate: a depth's table of 5 rows");
+                return -1;
+            }
+            m /= D_N;
+            for (int c = 0; c < D_N; c++)
+                levels[d].col[c] = cells + c * m;
+        } else {
+            if (!PyArg_ParseTuple(item, "OOOOOO", &depth, &cols[D_T0], &cols[D_T1],
+                                  &cols[D_INDEX], &cols[D_ORDINAL], &cols[D_NUMBER]))
+                return -1;
+            for (int c = 0; c < D_N; c++) {
+                levels[d].col[c] = int64s(h, cols[c], &m, 0);
+                if (levels[d].col[c] == NULL)
+                    return -1;
+            }
+        }
+        levels[d].depth = PyLong_AsSsize_t(depth);
+        if (levels[d].depth == -1 && PyErr_Occurred())
+            return -1;
+        levels[d].m = m;
+    }
+    return 0;
 }
 
 PyObject *cupti_locate(PyObject *self, PyObject *args)
@@ -327,38 +401,8 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
         st = (settling){c[T_COUNTED], c[T_STATUS], c[T_TID], c[T_START], c[T_END],
                         w, hz, po, pth, at, dr, tid};
     }
-    for (Py_ssize_t d = 0; d < n_levels; d++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(depth_seq, d), *depth, *table;
-        PyObject *cols[D_N];
-        Py_ssize_t m = -1;
-        if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2) { /* (depth, one table) */
-            if (!PyArg_ParseTuple(item, "OO", &depth, &table))
-                goto done;
-            const int64_t *cells = int64s(&h, table, &m, 0);
-            if (cells == NULL)
-                goto done;
-            if (m % D_N) {
-                PyErr_SetString(PyExc_ValueError, "locate: a depth's table of 5 rows");
-                goto done;
-            }
-            m /= D_N;
-            for (int c = 0; c < D_N; c++)
-                levels[d].col[c] = cells + c * m;
-        } else {
-            if (!PyArg_ParseTuple(item, "OOOOOO", &depth, &cols[D_T0], &cols[D_T1],
-                                  &cols[D_INDEX], &cols[D_ORDINAL], &cols[D_NUMBER]))
-                goto done;
-            for (int c = 0; c < D_N; c++) {
-                levels[d].col[c] = int64s(&h, cols[c], &m, 0);
-                if (levels[d].col[c] == NULL)
-                    goto done;
-            }
-        }
-        levels[d].depth = PyLong_AsSsize_t(depth);
-        if (levels[d].depth == -1 && PyErr_Occurred())
-            goto done;
-        levels[d].m = m;
-    }
+    if (levels_held(&h, depth_seq, levels) < 0)
+        goto done;
     name_kinds names = {kinds, link_ids, n_kinds};
     Py_ssize_t *hints = NULL;
     if (tail_obj != Py_None) {
@@ -381,6 +425,159 @@ done:
     PyMem_Free(levels);
     Py_XDECREF(depth_seq);
     return result;
+}
+
+/* -- a buffer's attribution as one block ----------------------------------------------------
+ *
+ * The usual buffer (LaunchAttributor._feed_native) keeps its operations' mapped times and
+ * their attribution as the rows of one C-ordered int64[B_N][n] table: the join and the
+ * lookup each take it as one array (one buffer to take, not twenty columns, each of which
+ * costs NumPy some 800 instructions to hand over).  Its rows, by name (checked from
+ * Python: BLOCK_ROWS): */
+enum {
+    B_START, B_END, B_STATUS, B_API_START, B_API_END, B_API_DOMAIN, B_CBID, B_TID, B_RANGE,
+    B_RANGE_T0, B_RANGE_T1, B_RANGE_DEPTH, B_LINK, B_BACKWARD, B_PHASE, B_ITERATION, B_NUMBER,
+    B_ITER_END, B_COUNTED, B_DEPTH_HIT, B_N
+};
+static const char *const BLOCK_ROWS[B_N] = {
+    "start", "end", "status", "api_start", "api_end", "api_domain", "cbid", "tid", "range",
+    "range_t0", "range_t1", "range_depth", "link", "backward", "phase", "iteration", "number",
+    "iter_end", "counted", "depth_hit"};
+_Static_assert(B_ITER_END - B_RANGE == OUT_ITER_END - OUT_RANGE,
+               "the lookup's columns are consecutive rows of a block, in its order");
+
+/* The block's rows (row r at rows[r]) and its operations, from obj (int64[B_N][n]); -1 with
+ * the error set. */
+static Py_ssize_t block_rows(held *h, PyObject *obj, int64_t **rows)
+{
+    Py_ssize_t cells = -1;
+    int64_t *cell = int64s(h, obj, &cells, 1);
+    if (cell == NULL)
+        return -1;
+    if (cells % B_N) {
+        PyErr_Format(PyExc_ValueError, "a block of %d rows", (int)B_N);
+        return -1;
+    }
+    const Py_ssize_t n = cells / B_N;
+    for (int r = 0; r < B_N; r++)
+        rows[r] = cell + r * n;
+    return n;
+}
+
+/* The thread's depths as the attribution keeps them ({depth: an object whose `table` is that
+ * depth's int64[5][m]}: its _Depth) into levels, those with ranges, shallowest first; their
+ * count, or -1 with the error set.  (Read here rather than listed in Python at each buffer:
+ * a thread has a depth per level of nesting, tens of them.) */
+static Py_ssize_t levels_of(held *h, PyObject *depths, level *levels)
+{
+    static PyObject *table_name;
+    if (table_name == NULL && (table_name = PyUnicode_InternFromString("table")) == NULL)
+        return -1;
+    Py_ssize_t pos = 0, n_levels = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(depths, &pos, &key, &value)) {
+        Py_ssize_t depth = PyLong_AsSsize_t(key), cells = -1;
+        if (depth == -1 && PyErr_Occurred())
+            return -1;
+        PyObject *table = PyObject_GetAttr(value, table_name);
+        if (table == NULL)
+            return -1;
+        const int64_t *cell = int64s(h, table, &cells, 0); /* held: the table lives on */
+        Py_DECREF(table);
+        if (cell == NULL)
+            return -1;
+        if (cells % D_N) {
+            PyErr_SetString(PyExc_ValueError, "locate: a depth's table of 5 rows");
+            return -1;
+        }
+        const Py_ssize_t m = cells / D_N;
+        if (m == 0)
+            continue;
+        Py_ssize_t at = n_levels++; /* in depth order (insertion: dicts come nearly sorted) */
+        while (at > 0 && levels[at - 1].depth > depth) {
+            levels[at] = levels[at - 1];
+            at--;
+        }
+        levels[at].depth = depth;
+        levels[at].m = m;
+        for (int c = 0; c < D_N; c++)
+            levels[at].col[c] = cell + c * m;
+    }
+    return n_levels;
+}
+
+/* locate_block(depths, kinds, link_ids, block, (warmup_skip, horizon_ns, PHASE_OUTSIDE,
+ * PHASE_OTHER, ATTRIBUTED, RANGES_DROPPED, the agent's thread)) -> (ops, ns) attributed and
+ * (ops, ns) with their ranges dropped: locate with a tail, on a block (each launch at its
+ * row api_start, the thread's ranges known past every launch); depths: the thread's dict
+ * (levels_of). */
+PyObject *cupti_locate_block(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *depths, *kinds_obj, *links_obj, *block_obj;
+    long long w, hz, po, pth, at, dr, tid;
+    if (!PyArg_ParseTuple(args, "OOOO(LLLLLLL)", &depths, &kinds_obj, &links_obj, &block_obj,
+                          &w, &hz, &po, &pth, &at, &dr, &tid))
+        return NULL;
+    held h = {NULL, 0, 0};
+    level *levels = NULL;
+    Py_ssize_t *hints = NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n_kinds = -1, n_links = -1;
+    if (!PyDict_Check(depths)) {
+        PyErr_SetString(PyExc_TypeError, "locate_block: depths is a dict");
+        return NULL;
+    }
+    Py_ssize_t n_levels = PyDict_Size(depths);
+    h.cap = 3 + n_levels;
+    h.views = PyMem_Calloc((size_t)h.cap, sizeof(Py_buffer));
+    levels = PyMem_Calloc((size_t)(n_levels ? n_levels : 1), sizeof(level));
+    hints = PyMem_Calloc((size_t)(n_levels ? n_levels : 1), sizeof(Py_ssize_t));
+    if (h.views == NULL || levels == NULL || hints == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *row[B_N];
+    const Py_ssize_t n = block_rows(&h, block_obj, row);
+    const int64_t *kinds = n >= 0 ? int64s(&h, kinds_obj, &n_kinds, 0) : NULL;
+    const int64_t *link_ids = kinds ? int64s(&h, links_obj, &n_links, 0) : NULL;
+    if (link_ids == NULL || (n_levels = levels_of(&h, depths, levels)) < 0)
+        goto done;
+    if (n_links != n_kinds) {
+        PyErr_SetString(PyExc_ValueError, "locate: kinds and link ids differ in length");
+        goto done;
+    }
+    int64_t *out[OUT_N];
+    for (int c = OUT_RANGE; c <= OUT_ITER_END; c++)
+        out[c] = row[B_RANGE + (c - OUT_RANGE)];
+    out[OUT_DEPTH_HIT] = row[B_DEPTH_HIT];
+    settling st = {row[B_COUNTED], row[B_STATUS], row[B_TID], row[B_START], row[B_END],
+                   w, hz, po, pth, at, dr, tid};
+    name_kinds names = {kinds, link_ids, n_kinds};
+    const int64_t *t = row[B_API_START];
+    Py_BEGIN_ALLOW_THREADS
+    walk_launches(levels, n_levels, t, n, &names, out, hints);
+    Py_END_ALLOW_THREADS
+    result = settle(&st, t, n, out);
+done:
+    release_all(&h);
+    PyMem_Free(levels);
+    PyMem_Free(hints);
+    return result;
+}
+
+/* BLOCK_ROWS as a tuple of str. */
+PyObject *cupti_block_rows(void)
+{
+    PyObject *names = PyTuple_New(B_N);
+    for (int r = 0; names != NULL && r < B_N; r++) {
+        PyObject *name = PyUnicode_FromString(BLOCK_ROWS[r]);
+        if (name == NULL)
+            Py_CLEAR(names);
+        else
+            PyTuple_SET_ITEM(names, r, name);
+    }
+    return names;
 }
 
 PyObject *cupti_locate_kinds(void)
@@ -475,21 +672,75 @@ static inline double rint_even(double x)
     return x;
 }
 
+/* x rounded to an integer as rint_even does, in one instruction where there is one: SSE2's
+ * conversion rounds as the MXCSR says (to nearest, halves to even: the mode NumPy's rint
+ * runs in too), about a third of the instructions of the additions and tests above; four
+ * times per operation (its start and end, its call's). */
+static inline __attribute__((always_inline)) int64_t rounded(double x)
+{
+#if defined(__SSE2__) && defined(__x86_64__)
+    return _mm_cvtsd_si64(_mm_set_sd(x));
+#else
+    return (int64_t)rint_even(x);
+#endif
+}
+
 static inline __attribute__((always_inline)) int64_t to_agent(const clock_map *m, int64_t c)
 {
     double delta = (double)(int64_t)((uint64_t)c - (uint64_t)m->cupti0);
     double x = delta * m->slope;
-    return m->perf0 + (int64_t)rint_even(x + m->offset);
+    return m->perf0 + rounded(x + m->offset);
 }
 
+/* The map from a tuple (cupti0, perf0, slope, offset), or from the attributes of those names
+ * (analysis.gpu_clock.ClockMap itself: no tuple made in Python at each buffer); 0, or -1
+ * with the error set. */
 static int parse_clock(PyObject *obj, clock_map *m)
 {
     long long c0, p0;
-    if (!PyArg_ParseTuple(obj, "LLdd", &c0, &p0, &m->slope, &m->offset))
-        return -1;
+    if (PyTuple_Check(obj)) {
+        if (!PyArg_ParseTuple(obj, "LLdd", &c0, &p0, &m->slope, &m->offset))
+            return -1;
+    } else {
+        static const char *const names[4] = {"cupti0", "perf0", "slope", "offset"};
+        PyObject *v[4] = {NULL, NULL, NULL, NULL};
+        int ok = 1;
+        for (int k = 0; ok && k < 4; k++)
+            ok = (v[k] = PyObject_GetAttrString(obj, names[k])) != NULL;
+        if (ok) {
+            c0 = PyLong_AsLongLong(v[0]);
+            p0 = PyLong_AsLongLong(v[1]);
+            m->slope = PyFloat_AsDouble(v[2]);
+            m->offset = PyFloat_AsDouble(v[3]);
+            ok = !PyErr_Occurred();
+        }
+        for (int k = 0; k < 4; k++)
+            Py_XDECREF(v[k]);
+        if (!ok)
+            return -1;
+    }
     m->cupti0 = c0;
     m->perf0 = p0;
     return 0;
+}
+
+/* n int64s copied, two per load and store (a loop, not memcpy: glibc copies a column of a
+ * buffer's calls, kilobytes, with a string instruction that counts one per byte; and GCC's
+ * -O2 leaves the plain loop at a load and a store per row). */
+typedef uint64_t pair64 __attribute__((vector_size(2 * sizeof(uint64_t))));
+
+static void copy_int64s(int64_t *restrict to, const int64_t *restrict from, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        pair64 a, b;
+        memcpy(&a, from + i, sizeof a); /* unaligned */
+        memcpy(&b, from + i + 2, sizeof b);
+        memcpy(to + i, &a, sizeof a);
+        memcpy(to + i + 2, &b, sizeof b);
+    }
+    for (; i < n; i++)
+        to[i] = from[i];
 }
 
 /* Room for `more` rows after the kept ones (the kept moved to the front, or grown). */
@@ -584,17 +835,15 @@ PyObject *cupti_api_add(PyObject *self, PyObject *args)
     Py_ssize_t at = st->lo + st->n;
     int sorted = 1;
     int64_t last = st->n ? st->col[A_CORR][at - 1] : INT64_MIN;
-    for (int c = 0; c < A_N; c++) { /* a loop, not memcpy: no string instruction per byte */
-        int64_t *to = st->col[c] + at;
-        const int64_t *from = in[c];
-        for (Py_ssize_t i = 0; i < k; i++)
-            to[i] = from[i];
-    }
-    int64_t *start = st->col[A_START] + at, *end = st->col[A_END] + at;
-    const int64_t *corr = in[A_CORR];
+    for (int c = 0; c < A_N; c++)
+        if (c != A_START && c != A_END) /* those two mapped on the way in, below */
+            copy_int64s(st->col[c] + at, in[c], k);
+    int64_t *const start = st->col[A_START] + at, *const end = st->col[A_END] + at;
+    const int64_t *const from_start = in[A_START], *const from_end = in[A_END],
+                  *const corr = in[A_CORR];
     for (Py_ssize_t i = 0; i < k; i++) {
-        start[i] = to_agent(&m, start[i]);
-        end[i] = to_agent(&m, end[i]);
+        start[i] = to_agent(&m, from_start[i]);
+        end[i] = to_agent(&m, from_end[i]);
         sorted &= corr[i] >= last;
         last = corr[i];
     }
@@ -625,6 +874,62 @@ static Py_ssize_t find_call(const int64_t *a, Py_ssize_t m, int64_t x, Py_ssize_
 
 enum { J_START, J_END, J_DOMAIN, J_CBID, J_THREAD, J_FOUND, J_N };
 
+typedef struct {
+    long long missing, latest, thread;
+    int one;
+} join_result;
+
+/* Each of n operations' launching call (see api_join) into out's J_N columns. */
+static void join_rows(const api_store *st, const int64_t *corr, Py_ssize_t n,
+                      int64_t *const *out, join_result *r)
+{
+    /* the columns in locals: a store to an output cannot move them (no reload per row) */
+    const int64_t *const a_corr = st->col[A_CORR] + st->lo, *const a_start = st->col[A_START] +
+        st->lo, *const a_end = st->col[A_END] + st->lo, *const a_domain = st->col[A_DOMAIN] +
+        st->lo, *const a_cbid = st->col[A_CBID] + st->lo, *const a_thread = st->col[A_THREAD] +
+        st->lo;
+    int64_t *const o_start = out[J_START], *const o_end = out[J_END],
+            *const o_domain = out[J_DOMAIN], *const o_cbid = out[J_CBID],
+            *const o_thread = out[J_THREAD], *const o_found = out[J_FOUND];
+    const Py_ssize_t m = st->n;
+    long long missing = 0, latest = INT64_MIN, thread = -1;
+    int one = 1, first = 1;
+    Py_ssize_t hint = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t x = corr[i];
+        Py_ssize_t k;
+        /* the usual first: the operations come in the order of their calls, each call kept
+         * once, so the call is the previous one's (a call that launched several) or the
+         * next row; either is the first row of its id (the rows are sorted) */
+        if (hint >= 0 && a_corr[hint] == x)
+            k = hint;
+        else if (hint + 1 < m && a_corr[hint + 1] == x)
+            k = ++hint;
+        else
+            k = m ? find_call(a_corr, m, x, &hint) : -1;
+        o_found[i] = k >= 0;
+        if (k < 0) {
+            missing++;
+            continue;
+        }
+        const int64_t start = a_start[k], tid = a_thread[k];
+        o_start[i] = start;
+        o_end[i] = a_end[k];
+        o_domain[i] = a_domain[k];
+        o_cbid[i] = a_cbid[k];
+        o_thread[i] = tid;
+        if (first) {
+            thread = tid;
+            first = 0;
+        }
+        one &= tid == thread;
+        if (start > latest)
+            latest = start;
+    }
+    *r = (join_result){missing, latest, thread, one};
+}
+
+
 /* api_join(store, correlation, out): each operation's launching call (out: api_start,
  * api_end, api_domain, cbid, thread, found; written where found) ->
  * (missing, thread of the first found, 1 when every found one has that thread, the
@@ -645,33 +950,50 @@ PyObject *cupti_api_join(PyObject *self, PyObject *args)
     const int64_t *corr = int64s(&h, corr_obj, &n, 0);
     if (corr == NULL)
         goto done;
-    const int64_t *col[A_N];
-    for (int c = 0; c < A_N; c++)
-        col[c] = st->col[c] + st->lo;
-    long long missing = 0, latest = INT64_MIN, thread = -1;
-    int one = 1, first = 1;
-    Py_ssize_t hint = -1;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t k = st->n ? find_call(col[A_CORR], st->n, corr[i], &hint) : -1;
-        out[J_FOUND][i] = k >= 0;
-        if (k < 0) {
-            missing++;
-            continue;
-        }
-        out[J_START][i] = col[A_START][k];
-        out[J_END][i] = col[A_END][k];
-        out[J_DOMAIN][i] = col[A_DOMAIN][k];
-        out[J_CBID][i] = col[A_CBID][k];
-        out[J_THREAD][i] = col[A_THREAD][k];
-        if (first) {
-            thread = col[A_THREAD][k];
-            first = 0;
-        }
-        one &= col[A_THREAD][k] == thread;
-        if (col[A_START][k] > latest)
-            latest = col[A_START][k];
+    join_result r;
+    join_rows(st, corr, n, out, &r);
+    result = Py_BuildValue("(LLiL)", r.missing, r.thread, r.one, r.latest);
+done:
+    release_all(&h);
+    return result;
+}
+
+/* join_block(store, clock, (correlation, start, end), block) -> as api_join: the usual
+ * buffer's operations mapped onto the agent's clock (the block's rows start and end, as
+ * to_agent) and joined to their calls (rows api_start .. tid; found: status), one call. */
+PyObject *cupti_join_block(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *capsule, *clock_obj, *cols_obj, *block_obj;
+    if (!PyArg_ParseTuple(args, "OOOO", &capsule, &clock_obj, &cols_obj, &block_obj))
+        return NULL;
+    api_store *st = PyCapsule_GetPointer(capsule, STORE_NAME);
+    clock_map m;
+    if (st == NULL || parse_clock(clock_obj, &m) < 0)
+        return NULL;
+    held h = {NULL, 0, 0};
+    PyObject *result = NULL;
+    const int64_t *in[3]; /* correlation, start, end (CUPTI ns) */
+    int64_t *row[B_N];
+    Py_ssize_t n = -1;
+    if (columns_held(&h, 4, cols_obj, 3, &n, 0, (int64_t **)in) < 0)
+        goto done;
+    if (block_rows(&h, block_obj, row) != n) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "join_block: a block of the operations' length");
+        goto done;
     }
-    result = Py_BuildValue("(LLiL)", missing, thread, one, latest);
+    int64_t *const start = row[B_START], *const end = row[B_END];
+    const int64_t *const from_start = in[1], *const from_end = in[2];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        start[i] = to_agent(&m, from_start[i]);
+        end[i] = to_agent(&m, from_end[i]);
+    }
+    int64_t *const out[J_N] = {row[B_API_START], row[B_API_END], row[B_API_DOMAIN], row[B_CBID],
+                               row[B_TID], row[B_STATUS]};
+    join_result r;
+    join_rows(st, in[0], n, out, &r);
+    result = Py_BuildValue("(LLiL)", r.missing, r.thread, r.one, r.latest);
 done:
     release_all(&h);
     return result;
@@ -701,153 +1023,11 @@ PyObject *cupti_to_agent(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* -- the per-link and per-phase sums of attributed operations (GpuFigureBuilder.add) ----- */
-enum { S_KIND, S_START, S_END, S_COUNTED, S_ITERATION, S_LINK, S_BACKWARD, S_PHASE, S_N };
-
-/* figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside): a block's kernels
- * and copies added to link_sums (int64[links][5]: forward ns, forward kernels, backward ns,
- * backward kernels, copy ns; counted operations in a link) and phase_sums (int64[phases][3]:
- * kernel ns, kernels, copy ns; counted, in a phase) -> (operations of each of the three
- * op_kinds (kernel, memcpy, memset), kernel ns outside any iteration, kernel ns in the
- * warm-up's iterations). */
-PyObject *cupti_figure_sums(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *cols_obj, *links_obj, *phases_obj;
-    long long kernel, memcpy_, memset_, phase_outside;
-    if (!PyArg_ParseTuple(args, "OOO(LLL)L", &cols_obj, &links_obj, &phases_obj, &kernel,
-                          &memcpy_, &memset_, &phase_outside))
-        return NULL;
-    held h = {NULL, 0, 0};
-    PyObject *result = NULL;
-    int64_t *c[S_N];
-    Py_ssize_t n = -1, n_link_cells = -1, n_phase_cells = -1;
-    if (columns_held(&h, S_N + 2, cols_obj, S_N, &n, 0, c) < 0)
-        goto done;
-    int64_t *links = int64s(&h, links_obj, &n_link_cells, 1);
-    int64_t *phases = links ? int64s(&h, phases_obj, &n_phase_cells, 1) : NULL;
-    if (phases == NULL)
-        goto done;
-    Py_ssize_t n_links = n_link_cells / 5, n_phases = n_phase_cells / 3;
-    long long counts[3] = {0, 0, 0}, outside = 0, warmup = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t kind = c[S_KIND][i], dur = c[S_END][i] - c[S_START][i];
-        int is_kernel = kind == kernel;
-        int is_copy = !is_kernel && (kind == memcpy_ || kind == memset_);
-        counts[0] += is_kernel;
-        counts[1] += kind == memcpy_;
-        counts[2] += kind == memset_;
-        int counted = c[S_COUNTED][i] == 1, in_iter = c[S_ITERATION][i] >= 0;
-        if (is_kernel && !in_iter)
-            outside += dur;
-        if (is_kernel && in_iter && !counted)
-            warmup += dur;
-        if (!counted || !(is_kernel || is_copy))
-            continue;
-        int64_t link = c[S_LINK][i], phase = c[S_PHASE][i];
-        if (link >= 0 && link < n_links) {
-            int64_t *row = links + 5 * link;
-            if (is_copy) {
-                row[4] += dur;
-            } else {
-                int back = c[S_BACKWARD][i] == 1;
-                row[2 * back] += dur;
-                row[2 * back + 1] += 1;
-            }
-        }
-        if (phase != phase_outside && phase >= 0 && phase < n_phases) {
-            int64_t *row = phases + 3 * phase;
-            if (is_copy) {
-                row[2] += dur;
-            } else {
-                row[0] += dur;
-                row[1] += 1;
-            }
-        }
-    }
-    result = Py_BuildValue("(LLLLL)", counts[0], counts[1], counts[2], outside, warmup);
-done:
-    release_all(&h);
-    return result;
-}
-
-/* -- the GPU timeline's rows (GpuFigureBuilder's _Timeline) ------------------------------- */
-enum { R_START, R_END, R_KIND, R_LAUNCH, R_ITERATION, R_ITER_END, R_TID, R_DEVICE, R_N };
-
-/* timeline_rows(columns, kernel_kind, loop_tid, rows) -> (loop_tid, device, earliest): each
- * operation's row (start, end, kernel?, launch, its iteration when the loop thread launched
- * it else -1, iteration's end, launched by the loop thread?) into rows (int64[n][7]);
- * loop_tid None: the thread of the first operation in an iteration (None while there is
- * none); the device of every operation (None: several) and the earliest start (None: no
- * operation).  Columns: start, end, kind, launch, iteration, iter_end, tid, device. */
-static PyObject *cupti_timeline_rows(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *cols_obj, *loop_obj, *rows_obj;
-    long long kernel;
-    if (!PyArg_ParseTuple(args, "OLOO", &cols_obj, &kernel, &loop_obj, &rows_obj))
-        return NULL;
-    held h = {NULL, 0, 0};
-    PyObject *result = NULL;
-    int64_t *c[R_N];
-    Py_ssize_t n = -1, cells = -1;
-    if (columns_held(&h, R_N + 1, cols_obj, R_N, &n, 0, c) < 0)
-        goto done;
-    int64_t *rows = int64s(&h, rows_obj, &cells, 1);
-    if (rows == NULL)
-        goto done;
-    if (cells != 7 * n) {
-        PyErr_SetString(PyExc_ValueError, "timeline_rows: rows of 7 per operation");
-        goto done;
-    }
-    int known = loop_obj != Py_None;
-    int64_t loop_tid = 0;
-    if (known) {
-        loop_tid = PyLong_AsLongLong(loop_obj);
-        if (loop_tid == -1 && PyErr_Occurred())
-            goto done;
-    }
-    for (Py_ssize_t i = 0; !known && i < n; i++) {
-        if (c[R_ITERATION][i] >= 0) {
-            loop_tid = c[R_TID][i];
-            known = 1;
-        }
-    }
-    int one_device = n > 0;
-    int64_t earliest = n ? c[R_START][0] : 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        one_device &= c[R_DEVICE][i] == c[R_DEVICE][0];
-        if (c[R_START][i] < earliest)
-            earliest = c[R_START][i];
-        int loop = known && c[R_TID][i] == loop_tid;
-        int64_t *row = rows + 7 * i;
-        row[0] = c[R_START][i];
-        row[1] = c[R_END][i];
-        row[2] = c[R_KIND][i] == kernel;
-        row[3] = c[R_LAUNCH][i];
-        row[4] = loop ? c[R_ITERATION][i] : -1;
-        row[5] = c[R_ITER_END][i];
-        row[6] = loop;
-    }
-    PyObject *parts[3] = {known ? PyLong_FromLongLong(loop_tid) : Py_NewRef(Py_None),
-                          one_device ? PyLong_FromLongLong(c[R_DEVICE][0]) : Py_NewRef(Py_None),
-                          n ? PyLong_FromLongLong(earliest) : Py_NewRef(Py_None)};
-    if (parts[0] != NULL && parts[1] != NULL && parts[2] != NULL)
-        result = PyTuple_Pack(3, parts[0], parts[1], parts[2]);
-    for (int k = 0; k < 3; k++)
-        Py_XDECREF(parts[k]);
-done:
-    release_all(&h);
-    return result;
-}
-
 /* -- the counted kernels' sums per (name, link, direction) (GpuFigureBuilder._add_kernels) -
  *
  * A table kept across buffers: at most `max` keys (name << 32 | (link + 1) << 1 | backward),
  * each a row in the order first seen (a buffer's new keys in ascending order), their ns and
  * kernels; the kernels of keys beyond it summed as "other".  Read once, at figure time. */
-enum { K_COL_KIND, K_COL_START, K_COL_END, K_COL_COUNTED, K_COL_NAME, K_COL_LINK, K_COL_BACK,
-       K_COL_N };
 
 typedef struct {
     int64_t key, ns, calls;
@@ -921,30 +1101,21 @@ static void kernels_add(kernel_table *kt, const kernel_sum *s)
     kt->rows[kt->slots[at] - 1].calls += s->calls;
 }
 
-/* kernel_sums(table, columns, kernel_kind) -> None: a buffer's counted kernels (kind ==
- * kernel_kind, counted == 1) summed per key, then into the table in ascending key order. */
-static PyObject *cupti_kernel_sums(PyObject *self, PyObject *args)
+/* -- a block's figures: the per-link and per-phase sums, the counted kernels' sums and the
+ * GPU timeline's rows (GpuFigureBuilder.add), in one pass over its operations ----------- */
+/* The operations' columns, then their attribution's (two sequences: each read in one C call
+ * in Python, operator.attrgetter's). */
+enum { F_KIND, F_START, F_END, F_NAME, F_DEVICE, F_OPS_N = F_DEVICE + 1, F_COUNTED = F_OPS_N,
+       F_ITERATION, F_LINK, F_BACKWARD, F_PHASE, F_LAUNCH, F_ITER_END, F_TID, F_N };
+
+/* The kernels' per-buffer sums: room for n keys and their slots (kept for the next buffer:
+ * no allocation each), the slots cleared; 0, or -1 with the error set. */
+static int kernel_buffer(kernel_table *kt, Py_ssize_t n, size_t *cap_out)
 {
-    (void)self;
-    PyObject *capsule, *cols_obj;
-    long long kernel;
-    if (!PyArg_ParseTuple(args, "OOL", &capsule, &cols_obj, &kernel))
-        return NULL;
-    kernel_table *kt = PyCapsule_GetPointer(capsule, KERNELS_NAME);
-    if (kt == NULL)
-        return NULL;
-    held h = {NULL, 0, 0};
-    kernel_sum *sums = NULL;
-    int32_t *slots = NULL;
-    PyObject *result = NULL;
-    int64_t *c[K_COL_N];
-    Py_ssize_t n = -1;
-    if (columns_held(&h, K_COL_N, cols_obj, K_COL_N, &n, 0, c) < 0)
-        goto done;
     size_t cap = 16;
     while (cap < 2 * (size_t)n)
         cap *= 2;
-    if (kt->buf_rows < (size_t)n || kt->buf_cap < cap) { /* grown (kept: no allocation each) */
+    if (kt->buf_rows < (size_t)n || kt->buf_cap < cap) {
         kernel_sum *grown_sums = PyMem_Realloc(kt->buf_sums, (size_t)(n ? n : 1)
                                                * sizeof(kernel_sum));
         if (grown_sums != NULL)
@@ -954,21 +1125,150 @@ static PyObject *cupti_kernel_sums(PyObject *self, PyObject *args)
             kt->buf_slots = kt->own.blocks[3] = grown_slots;
         if (grown_sums == NULL || grown_slots == NULL) {
             PyErr_NoMemory();
-            goto done;
+            return -1;
         }
         kt->buf_rows = (size_t)(n ? n : 1);
         kt->buf_cap = cap;
     }
-    sums = kt->buf_sums;
-    slots = kt->buf_slots; /* a buffer's keys: row + 1; 0: free */
-    memset(slots, 0, cap * sizeof(int32_t));
-    Py_ssize_t m = 0;
+    memset(kt->buf_slots, 0, cap * sizeof(int32_t)); /* a buffer's keys: row + 1; 0: free */
+    *cap_out = cap;
+    return 0;
+}
+
+/* figure_add(kernel_table, (kind, start, end, name, device), (counted, iteration, link,
+ * backward, phase, launch, iter_end, tid), link_sums, phase_sums, op_kinds, phase_outside,
+ * loop_tid, rows) -> (kernels, copies, memsets, kernel ns outside any iteration, kernel ns in
+ * the warm-up's iterations, loop_tid, device, earliest): the operations' columns and their
+ * attribution's (F_*).
+ *   sums: the block's kernels and copies added to link_sums (int64[links][5]: forward ns,
+ *     forward kernels, backward ns, backward kernels, copy ns; counted operations in a
+ *     link) and phase_sums (int64[phases][3]: kernel ns, kernels, copy ns; counted, in a
+ *     phase); the operations of each of the three op_kinds (kernel, memcpy, memset);
+ *   kernels: the counted kernels summed per key (name << 32 | (link + 1) << 1 | backward),
+ *     then into the table in ascending key order (GpuFigureBuilder._add_kernels);
+ *   timeline: each operation's row (start, end, kernel?, launch, its iteration when the loop
+ *     thread launched it else -1, iteration's end, launched by the loop thread?) into rows
+ *     (int64[n][7]); loop_tid None: the thread of the first operation in an iteration (None
+ *     while there is none); the device of every operation (None: several) and the earliest
+ *     start (None: no operation).
+ * One pass, not three: each operation's columns are read once (its kind, times and whether
+ * it counts serve all three) and one call's arrays are taken, not three calls'. */
+static PyObject *cupti_figure_add(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *capsule, *ops_obj, *attr_obj, *links_obj, *phases_obj, *loop_obj, *rows_obj;
+    long long kernel, memcpy_, memset_, phase_outside;
+    if (!PyArg_ParseTuple(args, "OOOOO(LLL)LOO", &capsule, &ops_obj, &attr_obj, &links_obj,
+                          &phases_obj, &kernel, &memcpy_, &memset_, &phase_outside, &loop_obj,
+                          &rows_obj))
+        return NULL;
+    kernel_table *kt = PyCapsule_GetPointer(capsule, KERNELS_NAME);
+    if (kt == NULL)
+        return NULL;
+    held h = {NULL, 0, 0};
+    PyObject *result = NULL;
+    int64_t *c[F_N];
+    Py_ssize_t n = -1, n_link_cells = -1, n_phase_cells = -1, cells = -1;
+    if (columns_held(&h, F_N + 3, ops_obj, F_OPS_N, &n, 0, c) < 0 ||
+        int64_columns(&h, attr_obj, F_N - F_OPS_N, &n, 0, c + F_OPS_N) < 0)
+        goto done;
+    int64_t *links = int64s(&h, links_obj, &n_link_cells, 1);
+    int64_t *phases = links ? int64s(&h, phases_obj, &n_phase_cells, 1) : NULL;
+    int64_t *rows = phases ? int64s(&h, rows_obj, &cells, 1) : NULL;
+    if (rows == NULL)
+        goto done;
+    if (cells != 7 * n) {
+        PyErr_SetString(PyExc_ValueError, "figure_add: rows of 7 per operation");
+        goto done;
+    }
+    int known = loop_obj != Py_None;
+    int64_t loop_tid = 0;
+    if (known) {
+        loop_tid = PyLong_AsLongLong(loop_obj);
+        if (loop_tid == -1 && PyErr_Occurred())
+            goto done;
+    }
+    for (Py_ssize_t i = 0; !known && i < n; i++) {
+        if (c[F_ITERATION][i] >= 0) {
+            loop_tid = c[F_TID][i];
+            known = 1;
+        }
+    }
+    size_t cap;
+    if (kernel_buffer(kt, n, &cap) < 0)
+        goto done;
+    kernel_sum *const sums = kt->buf_sums;
+    int32_t *const slots = kt->buf_slots;
+    /* the columns in locals: a store to a sum or a row cannot move them (no reload per row) */
+    const int64_t *const kind_c = c[F_KIND], *const start_c = c[F_START], *const end_c = c[F_END],
+                  *const counted_c = c[F_COUNTED], *const iteration_c = c[F_ITERATION],
+                  *const link_c = c[F_LINK], *const backward_c = c[F_BACKWARD],
+                  *const phase_c = c[F_PHASE], *const name_c = c[F_NAME],
+                  *const launch_c = c[F_LAUNCH], *const iter_end_c = c[F_ITER_END],
+                  *const tid_c = c[F_TID], *const device_c = c[F_DEVICE];
+    const Py_ssize_t n_links = n_link_cells / 5, n_phases = n_phase_cells / 3;
+    const int64_t device = n ? device_c[0] : 0;
+    long long counts[3] = {0, 0, 0}, outside = 0, warmup = 0;
+    int64_t earliest = n ? start_c[0] : 0;
+    uint64_t other_device = 0; /* its bits set by a device other than the first */
+    /* the loop thread's id, or none (INT64_MIN: a thread id is an agent's or CUPTI's, never
+     * negative but for -1, unknown): one comparison a row, no flag kept at hand */
+    const int64_t loop_match = known ? loop_tid : INT64_MIN;
+    Py_ssize_t m = 0; /* the buffer's kernel keys */
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (c[K_COL_KIND][i] != kernel || c[K_COL_COUNTED][i] != 1)
+        const int64_t kind = kind_c[i], start = start_c[i], end = end_c[i], dur = end - start;
+        const int64_t iteration = iteration_c[i];
+        const int is_kernel = kind == kernel;
+        const int is_copy = !is_kernel && (kind == memcpy_ || kind == memset_);
+        const int counted = counted_c[i] == 1, in_iter = iteration >= 0;
+        const int loop = tid_c[i] == loop_match;
+        /* the timeline's row */
+        int64_t *row = rows + 7 * i;
+        row[0] = start;
+        row[1] = end;
+        row[2] = is_kernel;
+        row[3] = launch_c[i];
+        row[4] = loop ? iteration : -1;
+        row[5] = iter_end_c[i];
+        row[6] = loop;
+        other_device |= (uint64_t)(device_c[i] ^ device);
+        if (start < earliest)
+            earliest = start;
+        /* the sums */
+        counts[0] += is_kernel;
+        counts[1] += kind == memcpy_;
+        counts[2] += kind == memset_;
+        if (is_kernel && !in_iter)
+            outside += dur;
+        if (is_kernel && in_iter && !counted)
+            warmup += dur;
+        if (!counted || !(is_kernel || is_copy))
             continue;
-        int64_t key = (int64_t)(((uint64_t)c[K_COL_NAME][i] << 32)
-                                | ((uint64_t)(c[K_COL_LINK][i] + 1) << 1)
-                                | (uint64_t)(c[K_COL_BACK][i] == 1));
+        const int64_t link = link_c[i], phase = phase_c[i];
+        const int back = backward_c[i] == 1;
+        if (link >= 0 && link < n_links) {
+            int64_t *sum = links + 5 * link;
+            if (is_copy) {
+                sum[4] += dur;
+            } else {
+                sum[2 * back] += dur;
+                sum[2 * back + 1] += 1;
+            }
+        }
+        if (phase != phase_outside && phase >= 0 && phase < n_phases) {
+            int64_t *sum = phases + 3 * phase;
+            if (is_copy) {
+                sum[2] += dur;
+            } else {
+                sum[0] += dur;
+                sum[1] += 1;
+            }
+        }
+        if (!is_kernel)
+            continue;
+        /* the counted kernel's key, summed for the buffer */
+        const int64_t key = (int64_t)(((uint64_t)name_c[i] << 32) | ((uint64_t)(link + 1) << 1)
+                                      | (uint64_t)back);
         size_t at = slot_of((uint64_t)key, cap);
         while (slots[at] && sums[slots[at] - 1].key != key)
             at = (at + 1) & (cap - 1);
@@ -976,13 +1276,20 @@ static PyObject *cupti_kernel_sums(PyObject *self, PyObject *args)
             sums[m] = (kernel_sum){key, 0, 0};
             slots[at] = (int32_t)++m;
         }
-        sums[slots[at] - 1].ns += c[K_COL_END][i] - c[K_COL_START][i];
+        sums[slots[at] - 1].ns += dur;
         sums[slots[at] - 1].calls++;
     }
     qsort(sums, (size_t)m, sizeof(kernel_sum), by_kernel_key);
     for (Py_ssize_t i = 0; i < m; i++)
         kernels_add(kt, &sums[i]);
-    result = Py_NewRef(Py_None);
+    PyObject *parts[3] = {known ? PyLong_FromLongLong(loop_tid) : Py_NewRef(Py_None),
+                          n && !other_device ? PyLong_FromLongLong(device) : Py_NewRef(Py_None),
+                          n ? PyLong_FromLongLong(earliest) : Py_NewRef(Py_None)};
+    if (parts[0] != NULL && parts[1] != NULL && parts[2] != NULL)
+        result = Py_BuildValue("(LLLLLOOO)", counts[0], counts[1], counts[2], outside, warmup,
+                               parts[0], parts[1], parts[2]);
+    for (int k = 0; k < 3; k++)
+        Py_XDECREF(parts[k]);
 done:
     release_all(&h);
     return result;
@@ -1281,21 +1588,22 @@ static PyMethodDef launch_methods[] = { /* the attribution's: calls, clock, rang
     FN(api_store, METH_O, "api_store(max_api): launching calls kept in C."),
     FN(api_add, METH_VARARGS, "api_add(store, columns, clock): calls kept."),
     FN(api_join, METH_VARARGS, "api_join(store, correlation, out): each op's launching call."),
+    FN(join_block, METH_VARARGS,
+       "join_block(store, clock, (correlation, start, end), block): mapped and joined."),
     FN(to_agent, METH_VARARGS, "to_agent(clock, src, dst): CUPTI ns onto the agent's clock."),
     FN(clock_fit, METH_O, "clock_fit(pairs): gpu_clock.fit's fields."),
     FN(locate, METH_VARARGS,
        "locate(t, depths, kinds, link_ids, out[, tail]): the ranges around each launch."),
+    FN(locate_block, METH_VARARGS,
+       "locate_block(depths, kinds, link_ids, block, settling): located and settled."),
     {NULL, NULL, 0, NULL},
 };
 
 static PyMethodDef figure_methods[] = { /* the figures' sums */
-    FN(figure_sums, METH_VARARGS,
-       "figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside): per range."),
-    FN(timeline_rows, METH_VARARGS,
-       "timeline_rows(columns, kernel_kind, loop_tid, rows): the GPU timeline's rows."),
     FN(kernel_table, METH_O, "kernel_table(max_keys): the kernels' sums kept in C."),
-    FN(kernel_sums, METH_VARARGS,
-       "kernel_sums(table, columns, kernel_kind): counted kernels per name, link, direction."),
+    FN(figure_add, METH_VARARGS,
+       "figure_add(kernel_table, op_columns, attr_columns, link_sums, phase_sums, op_kinds, "
+       "phase_outside, loop_tid, rows): a block's sums, kernels' sums and timeline rows."),
     FN(kernel_rows, METH_O, "kernel_rows(table): its rows, in order."),
     FN(keeper_runs, METH_O,
        "keeper_runs((iteration, tid[, counted])): (tid, each run's first row, the first counted "

@@ -12,8 +12,12 @@ PyObject *cupti_api_store(PyObject *self, PyObject *arg);
 PyObject *cupti_api_add(PyObject *self, PyObject *args);
 /* api_join(store, correlation, out) -> (missing, thread, one thread, latest start). */
 PyObject *cupti_api_join(PyObject *self, PyObject *args);
-/* figure_sums(columns, link_sums, phase_sums, op_kinds, phase_outside) -> counts. */
-PyObject *cupti_figure_sums(PyObject *self, PyObject *args);
+/* join_block(store, clock, (correlation, start, end), block) -> as api_join. */
+PyObject *cupti_join_block(PyObject *self, PyObject *args);
+/* locate_block(depths, kinds, link_ids, block, settling) -> the settled sums. */
+PyObject *cupti_locate_block(PyObject *self, PyObject *args);
+/* The rows of a block (join_block, locate_block) by name: a tuple of str. */
+PyObject *cupti_block_rows(void);
 /* to_agent(clock, src, dst) -> None: CUPTI ns onto the agent's clock. */
 PyObject *cupti_to_agent(PyObject *self, PyObject *args);
 /* (K_ITER, K_LINK, K_LINK_BWD, K_GC, K_PHASE0) as the C side counts them. */

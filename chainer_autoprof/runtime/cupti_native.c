@@ -1075,6 +1075,7 @@ PyMODINIT_FUNC PyInit__cupti(void)
         || PyModule_AddObject(m, "API_COLUMNS", names_tuple(API_COLUMNS, API_NCOLS)) < 0
         || cupti_locate_ready(m) < 0
         || PyModule_AddObject(m, "LOCATE_KINDS", cupti_locate_kinds()) < 0
+        || PyModule_AddObject(m, "BLOCK_ROWS", cupti_block_rows()) < 0
         || PyModule_AddIntConstant(m, "API_SLOTS", API_SLOTS) < 0
         || PyModule_AddIntConstant(m, "CUPTI_API_VERSION", CUPTI_API_VERSION) < 0) {
         Py_DECREF(m);

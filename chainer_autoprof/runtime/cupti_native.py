@@ -73,9 +73,9 @@ DEFAULT_CALLS = "launches"
 CALLS_CHOICES = ("all", "launches")
 #: CUPTI_SUCCESS
 SUCCESS = 0
-#: The rows of the extension's operation and call tables (one per column).
-OP_ROWS = tuple(range(len(GpuOps.columns())))
-API_ROWS = tuple(range(len(ApiCalls.columns())))
+#: The rows of the extension's operation and call tables: the columns, in order.
+OP_NAMES = GpuOps.columns()
+API_NAMES = ApiCalls.columns()
 INT64 = np.dtype(np.int64)
 #: What the extension hands a table over in (its ``Block``: the buffer protocol).
 Buffer = Union[bytes, bytearray, memoryview]
@@ -198,17 +198,20 @@ class NativeCuptiCollector(CuptiCollector):
         1``, their texts in ``store``."""
         if new_names:
             self._learn_names(first_name, first_name + new_names, store)
-        # each table's first rows as one 2-D view (one constructor call), then a view per
-        # column, row by row: iterating a 2-D array ends in an IndexError, dearer than a row
-        op_cols: Int64Array = np.ndarray((len(OP_ROWS), n_ops), INT64, ops, 0, (room * 8, 8))
-        api_cols: Int64Array = np.ndarray((len(API_ROWS), n_api), INT64, api, 0,
+        # each table's first rows as one 2-D view (one constructor call), then its rows as
+        # the columns, iterated in C: zip stops at the last name, before the array's end
+        # (its IndexError), and no Python line runs per column
+        op_cols: Int64Array = np.ndarray((len(OP_NAMES), n_ops), INT64, ops, 0, (room * 8, 8))
+        api_cols: Int64Array = np.ndarray((len(API_NAMES), n_api), INT64, api, 0,
                                           (room * 8, 8))
-        gpu_ops = GpuOps(*[op_cols[c] for c in OP_ROWS])
+        gpu_ops = GpuOps.__new__(GpuOps)
+        gpu_ops.__dict__.update(zip(OP_NAMES, op_cols))
         if not self._identity and n_ops:
             named = gpu_ops.name >= 0
             gpu_ops.name[named] = self._remap[gpu_ops.name[named]]
-        return ActivityBatch(gpu_ops, ApiCalls(*[api_cols[c] for c in API_ROWS]),
-                             self._no_external, self.names)
+        calls = ApiCalls.__new__(ApiCalls)
+        calls.__dict__.update(zip(API_NAMES, api_cols))
+        return ActivityBatch(gpu_ops, calls, self._no_external, self.names)
 
     def _learn_names(self, first: int, top: int, store: NameSource) -> None:
         if self._identity:
