@@ -691,6 +691,48 @@ def test_the_timelines_rows_in_c_are_numpys(extension, loop_tid):
         assert np.array_equal(got, want) and not got[:, 6].any()
 
 
+@pytest.mark.parametrize("room", [4096, 40])
+def test_the_top_kernels_sums_in_c_over_many_buffers_are_numpys(extension, room, monkeypatch):
+    """The counted kernels' sums per (name, link, direction), kept in C across buffers, come
+    out as NumPy's: the same keys in the same order (each buffer's new keys after the
+    earlier ones', in key order), the same sums, and where more keys come than the table
+    holds, the same ones summed as "other"."""
+    from chainer_autoprof.analysis import gpu_figures
+    from chainer_autoprof.analysis.gpu_attribution import PHASE_OUTSIDE, _unlocated
+    from chainer_autoprof.analysis.gpu_figures import GpuFigureBuilder
+    from chainer_autoprof.analysis.stats import PHASE_KEYS
+    from chainer_autoprof.common.gpu_records import KERNEL, MEMCPY, MEMSET, NameTable
+
+    monkeypatch.setattr(gpu_figures, "MAX_KERNEL_KEYS", room)
+    rng = np.random.default_rng(11)
+    links = [f"l{i}" for i in range(6)]
+    builder = GpuFigureBuilder(links, NameTable())  # NumPy's sums
+    table = extension.kernel_table(room)
+    for n in (300, 1, 0, 700, 50, 300):  # buffers: new keys and known ones mixed
+        ops = GpuOps.from_columns(n, {"kind": rng.choice([KERNEL, KERNEL, MEMCPY], n),
+                                      "start": rng.integers(0, 10**6, n),
+                                      "end": rng.integers(10**6, 2 * 10**6, n),
+                                      "name": rng.integers(0, 60, n)})
+        attr = _unlocated(n, 0, {"iteration": rng.integers(0, 5, n),
+                                 "link": rng.integers(-1, len(links), n)})
+        attr.counted[:] = rng.integers(0, 2, n)
+        attr.backward[:] = rng.integers(0, 2, n)
+        extension.figure_add(table, (ops.kind, ops.start, ops.end, ops.name, ops.device), (
+            attr.counted, attr.iteration, attr.link, attr.backward, attr.phase, attr.api_start,
+            attr.iter_end, attr.tid), np.zeros((len(links), 5), dtype=np.int64),
+            np.zeros((len(PHASE_KEYS), 3), dtype=np.int64), (KERNEL, MEMCPY, MEMSET),
+            PHASE_OUTSIDE, None, np.empty((n, 7), dtype=np.int64))
+        counted = (ops.kind == KERNEL) & (attr.counted == 1)
+        if counted.any():
+            builder._add_kernels(ops.name[counted], attr.link[counted],
+                                 attr.backward[counted], (ops.end - ops.start)[counted])
+    keys, ns, calls, other_ns, other_calls = extension.kernel_rows(table)
+    assert keys == list(builder.kernel_keys)
+    assert [ns, calls] == builder.kernel_sums.T.tolist()
+    assert [other_ns, other_calls] == builder.other_kernels.tolist()
+    assert (other_calls > 0) == (room < len(keys) + 1)  # the small table overflows
+
+
 def test_the_trace_keeper_groups_a_buffer_in_c_as_numpy_does(extension):
     """The trace keeper's groups of a usual buffer (one thread, iterations in order) found
     in one C call keep, drop and count what NumPy's grouping does: buffers of one thread

@@ -1029,8 +1029,10 @@ PyObject *cupti_to_agent(PyObject *self, PyObject *args)
  * each a row in the order first seen (a buffer's new keys in ascending order), their ns and
  * kernels; the kernels of keys beyond it summed as "other".  Read once, at figure time. */
 
+/* A key's sums; `aux`: in the table, the buffer that added the row (rows are read in the
+ * order (buffer, key), the NumPy twin's); in a buffer's sums, the key's slot (cleared after). */
 typedef struct {
-    int64_t key, ns, calls;
+    int64_t key, ns, calls, aux;
 } kernel_sum;
 
 typedef struct {
@@ -1041,8 +1043,10 @@ typedef struct {
     Py_ssize_t n, max;
     int64_t other_ns, other_calls;
     kernel_sum *buf_sums; /* a buffer's sums and their slots, kept for the next buffer */
-    int32_t *buf_slots;
+    int32_t *buf_slots;   /* all free between buffers (each buffer clears those it took) */
     size_t buf_rows, buf_cap;
+    int64_t buffers;      /* the buffers summed so far */
+    int unordered;        /* rows added out of key order within a buffer */
 } kernel_table;
 
 #define KERNELS_NAME "chainer_autoprof._cupti.kernel_table"
@@ -1051,6 +1055,37 @@ static size_t slot_of(uint64_t key, size_t cap)
 {
     uint64_t h = key * 0x9E3779B97F4A7C15ull; /* the high half folded in: the name's bits */
     return (size_t)(h ^ (h >> 32)) & (cap - 1);
+}
+
+/* Operations a buffer's sums have room for from the table's making (once a run, not at the
+ * first buffer: a few thousand, a live buffer's usual count); more grow them. */
+#define KERNEL_BUFFER_ROWS 4096
+
+/* The kernels' per-buffer sums: room for n keys and their slots (kept for the next buffer:
+ * no allocation each; the slots all free, cleared one by one by the buffer that took them:
+ * no pass over them all); 0, or -1 with the error set. */
+static int kernel_buffer(kernel_table *kt, Py_ssize_t n, size_t *cap_out)
+{
+    size_t cap = 16;
+    while (cap < 2 * (size_t)n)
+        cap *= 2;
+    if (kt->buf_rows < (size_t)n || kt->buf_cap < cap) {
+        kernel_sum *grown_sums = PyMem_Realloc(kt->buf_sums, (size_t)(n ? n : 1)
+                                               * sizeof(kernel_sum));
+        if (grown_sums != NULL)
+            kt->buf_sums = kt->own.blocks[2] = grown_sums;
+        PyMem_Free(kt->buf_slots); /* free slots: zeros (a new block, not realloc's copy) */
+        kt->buf_slots = kt->own.blocks[3] = PyMem_Calloc(cap, sizeof(int32_t));
+        if (grown_sums == NULL || kt->buf_slots == NULL) {
+            kt->buf_rows = kt->buf_cap = 0;
+            PyErr_NoMemory();
+            return -1;
+        }
+        kt->buf_rows = (size_t)(n ? n : 1);
+        kt->buf_cap = cap;
+    }
+    *cap_out = cap;
+    return 0;
 }
 
 /* kernel_table(max_keys) -> the table (a capsule). */
@@ -1073,6 +1108,11 @@ static PyObject *cupti_kernel_table(PyObject *self, PyObject *arg)
         Py_DECREF(capsule);
         return PyErr_NoMemory();
     }
+    size_t cap;
+    if (kernel_buffer(kt, KERNEL_BUFFER_ROWS, &cap) < 0) {
+        Py_DECREF(capsule);
+        return NULL;
+    }
     return capsule;
 }
 
@@ -1082,23 +1122,66 @@ static int by_kernel_key(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* The rows' order as the NumPy twin makes it: by the buffer that added each, then by key. */
+static int by_buffer_then_key(const void *a, const void *b)
+{
+    const kernel_sum *x = a, *y = b;
+    if (x->aux != y->aux)
+        return x->aux < y->aux ? -1 : 1;
+    return (x->key > y->key) - (x->key < y->key);
+}
+
+/* The table's slot of `key`: its row's, or the free one where it would go. */
+static size_t kernel_slot(const kernel_table *kt, int64_t key)
+{
+    size_t at = slot_of((uint64_t)key, kt->cap);
+    while (kt->slots[at] && kt->rows[kt->slots[at] - 1].key != key)
+        at = (at + 1) & (kt->cap - 1);
+    return at;
+}
+
 /* One buffer's sum of a key into the table (a new row while there is room, else "other"). */
 static void kernels_add(kernel_table *kt, const kernel_sum *s)
 {
-    size_t at = slot_of((uint64_t)s->key, kt->cap);
-    while (kt->slots[at] && kt->rows[kt->slots[at] - 1].key != s->key)
-        at = (at + 1) & (kt->cap - 1);
+    size_t at = kernel_slot(kt, s->key);
     if (!kt->slots[at]) {
         if (kt->n >= kt->max) {
             kt->other_ns += s->ns;
             kt->other_calls += s->calls;
             return;
         }
-        kt->rows[kt->n] = (kernel_sum){s->key, 0, 0};
+        kt->rows[kt->n] = (kernel_sum){s->key, 0, 0, kt->buffers};
         kt->slots[at] = (int32_t)++kt->n;
     }
     kt->rows[kt->slots[at] - 1].ns += s->ns;
     kt->rows[kt->slots[at] - 1].calls += s->calls;
+}
+
+/* A buffer's m sums into the table, its slots freed for the next buffer.  The keys known
+ * are summed in place; the new ones get rows in any order, read back in key order
+ * (kernel_rows), unless some would find the table full: then which get a row depends on
+ * the order, and they are sorted first (the NumPy twin adds them in key order). */
+static void kernels_add_buffer(kernel_table *kt, kernel_sum *sums, Py_ssize_t m,
+                               int32_t *buf_slots)
+{
+    Py_ssize_t fresh = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        buf_slots[sums[i].aux] = 0;
+        size_t at = kernel_slot(kt, sums[i].key);
+        if (kt->slots[at]) {
+            kt->rows[kt->slots[at] - 1].ns += sums[i].ns;
+            kt->rows[kt->slots[at] - 1].calls += sums[i].calls;
+        } else {
+            sums[fresh++] = sums[i]; /* (fresh <= i: not yet read) */
+        }
+    }
+    if (fresh > 1 && kt->n + fresh > kt->max)
+        qsort(sums, (size_t)fresh, sizeof(kernel_sum), by_kernel_key);
+    else if (fresh > 1)
+        kt->unordered = 1;
+    for (Py_ssize_t i = 0; i < fresh; i++)
+        kernels_add(kt, &sums[i]);
+    kt->buffers++;
 }
 
 /* -- a block's figures: the per-link and per-phase sums, the counted kernels' sums and the
@@ -1107,33 +1190,6 @@ static void kernels_add(kernel_table *kt, const kernel_sum *s)
  * in Python, operator.attrgetter's). */
 enum { F_KIND, F_START, F_END, F_NAME, F_DEVICE, F_OPS_N = F_DEVICE + 1, F_COUNTED = F_OPS_N,
        F_ITERATION, F_LINK, F_BACKWARD, F_PHASE, F_LAUNCH, F_ITER_END, F_TID, F_N };
-
-/* The kernels' per-buffer sums: room for n keys and their slots (kept for the next buffer:
- * no allocation each), the slots cleared; 0, or -1 with the error set. */
-static int kernel_buffer(kernel_table *kt, Py_ssize_t n, size_t *cap_out)
-{
-    size_t cap = 16;
-    while (cap < 2 * (size_t)n)
-        cap *= 2;
-    if (kt->buf_rows < (size_t)n || kt->buf_cap < cap) {
-        kernel_sum *grown_sums = PyMem_Realloc(kt->buf_sums, (size_t)(n ? n : 1)
-                                               * sizeof(kernel_sum));
-        if (grown_sums != NULL)
-            kt->buf_sums = kt->own.blocks[2] = grown_sums;
-        int32_t *grown_slots = PyMem_Realloc(kt->buf_slots, cap * sizeof(int32_t));
-        if (grown_slots != NULL)
-            kt->buf_slots = kt->own.blocks[3] = grown_slots;
-        if (grown_sums == NULL || grown_slots == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        kt->buf_rows = (size_t)(n ? n : 1);
-        kt->buf_cap = cap;
-    }
-    memset(kt->buf_slots, 0, cap * sizeof(int32_t)); /* a buffer's keys: row + 1; 0: free */
-    *cap_out = cap;
-    return 0;
-}
 
 /* figure_add(kernel_table, (kind, start, end, name, device), (counted, iteration, link,
  * backward, phase, launch, iter_end, tid), link_sums, phase_sums, op_kinds, phase_outside,
@@ -1273,15 +1329,13 @@ static PyObject *cupti_figure_add(PyObject *self, PyObject *args)
         while (slots[at] && sums[slots[at] - 1].key != key)
             at = (at + 1) & (cap - 1);
         if (!slots[at]) {
-            sums[m] = (kernel_sum){key, 0, 0};
+            sums[m] = (kernel_sum){key, 0, 0, (int64_t)at};
             slots[at] = (int32_t)++m;
         }
         sums[slots[at] - 1].ns += dur;
         sums[slots[at] - 1].calls++;
     }
-    qsort(sums, (size_t)m, sizeof(kernel_sum), by_kernel_key);
-    for (Py_ssize_t i = 0; i < m; i++)
-        kernels_add(kt, &sums[i]);
+    kernels_add_buffer(kt, sums, m, slots);
     PyObject *parts[3] = {known ? PyLong_FromLongLong(loop_tid) : Py_NewRef(Py_None),
                           n && !other_device ? PyLong_FromLongLong(device) : Py_NewRef(Py_None),
                           n ? PyLong_FromLongLong(earliest) : Py_NewRef(Py_None)};
@@ -1302,12 +1356,22 @@ static PyObject *cupti_kernel_rows(PyObject *self, PyObject *capsule)
     kernel_table *kt = PyCapsule_GetPointer(capsule, KERNELS_NAME);
     if (kt == NULL)
         return NULL;
+    const kernel_sum *rows = kt->rows;
+    kernel_sum *ordered = NULL;
+    if (kt->unordered) { /* a copy in (buffer, key) order: the table's slots point at rows */
+        ordered = PyMem_Malloc((size_t)(kt->n ? kt->n : 1) * sizeof(kernel_sum));
+        if (ordered == NULL)
+            return PyErr_NoMemory();
+        memcpy(ordered, kt->rows, (size_t)kt->n * sizeof(kernel_sum));
+        qsort(ordered, (size_t)kt->n, sizeof(kernel_sum), by_buffer_then_key);
+        rows = ordered;
+    }
     PyObject *lists[3] = {PyList_New(kt->n), PyList_New(kt->n), PyList_New(kt->n)};
     PyObject *result = NULL;
     if (lists[0] != NULL && lists[1] != NULL && lists[2] != NULL) {
         int ok = 1;
         for (Py_ssize_t i = 0; ok && i < kt->n; i++) {
-            const int64_t v[3] = {kt->rows[i].key, kt->rows[i].ns, kt->rows[i].calls};
+            const int64_t v[3] = {rows[i].key, rows[i].ns, rows[i].calls};
             for (int c = 0; ok && c < 3; c++) {
                 PyObject *x = PyLong_FromLongLong(v[c]);
                 ok = x != NULL;
@@ -1321,6 +1385,7 @@ static PyObject *cupti_kernel_rows(PyObject *self, PyObject *capsule)
     }
     for (int c = 0; c < 3; c++)
         Py_XDECREF(lists[c]);
+    PyMem_Free(ordered);
     return result;
 }
 
