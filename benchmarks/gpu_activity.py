@@ -276,7 +276,10 @@ def child(name: str, runs: tuple[str, ...] = ()) -> None:
     from chainer_autoprof.runtime.hotpath import build
 
     build.build_cupti_in_place()
-    control = ctypes.CDLL(str(build_control()))
+    library = ctypes.CDLL(str(build_control()))
+    # its functions bound before the first segment: a ctypes library looks a name up on
+    # first use (some 14,000 instructions), which would count in the segment it ends
+    control = argparse.Namespace(start=library.start, dump=library.dump, stop=library.stop)
     cache: dict[str, Any] = {}
     import gc  # collections fall where allocations push them: none while segments run
 
