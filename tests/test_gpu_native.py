@@ -826,6 +826,50 @@ def test_the_trace_keepers_runs_in_c_are_numpys_at_every_row(extension):
     assert extension.keeper_runs((empty, empty, empty)) is None
 
 
+
+def test_the_usual_buffers_block_is_read_in_c_as_its_columns(extension):
+    """The figures' pass and the keeper's runs read the usual buffer's C table (the
+    attributor's block, its rows by name) as they read the same rows handed as columns:
+    the same sums, timeline rows and runs, at the limit (its counted rows read) or under
+    it; and the attribution handed on makes its columns only when they are asked for."""
+    from chainer_autoprof.analysis.gpu_attribution import (
+        _BLOCK_ROWS,
+        PHASE_OUTSIDE,
+        BlockAttributedOps,
+    )
+    from chainer_autoprof.analysis.stats import PHASE_KEYS
+    from chainer_autoprof.common.gpu_records import KERNEL, MEMCPY, MEMSET
+
+    rng = np.random.default_rng(3)
+    n = 400
+    block = rng.integers(-1, 6, (len(_BLOCK_ROWS), n)).astype(np.int64)
+    row = {name: block[i] for i, name in enumerate(_BLOCK_ROWS)}
+    row["iteration"][:] = np.sort(rng.integers(-1, 6, n))
+    row["tid"][:] = 9
+    row["counted"][:] = row["iteration"] >= 2
+    ops = GpuOps.from_columns(n, {"kind": rng.integers(0, 3, n), "start": block[0],
+                                  "end": block[1] + 10, "name": rng.integers(0, 9, n)})
+    items = BlockAttributedOps(ops, block)
+    attr_cols = tuple(row[c] for c in ("counted", "iteration", "link", "backward", "phase",
+                                       "api_start", "iter_end", "tid"))
+    out = []
+    for given in (block, attr_cols):
+        sums = (np.zeros((6, 5), dtype=np.int64), np.zeros((len(PHASE_KEYS), 3), np.int64))
+        rows = np.empty((n, 7), dtype=np.int64)
+        table = extension.kernel_table(64)
+        got = extension.figure_add(table, (ops.kind, ops.start, ops.end, ops.name, ops.device),
+                                   given, *sums, (KERNEL, MEMCPY, MEMSET), PHASE_OUTSIDE,
+                                   None, rows)
+        out.append((got, sums[0].tolist(), sums[1].tolist(), rows.tolist(),
+                    extension.kernel_rows(table)))
+    assert out[0] == out[1] and out[0][1] != np.zeros((6, 5)).tolist()
+    assert items._attr is None  # nothing read the columns yet
+    for at_limit in (False, True):
+        assert extension.keeper_block_runs(block, at_limit) == extension.keeper_runs(
+            (row["iteration"], row["tid"], row["counted"])[:3 if at_limit else 2])
+    assert np.array_equal(items.attr.phase, row["phase"]) and items.attr.phase.base is not None
+
+
 def test_the_trace_keeper_makes_a_usual_buffers_groups_only_when_needed(extension):
     """A usual buffer under the limit (one thread, iterations in order) is kept in a few
     allocations whatever its iterations (its groups, some thousands of instructions each,

@@ -41,7 +41,7 @@ import numpy.typing as npt
 
 from ..common import figures
 from ..common.gpu_records import ActivityBatch, LocateKernel, NameTable
-from .gpu_attribution import AttributedOps, LaunchAttributor
+from .gpu_attribution import AttributedOps, BlockAttributedOps, LaunchAttributor
 from .gpu_clock import ClockMap
 from .gpu_figures import GpuFigureBuilder, GpuFigures
 from .stats import MAX_KEPT_ITERATIONS
@@ -423,16 +423,20 @@ class AttributedKeeper:
         self.dropped_iterations = 0
 
     def add(self, items: AttributedOps) -> None:
-        attr = items.attr
-        ordinal, tid = attr.iteration, attr.tid
-        n = len(ordinal)
+        n = len(items)
         if not n:
             return
         if self.native is not None and self.limit:  # the usual: one thread, in order
             try:  # (thread, each run's first row, ... as _Usual) or None; the runs'
                 # classes read where the lane may take it at once (at the limit)
-                found = self.native.keeper_runs((ordinal, tid) if self.kept + n <= self.limit
-                                                else (ordinal, tid, attr.counted))
+                at_limit = self.kept + n > self.limit
+                if isinstance(items, BlockAttributedOps):  # the C table's rows, read in C
+                    found = self.native.keeper_block_runs(items.block, at_limit)
+                else:
+                    attr = items.attr
+                    found = self.native.keeper_runs(
+                        (attr.iteration, attr.tid, attr.counted) if at_limit
+                        else (attr.iteration, attr.tid))
             except (ValueError, BufferError):  # not contiguous int64: NumPy's path below
                 found = None
             if found is not None and (  # none late: its first iteration after those dropped
@@ -451,6 +455,7 @@ class AttributedKeeper:
                 else:
                     self._evict()
                 return
+        ordinal, tid = items.attr.iteration, items.attr.tid
         one_thread = bool((tid == tid[0]).all())
         lowest = int(ordinal.min())
         if self._dropped_upto and not (  # late operations of an iteration already dropped

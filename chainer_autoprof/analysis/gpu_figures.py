@@ -50,7 +50,7 @@ import numpy.typing as npt
 
 from ..common.gpu_records import KERNEL, MEMCPY, MEMSET, GpuOps, NameTable
 from .aggregate import Series
-from .gpu_attribution import PHASE_OUTSIDE, AttributedOps, Attribution
+from .gpu_attribution import PHASE_OUTSIDE, AttributedOps, Attribution, BlockAttributedOps
 from .gpu_record import GpuFigures, KernelGpuDict, LinkGpuDict, PhaseGpuDict, TimelineDict
 from .stats import MAX_KEPT_ITERATIONS, PHASE_KEYS
 
@@ -262,7 +262,7 @@ class GpuFigureBuilder:
     def add(self, items: AttributedOps) -> None:
         if not len(items):
             return
-        ops, attr = items.ops, items.attr
+        ops = items.ops
         n_links = len(self.link_keys)
         if len(self.link_sums) < n_links:  # room for twice as many (a model's links: once)
             grown = np.zeros((max(n_links, 2 * len(self.link_sums)), 5), dtype=np.int64)
@@ -271,9 +271,12 @@ class GpuFigureBuilder:
         native = self.native
         if native is not None:  # the sums, the kernels' sums and the timeline's rows: one pass
             rows = np.empty((len(items), 7), dtype=np.int64)
+            # the usual buffer's attribution: the C table's rows, read there (no column made)
+            attr_cols = items.block if isinstance(items, BlockAttributedOps) else \
+                _ATTR_COLUMNS_OF(items.attr)
             (kernels, copies, memsets, outside_ns, warmup_ns, self.loop_tid, only,
              earliest) = native.figure_add(self._kernel_table, _OPS_COLUMNS_OF(ops),
-                                           _ATTR_COLUMNS_OF(attr), self.link_sums,
+                                           attr_cols, self.link_sums,
                                            self.phase_sums, (KERNEL, MEMCPY, MEMSET),
                                            PHASE_OUTSIDE, self.loop_tid, rows)
             self.op_counts[KERNEL] += kernels
@@ -283,6 +286,7 @@ class GpuFigureBuilder:
             self.warmup_ns += warmup_ns
             self._add_timeline(ops.device, rows, only, earliest)
         else:
+            attr = items.attr
             dur = ops.end - ops.start
             kernel = ops.kind == KERNEL
             in_iter = attr.iteration >= 0

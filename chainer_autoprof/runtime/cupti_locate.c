@@ -1195,7 +1195,7 @@ enum { F_KIND, F_START, F_END, F_NAME, F_DEVICE, F_OPS_N = F_DEVICE + 1, F_COUNT
  * backward, phase, launch, iter_end, tid), link_sums, phase_sums, op_kinds, phase_outside,
  * loop_tid, rows) -> (kernels, copies, memsets, kernel ns outside any iteration, kernel ns in
  * the warm-up's iterations, loop_tid, device, earliest): the operations' columns and their
- * attribution's (F_*).
+ * attribution's (F_*; or, for the attribution's, the usual buffer's block: its rows).
  *   sums: the block's kernels and copies added to link_sums (int64[links][5]: forward ns,
  *     forward kernels, backward ns, backward kernels, copy ns; counted operations in a
  *     link) and phase_sums (int64[phases][3]: kernel ns, kernels, copy ns; counted, in a
@@ -1225,9 +1225,27 @@ static PyObject *cupti_figure_add(PyObject *self, PyObject *args)
     PyObject *result = NULL;
     int64_t *c[F_N];
     Py_ssize_t n = -1, n_link_cells = -1, n_phase_cells = -1, cells = -1;
-    if (columns_held(&h, F_N + 3, ops_obj, F_OPS_N, &n, 0, c) < 0 ||
-        int64_columns(&h, attr_obj, F_N - F_OPS_N, &n, 0, c + F_OPS_N) < 0)
+    if (columns_held(&h, F_N + 3, ops_obj, F_OPS_N, &n, 0, c) < 0)
         goto done;
+    if (PyTuple_Check(attr_obj)) {
+        if (int64_columns(&h, attr_obj, F_N - F_OPS_N, &n, 0, c + F_OPS_N) < 0)
+            goto done;
+    } else { /* the usual buffer's block (LaunchAttributor's): its rows, one buffer taken */
+        int64_t *row[B_N];
+        if (block_rows(&h, attr_obj, row) != n) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "figure_add: a block of the operations' length");
+            goto done;
+        }
+        c[F_COUNTED] = row[B_COUNTED];
+        c[F_ITERATION] = row[B_ITERATION];
+        c[F_LINK] = row[B_LINK];
+        c[F_BACKWARD] = row[B_BACKWARD];
+        c[F_PHASE] = row[B_PHASE];
+        c[F_LAUNCH] = row[B_API_START];
+        c[F_ITER_END] = row[B_ITER_END];
+        c[F_TID] = row[B_TID];
+    }
     int64_t *links = int64s(&h, links_obj, &n_link_cells, 1);
     int64_t *phases = links ? int64s(&h, phases_obj, &n_phase_cells, 1) : NULL;
     int64_t *rows = phases ? int64s(&h, rows_obj, &cells, 1) : NULL;
@@ -1573,31 +1591,21 @@ static Py_ssize_t run_end(const int64_t *it, Py_ssize_t n, Py_ssize_t first)
     return hi;
 }
 
-static PyObject *cupti_keeper_runs(PyObject *self, PyObject *cols_obj)
+/* keeper_runs' answer for n operations' iteration ordinals, threads and (NULL: not read)
+ * counted flags; a new reference, or NULL with the error set. */
+static PyObject *runs_of(const int64_t *it, const int64_t *tid, const int64_t *counted,
+                         Py_ssize_t n)
 {
-    (void)self;
-    held h = {NULL, 0, 0};
     PyObject *result = NULL;
-    int64_t *c[G_N];
-    Py_ssize_t n = -1;
-    int given = PyTuple_Check(cols_obj) && PyTuple_GET_SIZE(cols_obj) == G_COUNTED ? G_COUNTED
-                                                                                   : G_N;
-    if (columns_held(&h, G_N, cols_obj, given, &n, 0, c) < 0)
-        goto done;
-    const int64_t *it = c[G_ITERATION], *tid = c[G_TID], thread = n > 0 ? tid[0] : 0;
-    if (!(n > 0 && one_thread_in_order(it, tid, thread, n))) {
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
+    const int64_t thread = n > 0 ? tid[0] : 0;
+    if (!(n > 0 && one_thread_in_order(it, tid, thread, n)))
+        return Py_NewRef(Py_None);
     Py_ssize_t runs = 0;
     int64_t *firsts = PyMem_Malloc((size_t)n * sizeof(int64_t));
-    if (firsts == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    if (firsts == NULL)
+        return PyErr_NoMemory();
     for (Py_ssize_t first = 0; first < n; first = run_end(it, n, first)) /* runs: searched */
         firsts[runs++] = first;
-    const int64_t *counted = given == G_N ? c[G_COUNTED] : NULL;
     Py_ssize_t counted_row = counted ? n : -1; /* warm-up runs, then counted ones (by each run's
                                                 * first row) */
     Py_ssize_t first_run = runs;
@@ -1641,7 +1649,42 @@ static PyObject *cupti_keeper_runs(PyObject *self, PyObject *cols_obj)
         }
     }
     PyMem_Free(firsts);
-done:
+    return result;
+}
+
+static PyObject *cupti_keeper_runs(PyObject *self, PyObject *cols_obj)
+{
+    (void)self;
+    held h = {NULL, 0, 0};
+    PyObject *result = NULL;
+    int64_t *c[G_N];
+    Py_ssize_t n = -1;
+    int given = PyTuple_Check(cols_obj) && PyTuple_GET_SIZE(cols_obj) == G_COUNTED ? G_COUNTED
+                                                                                   : G_N;
+    if (columns_held(&h, G_N, cols_obj, given, &n, 0, c) == 0)
+        result = runs_of(c[G_ITERATION], c[G_TID], given == G_N ? c[G_COUNTED] : NULL, n);
+    release_all(&h);
+    return result;
+}
+
+/* keeper_block_runs(block, counted): keeper_runs of the usual buffer's block (its rows
+ * iteration, tid and, where `counted` is true, counted: one buffer to take, no column made
+ * in Python). */
+static PyObject *cupti_keeper_block_runs(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *block_obj;
+    int counted;
+    if (!PyArg_ParseTuple(args, "Op", &block_obj, &counted))
+        return NULL;
+    held h = {PyMem_Calloc(1, sizeof(Py_buffer)), 0, 1};
+    if (h.views == NULL)
+        return PyErr_NoMemory();
+    PyObject *result = NULL;
+    int64_t *row[B_N];
+    Py_ssize_t n = block_rows(&h, block_obj, row);
+    if (n >= 0)
+        result = runs_of(row[B_ITERATION], row[B_TID], counted ? row[B_COUNTED] : NULL, n);
     release_all(&h);
     return result;
 }
@@ -1673,6 +1716,8 @@ static PyMethodDef figure_methods[] = { /* the figures' sums */
     FN(keeper_runs, METH_O,
        "keeper_runs((iteration, tid[, counted])): (tid, each run's first row, the first counted "
        "run's, the first iteration's run, row and ordinal, the last run's row, ordinal), or None."),
+    FN(keeper_block_runs, METH_VARARGS,
+       "keeper_block_runs(block, counted): keeper_runs of a block's rows (LaunchAttributor's)."),
     {NULL, NULL, 0, NULL},
 };
 
