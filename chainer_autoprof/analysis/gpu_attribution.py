@@ -47,7 +47,14 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 import numpy.typing as npt
 
-from ..common.gpu_records import ActivityBatch, ApiCalls, Columns, GpuOps, RowIndex
+from ..common.gpu_records import (
+    ActivityBatch,
+    ApiCalls,
+    Columns,
+    GpuOps,
+    RowIndex,
+    TableBatch,
+)
 from .gpu_clock import ClockMap
 from .range_kinds import K_GC, K_LINK, K_LINK_BWD, K_OTHER, K_PHASE0, LinkIds, range_kind
 from .range_kinds import K_ITER as K_ITER  # the iterations' ranges, for the trace's GPU events
@@ -143,14 +150,41 @@ class AttributedOps:
 class BlockAttributedOps(AttributedOps):
     """The usual buffer's attributed operations (:meth:`LaunchAttributor._feed_native`): the
     attribution's columns are rows of ``block``, the table the C kernels wrote
-    (``_BLOCK_ROWS``), made NumPy views only when :attr:`attr` is first read.  The figures
-    and the trace keeper read the block itself (one buffer each, not a dozen columns), so
-    that the usual buffer makes none of the seventeen views, some 1,300 instructions each."""
+    (``_BLOCK_ROWS``: the operations' start and end on the agent's clock first), and the
+    operations are those of ``source`` (the reader's tables, or CUPTI's columns) with those
+    times.  The figures and the trace keeper read the tables themselves in C (a buffer each,
+    not a dozen columns); :attr:`ops` and :attr:`attr`, NumPy views of them (seventeen
+    each, some 1,300 instructions a view), are made only when first read."""
 
-    def __init__(self, ops: GpuOps, block: Int64Array) -> None:
-        self.ops = ops
+    def __init__(self, source: GpuOps | TableBatch, block: Int64Array) -> None:
+        self.source = source
         self.block = block
+        self._ops: GpuOps | None = None
         self._attr: Attribution | None = None
+
+    def __len__(self) -> int:
+        return int(self.block.shape[1])
+
+    @property
+    def op_table(self) -> object | None:
+        """The reader's table of the operations (CUPTI's times), where they came in one."""
+        source = self.source
+        return source.op_table if isinstance(source, TableBatch) else None
+
+    @property
+    def ops(self) -> GpuOps:
+        made = self._ops
+        if made is None:
+            source = self.source
+            made = self._ops = GpuOps.__new__(GpuOps)
+            made.__dict__.update(
+                (source.ops if isinstance(source, TableBatch) else source).__dict__)
+            made.start, made.end = self.block[0], self.block[1]
+        return made
+
+    @ops.setter
+    def ops(self, value: GpuOps) -> None:
+        self._ops = value
 
     @property
     def attr(self) -> Attribution:
@@ -377,7 +411,7 @@ class LaunchAttributor:
     # -- activity -------------------------------------------------------------------------
     def feed_activity(self, batch: ActivityBatch) -> AttributedOps:
         """A block of activity records (one CUPTI buffer, or a piece of a recording)."""
-        if self.native is not None and len(batch.ops) and not self._wait_api_n \
+        if self.native is not None and batch.op_count and not self._wait_api_n \
                 and not self._wait_thread:
             return self._feed_native(batch)
         out: list[AttributedOps] = []
@@ -404,24 +438,30 @@ class LaunchAttributor:
         general path from the join on."""
         native, locate = self.native, self.locate
         assert native is not None and locate is not None
-        if len(batch.api):
-            self._add_api(batch.api)
-        ops = batch.ops
-        n = len(ops)
+        # the reader's tables read whole in C where the batch is one (no column made)
+        tables = batch if isinstance(batch, TableBatch) else None
+        if batch.api_count:
+            if tables is not None:
+                native.api_add(self._store, tables.api_table, self.clock)
+            else:
+                self._add_api(batch.api)
+        n = batch.op_count
         # start, end, the attribution's columns, the depth hit (_BLOCK_ROWS): each row
         # written in C, the table handed over whole
         block = np.empty((len(_BLOCK_ROWS), n), dtype=np.int64)
-        mapped = GpuOps.__new__(GpuOps)
-        mapped.__dict__.update(ops.__dict__)
-        mapped.start, mapped.end = block[0], block[1]
         self.ops_in += n
+        if tables is not None:
+            op_cols: object = tables.op_table
+        else:
+            ops = batch.ops
+            op_cols = (ops.correlation, ops.start, ops.end)
         missing, thread, one, latest = native.join_block(  # (the map read in C)
-            self._store, self.clock, (ops.correlation, ops.start, ops.end), block)
+            self._store, self.clock, op_cols, block)
         tid = thread if self.identity_threads else self.thread_map.get(thread)
         th = self.threads.get(tid) if tid is not None else None
         if missing or not one or th is None or tid in self._wait_ranges or not (
                 th.finished or latest <= th.done_ns):
-            self._wait_api.append(mapped)
+            self._wait_api.append(BlockAttributedOps(batch.ops, block).ops)  # mapped times
             self._wait_api_n += n
             out = [self._join_api(force=False)]
             if self._wait_thread:
@@ -436,7 +476,7 @@ class LaunchAttributor:
         self.status_ns[ATTRIBUTED] += ns_ok
         self.status_ops[RANGES_DROPPED] += ops_dropped
         self.status_ns[RANGES_DROPPED] += ns_dropped
-        return BlockAttributedOps(mapped, block)
+        return BlockAttributedOps(tables if tables is not None else batch.ops, block)
 
     def _add_api(self, api: ApiCalls) -> None:
         if self.native is not None:

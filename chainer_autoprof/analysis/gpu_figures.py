@@ -262,7 +262,6 @@ class GpuFigureBuilder:
     def add(self, items: AttributedOps) -> None:
         if not len(items):
             return
-        ops = items.ops
         n_links = len(self.link_keys)
         if len(self.link_sums) < n_links:  # room for twice as many (a model's links: once)
             grown = np.zeros((max(n_links, 2 * len(self.link_sums)), 5), dtype=np.int64)
@@ -271,11 +270,15 @@ class GpuFigureBuilder:
         native = self.native
         if native is not None:  # the sums, the kernels' sums and the timeline's rows: one pass
             rows = np.empty((len(items), 7), dtype=np.int64)
-            # the usual buffer's attribution: the C table's rows, read there (no column made)
-            attr_cols = items.block if isinstance(items, BlockAttributedOps) else \
-                _ATTR_COLUMNS_OF(items.attr)
+            # the usual buffer: the C tables' rows, read there (no column made)
+            if isinstance(items, BlockAttributedOps):
+                table = items.op_table
+                ops_cols = _OPS_COLUMNS_OF(items.ops) if table is None else table
+                attr_cols: object = items.block
+            else:
+                ops_cols, attr_cols = _OPS_COLUMNS_OF(items.ops), _ATTR_COLUMNS_OF(items.attr)
             (kernels, copies, memsets, outside_ns, warmup_ns, self.loop_tid, only,
-             earliest) = native.figure_add(self._kernel_table, _OPS_COLUMNS_OF(ops),
+             earliest) = native.figure_add(self._kernel_table, ops_cols,
                                            attr_cols, self.link_sums,
                                            self.phase_sums, (KERNEL, MEMCPY, MEMSET),
                                            PHASE_OUTSIDE, self.loop_tid, rows)
@@ -284,9 +287,11 @@ class GpuFigureBuilder:
             self.op_counts[MEMSET] += memsets
             self.outside_ns += outside_ns
             self.warmup_ns += warmup_ns
-            self._add_timeline(ops.device, rows, only, earliest)
+            # (the devices read only where they differ)
+            self._add_timeline(None if only is not None else items.ops.device, rows, only,
+                               earliest)
         else:
-            attr = items.attr
+            ops, attr = items.ops, items.attr
             dur = ops.end - ops.start
             kernel = ops.kind == KERNEL
             in_iter = attr.iteration >= 0
@@ -355,14 +360,15 @@ class GpuFigureBuilder:
         return np.column_stack([ops.start, ops.end, kernel.astype(np.int64), attr.api_start,
                                 np.where(loop == 1, attr.iteration, -1), attr.iter_end, loop])
 
-    def _add_timeline(self, device: Int64Array, rows: Int64Array, only: int | None = None,
-                      earliest: int | None = None) -> None:
-        """The rows onto their devices' timelines (``only``: every row's device, where known;
-        ``earliest``: their earliest start, where known)."""
+    def _add_timeline(self, device: Int64Array | None, rows: Int64Array,
+                      only: int | None = None, earliest: int | None = None) -> None:
+        """The rows onto their devices' timelines (``only``: every row's device, where known,
+        else ``device``, each row's; ``earliest``: their earliest start, where known)."""
+        each: Int64Array = device if device is not None else np.zeros(0, dtype=np.int64)
         if only is None:
-            first = int(device[0])
-            only = first if bool((device == first).all()) else None
-        for dev in [only] if only is not None else np.unique(device).tolist():
+            first = int(each[0])
+            only = first if bool((each == first).all()) else None
+        for dev in [only] if only is not None else np.unique(each).tolist():
             tl = self.timelines.get(dev)
             if tl is None:
                 tl = self.timelines[dev] = _Timeline(dev, self.max_kept)
@@ -370,7 +376,7 @@ class GpuFigureBuilder:
             if only is not None:
                 tl.add(rows, earliest)
             else:
-                tl.add(rows[device == dev])
+                tl.add(rows[each == dev])
             if tl.pool_n > self.max_pool:  # place the oldest half
                 starts = np.sort(np.concatenate([p[:, 0] for p in tl.pool]))
                 tl.place(int(starts[len(starts) // 2]))

@@ -350,6 +350,16 @@ class ActivityBatch:
     def __len__(self) -> int:
         return len(self.ops) + len(self.api) + len(self.external)
 
+    @property
+    def op_count(self) -> int:
+        """Its operations (without making their columns, where they are not made yet)."""
+        return len(self.ops)
+
+    @property
+    def api_count(self) -> int:
+        """Its calls (as :attr:`op_count`)."""
+        return len(self.api)
+
     def split(self, pieces: int) -> list[ActivityBatch]:
         """The batch cut into ``pieces`` consecutive blocks of each part (replays in blocks)."""
         def cut(n: int, i: int) -> slice:
@@ -359,6 +369,64 @@ class ActivityBatch:
                               self.api.take(cut(len(self.api), i)),
                               self.external.take(cut(len(self.external), i)), self.names)
                 for i in range(pieces)]
+
+
+class TableBatch(ActivityBatch):
+    """A buffer of the native reader (``runtime/cupti_native.c``) as the two tables it wrote:
+    ``op_table`` and ``api_table`` (buffers of int64: column c's rows from c * ``room`` on,
+    the first :attr:`op_count` and :attr:`api_count` of them filled), which the attribution's
+    C kernels read whole.  Its :class:`GpuOps` and :class:`ApiCalls`, NumPy views of those
+    rows, are made only when :attr:`ops` or :attr:`api` is first read: the usual buffer
+    never needs their twenty-three views, some 1,300 instructions each."""
+
+    def __init__(self, op_table: Any, n_ops: int, api_table: Any, n_api: int, room: int,
+                 external: ExternalIds, names: NameTable) -> None:
+        self.op_table, self.api_table, self.room = op_table, api_table, room
+        self._n_ops, self._n_api = n_ops, n_api
+        self.external = external
+        self.names = names
+        self._ops: GpuOps | None = None
+        self._api: ApiCalls | None = None
+
+    @property
+    def op_count(self) -> int:
+        return self._n_ops
+
+    @property
+    def api_count(self) -> int:
+        return self._n_api
+
+    def _rows(self, table: Any, width: int, n: int) -> Int64Array:
+        """The first ``n`` rows of each of ``table``'s ``width`` columns, as one 2-D view."""
+        return np.ndarray((width, n), np.int64, table, 0, (self.room * 8, 8))
+
+    @property
+    def ops(self) -> GpuOps:
+        made = self._ops
+        if made is None:  # its rows as the columns, iterated in C (zip stops at the last name)
+            made = self._ops = GpuOps.__new__(GpuOps)
+            names = GpuOps.columns()
+            made.__dict__.update(zip(names, self._rows(self.op_table, len(names),
+                                                       self._n_ops)))
+        return made
+
+    @ops.setter
+    def ops(self, value: GpuOps) -> None:
+        self._ops = value
+
+    @property
+    def api(self) -> ApiCalls:
+        made = self._api
+        if made is None:
+            made = self._api = ApiCalls.__new__(ApiCalls)
+            names = ApiCalls.columns()
+            made.__dict__.update(zip(names, self._rows(self.api_table, len(names),
+                                                       self._n_api)))
+        return made
+
+    @api.setter
+    def api(self, value: ApiCalls) -> None:
+        self._api = value
 
 
 @dataclass

@@ -829,8 +829,9 @@ PyObject *cupti_api_add(PyObject *self, PyObject *args)
     held h = {NULL, 0, 0};
     PyObject *result = NULL;
     int64_t *in[A_N];
-    Py_ssize_t k = -1;
-    if (columns_held(&h, A_N, cols_obj, A_N, &k, 0, in) < 0 || store_room(st, k) < 0)
+    /* the reader's table of calls (its rows: no column made in Python), or the columns */
+    Py_ssize_t k = cupti_table_rows(cols_obj, A_N, (const int64_t **)in);
+    if ((k < 0 && columns_held(&h, A_N, cols_obj, A_N, &k, 0, in) < 0) || store_room(st, k) < 0)
         goto done;
     Py_ssize_t at = st->lo + st->n;
     int sorted = 1;
@@ -975,9 +976,20 @@ PyObject *cupti_join_block(PyObject *self, PyObject *args)
     PyObject *result = NULL;
     const int64_t *in[3]; /* correlation, start, end (CUPTI ns) */
     int64_t *row[B_N];
-    Py_ssize_t n = -1;
-    if (columns_held(&h, 4, cols_obj, 3, &n, 0, (int64_t **)in) < 0)
+    const int64_t *op_rows[TABLE_OP_ROWS];
+    Py_ssize_t n = cupti_table_rows(cols_obj, TABLE_OP_ROWS, op_rows);
+    if (n >= 0) { /* the reader's table of operations: its rows */
+        in[0] = op_rows[TABLE_OP_CORR];
+        in[1] = op_rows[TABLE_OP_START];
+        in[2] = op_rows[TABLE_OP_END];
+        if ((h.views = PyMem_Calloc(1, sizeof(Py_buffer))) == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        h.cap = 1;
+    } else if (columns_held(&h, 4, cols_obj, 3, &n, 0, (int64_t **)in) < 0) {
         goto done;
+    }
     if (block_rows(&h, block_obj, row) != n) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "join_block: a block of the operations' length");
@@ -1195,7 +1207,8 @@ enum { F_KIND, F_START, F_END, F_NAME, F_DEVICE, F_OPS_N = F_DEVICE + 1, F_COUNT
  * backward, phase, launch, iter_end, tid), link_sums, phase_sums, op_kinds, phase_outside,
  * loop_tid, rows) -> (kernels, copies, memsets, kernel ns outside any iteration, kernel ns in
  * the warm-up's iterations, loop_tid, device, earliest): the operations' columns and their
- * attribution's (F_*; or, for the attribution's, the usual buffer's block: its rows).
+ * attribution's (F_*; or, for the attribution's, the usual buffer's block: its rows; and
+ * then, for the operations', possibly the reader's table of them, their times the block's).
  *   sums: the block's kernels and copies added to link_sums (int64[links][5]: forward ns,
  *     forward kernels, backward ns, backward kernels, copy ns; counted operations in a
  *     link) and phase_sums (int64[phases][3]: kernel ns, kernels, copy ns; counted, in a
@@ -1225,9 +1238,26 @@ static PyObject *cupti_figure_add(PyObject *self, PyObject *args)
     PyObject *result = NULL;
     int64_t *c[F_N];
     Py_ssize_t n = -1, n_link_cells = -1, n_phase_cells = -1, cells = -1;
-    if (columns_held(&h, F_N + 3, ops_obj, F_OPS_N, &n, 0, c) < 0)
+    const int64_t *op_rows[TABLE_OP_ROWS];
+    const Py_ssize_t in_table = cupti_table_rows(ops_obj, TABLE_OP_ROWS, op_rows);
+    if (in_table >= 0) { /* the reader's table of operations: its rows (start, end: below) */
+        n = in_table;
+        c[F_KIND] = (int64_t *)op_rows[TABLE_OP_KIND];
+        c[F_NAME] = (int64_t *)op_rows[TABLE_OP_NAME];
+        c[F_DEVICE] = (int64_t *)op_rows[TABLE_OP_DEVICE];
+        if ((h.views = PyMem_Calloc(F_N + 3, sizeof(Py_buffer))) == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        h.cap = F_N + 3;
+    } else if (columns_held(&h, F_N + 3, ops_obj, F_OPS_N, &n, 0, c) < 0) {
         goto done;
+    }
     if (PyTuple_Check(attr_obj)) {
+        if (in_table >= 0) { /* its start and end are CUPTI's: the block has the agent's */
+            PyErr_SetString(PyExc_ValueError, "figure_add: a table of operations takes its block");
+            goto done;
+        }
         if (int64_columns(&h, attr_obj, F_N - F_OPS_N, &n, 0, c + F_OPS_N) < 0)
             goto done;
     } else { /* the usual buffer's block (LaunchAttributor's): its rows, one buffer taken */
@@ -1236,6 +1266,10 @@ static PyObject *cupti_figure_add(PyObject *self, PyObject *args)
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_ValueError, "figure_add: a block of the operations' length");
             goto done;
+        }
+        if (in_table >= 0) { /* mapped onto the agent's clock (join_block) */
+            c[F_START] = row[B_START];
+            c[F_END] = row[B_END];
         }
         c[F_COUNTED] = row[B_COUNTED];
         c[F_ITERATION] = row[B_ITERATION];

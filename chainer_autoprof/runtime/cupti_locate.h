@@ -23,6 +23,16 @@ PyObject *cupti_to_agent(PyObject *self, PyObject *args);
 /* (K_ITER, K_LINK, K_LINK_BWD, K_GC, K_PHASE0) as the C side counts them. */
 PyObject *cupti_locate_kinds(void);
 
+/* A buffer's table as the reader hands it over (cupti_native.c's Block): its first `width`
+ * rows (row c, the column of that index, at rows[c]) and the count of rows filled; -1 where
+ * obj is no such table (or has fewer columns): nothing set.  The operations' table's rows
+ * read by this file, by index (GpuOps' columns; checked in cupti_native.c): */
+Py_ssize_t cupti_table_rows(PyObject *obj, int width, const int64_t **rows);
+enum {
+    TABLE_OP_KIND = 0, TABLE_OP_START = 1, TABLE_OP_END = 2, TABLE_OP_CORR = 3,
+    TABLE_OP_DEVICE = 4, TABLE_OP_NAME = 7, TABLE_OP_ROWS = 8
+};
+
 /* This file's functions added to the module (0; -1 with the error set). */
 int cupti_locate_ready(PyObject *module);
 

@@ -492,6 +492,7 @@ typedef struct {
     PyObject_HEAD
     int64_t *data;
     Py_ssize_t bytes;
+    Py_ssize_t n, cap, width; /* its table's rows filled, rows of room, columns */
 } Block;
 
 static int block_getbuffer(PyObject *self, Py_buffer *view, int flags)
@@ -525,9 +526,29 @@ static PyObject *columns(table *t)
         return NULL;
     b->data = t->cols;
     b->bytes = (Py_ssize_t)(t->width * t->cap * sizeof(int64_t));
+    b->n = (Py_ssize_t)t->n;
+    b->cap = (Py_ssize_t)t->cap;
+    b->width = (Py_ssize_t)t->width;
     t->cols = NULL;
     return (PyObject *)b;
 }
+
+Py_ssize_t cupti_table_rows(PyObject *obj, int width, const int64_t **rows)
+{
+    if (!Py_IS_TYPE(obj, &BlockType))
+        return -1;
+    const Block *b = (const Block *)obj;
+    if (b->width < width)
+        return -1;
+    for (int c = 0; c < width; c++)
+        rows[c] = b->data + (size_t)c * (size_t)b->cap;
+    return b->n;
+}
+
+_Static_assert(TABLE_OP_KIND == OP_KIND && TABLE_OP_START == OP_START && TABLE_OP_END == OP_END
+                   && TABLE_OP_CORR == OP_CORR && TABLE_OP_DEVICE == OP_DEVICE
+                   && TABLE_OP_NAME == OP_NAME && TABLE_OP_ROWS == OP_NAME + 1,
+               "the operations' rows as cupti_locate.c reads them from a table");
 
 /* -- the name store, a Python object ----------------------------------------------------- */
 static void name_store_dealloc(PyObject *self)

@@ -38,10 +38,10 @@ from ..common.gpu_records import (
     ApiCalls,
     ExternalIds,
     GpuOps,
-    Int64Array,
     LocateKernel,
     NameSource,
     NameTable,
+    TableBatch,
 )
 from .gpu_activity import (
     BUFFER_BYTES,
@@ -193,25 +193,20 @@ class NativeCuptiCollector(CuptiCollector):
     def batch_from_tables(self, ops: Buffer, n_ops: int, api: Buffer, n_api: int, room: int,
                           first_name: int, new_names: int, store: NameSource) -> ActivityBatch:
         """The extension's tables (column after column, ``room`` rows each, the first
-        ``n_*`` of them filled) -> an :class:`ActivityBatch` of views of them; the kernel
+        ``n_*`` of them filled) -> a :class:`TableBatch` of them (its columns made when
+        read); the kernel
         names new to the extension: its ids ``first_name`` .. ``first_name + new_names -
         1``, their texts in ``store``."""
         if new_names:
             self._learn_names(first_name, first_name + new_names, store)
-        # each table's first rows as one 2-D view (one constructor call), then its rows as
-        # the columns, iterated in C: zip stops at the last name, before the array's end
-        # (its IndexError), and no Python line runs per column
-        op_cols: Int64Array = np.ndarray((len(OP_NAMES), n_ops), INT64, ops, 0, (room * 8, 8))
-        api_cols: Int64Array = np.ndarray((len(API_NAMES), n_api), INT64, api, 0,
-                                          (room * 8, 8))
-        gpu_ops = GpuOps.__new__(GpuOps)
-        gpu_ops.__dict__.update(zip(OP_NAMES, op_cols))
+        # the tables as they are: the usual path reads them in C; the columns are made when
+        # asked for (the names remapped in place, where they must be, for either reader)
+        batch = TableBatch(ops, n_ops, api, n_api, room, self._no_external, self.names)
         if not self._identity and n_ops:
-            named = gpu_ops.name >= 0
-            gpu_ops.name[named] = self._remap[gpu_ops.name[named]]
-        calls = ApiCalls.__new__(ApiCalls)
-        calls.__dict__.update(zip(API_NAMES, api_cols))
-        return ActivityBatch(gpu_ops, calls, self._no_external, self.names)
+            name = batch.ops.name
+            named = name >= 0
+            name[named] = self._remap[name[named]]
+        return batch
 
     def _learn_names(self, first: int, top: int, store: NameSource) -> None:
         if self._identity:
