@@ -218,6 +218,41 @@ def test_an_operation_before_its_call_still_gets_it(tmp_path):
     assert sorted(handed.correlation.tolist()) == sorted(set(rec.batch.ops.correlation.tolist()))
 
 
+def test_a_buffer_is_handed_on_as_the_readers_tables_and_read_whole_in_c(tmp_path, extension):
+    """The native reader hands each buffer on as the two tables it wrote (a TableBatch):
+    their columns are made only when read; the C kernels take the tables whole and keep,
+    join and map the same calls and times as from those columns, the operations' table
+    taken only with the block of their mapped times (its own times are CUPTI's)."""
+    from chainer_autoprof.analysis.gpu_attribution import _BLOCK_ROWS
+    from chainer_autoprof.analysis.gpu_clock import fit
+    from chainer_autoprof.analysis.stats import PHASE_KEYS
+
+    rec, batches, _collector, _fake = collect("b16", tmp_path, pieces=2)
+    batch = batches[0]
+    assert isinstance(batch, gr.TableBatch) and batch._ops is None and batch._api is None
+    n = batch.op_count
+    assert n > 0 and batch.api_count > 0 and batch._ops is None  # counted, nothing made
+    ops, api = batch.ops, batch.api
+    assert (len(ops), len(api)) == (n, batch.api_count)
+    clock = fit(rec.clock)
+    blocks = []
+    for tables in (True, False):
+        store = extension.api_store(1 << 16)
+        extension.api_add(store, batch.api_table if tables else (
+            api.domain, api.start, api.end, api.correlation, api.cbid, api.thread), clock)
+        block = np.full((len(_BLOCK_ROWS), n), -7, dtype=np.int64)
+        got = extension.join_block(store, clock, batch.op_table if tables else (
+            ops.correlation, ops.start, ops.end), block)
+        blocks.append((got, block))
+    assert blocks[0][0] == blocks[1][0] and blocks[0][0][0] == 0  # every call found
+    assert np.array_equal(blocks[0][1], blocks[1][1])
+    attr_cols = tuple(np.zeros(n, dtype=np.int64) for _ in range(8))
+    with pytest.raises(ValueError, match="takes its block"):
+        extension.figure_add(extension.kernel_table(16), batch.op_table, attr_cols,
+                             np.zeros((1, 5), dtype=np.int64),
+                             np.zeros((len(PHASE_KEYS), 3), dtype=np.int64), (0, 1, 2), -1,
+                             None, np.empty((n, 7), dtype=np.int64))
+
 @pytest.mark.parametrize("name,calls", [(r, "all") for r in RECORDINGS] + [("b16", "launches")])
 def test_the_native_reader_gives_the_figures_of_the_python_one(name, calls, tmp_path):
     """The same recording through both readers, each on the live path: the same operations,
