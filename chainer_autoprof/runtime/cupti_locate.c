@@ -697,6 +697,14 @@ static inline __attribute__((always_inline)) int64_t to_agent(const clock_map *m
  * with the error set. */
 static int parse_clock(PyObject *obj, clock_map *m)
 {
+    /* the last map read, by identity: a buffer's calls and operations are mapped with the
+     * same one (a frozen ClockMap: its values cannot change), read once (the GIL held) */
+    static PyObject *last;
+    static clock_map last_map;
+    if (obj == last) {
+        *m = last_map;
+        return 0;
+    }
     long long c0, p0;
     if (PyTuple_Check(obj)) {
         if (!PyArg_ParseTuple(obj, "LLdd", &c0, &p0, &m->slope, &m->offset))
@@ -721,6 +729,8 @@ static int parse_clock(PyObject *obj, clock_map *m)
     }
     m->cupti0 = c0;
     m->perf0 = p0;
+    Py_XSETREF(last, Py_NewRef(obj)); /* held: its id cannot be another object's */
+    last_map = *m;
     return 0;
 }
 
@@ -1289,6 +1299,10 @@ static PyObject *cupti_figure_add(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "figure_add: rows of 7 per operation");
         goto done;
     }
+    if (kernel != 0 || memcpy_ != 1 || memset_ != 2) { /* GpuOps' KERNEL, MEMCPY, MEMSET */
+        PyErr_SetString(PyExc_ValueError, "figure_add: op_kinds (0, 1, 2) expected");
+        goto done;
+    }
     int known = loop_obj != Py_None;
     int64_t loop_tid = 0;
     if (known) {
@@ -1343,9 +1357,8 @@ static PyObject *cupti_figure_add(PyObject *self, PyObject *args)
         if (start < earliest)
             earliest = start;
         /* the sums */
-        counts[0] += is_kernel;
-        counts[1] += kind == memcpy_;
-        counts[2] += kind == memset_;
+        if ((uint64_t)kind < 3) /* by index: op_kinds are 0, 1, 2 (checked above) */
+            counts[kind]++;
         if (is_kernel && !in_iter)
             outside += dur;
         if (is_kernel && in_iter && !counted)
