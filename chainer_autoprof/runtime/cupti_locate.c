@@ -1341,7 +1341,7 @@ static PyObject *cupti_figure_add(PyObject *self, PyObject *args)
         const int64_t kind = kind_c[i], start = start_c[i], end = end_c[i], dur = end - start;
         const int64_t iteration = iteration_c[i];
         const int is_kernel = kind == kernel;
-        const int is_copy = !is_kernel && (kind == memcpy_ || kind == memset_);
+        const int is_copy = (uint64_t)kind - 1 < 2; /* memcpy_ or memset_ (1, 2) */
         const int counted = counted_c[i] == 1, in_iter = iteration >= 0;
         const int loop = tid_c[i] == loop_match;
         /* the timeline's row */

@@ -6,9 +6,10 @@ own buffer callbacks, walks each completed buffer in C (no Python object per rec
 GIL not held), keeps the API calls that launched nothing, and calls :meth:`_on_buffer`
 once per buffer with two int64 tables (operations, their launching calls) and the range of
 kernel name ids it saw first (their texts stay in the extension's name store until the name
-table needs them: :meth:`~..common.gpu_records.NameTable.extend_from`).  Those become the
-same :class:`~..common.gpu_records.ActivityBatch` columns the cupti-python path builds: the
-attribution cannot tell the two apart.
+table needs them: :meth:`~..common.gpu_records.NameTable.extend_from`).  Those are handed on
+as they are (a :class:`~..common.gpu_records.TableBatch`: the attribution's C kernels read
+the tables whole) and give, when read, the same :class:`~..common.gpu_records.ActivityBatch`
+columns the cupti-python path builds: the attribution's figures cannot tell the two apart.
 
 Which libcupti: :func:`libcupti_candidates` (:data:`ENV_CUPTI_LIBRARY` first, then the
 ``nvidia-cuda-cupti`` wheels, newest CUDA first, then a CUDA toolkit, then the loader's
