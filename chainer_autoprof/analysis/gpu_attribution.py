@@ -54,6 +54,7 @@ from ..common.gpu_records import (
     GpuOps,
     RowIndex,
     TableBatch,
+    table_columns,
 )
 from .gpu_clock import ClockMap
 from .range_kinds import K_GC, K_LINK, K_LINK_BWD, K_OTHER, K_PHASE0, LinkIds, range_kind
@@ -151,14 +152,22 @@ class BlockAttributedOps(AttributedOps):
     """The usual buffer's attributed operations (:meth:`LaunchAttributor._feed_native`): the
     attribution's columns are rows of ``block``, the table the C kernels wrote
     (``_BLOCK_ROWS``: the operations' start and end on the agent's clock first), and the
-    operations are those of ``source`` (the reader's tables, or CUPTI's columns) with those
-    times.  The figures and the trace keeper read the tables themselves in C (a buffer each,
-    not a dozen columns); :attr:`ops` and :attr:`attr`, NumPy views of them (seventeen
-    each, some 1,300 instructions a view), are made only when first read."""
+    operations are those of ``source`` (the reader's table of them, or CUPTI's columns)
+    with those times.  The figures and the trace keeper read the tables themselves in C (a
+    buffer each, not a dozen columns); :attr:`ops` and :attr:`attr`, NumPy views of them
+    (seventeen each, some 1,300 instructions a view), are made only when first read."""
 
     def __init__(self, source: GpuOps | TableBatch, block: Int64Array) -> None:
-        self.source = source
         self.block = block
+        #: the reader's table of the operations (CUPTI's times) and its rows of room, or
+        #: None where they came as columns (the batch's calls' table is not kept)
+        self.op_table: object | None = None
+        self._room = 0
+        self._source: GpuOps | None = None
+        if isinstance(source, TableBatch):
+            self.op_table, self._room = source.op_table, source.room
+        else:
+            self._source = source
         self._ops: GpuOps | None = None
         self._attr: Attribution | None = None
 
@@ -166,19 +175,13 @@ class BlockAttributedOps(AttributedOps):
         return int(self.block.shape[1])
 
     @property
-    def op_table(self) -> object | None:
-        """The reader's table of the operations (CUPTI's times), where they came in one."""
-        source = self.source
-        return source.op_table if isinstance(source, TableBatch) else None
-
-    @property
     def ops(self) -> GpuOps:
         made = self._ops
         if made is None:
-            source = self.source
+            source = self._source if self._source is not None else table_columns(
+                GpuOps, self.op_table, self._room, len(self))
             made = self._ops = GpuOps.__new__(GpuOps)
-            made.__dict__.update(
-                (source.ops if isinstance(source, TableBatch) else source).__dict__)
+            made.__dict__.update(source.__dict__)
             made.start, made.end = self.block[0], self.block[1]
         return made
 

@@ -371,6 +371,17 @@ class ActivityBatch:
                 for i in range(pieces)]
 
 
+def table_columns(cls: type[T], table: Any, room: int, n: int) -> T:
+    """The table ``cls`` of ``table``'s columns (int64, column c's rows from c * ``room`` on),
+    the first ``n`` rows of each: views, one 2-D view's rows iterated in C (zip stops at the
+    last name), no Python line per column."""
+    names = cls.columns()
+    made = cls.__new__(cls)
+    made.__dict__.update(zip(names, np.ndarray((len(names), n), np.int64, table, 0,
+                                               (room * 8, 8))))
+    return made
+
+
 class TableBatch(ActivityBatch):
     """A buffer of the native reader (``runtime/cupti_native.c``) as the two tables it wrote:
     ``op_table`` and ``api_table`` (buffers of int64: column c's rows from c * ``room`` on,
@@ -396,18 +407,11 @@ class TableBatch(ActivityBatch):
     def api_count(self) -> int:
         return self._n_api
 
-    def _rows(self, table: Any, width: int, n: int) -> Int64Array:
-        """The first ``n`` rows of each of ``table``'s ``width`` columns, as one 2-D view."""
-        return np.ndarray((width, n), np.int64, table, 0, (self.room * 8, 8))
-
     @property
     def ops(self) -> GpuOps:
         made = self._ops
-        if made is None:  # its rows as the columns, iterated in C (zip stops at the last name)
-            made = self._ops = GpuOps.__new__(GpuOps)
-            names = GpuOps.columns()
-            made.__dict__.update(zip(names, self._rows(self.op_table, len(names),
-                                                       self._n_ops)))
+        if made is None:
+            made = self._ops = table_columns(GpuOps, self.op_table, self.room, self._n_ops)
         return made
 
     @ops.setter
@@ -418,10 +422,7 @@ class TableBatch(ActivityBatch):
     def api(self) -> ApiCalls:
         made = self._api
         if made is None:
-            made = self._api = ApiCalls.__new__(ApiCalls)
-            names = ApiCalls.columns()
-            made.__dict__.update(zip(names, self._rows(self.api_table, len(names),
-                                                       self._n_api)))
+            made = self._api = table_columns(ApiCalls, self.api_table, self.room, self._n_api)
         return made
 
     @api.setter
