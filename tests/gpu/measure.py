@@ -3,7 +3,9 @@ the CNN at batch 16 and 512, each under the agent at sync level 0 in each config
 rotated three times after one run not counted (the first compiles CuPy's kernels): GPU
 activity off; on, CUPTI recording every API call but the quiet ones (``all``); on, CUPTI
 recording only the launching calls (``launches``, the default;
-``CHAINER_AUTOPROF_CUPTI_CALLS``).  Each configuration's throughput and process wall
+``CHAINER_AUTOPROF_CUPTI_CALLS``); for the RNN also CUPTI and the native reader alone, their
+buffers discarded (``reader``, ``reader_only.py``: what CUPTI's tracing and the reading cost
+without the agent's analysis).  Each configuration's throughput and process wall
 against the targets (within 3%; wall within 3% + 1 s), and for the CNN the per-link GPU
 times, the busy share and its idle split with HolisticTraceAnalysis's beside them."""
 
@@ -31,7 +33,17 @@ CONFIGS = {
     "off": {"CHAINER_PROF_GPU_ACTIVITY": "0"},
     "all": {"CHAINER_PROF_GPU_ACTIVITY": "1", "CHAINER_AUTOPROF_CUPTI_CALLS": "all"},
     "launches": {"CHAINER_PROF_GPU_ACTIVITY": "1", "CHAINER_AUTOPROF_CUPTI_CALLS": "launches"},
+    "reader": {"CHAINER_PROF_GPU_ACTIVITY": "0"},
 }
+#: Configurations that run the script through a wrapper: ``reader``, CUPTI and the native
+#: reader as the agent starts them (launching calls), the buffers discarded: against ``off``
+#: what CUPTI and the reading cost, against ``launches`` what the agent's analysis adds.
+WRAPPERS = {"reader": HERE / "reader_only.py"}
+#: Each configuration with GPU activity as the verdicts name it.
+LABELS = {"all": "GPU activity, every call", "launches": "GPU activity, launching calls",
+          "reader": "CUPTI and the reader alone"}
+#: What the CNN compares; the RNN, where the cost is, compares all.
+CNN_CONFIGS = ("off", "all", "launches")
 
 
 def under_agent(script: str, args: list[str], config: str, trace: Path,
@@ -41,7 +53,9 @@ def under_agent(script: str, args: list[str], config: str, trace: Path,
                    CHAINER_PROF_SYNC_LEVEL="0", CHAINER_PROF_LOG="info", **CONFIGS[config],
                    **env)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "chainer_autoprof", str(HERE / script), *args],
+    wrapper = [str(WRAPPERS[config])] if config in WRAPPERS else []
+    proc = subprocess.run([sys.executable, "-m", "chainer_autoprof", *wrapper, str(HERE / script),
+                           *args],
                           env=environ, capture_output=True, text=True, timeout=1200)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -55,8 +69,10 @@ def reader_of(proc: subprocess.CompletedProcess[str]) -> str:
     ``GPU analysis`` line)."""
     said = re.search(r"read by the (.+) reader", proc.stderr)
     cost = re.search(r"^  GPU analysis +(.+)$", proc.stderr, re.M)
+    alone = re.findall(r"^reader_only: (.+)$", proc.stderr, re.M)
     return ((f" (read by the {said.group(1)} reader)" if said else "")
-            + (f"\n    analysis: {cost.group(1)}" if cost else ""))
+            + (f"\n    analysis: {cost.group(1)}" if cost else "")
+            + "".join(f"\n    {line}" for line in alone))
 
 
 def judged(what: str, runs: dict[str, list[tuple[float, float]]]) -> bool:
@@ -74,15 +90,14 @@ def judged(what: str, runs: dict[str, list[tuple[float, float]]]) -> bool:
         wall = statistics.median(w for _, w in got)
         rate_ok, wall_ok = rate >= 0.97 * off_rate, wall <= 1.03 * off_wall + 1.0
         verdicts[config] = rate_ok and wall_ok
-        print(f"  GPU activity, {config} calls: {rate:.2f} it/s ({rate / off_rate - 1:+.1%}; "
+        print(f"  {LABELS[config]}: {rate:.2f} it/s ({rate / off_rate - 1:+.1%}; "
               f"within 3%: {'met' if rate_ok else 'not met'}); process wall {wall:.1f} s "
               f"(within 3% + 1 s: {'met' if wall_ok else 'not met'})", flush=True)
     return verdicts["launches"]
 
 
-def rotated(rounds: int) -> list[tuple[int, str]]:
+def rotated(rounds: int, names: tuple[str, ...] = tuple(CONFIGS)) -> list[tuple[int, str]]:
     """(round, configuration) in the order run: each round starts one further along."""
-    names = list(CONFIGS)
     return [(i + 1, c) for i in range(rounds)
             for c in names[i % len(names):] + names[:i % len(names)]]
 
@@ -91,10 +106,10 @@ def cnn(batch: int, out: Path, rounds: int = 3, iterations: int = 60) -> bool:
     """The CNN at ``batch`` in each configuration, rotated ``rounds`` times (iterations per
     second from the agent's median iteration); then each activity configuration's last
     trace described."""
-    runs: dict[str, list[tuple[float, float]]] = {c: [] for c in CONFIGS}
+    runs: dict[str, list[tuple[float, float]]] = {c: [] for c in CNN_CONFIGS}
     under_agent("cnn.py", ["--batch", str(batch), "--iterations", "10"], "off",
                 out / "warm-up.json")  # not counted: CuPy compiles its kernels
-    for i, config in rotated(rounds):
+    for i, config in rotated(rounds, CNN_CONFIGS):
         trace = out / f"b{batch}_{config}.json"
         proc, wall = under_agent("cnn.py", ["--batch", str(batch), "--iterations",
                                             str(iterations)], config, trace,
@@ -104,7 +119,7 @@ def cnn(batch: int, out: Path, rounds: int = 3, iterations: int = 60) -> bool:
         print(f"  b{batch} round {i}: {config:<8} median iteration {median:.2f} ms, process "
               f"wall {wall:.1f} s{reader_of(proc)}", flush=True)
     ok = judged(f"batch {batch}", runs)
-    for config in CONFIGS:
+    for config in CNN_CONFIGS:
         if config != "off":
             print(f"  the last run with GPU activity, {config} calls:")
             ok = describe(out / f"b{batch}_{config}.json", out / f"hta{batch}{config}") and ok

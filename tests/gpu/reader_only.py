@@ -1,0 +1,37 @@
+"""On a GPU machine (``tests/gpu/measure.py``): a script run with the native CUPTI reader alone,
+started as the agent starts it (the same activity kinds, the same calls) but its buffers
+discarded: against the same run without it, what CUPTI's tracing and the reading in C cost,
+without the agent's analysis of the records.
+
+    python -m chainer_autoprof tests/gpu/reader_only.py tests/gpu/ptb.py --words 35000
+
+(with ``CHAINER_PROF_GPU_ACTIVITY=0``: the agent's ranges as in the run it is compared with).
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+from chainer_autoprof.runtime import cupti_native
+
+
+def main() -> None:
+    script, *args = sys.argv[1:]
+    reader = cupti_native.start(lambda batch: None)
+    if isinstance(reader, str):
+        raise SystemExit(f"reader_only: {reader}")
+    print(f"reader_only: CUPTI read by the native ({reader.library}) reader, "
+          f"calls {reader.calls}", file=sys.stderr)
+    sys.argv = [script, *args]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        reader.flush()
+        late = reader.stop(5.0)
+        print(f"reader_only: {reader.records} records in {reader.buffers} buffers read"
+              + (f" ({late})" if late else ""), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
