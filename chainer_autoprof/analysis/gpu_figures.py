@@ -108,7 +108,10 @@ class _Timeline:
         # the open window's sums: busy, active (kernels or copies), host, other, between,
         # launch
         self.acc = np.zeros(6, dtype=np.int64)
-        self.series = Series(max_kept, len(WINDOW_COLUMNS))
+        # the counted windows' rows, made at the first one (seven arrays, some 20,000
+        # instructions: not on the device's first buffer, where none is placed yet)
+        self.series: Series | None = None
+        self.max_kept = max_kept
         self.totals = np.zeros(len(WINDOW_COLUMNS), dtype=np.int64)  # counted windows
         self.counted = 0
         self.warmup_skip = 0
@@ -220,6 +223,8 @@ class _Timeline:
         if key // 2 >= self.warmup_skip:
             self.counted += 1
             self.totals += np.array(row, dtype=np.int64)
+            if self.series is None:
+                self.series = Series(self.max_kept, len(WINDOW_COLUMNS))
             self.series.extend(np.array([row], dtype=np.float64) / 1e6)
 
     def finish(self) -> None:
@@ -453,7 +458,7 @@ class GpuFigureBuilder:
                 device=device, windows=tl.counted, span_ms=int(tl.totals[0]) / 1e6,
                 busy_ms=int(tl.totals[1]) / 1e6,
                 idle_ms={k: int(tl.totals[2 + i]) / 1e6 for i, k in enumerate(IDLE_KEYS)}))
-            if not columns["span"] and tl.counted:  # the first device's iterations
+            if not columns["span"] and tl.series is not None:  # the first device's iterations
                 columns = {c: tl.series.values[i].tolist()
                            for i, c in enumerate(WINDOW_COLUMNS)}
                 stride = tl.series.stride
