@@ -826,18 +826,13 @@ static api_store *store_args(PyObject *args, PyObject **a, PyObject **b)
     return PyCapsule_GetPointer(capsule, STORE_NAME);
 }
 
-/* api_add(store, (domain, start, end, correlation, cbid, thread), clock): a buffer's calls
- * (CUPTI ns, mapped here) kept. */
-PyObject *cupti_api_add(PyObject *self, PyObject *args)
+/* A buffer's calls (the reader's table of them, or the columns (domain, start, end,
+ * correlation, cbid, thread); CUPTI ns, mapped here with m) kept in st; 0, or -1 with the
+ * error set. */
+static int store_add(api_store *st, PyObject *cols_obj, const clock_map *m)
 {
-    (void)self;
-    PyObject *cols_obj, *clock_obj;
-    api_store *st = store_args(args, &cols_obj, &clock_obj);
-    clock_map m;
-    if (st == NULL || parse_clock(clock_obj, &m) < 0)
-        return NULL;
     held h = {NULL, 0, 0};
-    PyObject *result = NULL;
+    int rc = -1;
     int64_t *in[A_N];
     /* the reader's table of calls (its rows: no column made in Python), or the columns */
     Py_ssize_t k = cupti_table_rows(cols_obj, A_N, (const int64_t **)in);
@@ -853,8 +848,8 @@ PyObject *cupti_api_add(PyObject *self, PyObject *args)
     const int64_t *const from_start = in[A_START], *const from_end = in[A_END],
                   *const corr = in[A_CORR];
     for (Py_ssize_t i = 0; i < k; i++) {
-        start[i] = to_agent(&m, from_start[i]);
-        end[i] = to_agent(&m, from_end[i]);
+        start[i] = to_agent(m, from_start[i]);
+        end[i] = to_agent(m, from_end[i]);
         sorted &= corr[i] >= last;
         last = corr[i];
     }
@@ -865,10 +860,23 @@ PyObject *cupti_api_add(PyObject *self, PyObject *args)
         st->lo += st->n - st->max;
         st->n = st->max;
     }
-    result = Py_NewRef(Py_None);
+    rc = 0;
 done:
     release_all(&h);
-    return result;
+    return rc;
+}
+
+/* api_add(store, (domain, start, end, correlation, cbid, thread), clock): a buffer's calls
+ * (CUPTI ns, mapped here) kept. */
+PyObject *cupti_api_add(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cols_obj, *clock_obj;
+    api_store *st = store_args(args, &cols_obj, &clock_obj);
+    clock_map m;
+    if (st == NULL || parse_clock(clock_obj, &m) < 0 || store_add(st, cols_obj, &m) < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 /* The first kept row with correlation id `x` (-1: none); the search starts at `hint`. */
@@ -969,18 +977,21 @@ done:
     return result;
 }
 
-/* join_block(store, clock, (correlation, start, end), block) -> as api_join: the usual
- * buffer's operations mapped onto the agent's clock (the block's rows start and end, as
- * to_agent) and joined to their calls (rows api_start .. tid; found: status), one call. */
+/* join_block(store, clock, (correlation, start, end), block[, calls]) -> as api_join: the
+ * usual buffer's operations mapped onto the agent's clock (the block's rows start and end, as
+ * to_agent) and joined to their calls (rows api_start .. tid; found: status), one call; its
+ * calls (as api_add's; None or left out: none) kept first, so that one call does both. */
 PyObject *cupti_join_block(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *capsule, *clock_obj, *cols_obj, *block_obj;
-    if (!PyArg_ParseTuple(args, "OOOO", &capsule, &clock_obj, &cols_obj, &block_obj))
+    PyObject *capsule, *clock_obj, *cols_obj, *block_obj, *calls_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOO|O", &capsule, &clock_obj, &cols_obj, &block_obj,
+                          &calls_obj))
         return NULL;
     api_store *st = PyCapsule_GetPointer(capsule, STORE_NAME);
     clock_map m;
-    if (st == NULL || parse_clock(clock_obj, &m) < 0)
+    if (st == NULL || parse_clock(clock_obj, &m) < 0 ||
+        (calls_obj != Py_None && store_add(st, calls_obj, &m) < 0))
         return NULL;
     held h = {NULL, 0, 0};
     PyObject *result = NULL;
@@ -1744,7 +1755,8 @@ static PyMethodDef launch_methods[] = { /* the attribution's: calls, clock, rang
     FN(api_add, METH_VARARGS, "api_add(store, columns, clock): calls kept."),
     FN(api_join, METH_VARARGS, "api_join(store, correlation, out): each op's launching call."),
     FN(join_block, METH_VARARGS,
-       "join_block(store, clock, (correlation, start, end), block): mapped and joined."),
+       "join_block(store, clock, (correlation, start, end), block[, calls]): calls kept, "
+       "operations mapped and joined."),
     FN(to_agent, METH_VARARGS, "to_agent(clock, src, dst): CUPTI ns onto the agent's clock."),
     FN(clock_fit, METH_O, "clock_fit(pairs): gpu_clock.fit's fields."),
     FN(locate, METH_VARARGS,
