@@ -78,6 +78,11 @@ _NAME_SHIFT = 32
 LINK_ROOM = 256
 #: The columns the figures' pass in C reads (``figure_add``), each tuple in one C call.
 _OPS_COLUMNS_OF = attrgetter("kind", "start", "end", "name", "device")
+#: A timeline's open window's sums and counted windows' sums before any (read only: shared).
+_NO_WINDOW_SUMS = np.zeros(6, dtype=np.int64)
+_NO_WINDOW_SUMS.flags.writeable = False
+_NO_TOTALS = np.zeros(len(WINDOW_COLUMNS), dtype=np.int64)
+_NO_TOTALS.flags.writeable = False
 #: The operation kinds figure_add counts, in its order.
 _OP_KINDS = (KERNEL, MEMCPY, MEMSET)
 _ATTR_COLUMNS_OF = attrgetter("counted", "iteration", "link", "backward", "phase", "api_start",
@@ -109,13 +114,13 @@ class _Timeline:
         self.fk = _NEG                        # union frontier, kernels
         self.win_start = _NEG
         # the open window's sums: busy, active (kernels or copies), host, other, between,
-        # launch
-        self.acc = np.zeros(6, dtype=np.int64)
-        # the counted windows' rows, made at the first one (seven arrays, some 20,000
-        # instructions: not on the device's first buffer, where none is placed yet)
+        # launch (none yet: the zeros shared, never written: each chunk makes its own)
+        self.acc = _NO_WINDOW_SUMS
+        # the counted windows' rows and sums, made at the first one (eight arrays, some
+        # 20,000 instructions: not on the device's first buffer, where none is placed yet)
         self.series: Series | None = None
         self.max_kept = max_kept
-        self.totals = np.zeros(len(WINDOW_COLUMNS), dtype=np.int64)  # counted windows
+        self.totals = _NO_TOTALS
         self.counted = 0
         self.warmup_skip = 0
 
@@ -225,9 +230,10 @@ class _Timeline:
         row = (span, busy, host, copies, between, launched, other)
         if key // 2 >= self.warmup_skip:
             self.counted += 1
-            self.totals += np.array(row, dtype=np.int64)
             if self.series is None:
                 self.series = Series(self.max_kept, len(WINDOW_COLUMNS))
+                self.totals = np.zeros(len(WINDOW_COLUMNS), dtype=np.int64)
+            self.totals += np.array(row, dtype=np.int64)
             self.series.extend(np.array([row], dtype=np.float64) / 1e6)
 
     def finish(self) -> None:

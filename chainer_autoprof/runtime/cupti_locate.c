@@ -898,9 +898,13 @@ typedef struct {
     int one;
 } join_result;
 
-/* Each of n operations' launching call (see api_join) into out's J_N columns. */
-static void join_rows(const api_store *st, const int64_t *corr, Py_ssize_t n,
-                      int64_t *const *out, join_result *r)
+/* Each of n operations' launching call (see api_join) into out's J_N columns; `whole` 0:
+ * all but found and thread, which the usual buffer's settling writes over (its status and
+ * the agent's thread) and any other buffer's join does not read (it joins again): two stores
+ * a row fewer.  Inlined at both calls: `whole` a constant there, no test a row. */
+static inline __attribute__((always_inline)) void
+join_rows(const api_store *st, const int64_t *corr, Py_ssize_t n, int64_t *const *out,
+          join_result *r, const int whole)
 {
     /* the columns in locals: a store to an output cannot move them (no reload per row) */
     const int64_t *const a_corr = st->col[A_CORR] + st->lo, *const a_start = st->col[A_START] +
@@ -926,7 +930,8 @@ static void join_rows(const api_store *st, const int64_t *corr, Py_ssize_t n,
             k = ++hint;
         else
             k = m ? find_call(a_corr, m, x, &hint) : -1;
-        o_found[i] = k >= 0;
+        if (whole)
+            o_found[i] = k >= 0;
         if (k < 0) {
             missing++;
             continue;
@@ -936,7 +941,8 @@ static void join_rows(const api_store *st, const int64_t *corr, Py_ssize_t n,
         o_end[i] = a_end[k];
         o_domain[i] = a_domain[k];
         o_cbid[i] = a_cbid[k];
-        o_thread[i] = tid;
+        if (whole)
+            o_thread[i] = tid;
         if (first) {
             thread = tid;
             first = 0;
@@ -970,7 +976,7 @@ PyObject *cupti_api_join(PyObject *self, PyObject *args)
     if (corr == NULL)
         goto done;
     join_result r;
-    join_rows(st, corr, n, out, &r);
+    join_rows(st, corr, n, out, &r, 1);
     result = Py_BuildValue("(LLiL)", r.missing, r.thread, r.one, r.latest);
 done:
     release_all(&h);
@@ -979,8 +985,9 @@ done:
 
 /* join_block(store, clock, (correlation, start, end), block[, calls]) -> as api_join: the
  * usual buffer's operations mapped onto the agent's clock (the block's rows start and end, as
- * to_agent) and joined to their calls (rows api_start .. tid; found: status), one call; its
- * calls (as api_add's; None or left out: none) kept first, so that one call does both. */
+ * to_agent) and joined to their calls (rows api_start .. cbid; tid and status left to the
+ * settling: see join_rows), one call; its calls (as api_add's; None or left out: none) kept
+ * first, so that one call does both. */
 PyObject *cupti_join_block(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -1023,9 +1030,9 @@ PyObject *cupti_join_block(PyObject *self, PyObject *args)
         end[i] = to_agent(&m, from_end[i]);
     }
     int64_t *const out[J_N] = {row[B_API_START], row[B_API_END], row[B_API_DOMAIN], row[B_CBID],
-                               row[B_TID], row[B_STATUS]};
+                               NULL, NULL};
     join_result r;
-    join_rows(st, in[0], n, out, &r);
+    join_rows(st, in[0], n, out, &r, 0);
     result = Py_BuildValue("(LLiL)", r.missing, r.thread, r.one, r.latest);
 done:
     release_all(&h);
