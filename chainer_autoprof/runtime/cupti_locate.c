@@ -206,6 +206,39 @@ static void walk_levels(const level *levels, Py_ssize_t n_levels, const int64_t 
     }
 }
 
+/* The tail of a located block (the attribution's settling of each operation, see
+ * LaunchAttributor._locate): the phase "other" inside an iteration, counted after the
+ * warm-up, the status (ranges dropped before the thread's horizon), the agent's thread, and
+ * the sums per status of operations and GPU ns. */
+typedef struct {
+    int64_t *counted, *status, *tid;
+    const int64_t *start, *end;
+    int64_t warmup_skip, horizon_ns, phase_outside, phase_other, attributed, dropped, thread;
+} settling;
+
+enum { T_COUNTED, T_STATUS, T_TID, T_START, T_END, T_N }; /* the written ones first */
+
+/* The sums per status: [0] attributed, [1] with their ranges dropped. */
+typedef struct {
+    long long ops[2], ns[2];
+} settled;
+
+/* dst[0..n) = v, four a turn in two stores of a pair (GCC's -O2 leaves the plain loop at
+ * a store and three more instructions a row). */
+typedef int64_t fill64 __attribute__((vector_size(2 * sizeof(int64_t))));
+
+static void fill_int64s(int64_t *dst, Py_ssize_t n, int64_t v)
+{
+    const fill64 pair = {v, v};
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        memcpy(dst + i, &pair, sizeof pair); /* unaligned */
+        memcpy(dst + i + 2, &pair, sizeof pair);
+    }
+    for (; i < n; i++)
+        dst[i] = v;
+}
+
 /* The same walk, launch by launch, where every range around a launch is known (the thread's
  * ranges fed past it: each range's parent is kept): a launch outside every range of a
  * level is outside every deeper one, so its walk stops there; and a launch inside the
@@ -216,13 +249,28 @@ static void walk_levels(const level *levels, Py_ssize_t n_levels, const int64_t 
  * those in its deepest range (before its end, as above) and in the gap it found at the
  * level below (after the range there that ends before it, before the next one starts):
  * the usual launch, next to the previous one, then only copies its columns, no level
- * searched.  `hints`: one per level. */
+ * searched.  `hints`: one per level.
+ * Each launch is settled as it is located (s: see settling; the sums into *sums), in the
+ * same pass: a launch located as the previous one copies its counted flag and its phase
+ * as settled (settling them again would give the same: the phase's "other" only replaces
+ * "outside" inside an iteration, and a copy keeps the iteration). */
 static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_t *t,
                           Py_ssize_t n, const name_kinds *names, int64_t *const *out,
-                          Py_ssize_t *hints)
+                          Py_ssize_t *hints, const settling *s, settled *sums)
 {
     int64_t *o[OUT_N]; /* the columns, held here: a store to one cannot move another */
     memcpy(o, out, sizeof o);
+    /* the settling's columns and constants in locals (no reload per row) */
+    int64_t *const counted = s->counted, *const status = s->status, *const tid = s->tid;
+    const int64_t *const start = s->start, *const end = s->end;
+    const int64_t outside = s->phase_outside, other = s->phase_other, warmup = s->warmup_skip,
+                  horizon = s->horizon_ns;
+    const int64_t dropped_state = s->dropped;
+    long long ns = 0, ops_dropped = 0, ns_dropped = 0;
+    /* the usual status and the thread of every row written first, a store per two rows: a
+     * row then only marks its ranges dropped (rarely: before the thread's horizon) */
+    fill_int64s(status, n, s->attributed);
+    fill_int64s(tid, n, s->thread);
     Py_ssize_t deepest = -1; /* the level of the previous launch's deepest range */
     int64_t held_t0 = 0, held_t1 = 0;
     int64_t same_lo = 1, same_hi = 0; /* launches located as the previous one: none yet */
@@ -234,7 +282,8 @@ static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_
 #pragma GCC unroll 16
             for (int c = 0; c < OUT_N; c++)
                 o[c][i] = o[c][i - 1];
-            continue;
+            counted[i] = counted[i - 1];
+            goto settle;
         }
         Py_ssize_t d = 0;
         if (deepest >= 0 && x >= held_t0 && x < held_t1) {
@@ -266,46 +315,30 @@ static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_
         }
         same_lo = deepest >= 0 && held_t0 > gap_lo ? held_t0 : gap_lo;
         same_hi = deepest >= 0 && held_t1 - 1 < gap_hi ? held_t1 - 1 : gap_hi;
+        {
+            const int64_t it = o[OUT_ITERATION][i];
+            const int in_iter = it >= 0;
+            if (in_iter && o[OUT_PHASE][i] == outside)
+                o[OUT_PHASE][i] = other;
+            counted[i] = in_iter && it >= warmup;
+        }
+    settle:;
+        const long long dur = (long long)(end[i] - start[i]);
+        ns += dur;
+        if (x < horizon) {
+            status[i] = dropped_state;
+            ops_dropped++;
+            ns_dropped += dur;
+        }
     }
+    *sums = (settled){{n - ops_dropped, ops_dropped}, {ns - ns_dropped, ns_dropped}};
 }
 
-/* The tail of a located block (the attribution's settling of each operation, see
- * LaunchAttributor._locate): the phase "other" inside an iteration, counted after the
- * warm-up, the status (ranges dropped before the thread's horizon), the agent's thread, and
- * the sums per status of operations and GPU ns. */
-typedef struct {
-    int64_t *counted, *status, *tid;
-    const int64_t *start, *end;
-    int64_t warmup_skip, horizon_ns, phase_outside, phase_other, attributed, dropped, thread;
-} settling;
-
-enum { T_COUNTED, T_STATUS, T_TID, T_START, T_END, T_N }; /* the written ones first */
-
-static PyObject *settle(const settling *s, const int64_t *t, Py_ssize_t n, int64_t *const *out)
+/* The settled sums as the locate functions return them: (ops, ns) attributed, (ops, ns) with
+ * their ranges dropped. */
+static PyObject *settled_sums(const settled *sums)
 {
-    /* the columns and constants in locals: a store to a column cannot move them (no reload
-     * of each per row) */
-    const int64_t *const iteration = out[OUT_ITERATION], *const start = s->start,
-                  *const end = s->end;
-    int64_t *const phase = out[OUT_PHASE], *const counted = s->counted, *const status = s->status,
-            *const tid = s->tid;
-    const int64_t outside = s->phase_outside, other = s->phase_other, warmup = s->warmup_skip,
-                  horizon = s->horizon_ns, thread = s->thread;
-    const int64_t state[2] = {s->attributed, s->dropped};
-    long long ops[2] = {0, 0}, ns[2] = {0, 0};
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const int64_t it = iteration[i];
-        const int in_iter = it >= 0;
-        if (in_iter && phase[i] == outside)
-            phase[i] = other;
-        counted[i] = in_iter && it >= warmup;
-        const int dropped = t[i] < horizon;
-        status[i] = state[dropped];
-        tid[i] = thread;
-        ops[dropped]++;
-        ns[dropped] += (long long)(end[i] - start[i]);
-    }
-    return Py_BuildValue("(LLLL)", ops[0], ns[0], ops[1], ns[1]);
+    return Py_BuildValue("(LLLL)", sums->ops[0], sums->ns[0], sums->ops[1], sums->ns[1]);
 }
 
 /* The depths' tables (see locate) into levels (one per item of depth_seq), their buffers
@@ -412,14 +445,15 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
             goto done;
         }
     }
+    settled sums;
     Py_BEGIN_ALLOW_THREADS
     if (hints != NULL)
-        walk_launches(levels, n_levels, t, n, &names, out, hints);
+        walk_launches(levels, n_levels, t, n, &names, out, hints, &st, &sums);
     else
         walk_levels(levels, n_levels, t, n, &names, out);
     Py_END_ALLOW_THREADS
     PyMem_Free(hints);
-    result = tail_obj != Py_None ? settle(&st, t, n, out) : Py_NewRef(Py_None);
+    result = tail_obj != Py_None ? settled_sums(&sums) : Py_NewRef(Py_None);
 done:
     release_all(&h);
     PyMem_Free(levels);
@@ -555,10 +589,11 @@ PyObject *cupti_locate_block(PyObject *self, PyObject *args)
                    w, hz, po, pth, at, dr, tid};
     name_kinds names = {kinds, link_ids, n_kinds};
     const int64_t *t = row[B_API_START];
+    settled sums;
     Py_BEGIN_ALLOW_THREADS
-    walk_launches(levels, n_levels, t, n, &names, out, hints);
+    walk_launches(levels, n_levels, t, n, &names, out, hints, &st, &sums);
     Py_END_ALLOW_THREADS
-    result = settle(&st, t, n, out);
+    result = settled_sums(&sums);
 done:
     release_all(&h);
     PyMem_Free(levels);
