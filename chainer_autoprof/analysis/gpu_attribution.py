@@ -445,8 +445,8 @@ class LaunchAttributor:
         when each has its call, one launching thread that is mapped, and that thread's
         ranges known past every launch (the usual), located and settled in C; else the
         general path from the join on."""
-        native, locate = self.native, self.locate
-        assert native is not None and locate is not None
+        native = self.native
+        assert native is not None  # (with the lookup: self.locate)
         # the reader's tables read whole in C where the batch is one (no column made)
         tables = batch if isinstance(batch, TableBatch) else None
         calls = None  # the reader's table of calls: kept by the join's call, before it joins
@@ -477,7 +477,7 @@ class LaunchAttributor:
             if self._wait_thread:
                 out.append(self._map_by_containment(final=False))
             return AttributedOps.concat(out)
-        kinds, link_ids = self._kind_tables()
+        kinds, link_ids = self._tables or self._kind_tables()  # (made anew on a new name)
         got = native.locate_block(th.depths, kinds, link_ids, block, (
             self.warmup_skip, th.horizon_ns, PHASE_OUTSIDE, PHASE_OTHER, ATTRIBUTED,
             RANGES_DROPPED, tid))
