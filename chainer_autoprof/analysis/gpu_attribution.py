@@ -213,6 +213,8 @@ _CALL_COLUMNS = ("api_start", "api_end", "api_domain", "cbid", "tid")
 #: The rows of the usual buffer's table in C (``_feed_native``): its operations' start and
 #: end on the agent's clock, their attribution, the depth of the deepest range holding each.
 _BLOCK_ROWS = ("start", "end", *_ATTRIBUTION_COLUMNS, "depth_hit")
+_N_BLOCK_ROWS = len(_BLOCK_ROWS)
+_INT64 = np.dtype(np.int64)
 #: Attribution's columns that start at 0 (the rest at -1, status at the status given).
 _ZERO_COLUMNS = ("backward", "counted")
 
@@ -458,7 +460,7 @@ class LaunchAttributor:
         n = batch.op_count
         # start, end, the attribution's columns, the depth hit (_BLOCK_ROWS): each row
         # written in C, the table handed over whole
-        block = np.empty((len(_BLOCK_ROWS), n), dtype=np.int64)
+        block = np.empty((_N_BLOCK_ROWS, n), _INT64)  # (positional: numpy parses less)
         self.ops_in += n
         if tables is not None:
             op_cols: object = tables.op_table

@@ -83,6 +83,7 @@ _NO_WINDOW_SUMS = np.zeros(6, dtype=np.int64)
 _NO_WINDOW_SUMS.flags.writeable = False
 _NO_TOTALS = np.zeros(len(WINDOW_COLUMNS), dtype=np.int64)
 _NO_TOTALS.flags.writeable = False
+_INT64 = np.dtype(np.int64)
 #: The operation kinds figure_add counts, in its order.
 _OP_KINDS = (KERNEL, MEMCPY, MEMSET)
 _ATTR_COLUMNS_OF = attrgetter("counted", "iteration", "link", "backward", "phase", "api_start",
@@ -284,7 +285,7 @@ class GpuFigureBuilder:
             self._grow_links()
         native = self.native
         if native is not None:  # the sums, the kernels' sums and the timeline's rows: one pass
-            rows = np.empty((n, 7), dtype=np.int64)
+            rows = np.empty((n, 7), _INT64)  # (positional: numpy parses less)
             # the usual buffer: the C tables' rows, read there (no column made)
             if isinstance(items, BlockAttributedOps):
                 table = items.op_table
