@@ -101,29 +101,33 @@ def _unpacked(key: int) -> tuple[int, int, int]:
 class _Timeline:
     """One device's GPU timeline cut into iteration windows (see the module docstring)."""
 
+    # What a new timeline starts with, on the class (numbers, or arrays never written: each
+    # replaced, not changed): its __init__ sets only its own objects (a device's first
+    # buffer makes it).
+    pool_n = 0
+    placed_ns = _NEG                  # everything starting before was placed
+    late = 0
+    # carried across chunks
+    key = -1                          # current window key (2*ordinal, +1 outside)
+    max_ord = -1
+    fa = _NEG                         # union frontier, all operations
+    fk = _NEG                         # union frontier, kernels
+    win_start = _NEG
+    # the open window's sums: busy, active (kernels or copies), host, other, between,
+    # launch (none yet: the zeros shared, never written: each chunk makes its own)
+    acc: Int64Array = _NO_WINDOW_SUMS
+    # the counted windows' rows and sums, made at the first one (eight arrays, some
+    # 20,000 instructions: not on the device's first buffer, where none is placed yet)
+    series: Series | None = None
+    totals: Int64Array = _NO_TOTALS
+    counted = 0
+    warmup_skip = 0
+
     def __init__(self, device: int, max_kept: int) -> None:
         self.device = device
         self.pool: list[Int64Array] = []      # (n, 7) rows waiting to be placed
-        self.pool_n = 0
-        self.placed_ns = _NEG                 # everything starting before was placed
-        self.late = 0
-        # carried across chunks
-        self.key = -1                         # current window key (2*ordinal, +1 outside)
-        self.max_ord = -1
         self.iter_end: dict[int, int] = {}    # ordinal -> host end of that iteration
-        self.fa = _NEG                        # union frontier, all operations
-        self.fk = _NEG                        # union frontier, kernels
-        self.win_start = _NEG
-        # the open window's sums: busy, active (kernels or copies), host, other, between,
-        # launch (none yet: the zeros shared, never written: each chunk makes its own)
-        self.acc = _NO_WINDOW_SUMS
-        # the counted windows' rows and sums, made at the first one (eight arrays, some
-        # 20,000 instructions: not on the device's first buffer, where none is placed yet)
-        self.series: Series | None = None
         self.max_kept = max_kept
-        self.totals = _NO_TOTALS
-        self.counted = 0
-        self.warmup_skip = 0
 
     def add(self, rows: Int64Array, earliest: int | None = None) -> None:
         """Pool ``rows`` (``earliest``: their earliest start, where known)."""
