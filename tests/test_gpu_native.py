@@ -246,6 +246,12 @@ def test_a_buffer_is_handed_on_as_the_readers_tables_and_read_whole_in_c(tmp_pat
         blocks.append((got, block))
     assert blocks[0][0] == blocks[1][0] and blocks[0][0][0] == 0  # every call found
     assert np.array_equal(blocks[0][1], blocks[1][1])
+    # the buffer's calls handed to the join itself: kept, then joined, in the one call
+    store = extension.api_store(1 << 16)
+    block = np.full((len(_BLOCK_ROWS), n), -7, dtype=np.int64)
+    got = extension.join_block(store, clock, batch.op_table, block, batch.api_table)
+    assert got == blocks[0][0] and np.array_equal(block, blocks[0][1])
+    assert extension.join_block(store, clock, batch.op_table, block, None) == got  # kept
     attr_cols = tuple(np.zeros(n, dtype=np.int64) for _ in range(8))
     with pytest.raises(ValueError, match="takes its block"):
         extension.figure_add(extension.kernel_table(16), batch.op_table, attr_cols,

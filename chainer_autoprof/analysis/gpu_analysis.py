@@ -426,16 +426,17 @@ class AttributedKeeper:
         n = len(items)
         if not n:
             return
-        if self.native is not None and self.limit:  # the usual: one thread, in order
+        native, limit = self.native, self.limit
+        if native is not None and limit:  # the usual: one thread, in order
+            kept = self.kept + n
             try:  # (thread, each run's first row, ... as _Usual) or None; the runs'
                 # classes read where the lane may take it at once (at the limit)
-                at_limit = self.kept + n > self.limit
                 if isinstance(items, BlockAttributedOps):  # the C table's rows, read in C
-                    found = self.native.keeper_block_runs(items.block, at_limit)
+                    found = native.keeper_block_runs(items.block, kept > limit)
                 else:
                     attr = items.attr
-                    found = self.native.keeper_runs(
-                        (attr.iteration, attr.tid, attr.counted) if at_limit
+                    found = native.keeper_runs(
+                        (attr.iteration, attr.tid, attr.counted) if kept > limit
                         else (attr.iteration, attr.tid))
             except (ValueError, BufferError):  # not contiguous int64: NumPy's path below
                 found = None
@@ -443,8 +444,8 @@ class AttributedKeeper:
                     not self._dropped_upto or found[4] == n or
                     found[5] > self._dropped_upto.get(found[0], -1)):
                 self._arrivals += 1  # (_keep's, in line: the usual buffer's)
-                self.kept += n
-                if self.kept <= self.limit:
+                self.kept = kept
+                if kept <= limit:
                     self._pending.append((items, found[1], None, None, self._arrivals,
                                           found[0], found))
                 elif self._pending or not self._to_lane(items, n, self._arrivals, found):

@@ -157,22 +157,25 @@ class BlockAttributedOps(AttributedOps):
     buffer each, not a dozen columns); :attr:`ops` and :attr:`attr`, NumPy views of them
     (seventeen each, some 1,300 instructions a view), are made only when first read."""
 
+    #: the reader's table of the operations (CUPTI's times) and its rows of room, or None
+    #: where they came as columns (the batch's calls' table is not kept)
+    op_table: object | None = None
+    _room = 0
+    _source: GpuOps | None = None
+    # (the defaults on the class: a buffer's object sets only what it has)
+    _ops: GpuOps | None = None
+    _attr: Attribution | None = None
+
     def __init__(self, source: GpuOps | TableBatch, block: Int64Array) -> None:
         self.block = block
-        #: the reader's table of the operations (CUPTI's times) and its rows of room, or
-        #: None where they came as columns (the batch's calls' table is not kept)
-        self.op_table: object | None = None
-        self._room = 0
-        self._source: GpuOps | None = None
+        self._n: int = block.shape[1]
         if isinstance(source, TableBatch):
             self.op_table, self._room = source.op_table, source.room
         else:
             self._source = source
-        self._ops: GpuOps | None = None
-        self._attr: Attribution | None = None
 
     def __len__(self) -> int:
-        return int(self.block.shape[1])
+        return self._n
 
     @property
     def ops(self) -> GpuOps:
@@ -210,6 +213,8 @@ _CALL_COLUMNS = ("api_start", "api_end", "api_domain", "cbid", "tid")
 #: The rows of the usual buffer's table in C (``_feed_native``): its operations' start and
 #: end on the agent's clock, their attribution, the depth of the deepest range holding each.
 _BLOCK_ROWS = ("start", "end", *_ATTRIBUTION_COLUMNS, "depth_hit")
+_N_BLOCK_ROWS = len(_BLOCK_ROWS)
+_INT64 = np.dtype(np.int64)
 #: Attribution's columns that start at 0 (the rest at -1, status at the status given).
 _ZERO_COLUMNS = ("backward", "counted")
 
@@ -316,8 +321,11 @@ class LaunchAttributor:
         self._wait_api_n = 0
         self._wait_thread: dict[int, AttributedOps] = {}   # CUPTI thread -> ops
         self._wait_ranges: dict[int, AttributedOps] = {}   # agent tid -> ops
-        self.status_ops = [0] * len(STATUSES)
-        self.status_ns = [0] * len(STATUSES)
+        self._status_ops = [0] * len(STATUSES)
+        self._status_ns = [0] * len(STATUSES)
+        #: the usual buffers' sums per status, as ``locate_block`` returns them: added to
+        #: those when read (a few lines of Python a buffer, not twenty-odd)
+        self._settled: list[tuple[int, int, int, int]] = []
         self.ops_in = 0
         #: The extension that gave ``locate`` where it also keeps the launching calls (and
         #: sums the figures: :class:`~.gpu_figures.GpuFigureBuilder`).
@@ -439,19 +447,20 @@ class LaunchAttributor:
         when each has its call, one launching thread that is mapped, and that thread's
         ranges known past every launch (the usual), located and settled in C; else the
         general path from the join on."""
-        native, locate = self.native, self.locate
-        assert native is not None and locate is not None
+        native = self.native
+        assert native is not None  # (with the lookup: self.locate)
         # the reader's tables read whole in C where the batch is one (no column made)
         tables = batch if isinstance(batch, TableBatch) else None
+        calls = None  # the reader's table of calls: kept by the join's call, before it joins
         if batch.api_count:
             if tables is not None:
-                native.api_add(self._store, tables.api_table, self.clock)
+                calls = tables.api_table
             else:
                 self._add_api(batch.api)
         n = batch.op_count
         # start, end, the attribution's columns, the depth hit (_BLOCK_ROWS): each row
         # written in C, the table handed over whole
-        block = np.empty((len(_BLOCK_ROWS), n), dtype=np.int64)
+        block = np.empty((_N_BLOCK_ROWS, n), _INT64)  # (positional: numpy parses less)
         self.ops_in += n
         if tables is not None:
             op_cols: object = tables.op_table
@@ -459,7 +468,7 @@ class LaunchAttributor:
             ops = batch.ops
             op_cols = (ops.correlation, ops.start, ops.end)
         missing, thread, one, latest = native.join_block(  # (the map read in C)
-            self._store, self.clock, op_cols, block)
+            self._store, self.clock, op_cols, block, calls)
         tid = thread if self.identity_threads else self.thread_map.get(thread)
         th = self.threads.get(tid) if tid is not None else None
         if missing or not one or th is None or tid in self._wait_ranges or not (
@@ -470,16 +479,41 @@ class LaunchAttributor:
             if self._wait_thread:
                 out.append(self._map_by_containment(final=False))
             return AttributedOps.concat(out)
-        kinds, link_ids = self._kind_tables()
+        kinds, link_ids = self._tables or self._kind_tables()  # (made anew on a new name)
         got = native.locate_block(th.depths, kinds, link_ids, block, (
             self.warmup_skip, th.horizon_ns, PHASE_OUTSIDE, PHASE_OTHER, ATTRIBUTED,
             RANGES_DROPPED, tid))
-        ops_ok, ns_ok, ops_dropped, ns_dropped = got  # settled: the sums per status
-        self.status_ops[ATTRIBUTED] += ops_ok
-        self.status_ns[ATTRIBUTED] += ns_ok
-        self.status_ops[RANGES_DROPPED] += ops_dropped
-        self.status_ns[RANGES_DROPPED] += ns_dropped
+        settled = self._settled  # its sums per status: added when read
+        settled.append(got)
+        if len(settled) > 1024:
+            self._fold_settled()
         return BlockAttributedOps(tables if tables is not None else batch.ops, block)
+
+    def _fold_settled(self) -> None:
+        """The usual buffers' sums per status (ops and ns attributed, ops and ns with their
+        ranges dropped: ``locate_block``'s) added to :attr:`status_ops` and
+        :attr:`status_ns`."""
+        ops, ns = self._status_ops, self._status_ns
+        for ops_ok, ns_ok, ops_dropped, ns_dropped in self._settled:
+            ops[ATTRIBUTED] += ops_ok
+            ns[ATTRIBUTED] += ns_ok
+            ops[RANGES_DROPPED] += ops_dropped
+            ns[RANGES_DROPPED] += ns_dropped
+        self._settled.clear()
+
+    @property
+    def status_ops(self) -> list[int]:
+        """Operations per status (:data:`STATUSES`)."""
+        if self._settled:
+            self._fold_settled()
+        return self._status_ops
+
+    @property
+    def status_ns(self) -> list[int]:
+        """Their GPU time (ns) per status."""
+        if self._settled:
+            self._fold_settled()
+        return self._status_ns
 
     def _add_api(self, api: ApiCalls) -> None:
         if self.native is not None:

@@ -46,6 +46,15 @@ class ClockMap:
     last_ns: int
     pairs: int
 
+    def __init__(self, cupti0: int, perf0: int, slope: float, offset: float,
+                 residual_ns: int, read_ns: int, first_ns: int, last_ns: int,
+                 pairs: int) -> None:
+        # (the dataclass's own __init__ sets each field through object.__setattr__, some
+        # 1,000 instructions each; a map is made at every buffer: its fields written at once)
+        self.__dict__.update(cupti0=cupti0, perf0=perf0, slope=slope, offset=offset,
+                             residual_ns=residual_ns, read_ns=read_ns, first_ns=first_ns,
+                             last_ns=last_ns, pairs=pairs)
+
     @property
     def bound_ns(self) -> int:
         """Error bound of a mapped timestamp inside the span of the pairs."""

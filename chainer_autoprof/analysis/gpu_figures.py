@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from operator import attrgetter
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -77,6 +78,14 @@ _NAME_SHIFT = 32
 LINK_ROOM = 256
 #: The columns the figures' pass in C reads (``figure_add``), each tuple in one C call.
 _OPS_COLUMNS_OF = attrgetter("kind", "start", "end", "name", "device")
+#: A timeline's open window's sums and counted windows' sums before any (read only: shared).
+_NO_WINDOW_SUMS = np.zeros(6, dtype=np.int64)
+_NO_WINDOW_SUMS.flags.writeable = False
+_NO_TOTALS = np.zeros(len(WINDOW_COLUMNS), dtype=np.int64)
+_NO_TOTALS.flags.writeable = False
+_INT64 = np.dtype(np.int64)
+#: The operation kinds figure_add counts, in its order.
+_OP_KINDS = (KERNEL, MEMCPY, MEMSET)
 _ATTR_COLUMNS_OF = attrgetter("counted", "iteration", "link", "backward", "phase", "api_start",
                               "iter_end", "tid")
 #: Kernel keys (names x links x directions) counted by a dense index rather than sorted.
@@ -92,26 +101,33 @@ def _unpacked(key: int) -> tuple[int, int, int]:
 class _Timeline:
     """One device's GPU timeline cut into iteration windows (see the module docstring)."""
 
+    # What a new timeline starts with, on the class (numbers, or arrays never written: each
+    # replaced, not changed): its __init__ sets only its own objects (a device's first
+    # buffer makes it).
+    pool_n = 0
+    placed_ns = _NEG                  # everything starting before was placed
+    late = 0
+    # carried across chunks
+    key = -1                          # current window key (2*ordinal, +1 outside)
+    max_ord = -1
+    fa = _NEG                         # union frontier, all operations
+    fk = _NEG                         # union frontier, kernels
+    win_start = _NEG
+    # the open window's sums: busy, active (kernels or copies), host, other, between,
+    # launch (none yet: the zeros shared, never written: each chunk makes its own)
+    acc: Int64Array = _NO_WINDOW_SUMS
+    # the counted windows' rows and sums, made at the first one (eight arrays, some
+    # 20,000 instructions: not on the device's first buffer, where none is placed yet)
+    series: Series | None = None
+    totals: Int64Array = _NO_TOTALS
+    counted = 0
+    warmup_skip = 0
+
     def __init__(self, device: int, max_kept: int) -> None:
         self.device = device
         self.pool: list[Int64Array] = []      # (n, 7) rows waiting to be placed
-        self.pool_n = 0
-        self.placed_ns = _NEG                 # everything starting before was placed
-        self.late = 0
-        # carried across chunks
-        self.key = -1                         # current window key (2*ordinal, +1 outside)
-        self.max_ord = -1
         self.iter_end: dict[int, int] = {}    # ordinal -> host end of that iteration
-        self.fa = _NEG                        # union frontier, all operations
-        self.fk = _NEG                        # union frontier, kernels
-        self.win_start = _NEG
-        # the open window's sums: busy, active (kernels or copies), host, other, between,
-        # launch
-        self.acc = np.zeros(6, dtype=np.int64)
-        self.series = Series(max_kept, len(WINDOW_COLUMNS))
-        self.totals = np.zeros(len(WINDOW_COLUMNS), dtype=np.int64)  # counted windows
-        self.counted = 0
-        self.warmup_skip = 0
+        self.max_kept = max_kept
 
     def add(self, rows: Int64Array, earliest: int | None = None) -> None:
         """Pool ``rows`` (``earliest``: their earliest start, where known)."""
@@ -219,6 +235,9 @@ class _Timeline:
         row = (span, busy, host, copies, between, launched, other)
         if key // 2 >= self.warmup_skip:
             self.counted += 1
+            if self.series is None:
+                self.series = Series(self.max_kept, len(WINDOW_COLUMNS))
+                self.totals = np.zeros(len(WINDOW_COLUMNS), dtype=np.int64)
             self.totals += np.array(row, dtype=np.int64)
             self.series.extend(np.array([row], dtype=np.float64) / 1e6)
 
@@ -252,6 +271,9 @@ class GpuFigureBuilder:
         self.warmup_ns = 0
         self.outside_ns = 0
         self.op_counts = [0, 0, 0]
+        #: figure_add's counts of the buffers since (kernels, copies, memsets, outside ns,
+        #: warm-up ns first): added to the three above when the figures are made
+        self._counted: list[tuple[Any, ...]] = []
         self.timelines: dict[int, _Timeline] = {}
         #: The sums in C (the ``_cupti`` extension: ``runtime/cupti_locate.c``), else NumPy.
         self.native = native
@@ -260,16 +282,14 @@ class GpuFigureBuilder:
         self._kernel_table = native.kernel_table(MAX_KERNEL_KEYS) if native else None
 
     def add(self, items: AttributedOps) -> None:
-        if not len(items):
+        n = len(items)
+        if not n:
             return
-        n_links = len(self.link_keys)
-        if len(self.link_sums) < n_links:  # room for twice as many (a model's links: once)
-            grown = np.zeros((max(n_links, 2 * len(self.link_sums)), 5), dtype=np.int64)
-            grown[:len(self.link_sums)] = self.link_sums
-            self.link_sums = grown
+        if len(self.link_sums) < len(self.link_keys):
+            self._grow_links()
         native = self.native
         if native is not None:  # the sums, the kernels' sums and the timeline's rows: one pass
-            rows = np.empty((len(items), 7), dtype=np.int64)
+            rows = np.empty((n, 7), _INT64)  # (positional: numpy parses less)
             # the usual buffer: the C tables' rows, read there (no column made)
             if isinstance(items, BlockAttributedOps):
                 table = items.op_table
@@ -277,19 +297,18 @@ class GpuFigureBuilder:
                 attr_cols: object = items.block
             else:
                 ops_cols, attr_cols = _OPS_COLUMNS_OF(items.ops), _ATTR_COLUMNS_OF(items.attr)
-            (kernels, copies, memsets, outside_ns, warmup_ns, self.loop_tid, only,
-             earliest) = native.figure_add(self._kernel_table, ops_cols,
-                                           attr_cols, self.link_sums,
-                                           self.phase_sums, (KERNEL, MEMCPY, MEMSET),
-                                           PHASE_OUTSIDE, self.loop_tid, rows)
-            self.op_counts[KERNEL] += kernels
-            self.op_counts[MEMCPY] += copies
-            self.op_counts[MEMSET] += memsets
-            self.outside_ns += outside_ns
-            self.warmup_ns += warmup_ns
-            # (the devices read only where they differ)
-            self._add_timeline(None if only is not None else items.ops.device, rows, only,
-                               earliest)
+            got = native.figure_add(self._kernel_table, ops_cols, attr_cols, self.link_sums,
+                                    self.phase_sums, _OP_KINDS, PHASE_OUTSIDE, self.loop_tid,
+                                    rows)
+            counted = self._counted  # (kernels, copies, memsets, outside, warm-up ns ...)
+            counted.append(got)
+            if len(counted) > 1024:
+                self._fold_counted()
+            self.loop_tid, only, earliest = got[5:]
+            if only is not None:  # (the devices read only where they differ)
+                self._add_device_rows(only, rows, earliest)
+            else:
+                self._add_timeline(items.ops.device, rows)
         else:
             ops, attr = items.ops, items.attr
             dur = ops.end - ops.start
@@ -301,6 +320,23 @@ class GpuFigureBuilder:
                 self._add_kernels(ops.name[kernel_counted], attr.link[kernel_counted],
                                   attr.backward[kernel_counted], dur[kernel_counted])
             self._add_timeline(ops.device, self._timeline_rows(ops, attr, kernel, in_iter))
+
+    def _grow_links(self) -> None:
+        """Room for twice as many links (a model's links: once)."""
+        grown = np.zeros((max(len(self.link_keys), 2 * len(self.link_sums)), 5), dtype=np.int64)
+        grown[:len(self.link_sums)] = self.link_sums
+        self.link_sums = grown
+
+    def _fold_counted(self) -> None:
+        """figure_add's counts since added to :attr:`op_counts`, :attr:`outside_ns` and
+        :attr:`warmup_ns`."""
+        for kernels, copies, memsets, outside_ns, warmup_ns, *_ in self._counted:
+            self.op_counts[KERNEL] += kernels
+            self.op_counts[MEMCPY] += copies
+            self.op_counts[MEMSET] += memsets
+            self.outside_ns += outside_ns
+            self.warmup_ns += warmup_ns
+        self._counted.clear()
 
     def _add_sums(self, ops: GpuOps, attr: Attribution, dur: Int64Array,
                   kernel: npt.NDArray[np.bool_],
@@ -364,22 +400,29 @@ class GpuFigureBuilder:
                       only: int | None = None, earliest: int | None = None) -> None:
         """The rows onto their devices' timelines (``only``: every row's device, where known,
         else ``device``, each row's; ``earliest``: their earliest start, where known)."""
+        if only is not None:  # (the usual: one device, no column read)
+            self._add_device_rows(only, rows, earliest)
+            return
         each: Int64Array = device if device is not None else np.zeros(0, dtype=np.int64)
-        if only is None:
-            first = int(each[0])
-            only = first if bool((each == first).all()) else None
+        first = int(each[0])
+        only = first if bool((each == first).all()) else None
         for dev in [only] if only is not None else np.unique(each).tolist():
-            tl = self.timelines.get(dev)
-            if tl is None:
-                tl = self.timelines[dev] = _Timeline(dev, self.max_kept)
-                tl.warmup_skip = self.warmup_skip
             if only is not None:
-                tl.add(rows, earliest)
+                self._add_device_rows(dev, rows, earliest)
             else:
-                tl.add(rows[each == dev])
-            if tl.pool_n > self.max_pool:  # place the oldest half
-                starts = np.sort(np.concatenate([p[:, 0] for p in tl.pool]))
-                tl.place(int(starts[len(starts) // 2]))
+                self._add_device_rows(dev, rows[each == dev], None)
+
+    def _add_device_rows(self, dev: int, rows: Int64Array, earliest: int | None) -> None:
+        """Device ``dev``'s rows onto its timeline (``earliest``: their earliest start, where
+        known)."""
+        tl = self.timelines.get(dev)
+        if tl is None:
+            tl = self.timelines[dev] = _Timeline(dev, self.max_kept)
+            tl.warmup_skip = self.warmup_skip
+        tl.add(rows, earliest)
+        if tl.pool_n > self.max_pool:  # place the oldest half
+            starts = np.sort(np.concatenate([p[:, 0] for p in tl.pool]))
+            tl.place(int(starts[len(starts) // 2]))
 
     def _add_kernels(self, name: Int64Array, link: Int64Array, backward: Int64Array,
                      dur: Int64Array) -> None:
@@ -435,6 +478,7 @@ class GpuFigureBuilder:
         """The figures (places everything still pooled: call once all activity is in)."""
         for tl in self.timelines.values():
             tl.finish()
+        self._fold_counted()
         if self.native is not None:  # the kernels' sums kept in C
             keys, ns, calls, other_ns, other_calls = self.native.kernel_rows(self._kernel_table)
             self.kernel_keys = {k: i for i, k in enumerate(keys)}
@@ -453,7 +497,7 @@ class GpuFigureBuilder:
                 device=device, windows=tl.counted, span_ms=int(tl.totals[0]) / 1e6,
                 busy_ms=int(tl.totals[1]) / 1e6,
                 idle_ms={k: int(tl.totals[2 + i]) / 1e6 for i, k in enumerate(IDLE_KEYS)}))
-            if not columns["span"] and tl.counted:  # the first device's iterations
+            if not columns["span"] and tl.series is not None:  # the first device's iterations
                 columns = {c: tl.series.values[i].tolist()
                            for i, c in enumerate(WINDOW_COLUMNS)}
                 stride = tl.series.stride

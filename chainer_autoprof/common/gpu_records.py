@@ -390,14 +390,17 @@ class TableBatch(ActivityBatch):
     rows, are made only when :attr:`ops` or :attr:`api` is first read: the usual buffer
     never needs their twenty-three views, some 1,300 instructions each."""
 
+    # the column views, made when first read (on the class: a buffer's object sets only what
+    # it has, made on CUPTI's thread at every buffer)
+    _ops: GpuOps | None = None
+    _api: ApiCalls | None = None
+
     def __init__(self, op_table: Any, n_ops: int, api_table: Any, n_api: int, room: int,
                  external: ExternalIds, names: NameTable) -> None:
         self.op_table, self.api_table, self.room = op_table, api_table, room
         self._n_ops, self._n_api = n_ops, n_api
         self.external = external
         self.names = names
-        self._ops: GpuOps | None = None
-        self._api: ApiCalls | None = None
 
     @property
     def op_count(self) -> int:

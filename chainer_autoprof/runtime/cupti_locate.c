@@ -206,6 +206,39 @@ static void walk_levels(const level *levels, Py_ssize_t n_levels, const int64_t 
     }
 }
 
+/* The tail of a located block (the attribution's settling of each operation, see
+ * LaunchAttributor._locate): the phase "other" inside an iteration, counted after the
+ * warm-up, the status (ranges dropped before the thread's horizon), the agent's thread, and
+ * the sums per status of operations and GPU ns. */
+typedef struct {
+    int64_t *counted, *status, *tid;
+    const int64_t *start, *end;
+    int64_t warmup_skip, horizon_ns, phase_outside, phase_other, attributed, dropped, thread;
+} settling;
+
+enum { T_COUNTED, T_STATUS, T_TID, T_START, T_END, T_N }; /* the written ones first */
+
+/* The sums per status: [0] attributed, [1] with their ranges dropped. */
+typedef struct {
+    long long ops[2], ns[2];
+} settled;
+
+/* dst[0..n) = v, four a turn in two stores of a pair (GCC's -O2 leaves the plain loop at
+ * a store and three more instructions a row). */
+typedef int64_t fill64 __attribute__((vector_size(2 * sizeof(int64_t))));
+
+static void fill_int64s(int64_t *dst, Py_ssize_t n, int64_t v)
+{
+    const fill64 pair = {v, v};
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        memcpy(dst + i, &pair, sizeof pair); /* unaligned */
+        memcpy(dst + i + 2, &pair, sizeof pair);
+    }
+    for (; i < n; i++)
+        dst[i] = v;
+}
+
 /* The same walk, launch by launch, where every range around a launch is known (the thread's
  * ranges fed past it: each range's parent is kept): a launch outside every range of a
  * level is outside every deeper one, so its walk stops there; and a launch inside the
@@ -216,13 +249,28 @@ static void walk_levels(const level *levels, Py_ssize_t n_levels, const int64_t 
  * those in its deepest range (before its end, as above) and in the gap it found at the
  * level below (after the range there that ends before it, before the next one starts):
  * the usual launch, next to the previous one, then only copies its columns, no level
- * searched.  `hints`: one per level. */
+ * searched.  `hints`: one per level.
+ * Each launch is settled as it is located (s: see settling; the sums into *sums), in the
+ * same pass: a launch located as the previous one copies its counted flag and its phase
+ * as settled (settling them again would give the same: the phase's "other" only replaces
+ * "outside" inside an iteration, and a copy keeps the iteration). */
 static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_t *t,
                           Py_ssize_t n, const name_kinds *names, int64_t *const *out,
-                          Py_ssize_t *hints)
+                          Py_ssize_t *hints, const settling *s, settled *sums)
 {
     int64_t *o[OUT_N]; /* the columns, held here: a store to one cannot move another */
     memcpy(o, out, sizeof o);
+    /* the settling's columns and constants in locals (no reload per row) */
+    int64_t *const counted = s->counted, *const status = s->status, *const tid = s->tid;
+    const int64_t *const start = s->start, *const end = s->end;
+    const int64_t outside = s->phase_outside, other = s->phase_other, warmup = s->warmup_skip,
+                  horizon = s->horizon_ns;
+    const int64_t dropped_state = s->dropped;
+    long long ns = 0, ops_dropped = 0, ns_dropped = 0;
+    /* the usual status and the thread of every row written first, a store per two rows: a
+     * row then only marks its ranges dropped (rarely: before the thread's horizon) */
+    fill_int64s(status, n, s->attributed);
+    fill_int64s(tid, n, s->thread);
     Py_ssize_t deepest = -1; /* the level of the previous launch's deepest range */
     int64_t held_t0 = 0, held_t1 = 0;
     int64_t same_lo = 1, same_hi = 0; /* launches located as the previous one: none yet */
@@ -234,7 +282,8 @@ static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_
 #pragma GCC unroll 16
             for (int c = 0; c < OUT_N; c++)
                 o[c][i] = o[c][i - 1];
-            continue;
+            counted[i] = counted[i - 1];
+            goto settle;
         }
         Py_ssize_t d = 0;
         if (deepest >= 0 && x >= held_t0 && x < held_t1) {
@@ -266,46 +315,30 @@ static void walk_launches(const level *levels, Py_ssize_t n_levels, const int64_
         }
         same_lo = deepest >= 0 && held_t0 > gap_lo ? held_t0 : gap_lo;
         same_hi = deepest >= 0 && held_t1 - 1 < gap_hi ? held_t1 - 1 : gap_hi;
+        {
+            const int64_t it = o[OUT_ITERATION][i];
+            const int in_iter = it >= 0;
+            if (in_iter && o[OUT_PHASE][i] == outside)
+                o[OUT_PHASE][i] = other;
+            counted[i] = in_iter && it >= warmup;
+        }
+    settle:;
+        const long long dur = (long long)(end[i] - start[i]);
+        ns += dur;
+        if (x < horizon) {
+            status[i] = dropped_state;
+            ops_dropped++;
+            ns_dropped += dur;
+        }
     }
+    *sums = (settled){{n - ops_dropped, ops_dropped}, {ns - ns_dropped, ns_dropped}};
 }
 
-/* The tail of a located block (the attribution's settling of each operation, see
- * LaunchAttributor._locate): the phase "other" inside an iteration, counted after the
- * warm-up, the status (ranges dropped before the thread's horizon), the agent's thread, and
- * the sums per status of operations and GPU ns. */
-typedef struct {
-    int64_t *counted, *status, *tid;
-    const int64_t *start, *end;
-    int64_t warmup_skip, horizon_ns, phase_outside, phase_other, attributed, dropped, thread;
-} settling;
-
-enum { T_COUNTED, T_STATUS, T_TID, T_START, T_END, T_N }; /* the written ones first */
-
-static PyObject *settle(const settling *s, const int64_t *t, Py_ssize_t n, int64_t *const *out)
+/* The settled sums as the locate functions return them: (ops, ns) attributed, (ops, ns) with
+ * their ranges dropped. */
+static PyObject *settled_sums(const settled *sums)
 {
-    /* the columns and constants in locals: a store to a column cannot move them (no reload
-     * of each per row) */
-    const int64_t *const iteration = out[OUT_ITERATION], *const start = s->start,
-                  *const end = s->end;
-    int64_t *const phase = out[OUT_PHASE], *const counted = s->counted, *const status = s->status,
-            *const tid = s->tid;
-    const int64_t outside = s->phase_outside, other = s->phase_other, warmup = s->warmup_skip,
-                  horizon = s->horizon_ns, thread = s->thread;
-    const int64_t state[2] = {s->attributed, s->dropped};
-    long long ops[2] = {0, 0}, ns[2] = {0, 0};
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const int64_t it = iteration[i];
-        const int in_iter = it >= 0;
-        if (in_iter && phase[i] == outside)
-            phase[i] = other;
-        counted[i] = in_iter && it >= warmup;
-        const int dropped = t[i] < horizon;
-        status[i] = state[dropped];
-        tid[i] = thread;
-        ops[dropped]++;
-        ns[dropped] += (long long)(end[i] - start[i]);
-    }
-    return Py_BuildValue("(LLLL)", ops[0], ns[0], ops[1], ns[1]);
+    return Py_BuildValue("(LLLL)", sums->ops[0], sums->ns[0], sums->ops[1], sums->ns[1]);
 }
 
 /* The depths' tables (see locate) into levels (one per item of depth_seq), their buffers
@@ -412,14 +445,15 @@ PyObject *cupti_locate(PyObject *self, PyObject *args)
             goto done;
         }
     }
+    settled sums;
     Py_BEGIN_ALLOW_THREADS
     if (hints != NULL)
-        walk_launches(levels, n_levels, t, n, &names, out, hints);
+        walk_launches(levels, n_levels, t, n, &names, out, hints, &st, &sums);
     else
         walk_levels(levels, n_levels, t, n, &names, out);
     Py_END_ALLOW_THREADS
     PyMem_Free(hints);
-    result = tail_obj != Py_None ? settle(&st, t, n, out) : Py_NewRef(Py_None);
+    result = tail_obj != Py_None ? settled_sums(&sums) : Py_NewRef(Py_None);
 done:
     release_all(&h);
     PyMem_Free(levels);
@@ -555,10 +589,11 @@ PyObject *cupti_locate_block(PyObject *self, PyObject *args)
                    w, hz, po, pth, at, dr, tid};
     name_kinds names = {kinds, link_ids, n_kinds};
     const int64_t *t = row[B_API_START];
+    settled sums;
     Py_BEGIN_ALLOW_THREADS
-    walk_launches(levels, n_levels, t, n, &names, out, hints);
+    walk_launches(levels, n_levels, t, n, &names, out, hints, &st, &sums);
     Py_END_ALLOW_THREADS
-    result = settle(&st, t, n, out);
+    result = settled_sums(&sums);
 done:
     release_all(&h);
     PyMem_Free(levels);
@@ -826,18 +861,13 @@ static api_store *store_args(PyObject *args, PyObject **a, PyObject **b)
     return PyCapsule_GetPointer(capsule, STORE_NAME);
 }
 
-/* api_add(store, (domain, start, end, correlation, cbid, thread), clock): a buffer's calls
- * (CUPTI ns, mapped here) kept. */
-PyObject *cupti_api_add(PyObject *self, PyObject *args)
+/* A buffer's calls (the reader's table of them, or the columns (domain, start, end,
+ * correlation, cbid, thread); CUPTI ns, mapped here with m) kept in st; 0, or -1 with the
+ * error set. */
+static int store_add(api_store *st, PyObject *cols_obj, const clock_map *m)
 {
-    (void)self;
-    PyObject *cols_obj, *clock_obj;
-    api_store *st = store_args(args, &cols_obj, &clock_obj);
-    clock_map m;
-    if (st == NULL || parse_clock(clock_obj, &m) < 0)
-        return NULL;
     held h = {NULL, 0, 0};
-    PyObject *result = NULL;
+    int rc = -1;
     int64_t *in[A_N];
     /* the reader's table of calls (its rows: no column made in Python), or the columns */
     Py_ssize_t k = cupti_table_rows(cols_obj, A_N, (const int64_t **)in);
@@ -853,8 +883,8 @@ PyObject *cupti_api_add(PyObject *self, PyObject *args)
     const int64_t *const from_start = in[A_START], *const from_end = in[A_END],
                   *const corr = in[A_CORR];
     for (Py_ssize_t i = 0; i < k; i++) {
-        start[i] = to_agent(&m, from_start[i]);
-        end[i] = to_agent(&m, from_end[i]);
+        start[i] = to_agent(m, from_start[i]);
+        end[i] = to_agent(m, from_end[i]);
         sorted &= corr[i] >= last;
         last = corr[i];
     }
@@ -865,10 +895,23 @@ PyObject *cupti_api_add(PyObject *self, PyObject *args)
         st->lo += st->n - st->max;
         st->n = st->max;
     }
-    result = Py_NewRef(Py_None);
+    rc = 0;
 done:
     release_all(&h);
-    return result;
+    return rc;
+}
+
+/* api_add(store, (domain, start, end, correlation, cbid, thread), clock): a buffer's calls
+ * (CUPTI ns, mapped here) kept. */
+PyObject *cupti_api_add(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cols_obj, *clock_obj;
+    api_store *st = store_args(args, &cols_obj, &clock_obj);
+    clock_map m;
+    if (st == NULL || parse_clock(clock_obj, &m) < 0 || store_add(st, cols_obj, &m) < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 /* The first kept row with correlation id `x` (-1: none); the search starts at `hint`. */
@@ -890,9 +933,13 @@ typedef struct {
     int one;
 } join_result;
 
-/* Each of n operations' launching call (see api_join) into out's J_N columns. */
-static void join_rows(const api_store *st, const int64_t *corr, Py_ssize_t n,
-                      int64_t *const *out, join_result *r)
+/* Each of n operations' launching call (see api_join) into out's J_N columns; `whole` 0:
+ * all but found and thread, which the usual buffer's settling writes over (its status and
+ * the agent's thread) and any other buffer's join does not read (it joins again): two stores
+ * a row fewer.  Inlined at both calls: `whole` a constant there, no test a row. */
+static inline __attribute__((always_inline)) void
+join_rows(const api_store *st, const int64_t *corr, Py_ssize_t n, int64_t *const *out,
+          join_result *r, const int whole)
 {
     /* the columns in locals: a store to an output cannot move them (no reload per row) */
     const int64_t *const a_corr = st->col[A_CORR] + st->lo, *const a_start = st->col[A_START] +
@@ -918,7 +965,8 @@ static void join_rows(const api_store *st, const int64_t *corr, Py_ssize_t n,
             k = ++hint;
         else
             k = m ? find_call(a_corr, m, x, &hint) : -1;
-        o_found[i] = k >= 0;
+        if (whole)
+            o_found[i] = k >= 0;
         if (k < 0) {
             missing++;
             continue;
@@ -928,7 +976,8 @@ static void join_rows(const api_store *st, const int64_t *corr, Py_ssize_t n,
         o_end[i] = a_end[k];
         o_domain[i] = a_domain[k];
         o_cbid[i] = a_cbid[k];
-        o_thread[i] = tid;
+        if (whole)
+            o_thread[i] = tid;
         if (first) {
             thread = tid;
             first = 0;
@@ -962,25 +1011,29 @@ PyObject *cupti_api_join(PyObject *self, PyObject *args)
     if (corr == NULL)
         goto done;
     join_result r;
-    join_rows(st, corr, n, out, &r);
+    join_rows(st, corr, n, out, &r, 1);
     result = Py_BuildValue("(LLiL)", r.missing, r.thread, r.one, r.latest);
 done:
     release_all(&h);
     return result;
 }
 
-/* join_block(store, clock, (correlation, start, end), block) -> as api_join: the usual
- * buffer's operations mapped onto the agent's clock (the block's rows start and end, as
- * to_agent) and joined to their calls (rows api_start .. tid; found: status), one call. */
+/* join_block(store, clock, (correlation, start, end), block[, calls]) -> as api_join: the
+ * usual buffer's operations mapped onto the agent's clock (the block's rows start and end, as
+ * to_agent) and joined to their calls (rows api_start .. cbid; tid and status left to the
+ * settling: see join_rows), one call; its calls (as api_add's; None or left out: none) kept
+ * first, so that one call does both. */
 PyObject *cupti_join_block(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *capsule, *clock_obj, *cols_obj, *block_obj;
-    if (!PyArg_ParseTuple(args, "OOOO", &capsule, &clock_obj, &cols_obj, &block_obj))
+    PyObject *capsule, *clock_obj, *cols_obj, *block_obj, *calls_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOO|O", &capsule, &clock_obj, &cols_obj, &block_obj,
+                          &calls_obj))
         return NULL;
     api_store *st = PyCapsule_GetPointer(capsule, STORE_NAME);
     clock_map m;
-    if (st == NULL || parse_clock(clock_obj, &m) < 0)
+    if (st == NULL || parse_clock(clock_obj, &m) < 0 ||
+        (calls_obj != Py_None && store_add(st, calls_obj, &m) < 0))
         return NULL;
     held h = {NULL, 0, 0};
     PyObject *result = NULL;
@@ -1012,9 +1065,9 @@ PyObject *cupti_join_block(PyObject *self, PyObject *args)
         end[i] = to_agent(&m, from_end[i]);
     }
     int64_t *const out[J_N] = {row[B_API_START], row[B_API_END], row[B_API_DOMAIN], row[B_CBID],
-                               row[B_TID], row[B_STATUS]};
+                               NULL, NULL};
     join_result r;
-    join_rows(st, in[0], n, out, &r);
+    join_rows(st, in[0], n, out, &r, 0);
     result = Py_BuildValue("(LLiL)", r.missing, r.thread, r.one, r.latest);
 done:
     release_all(&h);
@@ -1744,7 +1797,8 @@ static PyMethodDef launch_methods[] = { /* the attribution's: calls, clock, rang
     FN(api_add, METH_VARARGS, "api_add(store, columns, clock): calls kept."),
     FN(api_join, METH_VARARGS, "api_join(store, correlation, out): each op's launching call."),
     FN(join_block, METH_VARARGS,
-       "join_block(store, clock, (correlation, start, end), block): mapped and joined."),
+       "join_block(store, clock, (correlation, start, end), block[, calls]): calls kept, "
+       "operations mapped and joined."),
     FN(to_agent, METH_VARARGS, "to_agent(clock, src, dst): CUPTI ns onto the agent's clock."),
     FN(clock_fit, METH_O, "clock_fit(pairs): gpu_clock.fit's fields."),
     FN(locate, METH_VARARGS,

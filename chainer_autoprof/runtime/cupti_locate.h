@@ -12,7 +12,7 @@ PyObject *cupti_api_store(PyObject *self, PyObject *arg);
 PyObject *cupti_api_add(PyObject *self, PyObject *args);
 /* api_join(store, correlation, out) -> (missing, thread, one thread, latest start). */
 PyObject *cupti_api_join(PyObject *self, PyObject *args);
-/* join_block(store, clock, (correlation, start, end), block) -> as api_join. */
+/* join_block(store, clock, (correlation, start, end), block[, calls]) -> as api_join. */
 PyObject *cupti_join_block(PyObject *self, PyObject *args);
 /* locate_block(depths, kinds, link_ids, block, settling) -> the settled sums. */
 PyObject *cupti_locate_block(PyObject *self, PyObject *args);
