@@ -545,9 +545,11 @@ Py_ssize_t cupti_table_rows(PyObject *obj, int width, const int64_t **rows)
     return b->n;
 }
 
-_Static_assert(TABLE_OP_KIND == OP_KIND && TABLE_OP_START == OP_START && TABLE_OP_END == OP_END
-                   && TABLE_OP_CORR == OP_CORR && TABLE_OP_DEVICE == OP_DEVICE
-                   && TABLE_OP_NAME == OP_NAME && TABLE_OP_ROWS == OP_NAME + 1,
+/* two enums of two files: compared as ints */
+_Static_assert((int)TABLE_OP_KIND == (int)OP_KIND && (int)TABLE_OP_START == (int)OP_START
+                   && (int)TABLE_OP_END == (int)OP_END && (int)TABLE_OP_CORR == (int)OP_CORR
+                   && (int)TABLE_OP_DEVICE == (int)OP_DEVICE && (int)TABLE_OP_NAME == (int)OP_NAME
+                   && (int)TABLE_OP_ROWS == (int)OP_NAME + 1,
                "the operations' rows as cupti_locate.c reads them from a table");
 
 /* -- the name store, a Python object ----------------------------------------------------- */
