@@ -238,15 +238,15 @@ def encode(records: AttributedOps, *, pid: int, start_ns: int, names: NameTable,
     col = {c: getattr(ops, c)[order].tolist() for c in (
         "kind", "device", "stream", "correlation", "start", "end", "context", "name",
         "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers",
-        "static_smem", "dynamic_smem", "bytes")}
+        "static_smem", "dynamic_smem", "bytes", "copy_kind", "src_kind", "dst_kind")}
     acol = {c: getattr(attr, c)[order].tolist() for c in (
         "tid", "range", "range_t0", "range_t1", "link", "backward", "api_start", "api_end",
         "api_domain", "cbid")}
     ext_ids: dict[tuple[int, int], int] = {}
     tracks: dict[int, set[int]] = {}
     flows_started: set[int] = set()
-    # the texts that repeat, made once: (kind, name key) -> '"cat":..,"name":..'
-    heads: dict[tuple[int, int], str] = {}
+    # the texts that repeat, made once: what names an operation -> '"cat":..,"name":..'
+    heads: dict[tuple[int, ...], str] = {}
     launched_by: dict[int, str] = {}
     link_texts: dict[tuple[int, int], str] = {}
     call_heads: dict[tuple[int, int], str] = {}
@@ -285,12 +285,13 @@ def encode(records: AttributedOps, *, pid: int, start_ns: int, names: NameTable,
                 bandwidth = (round(nbytes / seconds / 1e9, 3)
                              if seconds > 0 and nbytes > 0 else 0.0)
                 rest += f',"memory bandwidth (GB/s)":{bandwidth!r}'
-        head = heads.get((kind, name_key)) if kind == KERNEL else None
-        if head is None:  # a copy's or memset's name from its own fields: not cached
-            head = (f'"cat":{_json(_OP_CATS.get(kind, CAT_KERNEL))},'
-                    f'"name":{_json(op_name(ops, int(order[j]), names))}')
-            if kind == KERNEL:
-                heads[(kind, name_key)] = head
+        # what names it: a kernel's name id, a copy's kinds (a memset has one name)
+        head_key = (kind, name_key, col["copy_kind"][j], col["src_kind"][j],
+                    col["dst_kind"][j]) if kind == MEMCPY else (kind, name_key)
+        head = heads.get(head_key)
+        if head is None:
+            head = heads[head_key] = (f'"cat":{_json(_OP_CATS.get(kind, CAT_KERNEL))},'
+                                      f'"name":{_json(op_name(ops, int(order[j]), names))}')
         if 0 <= r < len(range_names):
             by = launched_by.get(r)
             if by is None:
