@@ -321,11 +321,9 @@ class LaunchAttributor:
         self._wait_api_n = 0
         self._wait_thread: dict[int, AttributedOps] = {}   # CUPTI thread -> ops
         self._wait_ranges: dict[int, AttributedOps] = {}   # agent tid -> ops
-        self._status_ops = [0] * len(STATUSES)
-        self._status_ns = [0] * len(STATUSES)
-        #: the usual buffers' sums per status, as ``locate_block`` returns them: added to
-        #: those when read (a few lines of Python a buffer, not twenty-odd)
-        self._settled: list[tuple[int, int, int, int]] = []
+        #: Operations per status (:data:`STATUSES`), and their GPU time (ns).
+        self.status_ops = [0] * len(STATUSES)
+        self.status_ns = [0] * len(STATUSES)
         self.ops_in = 0
         #: The extension that gave ``locate`` where it also keeps the launching calls (and
         #: sums the figures: :class:`~.gpu_figures.GpuFigureBuilder`).
@@ -483,37 +481,13 @@ class LaunchAttributor:
         got = native.locate_block(th.depths, kinds, link_ids, block, (
             self.warmup_skip, th.horizon_ns, PHASE_OUTSIDE, PHASE_OTHER, ATTRIBUTED,
             RANGES_DROPPED, tid))
-        settled = self._settled  # its sums per status: added when read
-        settled.append(got)
-        if len(settled) > 1024:
-            self._fold_settled()
+        ops_ok, ns_ok, ops_dropped, ns_dropped = got  # settled: the sums per status
+        by_ops, by_ns = self.status_ops, self.status_ns
+        by_ops[ATTRIBUTED] += ops_ok
+        by_ns[ATTRIBUTED] += ns_ok
+        by_ops[RANGES_DROPPED] += ops_dropped
+        by_ns[RANGES_DROPPED] += ns_dropped
         return BlockAttributedOps(tables if tables is not None else batch.ops, block)
-
-    def _fold_settled(self) -> None:
-        """The usual buffers' sums per status (ops and ns attributed, ops and ns with their
-        ranges dropped: ``locate_block``'s) added to :attr:`status_ops` and
-        :attr:`status_ns`."""
-        ops, ns = self._status_ops, self._status_ns
-        for ops_ok, ns_ok, ops_dropped, ns_dropped in self._settled:
-            ops[ATTRIBUTED] += ops_ok
-            ns[ATTRIBUTED] += ns_ok
-            ops[RANGES_DROPPED] += ops_dropped
-            ns[RANGES_DROPPED] += ns_dropped
-        self._settled.clear()
-
-    @property
-    def status_ops(self) -> list[int]:
-        """Operations per status (:data:`STATUSES`)."""
-        if self._settled:
-            self._fold_settled()
-        return self._status_ops
-
-    @property
-    def status_ns(self) -> list[int]:
-        """Their GPU time (ns) per status."""
-        if self._settled:
-            self._fold_settled()
-        return self._status_ns
 
     def _add_api(self, api: ApiCalls) -> None:
         if self.native is not None:
