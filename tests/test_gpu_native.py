@@ -100,6 +100,33 @@ def test_every_operation_comes_as_recorded_with_the_call_that_launched_it(name, 
     assert len(api) < 0.6 * calls_read
 
 
+def test_each_buffer_brings_a_clock_pair_read_as_it_completed(tmp_path):
+    """The extension reads a clock pair as each buffer completes (CUPTI's clock between two
+    reads of perf_counter's, before the GIL is waited for) and hands it over with the buffer:
+    one pair per buffer, read while the buffers were served, its CUPTI time the one the
+    library's clock gives at the pair's perf_counter time, within the pair's own read time."""
+    rec = recording("b16")
+    fake = FakeCupti(rec, tmp_path)
+    with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path),
+                  cupti_readers.ENV_CUPTI_READER: None}):
+        collector = cupti_readers.start(lambda batch: None)
+    assert not isinstance(collector, str), collector
+    before = time.perf_counter_ns()
+    fake.serve(4, 0.002)
+    fake.wait()
+    after = time.perf_counter_ns()
+    assert collector.stop(5.0) is None
+    served = [p for p in collector.pair_rows() if before <= p[1] <= after]
+    assert len(served) == 4 == collector.buffers
+    # the library's clock: the line through the recording's first and last pair
+    c0, p0 = int(rec.clock.cupti_ns[0]), int(rec.clock.perf_ns[0])
+    c1, p1 = int(rec.clock.cupti_ns[-1]), int(rec.clock.perf_ns[-1])
+    drift = ((c1 - c0) - (p1 - p0)) / (p1 - p0)
+    for cupti, perf, read in served:
+        assert 0 <= read < 50_000_000
+        assert abs(cupti - (c0 + (perf - p0) * (1 + drift))) <= read / 2 + 1_000
+
+
 def _table_rows(column: np.ndarray) -> int:
     """How many rows the extension's table behind ``column`` has room for."""
     block = column
@@ -890,7 +917,7 @@ def test_the_usual_buffers_block_is_read_in_c_as_its_columns(extension):
     row["counted"][:] = row["iteration"] >= 2
     ops = GpuOps.from_columns(n, {"kind": rng.integers(0, 3, n), "start": block[0],
                                   "end": block[1] + 10, "name": rng.integers(0, 9, n)})
-    items = BlockAttributedOps(ops, block)
+    items = BlockAttributedOps(ops, block, n)
     attr_cols = tuple(row[c] for c in ("counted", "iteration", "link", "backward", "phase",
                                        "api_start", "iter_end", "tid"))
     out = []

@@ -957,9 +957,9 @@ class GpuAnalysis:
         self.finished = False
 
     def _take(self, items: AttributedOps) -> None:
-        if len(items):
-            self.builder.add(items)
-            self.keeper.add(items if self.keep_outside else items.take(items.attr.iteration >= 0))
+        """Attributed operations to the figures and the trace (each passes over none)."""
+        self.builder.add(items)
+        self.keeper.add(items if self.keep_outside else items.take(items.attr.iteration >= 0))
 
     def add_name(self, index: int, name: str, category: str) -> None:
         self.attributor.add_name(index, name, category)

@@ -166,9 +166,9 @@ class BlockAttributedOps(AttributedOps):
     _ops: GpuOps | None = None
     _attr: Attribution | None = None
 
-    def __init__(self, source: GpuOps | TableBatch, block: Int64Array) -> None:
+    def __init__(self, source: GpuOps | TableBatch, block: Int64Array, n: int) -> None:
         self.block = block
-        self._n: int = block.shape[1]
+        self._n = n  # (block.shape[1], known to the caller)
         if isinstance(source, TableBatch):
             self.op_table, self._room = source.op_table, source.room
         else:
@@ -321,9 +321,9 @@ class LaunchAttributor:
         self._wait_api_n = 0
         self._wait_thread: dict[int, AttributedOps] = {}   # CUPTI thread -> ops
         self._wait_ranges: dict[int, AttributedOps] = {}   # agent tid -> ops
-        #: Operations per status (:data:`STATUSES`), and their GPU time (ns).
-        self.status_ops = [0] * len(STATUSES)
-        self.status_ns = [0] * len(STATUSES)
+        #: Per status (:data:`STATUSES`): its operations and their GPU time (ns) (the usual
+        #: buffer's added in C: ``locate_block``).
+        self.status_sums = np.zeros((len(STATUSES), 2), dtype=np.int64)
         self.ops_in = 0
         #: The extension that gave ``locate`` where it also keeps the launching calls (and
         #: sums the figures: :class:`~.gpu_figures.GpuFigureBuilder`).
@@ -471,23 +471,17 @@ class LaunchAttributor:
         th = self.threads.get(tid) if tid is not None else None
         if missing or not one or th is None or tid in self._wait_ranges or not (
                 th.finished or latest <= th.done_ns):
-            self._wait_api.append(BlockAttributedOps(batch.ops, block).ops)  # mapped times
+            self._wait_api.append(BlockAttributedOps(batch.ops, block, n).ops)  # mapped times
             self._wait_api_n += n
             out = [self._join_api(force=False)]
             if self._wait_thread:
                 out.append(self._map_by_containment(final=False))
             return AttributedOps.concat(out)
         kinds, link_ids = self._tables or self._kind_tables()  # (made anew on a new name)
-        got = native.locate_block(th.depths, kinds, link_ids, block, (
+        native.locate_block(th.depths, kinds, link_ids, block, (  # (the status sums added)
             self.warmup_skip, th.horizon_ns, PHASE_OUTSIDE, PHASE_OTHER, ATTRIBUTED,
-            RANGES_DROPPED, tid))
-        ops_ok, ns_ok, ops_dropped, ns_dropped = got  # settled: the sums per status
-        by_ops, by_ns = self.status_ops, self.status_ns
-        by_ops[ATTRIBUTED] += ops_ok
-        by_ns[ATTRIBUTED] += ns_ok
-        by_ops[RANGES_DROPPED] += ops_dropped
-        by_ns[RANGES_DROPPED] += ns_dropped
-        return BlockAttributedOps(tables if tables is not None else batch.ops, block)
+            RANGES_DROPPED, tid), self.status_sums)
+        return BlockAttributedOps(tables if tables is not None else batch.ops, block, n)
 
     def _add_api(self, api: ApiCalls) -> None:
         if self.native is not None:
@@ -684,12 +678,10 @@ class LaunchAttributor:
         if not len(status):
             return
         n = len(STATUSES)  # float sums of integer ns: exact below 2**53 ns (104 days)
-        calls = np.bincount(status, minlength=n).tolist()
-        ns = np.bincount(status, weights=ops.end - ops.start, minlength=n).tolist()
-        for s in range(n):
-            if calls[s]:
-                self.status_ops[s] += calls[s]
-                self.status_ns[s] += int(ns[s])
+        sums = self.status_sums
+        sums[:, 0] += np.bincount(status, minlength=n)
+        sums[:, 1] += np.bincount(status, weights=ops.end - ops.start,
+                                  minlength=n).astype(np.int64)
 
     # -- threads without a map ----------------------------------------------------------
     def _map_by_containment(self, final: bool) -> AttributedOps:
@@ -743,5 +735,6 @@ class LaunchAttributor:
 
     def statuses(self) -> dict[str, dict[str, float]]:
         """Operations and their GPU time (ms) per attribution status."""
-        return {name: {"ops": self.status_ops[i], "ms": self.status_ns[i] / 1e6}
-                for i, name in enumerate(STATUSES) if self.status_ops[i]}
+        sums = self.status_sums.tolist()
+        return {name: {"ops": sums[i][0], "ms": sums[i][1] / 1e6}
+                for i, name in enumerate(STATUSES) if sums[i][0]}

@@ -54,6 +54,9 @@ if TYPE_CHECKING:
     from ..common.typedefs import RangeRows
     from ..runtime.events import ThreadState
 
+    #: What the queue holds: a thread's block of ranges (None: it finished), or a buffer.
+    _Item = tuple[int, RangeRows | None] | ActivityBatch
+
 #: Seconds between two drains of the queues.
 DRAIN_INTERVAL_S = 0.25
 #: At exit: how long CUPTI's last flush may take, and the drain thread's last drain.
@@ -140,7 +143,7 @@ class GpuSession:
         self.why_off = ""
         #: The recorder's blocks and CUPTI's batches, in the order they arrived (a buffer comes
         #: after the ranges its launches lie in: fed in this order, each finds them kept).
-        self._queue: Deque[tuple[int, RangeRows | None] | ActivityBatch] = deque()
+        self._queue: Deque[_Item] = deque()
         self._queued_batches = 0
         self._threads: Deque[tuple[int, int]] = deque()
         self._lock = threading.Lock()
@@ -259,16 +262,14 @@ class GpuSession:
             self._pairs_seen = collector.pair_count
         self.drains += 1
         items = _take(self._queue)
-        blocks = [item for item in items if isinstance(item, tuple)]
-        if len(blocks) > MAX_QUEUED_BLOCKS:  # the drain fell behind: the oldest go
-            late = {id(item) for item in blocks[:len(blocks) - MAX_QUEUED_BLOCKS]}
-            for _tid, rows in blocks[:len(blocks) - MAX_QUEUED_BLOCKS]:
-                self.dropped_ranges += len(rows) if rows is not None else 0
-            items = [item for item in items if id(item) not in late]
-        self._add_names(analysis)  # after the blocks were taken: their names are known
-        for cupti_thread, tid in _take(self._threads):
-            if not collector.system_thread_ids:
-                analysis.map_thread(cupti_thread, tid)
+        if len(items) > MAX_QUEUED_BLOCKS:  # (the usual drain takes a few: no block counted)
+            self._drop_late_blocks(items)
+        if self._names_known < len(self.recorder.infos):
+            self._add_names(analysis)  # after the blocks were taken: their names are known
+        if self._threads:
+            for cupti_thread, tid in _take(self._threads):
+                if not collector.system_thread_ids:
+                    analysis.map_thread(cupti_thread, tid)
         refit = collector.pair_count != self._pairs_seen
         for item in items:
             if isinstance(item, tuple):
@@ -286,6 +287,17 @@ class GpuSession:
                 self._pairs_seen = collector.pair_count
                 analysis.set_clock(self._fit(collector))
             analysis.feed_activity(item)
+
+    def _drop_late_blocks(self, items: list[_Item]) -> None:
+        """The drain fell behind: the oldest blocks of ranges beyond the bound go (``items``
+        changed in place)."""
+        blocks = [item for item in items if isinstance(item, tuple)]
+        if len(blocks) <= MAX_QUEUED_BLOCKS:
+            return
+        late = {id(item) for item in blocks[:len(blocks) - MAX_QUEUED_BLOCKS]}
+        for _tid, rows in blocks[:len(blocks) - MAX_QUEUED_BLOCKS]:
+            self.dropped_ranges += len(rows) if rows is not None else 0
+        items[:] = [item for item in items if id(item) not in late]
 
     def _fit(self, collector: Collector) -> ClockMap:
         """The clock map through the collector's pairs (in C where built)."""

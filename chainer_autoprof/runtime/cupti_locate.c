@@ -541,17 +541,17 @@ static Py_ssize_t levels_of(held *h, PyObject *depths, level *levels)
 }
 
 /* locate_block(depths, kinds, link_ids, block, (warmup_skip, horizon_ns, PHASE_OUTSIDE,
- * PHASE_OTHER, ATTRIBUTED, RANGES_DROPPED, the agent's thread)) -> (ops, ns) attributed and
- * (ops, ns) with their ranges dropped: locate with a tail, on a block (each launch at its
- * row api_start, the thread's ranges known past every launch); depths: the thread's dict
- * (levels_of). */
+ * PHASE_OTHER, ATTRIBUTED, RANGES_DROPPED, the agent's thread), status_sums): locate with a
+ * tail, on a block (each launch at its row api_start, the thread's ranges known past every
+ * launch); depths: the thread's dict (levels_of); the settled (ops, ns) added to the rows
+ * ATTRIBUTED and RANGES_DROPPED of status_sums (int64[statuses][2], the attribution's). */
 PyObject *cupti_locate_block(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *depths, *kinds_obj, *links_obj, *block_obj;
+    PyObject *depths, *kinds_obj, *links_obj, *block_obj, *sums_obj;
     long long w, hz, po, pth, at, dr, tid;
-    if (!PyArg_ParseTuple(args, "OOOO(LLLLLLL)", &depths, &kinds_obj, &links_obj, &block_obj,
-                          &w, &hz, &po, &pth, &at, &dr, &tid))
+    if (!PyArg_ParseTuple(args, "OOOO(LLLLLLL)O", &depths, &kinds_obj, &links_obj, &block_obj,
+                          &w, &hz, &po, &pth, &at, &dr, &tid, &sums_obj))
         return NULL;
     held h = {NULL, 0, 0};
     level *levels = NULL;
@@ -563,7 +563,7 @@ PyObject *cupti_locate_block(PyObject *self, PyObject *args)
         return NULL;
     }
     Py_ssize_t n_levels = PyDict_Size(depths);
-    h.cap = 3 + n_levels;
+    h.cap = 4 + n_levels;
     h.views = PyMem_Calloc((size_t)h.cap, sizeof(Py_buffer));
     levels = PyMem_Calloc((size_t)(n_levels ? n_levels : 1), sizeof(level));
     hints = PyMem_Calloc((size_t)(n_levels ? n_levels : 1), sizeof(Py_ssize_t));
@@ -581,6 +581,14 @@ PyObject *cupti_locate_block(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "locate: kinds and link ids differ in length");
         goto done;
     }
+    Py_ssize_t n_sums = -1;
+    int64_t *status_sums = int64s(&h, sums_obj, &n_sums, 1);
+    if (status_sums == NULL)
+        goto done;
+    if (at < 0 || dr < 0 || 2 * at + 1 >= n_sums || 2 * dr + 1 >= n_sums) {
+        PyErr_SetString(PyExc_ValueError, "locate_block: status sums of every status");
+        goto done;
+    }
     int64_t *out[OUT_N];
     for (int c = OUT_RANGE; c <= OUT_ITER_END; c++)
         out[c] = row[B_RANGE + (c - OUT_RANGE)];
@@ -593,7 +601,11 @@ PyObject *cupti_locate_block(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     walk_launches(levels, n_levels, t, n, &names, out, hints, &st, &sums);
     Py_END_ALLOW_THREADS
-    result = settled_sums(&sums);
+    status_sums[2 * at] += sums.ops[0];
+    status_sums[2 * at + 1] += sums.ns[0];
+    status_sums[2 * dr] += sums.ops[1];
+    status_sums[2 * dr + 1] += sums.ns[1];
+    result = Py_NewRef(Py_None);
 done:
     release_all(&h);
     PyMem_Free(levels);
@@ -746,10 +758,14 @@ static int parse_clock(PyObject *obj, clock_map *m)
             return -1;
     } else {
         static const char *const names[4] = {"cupti0", "perf0", "slope", "offset"};
+        static PyObject *interned[4]; /* made once (the GIL held): no str made per map */
         PyObject *v[4] = {NULL, NULL, NULL, NULL};
         int ok = 1;
-        for (int k = 0; ok && k < 4; k++)
-            ok = (v[k] = PyObject_GetAttrString(obj, names[k])) != NULL;
+        for (int k = 0; ok && k < 4; k++) {
+            if (interned[k] == NULL && (interned[k] = PyUnicode_InternFromString(names[k])) == NULL)
+                return -1;
+            ok = (v[k] = PyObject_GetAttr(obj, interned[k])) != NULL;
+        }
         if (ok) {
             c0 = PyLong_AsLongLong(v[0]);
             p0 = PyLong_AsLongLong(v[1]);
@@ -1564,8 +1580,17 @@ static PyObject *cupti_clock_fit(PyObject *self, PyObject *rows)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         long long c, p, r = -1;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "LL|L", &c, &p, &r))
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (PyTuple_CheckExact(item) && PyTuple_GET_SIZE(item) == 3) {
+            /* the collector's own pairs (read at every buffer: all of them each time) */
+            c = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 0));
+            p = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 1));
+            r = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 2));
+            if (PyErr_Occurred())
+                goto done;
+        } else if (!PyArg_ParseTuple(item, "LL|L", &c, &p, &r)) {
             goto done;
+        }
         clock_pair row = {c, p, r};
         Py_ssize_t k = i; /* stable insertion by CUPTI time (the pairs come in order) */
         while (k > 0 && pairs[k - 1].cupti > row.cupti) {

@@ -14,7 +14,7 @@ PyObject *cupti_api_add(PyObject *self, PyObject *args);
 PyObject *cupti_api_join(PyObject *self, PyObject *args);
 /* join_block(store, clock, (correlation, start, end), block[, calls]) -> as api_join. */
 PyObject *cupti_join_block(PyObject *self, PyObject *args);
-/* locate_block(depths, kinds, link_ids, block, settling) -> the settled sums. */
+/* locate_block(depths, kinds, link_ids, block, settling, status_sums): the settled sums added. */
 PyObject *cupti_locate_block(PyObject *self, PyObject *args);
 /* The rows of a block (join_block, locate_block) by name: a tuple of str. */
 PyObject *cupti_block_rows(void);

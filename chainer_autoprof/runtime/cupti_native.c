@@ -44,6 +44,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cupti_activity.h>
@@ -116,12 +117,23 @@ typedef struct {
 /* One collector's kernel names (a Python object, so that a name table that still needs its
  * texts keeps them after the collector stopped and another started): the walk appends to
  * the current store (`store`) under `lock`; texts are read from any store under `lock`. */
+/* Where a store's texts lie: chunks of TEXT_CHUNK bytes (a longer text gets one of its
+ * own), each after a link to the previous one, freed with the store: one allocation for a
+ * few hundred names, not one each (a run's names come in its first buffers, dozens at once). */
+#define TEXT_CHUNK ((size_t)64 << 10)
+typedef struct text_chunk {
+    struct text_chunk *prev;
+} text_chunk;
+
 typedef struct {
     PyObject_HEAD
     name_entry *names; /* by id */
     size_t n, cap;
     int64_t *index;    /* open addressing by hash: id + 1, 0 empty */
     size_t cap_index;
+    text_chunk *chunks; /* the newest first */
+    char *free_at;      /* the newest chunk's room left: free_left bytes from free_at */
+    size_t free_left;
     pid_t pid;         /* the process that made it (a forked child takes `lock` only if free) */
 } NameStore;
 
@@ -232,6 +244,25 @@ static inline __attribute__((always_inline)) int64_t name_id(const char *s)
     return name_looked_up(s, slot); /* out of line: the walk's registers stay its own */
 }
 
+/* Room for `size` bytes of text in st's chunks; NULL when out of memory. */
+static char *store_text(NameStore *st, size_t size)
+{
+    if (size > st->free_left) {
+        const size_t bytes = size > TEXT_CHUNK ? size : TEXT_CHUNK;
+        text_chunk *c = malloc(sizeof(text_chunk) + bytes);
+        if (c == NULL)
+            return NULL;
+        c->prev = st->chunks;
+        st->chunks = c;
+        st->free_at = (char *)(c + 1);
+        st->free_left = bytes;
+    }
+    char *at = st->free_at;
+    st->free_at += size;
+    st->free_left -= size;
+    return at;
+}
+
 /* name_id's lookup past the pointer cache: by text, new names appended. */
 static int64_t name_looked_up(const char *s, size_t slot)
 {
@@ -268,7 +299,7 @@ static int64_t name_looked_up(const char *s, size_t slot)
         for (size_t i = 0; i < st->n; i++)
             index_insert(st, (int64_t)i);
     }
-    char *text = malloc(len + 1);
+    char *text = store_text(st, len + 1);
     if (text == NULL)
         return -1;
     memcpy(text, s, len + 1);
@@ -556,8 +587,11 @@ _Static_assert((int)TABLE_OP_KIND == (int)OP_KIND && (int)TABLE_OP_START == (int
 static void name_store_dealloc(PyObject *self)
 {
     NameStore *st = (NameStore *)self; /* no longer the current store: no walk reaches it */
-    for (size_t i = 0; i < st->n; i++)
-        free(st->names[i].text);
+    while (st->chunks != NULL) {
+        text_chunk *prev = st->chunks->prev;
+        free(st->chunks);
+        st->chunks = prev;
+    }
     free(st->names);
     free(st->index);
     Py_TYPE(self)->tp_free(self);
@@ -616,18 +650,45 @@ static NameStore *name_store_new(void)
         st->names = NULL;
         st->n = st->cap = st->cap_index = 0;
         st->index = NULL;
+        st->chunks = NULL;
+        st->free_at = NULL;
+        st->free_left = 0;
         st->pid = getpid();
     }
     return st;
 }
 
+/* CLOCK_MONOTONIC in ns: time.perf_counter_ns() on Linux (CPython reads that clock). */
+static int64_t monotonic_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
+/* The clock pair of a buffer, (CUPTI ns, perf_counter ns, read ns) as
+ * gpu_activity.read_clock_pair makes it (CUPTI's clock read between two of the agent's, the
+ * pair's agent time their middle), read in C before the GIL is waited for: the reads stay
+ * close together, and Python makes no call for them.  None where CUPTI's clock fails. */
+static PyObject *clock_pair(int64_t p0, uint64_t cupti, int64_t p1, int ok)
+{
+    if (!ok)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(KLL)", (unsigned long long)cupti, (long long)(p0 + (p1 - p0) / 2),
+                         (long long)(p1 - p0));
+}
+
 /* Hand one buffer's tables to Python (GIL taken here, and only here), with the range of
- * name ids new in it (their texts stay in `names` until Python asks). */
+ * name ids new in it (their texts stay in `names` until Python asks) and its clock pair. */
 static void hand_over(table *ops, table *api, size_t first_name, size_t new_names,
                       unsigned long generation)
 {
     if (closed || !Py_IsInitialized() || python_finalizing())
         return;
+    uint64_t cupti_ns = 0;
+    const int64_t p0 = monotonic_ns();
+    const int clock_ok = lib.timestamp(&cupti_ns) == CUPTI_SUCCESS;
+    const int64_t p1 = monotonic_ns();
     PyGILState_STATE gil = PyGILState_Ensure();
     /* closed while this thread waited for the GIL, or another collector registered since
      * the walk (its store may be gone: the store changes only with the GIL held) */
@@ -640,24 +701,26 @@ static void hand_over(table *ops, table *api, size_t first_name, size_t new_name
     Py_INCREF(callback);
     PyObject *o = columns(ops), *a = columns(api);
     int ok = o != NULL && a != NULL;
-    PyObject *args[8] = {o,
+    PyObject *args[9] = {o,
                          PyLong_FromSsize_t((Py_ssize_t)ops->n),
                          a,
                          PyLong_FromSsize_t((Py_ssize_t)api->n),
                          PyLong_FromSsize_t((Py_ssize_t)ops->cap),
                          PyLong_FromSsize_t((Py_ssize_t)first_name),
                          PyLong_FromSsize_t((Py_ssize_t)new_names),
-                         names};
-    for (int k = 1; k < 7; k++)
+                         names,
+                         clock_pair(p0, cupti_ns, p1, clock_ok)};
+    for (int k = 1; k < 9; k++)
         ok = ok && args[k] != NULL;
     if (ok) {
-        PyObject *r = PyObject_Vectorcall(callback, args, 8, NULL);
+        PyObject *r = PyObject_Vectorcall(callback, args, 9, NULL);
         ok = r != NULL;
         Py_XDECREF(r);
     }
     for (int k = 3; k < 7; k++)
         Py_XDECREF(args[k]);
     Py_XDECREF(args[1]);
+    Py_XDECREF(args[8]);
     if (!ok) {
         counts.errors++;
         PyErr_Clear(); /* CUPTI's thread must never carry our exception */

@@ -50,6 +50,7 @@ from .gpu_activity import (
     FLUSH_PERIOD_MS,
     QUIET_DRIVER,
     QUIET_RUNTIME,
+    ClockPair,
     CuptiCollector,
     describe_error,
 )
@@ -177,14 +178,18 @@ class NativeCuptiCollector(CuptiCollector):
 
     # -- what the extension calls, once per buffer, on CUPTI's thread --------------------
     def _on_buffer(self, ops: Buffer, n_ops: int, api: Buffer, n_api: int, room: int,
-                   first_name: int, new_names: int, store: NameSource) -> None:
+                   first_name: int, new_names: int, store: NameSource,
+                   pair: ClockPair | None) -> None:
+        """A buffer's tables, and the clock pair the extension read as it completed (None:
+        CUPTI's clock failed).  The counts are read from the extension when asked for
+        (:meth:`_sync_counts`: at a flush and at the end), not at every buffer."""
         if self.closed:
             return
         try:
             batch = self.batch_from_tables(ops, n_ops, api, n_api, room, first_name,
                                            new_names, store)
-            self._pair()
-            self._sync_counts()
+            if pair is not None:
+                self._add_pair(pair)
             self.on_batch(batch)
         except Exception as exc:  # CUPTI's thread must never see our error  # noqa: BLE001
             self._errors += 1

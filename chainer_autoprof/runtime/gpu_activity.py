@@ -77,7 +77,11 @@ QUIET_DRIVER = ("cuGetProcAddress_v2", "cuStreamGetCaptureInfo_v2", "cuDeviceGet
 MAX_PAIRS = 4096
 
 
-def read_clock_pair(timestamp: Callable[[], int]) -> tuple[int, int, int]:
+#: ``(other clock ns, perf_counter_ns, read ns)``: see :func:`read_clock_pair`.
+ClockPair = tuple[int, int, int]
+
+
+def read_clock_pair(timestamp: Callable[[], int]) -> ClockPair:
     """``(other clock ns, perf_counter_ns, read ns)``: ``timestamp()`` read between two
     ``perf_counter_ns`` reads; the pair's perf time is their middle, its error at most
     their distance."""
@@ -109,7 +113,7 @@ class CuptiCollector:
         self._cupti: Any = None
         self._enabled: list[Any] = []
         self._lock = threading.Lock()
-        self._pairs: list[tuple[int, int, int]] = []
+        self._pairs: list[ClockPair] = []
         self.system_thread_ids = False
         self.buffers = 0
         self.records = 0
@@ -153,11 +157,13 @@ class CuptiCollector:
     def _pair(self) -> None:
         timestamp = self._timestamp()
         if timestamp is not None:
-            pair = read_clock_pair(timestamp)
-            with self._lock:
-                self._pairs.append(pair)
-                if len(self._pairs) > MAX_PAIRS:  # keep the first and a thinned rest
-                    self._pairs = self._pairs[:1] + self._pairs[1::2]
+            self._add_pair(read_clock_pair(timestamp))
+
+    def _add_pair(self, pair: ClockPair) -> None:
+        with self._lock:
+            self._pairs.append(pair)
+            if len(self._pairs) > MAX_PAIRS:  # keep the first and a thinned rest
+                self._pairs = self._pairs[:1] + self._pairs[1::2]
 
     def _count_dropped(self) -> None:
         """Records CUPTI dropped since the last call (its buffers were full)."""
@@ -287,10 +293,10 @@ class CuptiCollector:
         with self._lock:
             return ClockPairs.from_rows(list(self._pairs))
 
-    def pair_rows(self) -> list[tuple[int, ...]]:
-        """The clock pairs as read, ``(cupti_ns, perf_counter_ns, read_ns)`` rows (a copy)."""
-        with self._lock:
-            return list(self._pairs)
+    def pair_rows(self) -> list[ClockPair]:
+        """The clock pairs as read, ``(cupti_ns, perf_counter_ns, read_ns)`` rows (a copy:
+        one C call under the GIL, which an append or a thinning cannot split, no lock)."""
+        return list(self._pairs)
 
     @property
     def pair_count(self) -> int:
