@@ -3,9 +3,12 @@ the CNN at batch 16 and 512, each under the agent at sync level 0 in each config
 rotated three times after one run not counted (the first compiles CuPy's kernels): GPU
 activity off; on, CUPTI recording every API call but the quiet ones (``all``); on, CUPTI
 recording only the launching calls (``launches``, the default;
-``CHAINER_AUTOPROF_CUPTI_CALLS``); for the RNN also CUPTI and the native reader alone, their
-buffers discarded (``reader``, ``reader_only.py``: what CUPTI's tracing and the reading cost
-without the agent's analysis).  Each configuration's throughput and process wall
+``CHAINER_AUTOPROF_CUPTI_CALLS``); for the RNN, instead of ``all`` (which costs it twice what
+``launches`` does), CUPTI and the native reader alone, their buffers discarded (``reader``,
+``reader_only.py``: what CUPTI's tracing and the reading cost without the agent's analysis),
+and the same with no call recorded (``kernels``: CUPTI's tracing of the operations alone), so
+that one run splits the cost: off -> kernels CUPTI's operations, kernels -> reader their
+calls, reader -> launches the agent's analysis.  Each configuration's throughput and process wall
 against the targets (within 3%; wall within 3% + 1 s), and for the CNN the per-link GPU
 times, the busy share and its idle split with HolisticTraceAnalysis's beside them."""
 
@@ -34,16 +37,20 @@ CONFIGS = {
     "all": {"CHAINER_PROF_GPU_ACTIVITY": "1", "CHAINER_AUTOPROF_CUPTI_CALLS": "all"},
     "launches": {"CHAINER_PROF_GPU_ACTIVITY": "1", "CHAINER_AUTOPROF_CUPTI_CALLS": "launches"},
     "reader": {"CHAINER_PROF_GPU_ACTIVITY": "0"},
+    "kernels": {"CHAINER_PROF_GPU_ACTIVITY": "0", "READER_ONLY_CALLS": "none"},
 }
 #: Configurations that run the script through a wrapper: ``reader``, CUPTI and the native
 #: reader as the agent starts them (launching calls), the buffers discarded: against ``off``
-#: what CUPTI and the reading cost, against ``launches`` what the agent's analysis adds.
-WRAPPERS = {"reader": HERE / "reader_only.py"}
+#: what CUPTI and the reading cost, against ``launches`` what the agent's analysis adds;
+#: ``kernels``, the same with every call switched off again.
+WRAPPERS = {"reader": HERE / "reader_only.py", "kernels": HERE / "reader_only.py"}
 #: Each configuration with GPU activity as the verdicts name it.
 LABELS = {"all": "GPU activity, every call", "launches": "GPU activity, launching calls",
-          "reader": "CUPTI and the reader alone"}
-#: What the CNN compares; the RNN, where the cost is, compares all.
+          "reader": "CUPTI and the reader alone",
+          "kernels": "CUPTI's operations alone (no call recorded)"}
+#: What the CNN compares, and the RNN, where the cost is.
 CNN_CONFIGS = ("off", "all", "launches")
+RNN_CONFIGS = ("off", "launches", "reader", "kernels")
 
 
 def under_agent(script: str, args: list[str], config: str, trace: Path,
@@ -96,7 +103,7 @@ def judged(what: str, runs: dict[str, list[tuple[float, float]]]) -> bool:
     return verdicts["launches"]
 
 
-def rotated(rounds: int, names: tuple[str, ...] = tuple(CONFIGS)) -> list[tuple[int, str]]:
+def rotated(rounds: int, names: tuple[str, ...]) -> list[tuple[int, str]]:
     """(round, configuration) in the order run: each round starts one further along."""
     return [(i + 1, c) for i in range(rounds)
             for c in names[i % len(names):] + names[:i % len(names)]]
@@ -162,9 +169,9 @@ def describe(path: Path, folder: Path) -> bool:
 
 def ptb(out: Path, words: int = 35_000, rounds: int = 3) -> bool:
     """The PTB-shaped RNN in each configuration, rotated ``rounds`` times."""
-    runs: dict[str, list[tuple[float, float]]] = {c: [] for c in CONFIGS}
+    runs: dict[str, list[tuple[float, float]]] = {c: [] for c in RNN_CONFIGS}
     under_agent("ptb.py", ["--words", "3000"], "off", out / "warm-up.json")  # not counted
-    for i, config in rotated(rounds):
+    for i, config in rotated(rounds, RNN_CONFIGS):
         proc, wall = under_agent("ptb.py", ["--words", str(words)], config,
                                  out / f"ptb_{config}.json")
         found = re.search(r"^iterations (\d+) training_s (\S+)$", proc.stdout, re.M)

@@ -6,10 +6,13 @@ without the agent's analysis of the records.
     python -m chainer_autoprof tests/gpu/reader_only.py tests/gpu/ptb.py --words 35000
 
 (with ``CHAINER_PROF_GPU_ACTIVITY=0``: the agent's ranges as in the run it is compared with).
+``READER_ONLY_CALLS=none``: every API call switched off again once started, CUPTI tracing the
+operations alone (against the run with the calls: what recording them costs).
 """
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 
@@ -21,8 +24,16 @@ def main() -> None:
     reader = cupti_native.start(lambda batch: None)
     if isinstance(reader, str):
         raise SystemExit(f"reader_only: {reader}")
+    calls = reader.calls
+    if os.environ.get("READER_ONLY_CALLS") == "none":
+        reader._switch_off_calls()  # the launching calls switched on one by one
+        ext = reader._ext
+        for kind in cupti_native.API_KIND_IDS:  # (on where libcupti refused those switches)
+            if kind in reader._enabled and ext is not None:
+                ext.disable(kind)
+        calls = "none"
     print(f"reader_only: CUPTI read by the native ({reader.library}) reader, "
-          f"calls {reader.calls}", file=sys.stderr)
+          f"calls {calls}", file=sys.stderr)
     sys.argv = [script, *args]
     try:
         runpy.run_path(script, run_name="__main__")

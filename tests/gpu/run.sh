@@ -7,9 +7,10 @@
 #                            # (the native CUPTI reader built against the machine's CUPTI
 #                            # headers), runs tests/gpu/measure.py: the PTB-shaped RNN
 #                            # (tests/gpu/ptb.py), the CNN at batch 16 and 512, each with GPU
-#                            # activity off, on with every API call recorded, and on with
-#                            # only the launching calls recorded (the default; the RNN also
-#                            # with CUPTI and the reader alone: reader_only.py),
+#                            # activity off, on with every API call recorded (the CNN), and
+#                            # on with only the launching calls recorded (the default; the
+#                            # RNN also with CUPTI and the reader alone, with and without the
+#                            # calls: reader_only.py),
 #                            # rotated three times; then the gpu-marked tests; CUPTI_READER=python:
 #                            # cupti-python's reader instead of the native one
 #
