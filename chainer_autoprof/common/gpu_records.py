@@ -394,27 +394,22 @@ class TableBatch(ActivityBatch):
     # it has, made on CUPTI's thread at every buffer)
     _ops: GpuOps | None = None
     _api: ApiCalls | None = None
+    # the counts as plain attributes (no property call: each buffer reads them a few times)
+    op_count = 0
+    api_count = 0
 
     def __init__(self, op_table: Any, n_ops: int, api_table: Any, n_api: int, room: int,
                  external: ExternalIds, names: NameTable) -> None:
         self.op_table, self.api_table, self.room = op_table, api_table, room
-        self._n_ops, self._n_api = n_ops, n_api
+        self.op_count, self.api_count = n_ops, n_api
         self.external = external
         self.names = names
-
-    @property
-    def op_count(self) -> int:
-        return self._n_ops
-
-    @property
-    def api_count(self) -> int:
-        return self._n_api
 
     @property
     def ops(self) -> GpuOps:
         made = self._ops
         if made is None:
-            made = self._ops = table_columns(GpuOps, self.op_table, self.room, self._n_ops)
+            made = self._ops = table_columns(GpuOps, self.op_table, self.room, self.op_count)
         return made
 
     @ops.setter
@@ -425,7 +420,7 @@ class TableBatch(ActivityBatch):
     def api(self) -> ApiCalls:
         made = self._api
         if made is None:
-            made = self._api = table_columns(ApiCalls, self.api_table, self.room, self._n_api)
+            made = self._api = table_columns(ApiCalls, self.api_table, self.room, self.api_count)
         return made
 
     @api.setter
