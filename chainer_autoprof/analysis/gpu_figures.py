@@ -122,12 +122,17 @@ class _Timeline:
     totals: Int64Array = _NO_TOTALS
     counted = 0
     warmup_skip = 0
+    #: What the placement in C takes as data: the sentinel and the launch gap.
+    _constants = (_NEG, LAUNCH_GAP_NS)
 
-    def __init__(self, device: int, max_kept: int) -> None:
+    def __init__(self, device: int, max_kept: int, native: ModuleType | None = None) -> None:
         self.device = device
         self.pool: list[Int64Array] = []      # (n, 7) rows waiting to be placed
         self.iter_end: dict[int, int] = {}    # ordinal -> host end of that iteration
         self.max_kept = max_kept
+        #: The placement in C (the ``_cupti`` extension's ``timeline_place``), else NumPy's
+        #: :meth:`_process` (its twin): chosen here.
+        self.native = native if hasattr(native, "timeline_place") else None
 
     def add(self, rows: Int64Array, earliest: int | None = None) -> None:
         """Pool ``rows`` (``earliest``: their earliest start, where known)."""
@@ -148,7 +153,10 @@ class _Timeline:
         rows = rows[np.argsort(rows[:, 0], kind="stable")]
         cut = len(rows) if upto is None else int(np.searchsorted(rows[:, 0], upto, "left"))
         if cut:
-            self._process(rows[:cut])
+            if self.native is not None:
+                self._process_in_c(rows[:cut], self.native)
+            else:
+                self._process(rows[:cut])
             self.placed_ns = max(self.placed_ns, int(rows[cut - 1, 0]) + 1
                                  if upto is None else upto)
         rest = rows[cut:]
@@ -225,6 +233,20 @@ class _Timeline:
         self.fa = max(self.fa, int(end.max())) if n else self.fa
         if is_kernel.any():
             self.fk = max(self.fk, int(end[is_kernel].max()))
+
+    def _process_in_c(self, r: Int64Array, native: ModuleType) -> None:
+        """:meth:`_process` in one C pass: the same windows closed, the same state after."""
+        out, self.key, self.win_start, self.max_ord, self.fa, self.fk = native.timeline_place(
+            r, self.iter_end, (self.key, self.max_ord, self.fa, self.fk, self.win_start),
+            self.acc, self._constants)
+        sums = np.frombuffer(out, _INT64)
+        self.acc = sums[-6:]  # (read only: never written, as the NumPy twin's)
+        if len(sums) > 6:  # the windows finished: (key, t0, t1, six sums) each
+            closed = sums[:-6].reshape(-1, 9)
+            for j, (key, t0, t1) in enumerate(closed[:, :3].tolist()):
+                self._close(key, t0, t1, closed[j, 3:])
+        if len(self.iter_end) > 4096:  # only the newest iterations' ends are looked up
+            self.iter_end = {o: e for o, e in self.iter_end.items() if o >= self.max_ord - 1024}
 
     def _close(self, key: int, t0: int, t1: int, s: Int64Array) -> None:
         if key < 0 or key % 2 or t0 == _NEG:
@@ -417,7 +439,7 @@ class GpuFigureBuilder:
         known)."""
         tl = self.timelines.get(dev)
         if tl is None:
-            tl = self.timelines[dev] = _Timeline(dev, self.max_kept)
+            tl = self.timelines[dev] = _Timeline(dev, self.max_kept, self.native)
             tl.warmup_skip = self.warmup_skip
         tl.add(rows, earliest)
         if tl.pool_n > self.max_pool:  # place the oldest half

@@ -1828,3 +1828,238 @@ int cupti_locate_ready(PyObject *module)
         return -1;
     return PyModule_AddFunctions(module, figure_methods);
 }
+
+/* -- the GPU timeline's placement (analysis.gpu_figures._Timeline._process's twin) ----------
+ *
+ * timeline_place(rows, iter_end, (key, max_ord, fa, fk, win_start), acc, (neg, launch_gap))
+ *   -> (windows, key, win_start, max_ord, fa, fk):
+ *   rows      int64[n][7] sorted by start: (start, end, kernel?, launch, ordinal, iter_end,
+ *             loop?) (_Timeline.add's rows);
+ *   iter_end  the timeline's dict ordinal -> host end of that iteration: each ordinal's
+ *             first row here (ordinal and end >= 0) raises it, before any is looked up;
+ *   state     the timeline's carried state; acc the open window's six sums (int64[6]);
+ *   neg, launch_gap  gpu_figures' _NEG and LAUNCH_GAP_NS.
+ * windows: the bytes of the windows finished here, 9 int64 each (key, t0, t1, six sums),
+ * then the open window's six sums.  One pass in the rows' order with the running maxima
+ * the NumPy twin takes by accumulate; its arithmetic wraps as NumPy's int64 does (its
+ * float sums are exact below 2**53 ns: the same numbers). */
+enum { TL_START, TL_END, TL_KERNEL, TL_LAUNCH, TL_ORDINAL, TL_ITER_END, TL_LOOP, TL_W };
+enum { TL_SUMS = 6, TL_ROW = 3 + TL_SUMS };
+
+static inline int64_t wrap_sub(int64_t a, int64_t b)
+{
+    return (int64_t)((uint64_t)a - (uint64_t)b);
+}
+
+static inline int64_t max64(int64_t a, int64_t b)
+{
+    return a > b ? a : b;
+}
+
+/* An ordinal's first row with an end in a chunk. */
+typedef struct {
+    int64_t ordinal, end;
+    Py_ssize_t row;
+} tl_first;
+
+static int by_ordinal_then_row(const void *a, const void *b)
+{
+    const tl_first *x = a, *y = b;
+    if (x->ordinal != y->ordinal)
+        return x->ordinal < y->ordinal ? -1 : 1;
+    return (x->row > y->row) - (x->row < y->row);
+}
+
+/* The first rows of a run of one ordinal among the rows with an ordinal and an end (each
+ * ordinal's first row among them), into at (room: `room`); their count (over room: not
+ * all written). */
+static Py_ssize_t tl_firsts(const int64_t *r, Py_ssize_t n, tl_first *at, Py_ssize_t room)
+{
+    Py_ssize_t m = 0;
+    int64_t last = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t o = r[TL_W * i + TL_ORDINAL], e = r[TL_W * i + TL_ITER_END];
+        if (o < 0 || e < 0 || (m > 0 && o == last))
+            continue;
+        if (m < room)
+            at[m] = (tl_first){o, e, i};
+        m++;
+        last = o;
+    }
+    return m;
+}
+
+/* iter_end[o] = max(e, iter_end.get(o, -1)) for each ordinal's first row (o, e); 0, or -1
+ * with the error set. */
+static int tl_raise_ends(PyObject *ends, const int64_t *r, Py_ssize_t n)
+{
+    tl_first room[64], *firsts = room;
+    Py_ssize_t m = tl_firsts(r, n, room, 64);
+    if (m > 64) { /* many runs (rows of interleaved iterations): room for them all */
+        if ((firsts = PyMem_Malloc((size_t)m * sizeof(tl_first))) == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        tl_firsts(r, n, firsts, m);
+    }
+    int ascending = 1;
+    for (Py_ssize_t j = 1; j < m; j++)
+        ascending &= firsts[j].ordinal > firsts[j - 1].ordinal;
+    if (!ascending) /* an ordinal's runs together, its first row first */
+        qsort(firsts, (size_t)m, sizeof(tl_first), by_ordinal_then_row);
+    int rc = 0;
+    for (Py_ssize_t j = 0; rc == 0 && j < m; j++) {
+        if (j > 0 && firsts[j].ordinal == firsts[j - 1].ordinal)
+            continue;
+        PyObject *key = PyLong_FromLongLong(firsts[j].ordinal), *value = NULL;
+        rc = -1;
+        if (key != NULL) {
+            PyObject *had = PyDict_GetItemWithError(ends, key); /* borrowed */
+            long long have = had != NULL ? PyLong_AsLongLong(had) : -1;
+            if (!PyErr_Occurred()) {
+                value = PyLong_FromLongLong(max64(firsts[j].end, have));
+                rc = value != NULL ? PyDict_SetItem(ends, key, value) : -1;
+            }
+        }
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+    }
+    if (firsts != room)
+        PyMem_Free(firsts);
+    return rc;
+}
+
+/* iter_end.get(o, -1); -2 with the error set (an end is never below -1). */
+static int64_t tl_end_of(PyObject *ends, int64_t o)
+{
+    PyObject *key = PyLong_FromLongLong(o);
+    if (key == NULL)
+        return -2;
+    PyObject *had = PyDict_GetItemWithError(ends, key); /* borrowed */
+    Py_DECREF(key);
+    if (had == NULL)
+        return PyErr_Occurred() ? -2 : -1;
+    long long end = PyLong_AsLongLong(had);
+    return end == -1 && PyErr_Occurred() ? -2 : end;
+}
+
+/* The finished windows' rows, growing (a chunk finishes a few: an iteration's operations). */
+typedef struct {
+    int64_t *rows, room[16 * TL_ROW];
+    Py_ssize_t n, cap;
+} tl_windows;
+
+static int tl_window(tl_windows *w, int64_t key, int64_t t0, int64_t t1, const int64_t *sums)
+{
+    if (w->n == w->cap) {
+        Py_ssize_t cap = 2 * w->cap;
+        int64_t *grown = PyMem_Malloc((size_t)(cap * TL_ROW + TL_SUMS) * sizeof(int64_t));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(grown, w->rows, (size_t)(w->n * TL_ROW) * sizeof(int64_t));
+        if (w->rows != w->room)
+            PyMem_Free(w->rows);
+        w->rows = grown;
+        w->cap = cap;
+    }
+    int64_t *row = w->rows + w->n++ * TL_ROW;
+    row[0] = key;
+    row[1] = t0;
+    row[2] = t1;
+    memcpy(row + 3, sums, TL_SUMS * sizeof(int64_t));
+    return 0;
+}
+
+PyObject *cupti_timeline_place(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *rows_obj, *ends, *acc_obj;
+    long long key, max_ord, fa, fk, win_start, neg, launch_gap;
+    if (!PyArg_ParseTuple(args, "OO!(LLLLL)O(LL)", &rows_obj, &PyDict_Type, &ends, &key,
+                          &max_ord, &fa, &fk, &win_start, &acc_obj, &neg, &launch_gap))
+        return NULL;
+    held h = {PyMem_Calloc(2, sizeof(Py_buffer)), 0, 2};
+    if (h.views == NULL)
+        return PyErr_NoMemory();
+    PyObject *result = NULL;
+    tl_windows w = {NULL, {0}, 0, (Py_ssize_t)(sizeof w.room / sizeof w.room[0]) / TL_ROW - 1};
+    w.rows = w.room; /* (room for the open window's sums after the rows) */
+    Py_ssize_t cells = -1, n_acc = TL_SUMS;
+    const int64_t *r = int64s(&h, rows_obj, &cells, 0);
+    const int64_t *acc_in = r != NULL ? int64s(&h, acc_obj, &n_acc, 0) : NULL;
+    if (acc_in == NULL)
+        goto done;
+    if (cells % TL_W) {
+        PyErr_SetString(PyExc_ValueError, "timeline_place: rows of 7");
+        goto done;
+    }
+    const Py_ssize_t n = cells / TL_W;
+    if (tl_raise_ends(ends, r, n) < 0)
+        goto done;
+    int64_t acc[TL_SUMS];
+    memcpy(acc, acc_in, sizeof acc);
+    int64_t window = key, running = max_ord, fa_run = fa, fk_run = fk, fk_out = fk;
+    int64_t looked = -1, looked_end = -1; /* the last ordinal looked up (-1: none) and its end */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t *row = r + TL_W * i;
+        const int64_t start = row[TL_START], end = row[TL_END], launch = row[TL_LAUNCH];
+        const int64_t ordinal = row[TL_ORDINAL];
+        const int is_kernel = row[TL_KERNEL] == 1, loop = row[TL_LOOP] == 1;
+        running = max64(running, loop ? ordinal : -1);
+        int64_t key_i = -1;
+        if (running >= 0) {
+            int flip = 0;
+            if (loop && ordinal < 0) { /* what the loop thread launched after its iteration */
+                if (running != looked) {
+                    if ((looked_end = tl_end_of(ends, running)) == -2)
+                        goto done;
+                    looked = running;
+                }
+                flip = looked_end >= 0 && launch > looked_end;
+            }
+            key_i = (int64_t)(2 * (uint64_t)running + (uint64_t)flip);
+        }
+        const int boundary = key_i > window;
+        const int64_t fa_prev = fa_run, fk_prev = fk_run;
+        const int64_t gap = fa_prev == neg ? 0 : max64(0, wrap_sub(start, max64(fa_prev, neg + 1)));
+        const int64_t all_c = max64(0, wrap_sub(end, max64(start, fa_prev)));
+        const int64_t busy_c = is_kernel ? max64(0, wrap_sub(end, max64(start, fk_prev))) : 0;
+        const int late = launch >= 0 && launch > fa_prev && fa_prev != neg;
+        /* the gap whole to one cause, in the window it ends (before a boundary: the old one) */
+        const int cause = late ? (boundary ? 4 : 2) : gap < launch_gap ? 5 : 3;
+        acc[cause] = (int64_t)((uint64_t)acc[cause] + (uint64_t)gap);
+        if (boundary) { /* union time that ran on past it moves to the window it ran in */
+            const int64_t over_all = max64(0, wrap_sub(fa_prev, start));
+            const int64_t over_k = max64(0, wrap_sub(fk_prev, start));
+            acc[1] = wrap_sub(acc[1], over_all);
+            acc[0] = wrap_sub(acc[0], over_k);
+            if (tl_window(&w, window, win_start, start, acc) < 0)
+                goto done;
+            acc[0] = over_k;
+            acc[1] = over_all;
+            acc[2] = acc[3] = acc[4] = acc[5] = 0;
+            window = key_i;
+            win_start = start;
+        }
+        acc[0] = (int64_t)((uint64_t)acc[0] + (uint64_t)busy_c);
+        acc[1] = (int64_t)((uint64_t)acc[1] + (uint64_t)all_c);
+        fa_run = max64(fa_run, end);
+        fk_run = max64(fk_run, is_kernel ? end : neg);
+        if (is_kernel)
+            fk_out = max64(fk_out, end);
+    }
+    memcpy(w.rows + w.n * TL_ROW, acc, sizeof acc);
+    PyObject *out = PyBytes_FromStringAndSize(
+        (const char *)w.rows, (Py_ssize_t)((size_t)(w.n * TL_ROW + TL_SUMS) * sizeof(int64_t)));
+    if (out != NULL)
+        result = Py_BuildValue("(NLLLLL)", out, (long long)window, (long long)win_start,
+                               (long long)(n ? running : max_ord), (long long)fa_run,
+                               (long long)fk_out);
+done:
+    if (w.rows != w.room)
+        PyMem_Free(w.rows);
+    release_all(&h);
+    return result;
+}
