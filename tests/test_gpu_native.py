@@ -1334,3 +1334,31 @@ def test_the_timeline_in_c_splits_ties_as_numpy_and_hta_do(extension):
             [300_000, 150_000, 100_000, 0, 50_000, 0, 0]]
         assert got.counted == 2 and got.totals.tolist() == [900_000, 420_000, 130_000, 70_000,
                                                             150_000, 0, 130_000]
+
+
+def test_the_timelines_pool_is_sorted_in_c_as_numpys_stable_sort(extension):
+    """The pooled chunks sorted by start in C come out as NumPy's stable sort of them one
+    after another: chunks in order, nearly in order (a row a few or many places back: a
+    buffer's kernels and then its copies), reversed, many equal starts (their order kept),
+    more runs than the first room for them, empty chunks and none."""
+    rng = np.random.default_rng(17)
+    for _ in range(400):
+        chunks = []
+        for _ in range(int(rng.integers(0, 5))):
+            n = int(rng.choice([0, 1, 2, 5, 30, 200, 1000]))
+            starts = rng.integers(0, int(rng.choice([3, 100, 10**6])), n)
+            shape = int(rng.integers(0, 4))
+            if shape < 3:
+                starts = np.sort(starts)
+            if shape == 1 and n:  # some rows a few places back
+                back = rng.integers(0, n, max(1, n // 20))
+                starts[back] -= rng.integers(0, 50, len(back))
+            if shape == 2:
+                starts = starts[::-1].copy()
+            rows = np.zeros((n, 7), dtype=np.int64)
+            rows[:, 0], rows[:, 1] = starts, np.arange(n) + 10_000 * len(chunks)  # (which row)
+            chunks.append(rows)
+        pooled = np.concatenate(chunks) if chunks else np.zeros((0, 7), dtype=np.int64)
+        got = np.empty_like(pooled)
+        extension.timeline_sort(chunks, got)
+        assert np.array_equal(got, pooled[np.argsort(pooled[:, 0], kind="stable")])

@@ -149,12 +149,17 @@ class _Timeline:
         """Place the pooled operations that start before ``upto`` (all: ``None``)."""
         if not self.pool_n:
             return
-        rows = np.concatenate(self.pool) if len(self.pool) > 1 else self.pool[0]
-        rows = rows[np.argsort(rows[:, 0], kind="stable")]
+        native = self.native
+        if native is not None:  # one copy, its runs in order merged (the same rows)
+            rows = np.empty((self.pool_n, 7), _INT64)
+            native.timeline_sort(self.pool, rows)
+        else:
+            rows = np.concatenate(self.pool) if len(self.pool) > 1 else self.pool[0]
+            rows = rows[np.argsort(rows[:, 0], kind="stable")]
         cut = len(rows) if upto is None else int(np.searchsorted(rows[:, 0], upto, "left"))
         if cut:
-            if self.native is not None:
-                self._process_in_c(rows[:cut], self.native)
+            if native is not None:
+                self._process_in_c(rows[:cut], native)
             else:
                 self._process(rows[:cut])
             self.placed_ns = max(self.placed_ns, int(rows[cut - 1, 0]) + 1
@@ -242,11 +247,27 @@ class _Timeline:
         sums = np.frombuffer(out, _INT64)
         self.acc = sums[-6:]  # (read only: never written, as the NumPy twin's)
         if len(sums) > 6:  # the windows finished: (key, t0, t1, six sums) each
-            closed = sums[:-6].reshape(-1, 9)
-            for j, (key, t0, t1) in enumerate(closed[:, :3].tolist()):
-                self._close(key, t0, t1, closed[j, 3:])
+            self._close_windows(sums[:-6].reshape(-1, 9))
         if len(self.iter_end) > 4096:  # only the newest iterations' ends are looked up
             self.iter_end = {o: e for o, e in self.iter_end.items() if o >= self.max_ord - 1024}
+
+    def _close_windows(self, closed: Int64Array) -> None:
+        """:meth:`_close` of each row (key, t0, t1, six sums) of ``closed``, as one block (the
+        same rows: a run's windows at its end are many)."""
+        key, t0 = closed[:, 0], closed[:, 1]
+        counted = (key >= 0) & (key % 2 == 0) & (t0 != _NEG) & (key // 2 >= self.warmup_skip)
+        if not counted.any():
+            return
+        c = closed[counted]
+        busy, active = c[:, 3], c[:, 4]
+        rows = np.column_stack((c[:, 2] - c[:, 1], busy, c[:, 5], np.maximum(0, active - busy),
+                                c[:, 7], c[:, 8], c[:, 6]))  # (span, busy, host, copies, ...)
+        self.counted += len(rows)
+        if self.series is None:
+            self.series = Series(self.max_kept, len(WINDOW_COLUMNS))
+            self.totals = np.zeros(len(WINDOW_COLUMNS), dtype=np.int64)
+        self.totals += rows.sum(axis=0)
+        self.series.extend(rows.astype(np.float64) / 1e6)
 
     def _close(self, key: int, t0: int, t1: int, s: Int64Array) -> None:
         if key < 0 or key % 2 or t0 == _NEG:

@@ -2063,3 +2063,169 @@ done:
     release_all(&h);
     return result;
 }
+
+/* Of rows[lo:hi], sorted by start, the first whose start passes x (> x; or, `ties` 0, a tie
+ * passes too: >= x), galloped to from lo (the blocks merged are mostly short). */
+static Py_ssize_t tl_first_past(const int64_t *rows, Py_ssize_t lo, Py_ssize_t hi, int64_t x,
+                                int ties)
+{
+#define TL_PAST(r) (ties ? rows[TL_W * (r) + TL_START] > x : rows[TL_W * (r) + TL_START] >= x)
+    Py_ssize_t before = lo - 1, at = lo, step = 1; /* not past at `before` (or none) */
+    while (at < hi && !TL_PAST(at)) {
+        before = at;
+        at += step;
+        step <<= 1;
+    }
+    if (at > hi)
+        at = hi; /* past at `at`, or at == hi */
+    while (at - before > 1) {
+        Py_ssize_t mid = before + (at - before) / 2;
+        if (TL_PAST(mid))
+            at = mid;
+        else
+            before = mid;
+    }
+    return at;
+#undef TL_PAST
+}
+
+/* Room for `rows` rows in *tmp (holding *room); 0, or -1 with the error set. */
+static int tl_room(int64_t **tmp, Py_ssize_t *room, Py_ssize_t rows)
+{
+    if (rows <= *room)
+        return 0;
+    PyMem_Free(*tmp);
+    if ((*tmp = PyMem_Malloc((size_t)(TL_W * rows) * sizeof(int64_t))) == NULL) {
+        *room = 0;
+        PyErr_NoMemory();
+        return -1;
+    }
+    *room = rows;
+    return 0;
+}
+
+/* The sorted runs [a, m) and [m, b) of out merged stably in place (ties: the first run's
+ * first): the rows already in place left there, the first run's rest moved aside (into
+ * *tmp) and merged back block by block; 0, or -1 with the error set. */
+static int tl_merge(int64_t *out, Py_ssize_t a, Py_ssize_t m, Py_ssize_t b, int64_t **tmp,
+                    Py_ssize_t *room)
+{
+    const size_t row = TL_W * sizeof(int64_t);
+    if (out[TL_W * (m - 1) + TL_START] <= out[TL_W * m + TL_START])
+        return 0; /* in order already (the usual: one buffer after another) */
+    a = tl_first_past(out, a, m, out[TL_W * m + TL_START], 1);
+    b = tl_first_past(out, m, b, out[TL_W * (m - 1) + TL_START], 0);
+    const Py_ssize_t left = m - a;
+    if (tl_room(tmp, room, left) < 0)
+        return -1;
+    int64_t *t = *tmp;
+    memcpy(t, out + TL_W * a, (size_t)left * row);
+    Py_ssize_t i = 0, j = m, d = a; /* d <= j: the rows written never pass those to read */
+    while (i < left && j < b) {
+        Py_ssize_t k;
+        if (t[TL_W * i + TL_START] <= out[TL_W * j + TL_START]) {
+            k = tl_first_past(t, i, left, out[TL_W * j + TL_START], 1);
+            memcpy(out + TL_W * d, t + TL_W * i, (size_t)(k - i) * row);
+            d += k - i;
+            i = k;
+        } else {
+            k = tl_first_past(out, j, b, t[TL_W * i + TL_START], 0);
+            memmove(out + TL_W * d, out + TL_W * j, (size_t)(k - j) * row);
+            d += k - j;
+            j = k;
+        }
+    }
+    memcpy(out + TL_W * d, t + TL_W * i, (size_t)(left - i) * row); /* (the second's: in place) */
+    return 0;
+}
+
+/* timeline_sort(chunks, out): the timeline's pooled chunks (int64[m][7] each) one after
+ * another into out (int64[n][7], n their rows), sorted stably by start (NumPy's argsort,
+ * kind "stable", and take): the rows in runs in order (a row a few places back moved
+ * there), the runs merged pairwise (the pool's chunks, and a buffer's kernels and copies,
+ * come as such runs: each merge mostly blocks copied, or none). */
+PyObject *cupti_timeline_sort(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *chunks_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "OO", &chunks_obj, &out_obj))
+        return NULL;
+    PyObject *chunks = PySequence_Fast(chunks_obj, "timeline_sort: a sequence of row arrays");
+    if (chunks == NULL)
+        return NULL;
+    const Py_ssize_t k = PySequence_Fast_GET_SIZE(chunks);
+    held h = {PyMem_Calloc((size_t)k + 1, sizeof(Py_buffer)), 0, k + 1};
+    Py_ssize_t bounds_room[64], *bounds = bounds_room, runs = 0, tmp_room = 0;
+    int64_t *tmp = NULL;
+    PyObject *result = NULL;
+    if (h.views == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t cells = -1, filled = 0;
+    int64_t *out = int64s(&h, out_obj, &cells, 1);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t c = 0; c < k; c++) {
+        Py_ssize_t m = -1;
+        const int64_t *rows = int64s(&h, PySequence_Fast_GET_ITEM(chunks, c), &m, 0);
+        if (rows == NULL)
+            goto done;
+        if (m % TL_W || m > cells - filled)
+            break;
+        memcpy(out + filled, rows, (size_t)m * sizeof(int64_t));
+        filled += m;
+    }
+    if (filled != cells || cells % TL_W) {
+        PyErr_SetString(PyExc_ValueError, "timeline_sort: rows of 7, out their length");
+        goto done;
+    }
+    const Py_ssize_t n = cells / TL_W;
+    Py_ssize_t run = 0; /* the runs: bounds[r] their first rows, then n */
+    bounds[runs++] = 0;
+    for (Py_ssize_t i = 1; i < n; i++) {
+        const int64_t x = out[TL_W * i + TL_START];
+        if (out[TL_W * (i - 1) + TL_START] <= x)
+            continue;
+        Py_ssize_t j = i - 1; /* out[j] starts after x: its place is j or before */
+        while (j > run && i - j < 8 && out[TL_W * (j - 1) + TL_START] > x)
+            j--;
+        if (j == run || out[TL_W * (j - 1) + TL_START] <= x) { /* a few places back */
+            int64_t moved[TL_W];
+            memcpy(moved, out + TL_W * i, sizeof moved);
+            memmove(out + TL_W * (j + 1), out + TL_W * j,
+                    (size_t)(TL_W * (i - j)) * sizeof(int64_t));
+            memcpy(out + TL_W * j, moved, sizeof moved);
+            continue;
+        }
+        if (runs + 1 == 64 && bounds == bounds_room) { /* many runs: room for every row's */
+            if ((bounds = PyMem_Malloc((size_t)(n + 1) * sizeof(Py_ssize_t))) == NULL) {
+                bounds = bounds_room;
+                PyErr_NoMemory();
+                goto done;
+            }
+            memcpy(bounds, bounds_room, sizeof bounds_room);
+        }
+        bounds[runs++] = run = i;
+    }
+    bounds[runs] = n;
+    while (runs > 1) { /* pairwise, the runs halved each turn */
+        Py_ssize_t kept = 0;
+        for (Py_ssize_t r = 0; r < runs; r += 2) {
+            if (r + 1 < runs && tl_merge(out, bounds[r], bounds[r + 1], bounds[r + 2], &tmp,
+                                         &tmp_room) < 0)
+                goto done;
+            bounds[kept++] = bounds[r];
+        }
+        bounds[kept] = n;
+        runs = kept;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    if (bounds != bounds_room)
+        PyMem_Free(bounds);
+    PyMem_Free(tmp);
+    release_all(&h);
+    Py_DECREF(chunks);
+    return result;
+}
