@@ -2105,8 +2105,9 @@ static int tl_room(int64_t **tmp, Py_ssize_t *room, Py_ssize_t rows)
 }
 
 /* The sorted runs [a, m) and [m, b) of out merged stably in place (ties: the first run's
- * first): the rows already in place left there, the first run's rest moved aside (into
- * *tmp) and merged back block by block; 0, or -1 with the error set. */
+ * first): the rows already in place left there, the shorter run's rest moved aside (into
+ * *tmp) and merged back block by block, from the front or from the back (a buffer's few
+ * copies into its kernels: those moved once); 0, or -1 with the error set. */
 static int tl_merge(int64_t *out, Py_ssize_t a, Py_ssize_t m, Py_ssize_t b, int64_t **tmp,
                     Py_ssize_t *room)
 {
@@ -2115,27 +2116,50 @@ static int tl_merge(int64_t *out, Py_ssize_t a, Py_ssize_t m, Py_ssize_t b, int6
         return 0; /* in order already (the usual: one buffer after another) */
     a = tl_first_past(out, a, m, out[TL_W * m + TL_START], 1);
     b = tl_first_past(out, m, b, out[TL_W * (m - 1) + TL_START], 0);
-    const Py_ssize_t left = m - a;
-    if (tl_room(tmp, room, left) < 0)
+    const Py_ssize_t left = m - a, right = b - m;
+    if (tl_room(tmp, room, left < right ? left : right) < 0)
         return -1;
     int64_t *t = *tmp;
-    memcpy(t, out + TL_W * a, (size_t)left * row);
-    Py_ssize_t i = 0, j = m, d = a; /* d <= j: the rows written never pass those to read */
-    while (i < left && j < b) {
+    if (left <= right) { /* the first run's rest aside, merged from the front */
+        memcpy(t, out + TL_W * a, (size_t)left * row);
+        Py_ssize_t i = 0, j = m, d = a; /* d <= j: the rows written never pass those to read */
+        while (i < left && j < b) {
+            Py_ssize_t k;
+            if (t[TL_W * i + TL_START] <= out[TL_W * j + TL_START]) {
+                k = tl_first_past(t, i, left, out[TL_W * j + TL_START], 1);
+                memcpy(out + TL_W * d, t + TL_W * i, (size_t)(k - i) * row);
+                d += k - i;
+                i = k;
+            } else {
+                k = tl_first_past(out, j, b, t[TL_W * i + TL_START], 0);
+                memmove(out + TL_W * d, out + TL_W * j, (size_t)(k - j) * row);
+                d += k - j;
+                j = k;
+            }
+        }
+        memcpy(out + TL_W * d, t + TL_W * i, (size_t)(left - i) * row); /* (the second's: in
+                                                                          * place) */
+        return 0;
+    }
+    /* the second run's rest aside, merged from the back: i, j the last rows unread of each,
+     * d the last row unwritten (d >= i: the rows written never pass those to read) */
+    memcpy(t, out + TL_W * m, (size_t)right * row);
+    Py_ssize_t i = m - 1, j = right - 1, d = b - 1;
+    while (i >= a && j >= 0) {
         Py_ssize_t k;
-        if (t[TL_W * i + TL_START] <= out[TL_W * j + TL_START]) {
-            k = tl_first_past(t, i, left, out[TL_W * j + TL_START], 1);
-            memcpy(out + TL_W * d, t + TL_W * i, (size_t)(k - i) * row);
-            d += k - i;
-            i = k;
-        } else {
-            k = tl_first_past(out, j, b, t[TL_W * i + TL_START], 0);
-            memmove(out + TL_W * d, out + TL_W * j, (size_t)(k - j) * row);
-            d += k - j;
-            j = k;
+        if (out[TL_W * i + TL_START] > t[TL_W * j + TL_START]) { /* the first run's, later */
+            k = tl_first_past(out, a, i + 1, t[TL_W * j + TL_START], 1);
+            memmove(out + TL_W * (d - (i - k)), out + TL_W * k, (size_t)(i + 1 - k) * row);
+            d -= i + 1 - k;
+            i = k - 1;
+        } else { /* the second run's, from its first at or after the first run's row */
+            k = tl_first_past(t, 0, j + 1, out[TL_W * i + TL_START], 0);
+            memcpy(out + TL_W * (d - (j - k)), t + TL_W * k, (size_t)(j + 1 - k) * row);
+            d -= j + 1 - k;
+            j = k - 1;
         }
     }
-    memcpy(out + TL_W * d, t + TL_W * i, (size_t)(left - i) * row); /* (the second's: in place) */
+    memcpy(out + TL_W * a, t, (size_t)(j + 1) * row); /* (the first's: in place) */
     return 0;
 }
 
