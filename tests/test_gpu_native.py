@@ -1301,12 +1301,13 @@ def test_the_timeline_placed_in_c_is_numpys_on_adversarial_rows(extension):
         else:
             tl._process_in_c(none, extension)
         assert _timeline_state(tl) == before and tl.fa != _NEG
-    # more iterations' ends than kept: both keep the newest alike
-    many = np.zeros((6000, 7), dtype=np.int64)
-    many[:, 0] = many[:, 1] = np.arange(6000) * 10
-    many[:, 3], many[:, 4], many[:, 5], many[:, 6] = -1, np.arange(6000), 10**9, 1
-    got = _placed_both_ways(extension, [(many, None)])
-    assert 0 < len(got.iter_end) <= 4096 and got.counted == 6000
+    # many iterations in one chunk, and more iterations' ends than kept (the newest kept)
+    for n in (3000, 6000):
+        many = np.zeros((n, 7), dtype=np.int64)
+        many[:, 0] = many[:, 1] = np.arange(n) * 10
+        many[:, 3], many[:, 4], many[:, 5], many[:, 6] = -1, np.arange(n), np.arange(n) + 1, 1
+        got = _placed_both_ways(extension, [(many, None)])
+        assert len(got.iter_end) == (n if n <= 4096 else 1025) and got.counted == n
 
 
 def test_the_timeline_in_c_splits_ties_as_numpy_and_hta_do(extension):

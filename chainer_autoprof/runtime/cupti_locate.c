@@ -1870,37 +1870,29 @@ static int by_ordinal_then_row(const void *a, const void *b)
     return (x->row > y->row) - (x->row < y->row);
 }
 
-/* The first rows of a run of one ordinal among the rows with an ordinal and an end (each
- * ordinal's first row among them), into at (room: `room`); their count (over room: not
- * all written). */
-static Py_ssize_t tl_firsts(const int64_t *r, Py_ssize_t n, tl_first *at, Py_ssize_t room)
+/* iter_end[o] = max(e, iter_end.get(o, -1)) for each ordinal's first row (o, e); 0, or -1
+ * with the error set. */
+static int tl_raise_ends(PyObject *ends, const int64_t *r, Py_ssize_t n)
 {
-    Py_ssize_t m = 0;
+    /* the first row of each run of one ordinal among the rows with an ordinal and an end
+     * (each ordinal's first row is one) */
+    tl_first room[64], *firsts = room;
+    Py_ssize_t m = 0, cap = 64;
     int64_t last = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
         const int64_t o = r[TL_W * i + TL_ORDINAL], e = r[TL_W * i + TL_ITER_END];
         if (o < 0 || e < 0 || (m > 0 && o == last))
             continue;
-        if (m < room)
-            at[m] = (tl_first){o, e, i};
-        m++;
-        last = o;
-    }
-    return m;
-}
-
-/* iter_end[o] = max(e, iter_end.get(o, -1)) for each ordinal's first row (o, e); 0, or -1
- * with the error set. */
-static int tl_raise_ends(PyObject *ends, const int64_t *r, Py_ssize_t n)
-{
-    tl_first room[64], *firsts = room;
-    Py_ssize_t m = tl_firsts(r, n, room, 64);
-    if (m > 64) { /* many runs (rows of interleaved iterations): room for them all */
-        if ((firsts = PyMem_Malloc((size_t)m * sizeof(tl_first))) == NULL) {
-            PyErr_NoMemory();
-            return -1;
+        if (m == cap) { /* many (a long chunk's iterations): room for a run per row */
+            if ((firsts = PyMem_Malloc((size_t)n * sizeof(tl_first))) == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            memcpy(firsts, room, sizeof room);
+            cap = n;
         }
-        tl_firsts(r, n, firsts, m);
+        firsts[m++] = (tl_first){o, e, i};
+        last = o;
     }
     int ascending = 1;
     for (Py_ssize_t j = 1; j < m; j++)
