@@ -1190,3 +1190,203 @@ def test_kernel_names_keep_their_table_ids_when_the_extensions_differ():
     earlier = collector.batch_from_tables(ops, 3, api, 0, room, 0, 2, store)
     assert [names.name(i) for i in later.ops.name.tolist()] == ["k2", "k2"]
     assert [names.name(i) for i in earlier.ops.name.tolist()] == ["k0", "k1", "k2"]
+
+
+# -- the GPU timeline's placement in C (timeline_place) and its NumPy twin (_Timeline._process)
+def _timeline_state(tl) -> dict[str, object]:
+    """What a timeline's figures and its placing of later rows depend on."""
+    return {"key": tl.key, "max_ord": tl.max_ord, "fa": tl.fa, "fk": tl.fk,
+            "win_start": tl.win_start, "acc": np.asarray(tl.acc).tolist(),
+            "iter_end": dict(tl.iter_end), "late": tl.late, "placed_ns": tl.placed_ns,
+            "pool_n": tl.pool_n, "counted": tl.counted, "totals": tl.totals.tolist(),
+            "series": None if tl.series is None else [v.tolist() for v in tl.series.values]}
+
+
+def _placed_both_ways(extension, feeds, *, warmup_skip: int = 0, max_kept: int = 64):
+    """Two timelines, NumPy's and C's, fed the same (rows, upto) in turn (upto False: no
+    placing then; None: all), compared after every turn and after the finish; NumPy's."""
+    from chainer_autoprof.analysis.gpu_figures import _Timeline
+
+    numpy_tl, c_tl = _Timeline(0, max_kept), _Timeline(0, max_kept, extension)
+    assert numpy_tl.native is None and c_tl.native is extension
+    for tl in (numpy_tl, c_tl):
+        tl.warmup_skip = warmup_skip
+    for turn, (rows, upto) in enumerate(feeds):
+        for tl in (numpy_tl, c_tl):
+            tl.add(rows.copy())
+            if upto is not False:
+                tl.place(upto)
+        assert _timeline_state(c_tl) == _timeline_state(numpy_tl), turn
+    for tl in (numpy_tl, c_tl):
+        tl.finish()
+    assert _timeline_state(c_tl) == _timeline_state(numpy_tl)
+    return numpy_tl
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_the_timeline_placed_in_c_is_numpys_on_the_recordings(name, extension, monkeypatch):
+    """The GPU timeline's rows of a real recording (as the live analysis pools them),
+    placed in C in chunks cut at many points (some behind what was placed: late rows),
+    give NumPy's windows, totals, counted and late operations and the same state after
+    every chunk; and the whole analysis' figures with C's placement are NumPy's."""
+    import functools
+
+    from chainer_autoprof.analysis import gpu_figures
+    from chainer_autoprof.analysis.gpu_analysis import GpuAnalysis
+    from chainer_autoprof.analysis.gpu_clock import fit
+    from chainer_autoprof.report import gpu_replay
+    from chainer_autoprof.report.tracefile import read_trace
+
+    trace = read_trace(str(DATA / name / "agent_trace.json"))
+    rec = recording(name)
+    pooled: list[np.ndarray] = []
+    add = gpu_figures._Timeline.add
+
+    def kept(tl, rows, earliest=None):  # the rows as the analysis hands them on
+        pooled.append(rows.copy())
+        add(tl, rows, earliest)
+
+    monkeypatch.setattr(gpu_figures._Timeline, "add", kept)
+    monkeypatch.setattr(gpu_replay, "GpuAnalysis",
+                        functools.partial(GpuAnalysis, locate=extension.locate))
+    native = gpu_replay.analyse(trace, rec.batch.split(3), fit(rec.clock), rec.batch.names)
+    assert all(tl.native is extension for tl in native.builder.timelines.values())
+    monkeypatch.setattr(gpu_replay, "GpuAnalysis", GpuAnalysis)  # (locate None: NumPy's)
+    numpy_run = gpu_replay.analyse(trace, rec.batch.split(3), fit(rec.clock), rec.batch.names)
+    assert all(tl.native is None for tl in numpy_run.builder.timelines.values())
+    assert native.finish().to_dict() == numpy_run.finish().to_dict()
+    monkeypatch.setattr(gpu_figures._Timeline, "add", add)
+    rows = np.concatenate(pooled[:len(pooled) // 2])  # (the native run's)
+    assert len(rows) == len(rec.batch.ops)
+    rng = np.random.default_rng(7)
+    for pieces in (1, 4, 9, 40):
+        chunks = np.array_split(rows, pieces)
+        feeds = []  # each cut at a start of the rows so far (or none: placed later)
+        for k, chunk in enumerate(chunks):
+            so_far = np.concatenate(chunks[:k + 1])[:, 0]
+            feeds.append((chunk, int(rng.choice(so_far)) if rng.random() < 0.8 else False))
+        got = _placed_both_ways(extension, feeds, warmup_skip=2)
+        assert got.counted >= 10 and got.totals[1] > 0  # iterations' windows were placed
+        if pieces == 40:
+            assert got.late > 0  # rows behind a cut, left off alike
+
+
+def _adversarial_rows(rng, n: int, t0: int) -> np.ndarray:
+    """Rows of several threads in and out of iterations: starts in or out of order, long
+    operations across windows, launches after or before their start (or none), iteration
+    ends that differ within an iteration (each ordinal's first one counts) or are unknown;
+    sometimes on a coarse grid."""
+    start = t0 + rng.integers(0, 10**6, n)
+    if rng.random() < 0.5:
+        start = np.sort(start)
+    end = start + np.where(rng.random(n) < 0.1, rng.integers(0, 2 * 10**6, n),
+                           rng.integers(0, 50_000, n))
+    loop = rng.integers(0, 2, n)
+    ordinal = np.where(rng.random(n) < 0.3, -1, t0 // 10**6 + rng.integers(-1, 4, n))
+    ordinal = np.where(loop == 1, ordinal, rng.choice([-1, -1, 0, 3], n))  # other threads
+    launch = np.where(rng.random(n) < 0.1, -1, start - rng.integers(-60_000, 60_000, n))
+    iter_end = np.where(rng.random(n) < 0.3, -1, start + rng.integers(-200_000, 200_000, n))
+    rows = np.column_stack([start, end, rng.integers(0, 2, n), launch, ordinal, iter_end,
+                            loop]).astype(np.int64)
+    if rng.random() < 0.5:  # times on a coarse grid: ties (a launch at an iteration's end, a
+        grain = 10_000      # gap of LAUNCH_GAP_NS exactly, starts alike)
+        for c in (0, 1, 3, 5):
+            rows[:, c] = np.where(rows[:, c] < 0, rows[:, c], rows[:, c] // grain * grain)
+    return rows
+
+
+def test_the_timeline_placed_in_c_is_numpys_on_adversarial_rows(extension):
+    """Rows meant to break a sequential pass: unsorted, spanning window boundaries (their
+    union time moved on), after an iteration's end (the windows outside one), of other
+    threads, with iteration ends that change within a chunk, in chunks of one row, empty
+    ones, placed at random points or all at once: C's windows and state are NumPy's."""
+    from chainer_autoprof.analysis.gpu_figures import _NEG, _Timeline
+
+    rng = np.random.default_rng(13)
+    seen = {"counted": 0, "late": 0, "outside": 0}
+    for _ in range(120):
+        feeds, t = [], 0
+        for _ in range(int(rng.integers(1, 7))):
+            n = int(rng.choice([0, 1, 1, 5, 40, 120]))
+            feeds.append((_adversarial_rows(rng, n, t), False if rng.random() < 0.2 else (
+                None if rng.random() < 0.1 else int(rng.integers(t - 10**5, t + 10**6)))))
+            t += int(rng.integers(0, 2 * 10**6))
+        got = _placed_both_ways(extension, feeds, warmup_skip=int(rng.integers(0, 3)),
+                                max_kept=int(rng.choice([2, 64])))
+        seen["counted"] += got.counted
+        seen["late"] += got.late
+        seen["outside"] += bool(got.iter_end)
+    assert min(seen.values()) > 0, seen
+    # a chunk of no rows leaves the state as it was, and so does NumPy's
+    for tl in (_Timeline(0, 8), _Timeline(0, 8, extension)):
+        tl.add(_adversarial_rows(np.random.default_rng(1), 50, 0))
+        tl.place(500_000)
+        before = _timeline_state(tl)
+        none = np.zeros((0, 7), dtype=np.int64)
+        if tl.native is None:
+            tl._process(none)
+        else:
+            tl._process_in_c(none, extension)
+        assert _timeline_state(tl) == before and tl.fa != _NEG
+    # many iterations in one chunk, and more iterations' ends than kept (the newest kept)
+    for n in (3000, 6000):
+        many = np.zeros((n, 7), dtype=np.int64)
+        many[:, 0] = many[:, 1] = np.arange(n) * 10
+        many[:, 3], many[:, 4], many[:, 5], many[:, 6] = -1, np.arange(n), np.arange(n) + 1, 1
+        got = _placed_both_ways(extension, [(many, None)])
+        assert len(got.iter_end) == (n if n <= 4096 else 1025) and got.counted == n
+
+
+def test_the_timeline_in_c_splits_ties_as_numpy_and_hta_do(extension):
+    """Ties decide alike in both: an operation launched the moment the GPU fell idle was
+    not late (other, not host); a gap of LAUNCH_GAP_NS exactly is no launch latency; what
+    the loop thread launched at its iteration's host end still belongs to it, a nanosecond
+    later outside it (its gap between iterations)."""
+    from chainer_autoprof.analysis.gpu_figures import LAUNCH_GAP_NS
+
+    ends = (1_000_000, 2_000_000)
+    rows = np.array([  # start, end, kernel, launch, ordinal, iteration's end, loop thread
+        (0, 100_000, 1, 0, 0, ends[0], 1),
+        (200_000, 300_000, 1, 100_000, 0, ends[0], 1),                  # at idle: other
+        (330_000, 400_000, 1, 310_000, 0, ends[0], 1),                  # after: host
+        (400_000 + LAUNCH_GAP_NS, 500_000, 0, 399_999, 0, ends[0], 1),  # a copy; other
+        (600_000, 700_000, 1, 550_000, 1, ends[1], 1),                  # between
+        (800_000, 850_000, 1, ends[1], -1, -1, 1),                      # host, in it
+        (900_000, 950_000, 1, ends[1] + 1, -1, -1, 1)], dtype=np.int64)  # outside it
+    for cut in (None, 200_000, 400_000 + LAUNCH_GAP_NS, False):  # the first rows placed first
+        got = _placed_both_ways(extension, [(rows[:4], cut), (rows[4:], None)])
+        windows = np.array(got.series.values).T * 1e6
+        assert np.round(windows).astype(np.int64).tolist() == [
+            # span, busy, host, copies, between, launch, other
+            [600_000, 270_000, 30_000, 70_000, 100_000, 0, 130_000],
+            [300_000, 150_000, 100_000, 0, 50_000, 0, 0]]
+        assert got.counted == 2 and got.totals.tolist() == [900_000, 420_000, 130_000, 70_000,
+                                                            150_000, 0, 130_000]
+
+
+def test_the_timelines_pool_is_sorted_in_c_as_numpys_stable_sort(extension):
+    """The pooled chunks sorted by start in C come out as NumPy's stable sort of them one
+    after another: chunks in order, nearly in order (a row a few or many places back: a
+    buffer's kernels and then its copies), reversed, many equal starts (their order kept),
+    more runs than the first room for them, empty chunks and none."""
+    rng = np.random.default_rng(17)
+    for _ in range(400):
+        chunks = []
+        for _ in range(int(rng.integers(0, 5))):
+            n = int(rng.choice([0, 1, 2, 5, 30, 200, 1000]))
+            starts = rng.integers(0, int(rng.choice([3, 100, 10**6])), n)
+            shape = int(rng.integers(0, 4))
+            if shape < 3:
+                starts = np.sort(starts)
+            if shape == 1 and n:  # some rows a few places back
+                back = rng.integers(0, n, max(1, n // 20))
+                starts[back] -= rng.integers(0, 50, len(back))
+            if shape == 2:
+                starts = starts[::-1].copy()
+            rows = np.zeros((n, 7), dtype=np.int64)
+            rows[:, 0], rows[:, 1] = starts, np.arange(n) + 10_000 * len(chunks)  # (which row)
+            chunks.append(rows)
+        pooled = np.concatenate(chunks) if chunks else np.zeros((0, 7), dtype=np.int64)
+        got = np.empty_like(pooled)
+        extension.timeline_sort(chunks, got)
+        assert np.array_equal(got, pooled[np.argsort(pooled[:, 0], kind="stable")])

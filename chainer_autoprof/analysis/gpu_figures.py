@@ -122,12 +122,17 @@ class _Timeline:
     totals: Int64Array = _NO_TOTALS
     counted = 0
     warmup_skip = 0
+    #: What the placement in C takes as data: the sentinel and the launch gap.
+    _constants = (_NEG, LAUNCH_GAP_NS)
 
-    def __init__(self, device: int, max_kept: int) -> None:
+    def __init__(self, device: int, max_kept: int, native: ModuleType | None = None) -> None:
         self.device = device
         self.pool: list[Int64Array] = []      # (n, 7) rows waiting to be placed
         self.iter_end: dict[int, int] = {}    # ordinal -> host end of that iteration
         self.max_kept = max_kept
+        #: The placement in C (the ``_cupti`` extension's ``timeline_place``), else NumPy's
+        #: :meth:`_process` (its twin): chosen here.
+        self.native = native if hasattr(native, "timeline_place") else None
 
     def add(self, rows: Int64Array, earliest: int | None = None) -> None:
         """Pool ``rows`` (``earliest``: their earliest start, where known)."""
@@ -144,11 +149,19 @@ class _Timeline:
         """Place the pooled operations that start before ``upto`` (all: ``None``)."""
         if not self.pool_n:
             return
-        rows = np.concatenate(self.pool) if len(self.pool) > 1 else self.pool[0]
-        rows = rows[np.argsort(rows[:, 0], kind="stable")]
+        native = self.native
+        if native is not None:  # one copy, its runs in order merged (the same rows)
+            rows = np.empty((self.pool_n, 7), _INT64)
+            native.timeline_sort(self.pool, rows)
+        else:
+            rows = np.concatenate(self.pool) if len(self.pool) > 1 else self.pool[0]
+            rows = rows[np.argsort(rows[:, 0], kind="stable")]
         cut = len(rows) if upto is None else int(np.searchsorted(rows[:, 0], upto, "left"))
         if cut:
-            self._process(rows[:cut])
+            if native is not None:
+                self._process_in_c(rows[:cut], native)
+            else:
+                self._process(rows[:cut])
             self.placed_ns = max(self.placed_ns, int(rows[cut - 1, 0]) + 1
                                  if upto is None else upto)
         rest = rows[cut:]
@@ -225,6 +238,36 @@ class _Timeline:
         self.fa = max(self.fa, int(end.max())) if n else self.fa
         if is_kernel.any():
             self.fk = max(self.fk, int(end[is_kernel].max()))
+
+    def _process_in_c(self, r: Int64Array, native: ModuleType) -> None:
+        """:meth:`_process` in one C pass: the same windows closed, the same state after."""
+        out, self.key, self.win_start, self.max_ord, self.fa, self.fk = native.timeline_place(
+            r, self.iter_end, (self.key, self.max_ord, self.fa, self.fk, self.win_start),
+            self.acc, self._constants)
+        sums = np.frombuffer(out, _INT64)
+        self.acc = sums[-6:]  # (read only: never written, as the NumPy twin's)
+        if len(sums) > 6:  # the windows finished: (key, t0, t1, six sums) each
+            self._close_windows(sums[:-6].reshape(-1, 9))
+        if len(self.iter_end) > 4096:  # only the newest iterations' ends are looked up
+            self.iter_end = {o: e for o, e in self.iter_end.items() if o >= self.max_ord - 1024}
+
+    def _close_windows(self, closed: Int64Array) -> None:
+        """:meth:`_close` of each row (key, t0, t1, six sums) of ``closed``, as one block (the
+        same rows: a run's windows at its end are many)."""
+        key, t0 = closed[:, 0], closed[:, 1]
+        counted = (key >= 0) & (key % 2 == 0) & (t0 != _NEG) & (key // 2 >= self.warmup_skip)
+        if not counted.any():
+            return
+        c = closed[counted]
+        busy, active = c[:, 3], c[:, 4]
+        rows = np.column_stack((c[:, 2] - c[:, 1], busy, c[:, 5], np.maximum(0, active - busy),
+                                c[:, 7], c[:, 8], c[:, 6]))  # (span, busy, host, copies, ...)
+        self.counted += len(rows)
+        if self.series is None:
+            self.series = Series(self.max_kept, len(WINDOW_COLUMNS))
+            self.totals = np.zeros(len(WINDOW_COLUMNS), dtype=np.int64)
+        self.totals += rows.sum(axis=0)
+        self.series.extend(rows.astype(np.float64) / 1e6)
 
     def _close(self, key: int, t0: int, t1: int, s: Int64Array) -> None:
         if key < 0 or key % 2 or t0 == _NEG:
@@ -417,7 +460,7 @@ class GpuFigureBuilder:
         known)."""
         tl = self.timelines.get(dev)
         if tl is None:
-            tl = self.timelines[dev] = _Timeline(dev, self.max_kept)
+            tl = self.timelines[dev] = _Timeline(dev, self.max_kept, self.native)
             tl.warmup_skip = self.warmup_skip
         tl.add(rows, earliest)
         if tl.pool_n > self.max_pool:  # place the oldest half

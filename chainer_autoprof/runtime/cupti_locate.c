@@ -1853,3 +1853,420 @@ int cupti_locate_ready(PyObject *module)
         return -1;
     return PyModule_AddFunctions(module, figure_methods);
 }
+
+/* -- the GPU timeline's placement (analysis.gpu_figures._Timeline._process's twin) ----------
+ *
+ * timeline_place(rows, iter_end, (key, max_ord, fa, fk, win_start), acc, (neg, launch_gap))
+ *   -> (windows, key, win_start, max_ord, fa, fk):
+ *   rows      int64[n][7] sorted by start: (start, end, kernel?, launch, ordinal, iter_end,
+ *             loop?) (_Timeline.add's rows);
+ *   iter_end  the timeline's dict ordinal -> host end of that iteration: each ordinal's
+ *             first row here (ordinal and end >= 0) raises it, before any is looked up;
+ *   state     the timeline's carried state; acc the open window's six sums (int64[6]);
+ *   neg, launch_gap  gpu_figures' _NEG and LAUNCH_GAP_NS.
+ * windows: the bytes of the windows finished here, 9 int64 each (key, t0, t1, six sums),
+ * then the open window's six sums.  One pass in the rows' order with the running maxima
+ * the NumPy twin takes by accumulate; its arithmetic wraps as NumPy's int64 does (its
+ * float sums are exact below 2**53 ns: the same numbers). */
+enum { TL_START, TL_END, TL_KERNEL, TL_LAUNCH, TL_ORDINAL, TL_ITER_END, TL_LOOP, TL_W };
+enum { TL_SUMS = 6, TL_ROW = 3 + TL_SUMS };
+
+static inline int64_t wrap_sub(int64_t a, int64_t b)
+{
+    return (int64_t)((uint64_t)a - (uint64_t)b);
+}
+
+static inline int64_t max64(int64_t a, int64_t b)
+{
+    return a > b ? a : b;
+}
+
+/* An ordinal's first row with an end in a chunk. */
+typedef struct {
+    int64_t ordinal, end;
+    Py_ssize_t row;
+} tl_first;
+
+static int by_ordinal_then_row(const void *a, const void *b)
+{
+    const tl_first *x = a, *y = b;
+    if (x->ordinal != y->ordinal)
+        return x->ordinal < y->ordinal ? -1 : 1;
+    return (x->row > y->row) - (x->row < y->row);
+}
+
+/* iter_end[o] = max(e, iter_end.get(o, -1)) for each ordinal's first row (o, e); 0, or -1
+ * with the error set. */
+static int tl_raise_ends(PyObject *ends, const int64_t *r, Py_ssize_t n)
+{
+    /* the first row of each run of one ordinal among the rows with an ordinal and an end
+     * (each ordinal's first row is one) */
+    tl_first room[64], *firsts = room;
+    Py_ssize_t m = 0, cap = 64;
+    int64_t last = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t o = r[TL_W * i + TL_ORDINAL], e = r[TL_W * i + TL_ITER_END];
+        if (o < 0 || e < 0 || (m > 0 && o == last))
+            continue;
+        if (m == cap) { /* many (a long chunk's iterations): room for a run per row */
+            if ((firsts = PyMem_Malloc((size_t)n * sizeof(tl_first))) == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            memcpy(firsts, room, sizeof room);
+            cap = n;
+        }
+        firsts[m++] = (tl_first){o, e, i};
+        last = o;
+    }
+    int ascending = 1;
+    for (Py_ssize_t j = 1; j < m; j++)
+        ascending &= firsts[j].ordinal > firsts[j - 1].ordinal;
+    if (!ascending) /* an ordinal's runs together, its first row first */
+        qsort(firsts, (size_t)m, sizeof(tl_first), by_ordinal_then_row);
+    int rc = 0;
+    for (Py_ssize_t j = 0; rc == 0 && j < m; j++) {
+        if (j > 0 && firsts[j].ordinal == firsts[j - 1].ordinal)
+            continue;
+        PyObject *key = PyLong_FromLongLong(firsts[j].ordinal), *value = NULL;
+        rc = -1;
+        if (key != NULL) {
+            PyObject *had = PyDict_GetItemWithError(ends, key); /* borrowed */
+            long long have = had != NULL ? PyLong_AsLongLong(had) : -1;
+            if (!PyErr_Occurred()) {
+                value = PyLong_FromLongLong(max64(firsts[j].end, have));
+                rc = value != NULL ? PyDict_SetItem(ends, key, value) : -1;
+            }
+        }
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+    }
+    if (firsts != room)
+        PyMem_Free(firsts);
+    return rc;
+}
+
+/* iter_end.get(o, -1); -2 with the error set (an end is never below -1). */
+static int64_t tl_end_of(PyObject *ends, int64_t o)
+{
+    PyObject *key = PyLong_FromLongLong(o);
+    if (key == NULL)
+        return -2;
+    PyObject *had = PyDict_GetItemWithError(ends, key); /* borrowed */
+    Py_DECREF(key);
+    if (had == NULL)
+        return PyErr_Occurred() ? -2 : -1;
+    long long end = PyLong_AsLongLong(had);
+    return end == -1 && PyErr_Occurred() ? -2 : end;
+}
+
+/* The finished windows' rows, growing (a chunk finishes a few: an iteration's operations). */
+typedef struct {
+    int64_t *rows, room[16 * TL_ROW];
+    Py_ssize_t n, cap;
+} tl_windows;
+
+static int tl_window(tl_windows *w, int64_t key, int64_t t0, int64_t t1, const int64_t *sums)
+{
+    if (w->n == w->cap) {
+        Py_ssize_t cap = 2 * w->cap;
+        int64_t *grown = PyMem_Malloc((size_t)(cap * TL_ROW + TL_SUMS) * sizeof(int64_t));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(grown, w->rows, (size_t)(w->n * TL_ROW) * sizeof(int64_t));
+        if (w->rows != w->room)
+            PyMem_Free(w->rows);
+        w->rows = grown;
+        w->cap = cap;
+    }
+    int64_t *row = w->rows + w->n++ * TL_ROW;
+    row[0] = key;
+    row[1] = t0;
+    row[2] = t1;
+    memcpy(row + 3, sums, TL_SUMS * sizeof(int64_t));
+    return 0;
+}
+
+PyObject *cupti_timeline_place(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *rows_obj, *ends, *acc_obj;
+    long long key, max_ord, fa, fk, win_start, neg, launch_gap;
+    if (!PyArg_ParseTuple(args, "OO!(LLLLL)O(LL)", &rows_obj, &PyDict_Type, &ends, &key,
+                          &max_ord, &fa, &fk, &win_start, &acc_obj, &neg, &launch_gap))
+        return NULL;
+    held h = {PyMem_Calloc(2, sizeof(Py_buffer)), 0, 2};
+    if (h.views == NULL)
+        return PyErr_NoMemory();
+    PyObject *result = NULL;
+    tl_windows w = {NULL, {0}, 0, (Py_ssize_t)(sizeof w.room / sizeof w.room[0]) / TL_ROW - 1};
+    w.rows = w.room; /* (room for the open window's sums after the rows) */
+    Py_ssize_t cells = -1, n_acc = TL_SUMS;
+    const int64_t *r = int64s(&h, rows_obj, &cells, 0);
+    const int64_t *acc_in = r != NULL ? int64s(&h, acc_obj, &n_acc, 0) : NULL;
+    if (acc_in == NULL)
+        goto done;
+    if (cells % TL_W) {
+        PyErr_SetString(PyExc_ValueError, "timeline_place: rows of 7");
+        goto done;
+    }
+    const Py_ssize_t n = cells / TL_W;
+    if (tl_raise_ends(ends, r, n) < 0)
+        goto done;
+    int64_t acc[TL_SUMS];
+    memcpy(acc, acc_in, sizeof acc);
+    int64_t window = key, running = max_ord, fa_run = fa, fk_run = fk, fk_out = fk;
+    int64_t looked = -1, looked_end = -1; /* the last ordinal looked up (-1: none) and its end */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t *row = r + TL_W * i;
+        const int64_t start = row[TL_START], end = row[TL_END], launch = row[TL_LAUNCH];
+        const int64_t ordinal = row[TL_ORDINAL];
+        const int is_kernel = row[TL_KERNEL] == 1, loop = row[TL_LOOP] == 1;
+        running = max64(running, loop ? ordinal : -1);
+        int64_t key_i = -1;
+        if (running >= 0) {
+            int flip = 0;
+            if (loop && ordinal < 0) { /* what the loop thread launched after its iteration */
+                if (running != looked) {
+                    if ((looked_end = tl_end_of(ends, running)) == -2)
+                        goto done;
+                    looked = running;
+                }
+                flip = looked_end >= 0 && launch > looked_end;
+            }
+            key_i = (int64_t)(2 * (uint64_t)running + (uint64_t)flip);
+        }
+        const int boundary = key_i > window;
+        const int64_t fa_prev = fa_run, fk_prev = fk_run;
+        const int64_t gap = fa_prev == neg ? 0 : max64(0, wrap_sub(start, max64(fa_prev, neg + 1)));
+        const int64_t all_c = max64(0, wrap_sub(end, max64(start, fa_prev)));
+        const int64_t busy_c = is_kernel ? max64(0, wrap_sub(end, max64(start, fk_prev))) : 0;
+        const int late = launch >= 0 && launch > fa_prev && fa_prev != neg;
+        /* the gap whole to one cause, in the window it ends (before a boundary: the old one) */
+        const int cause = late ? (boundary ? 4 : 2) : gap < launch_gap ? 5 : 3;
+        acc[cause] = (int64_t)((uint64_t)acc[cause] + (uint64_t)gap);
+        if (boundary) { /* union time that ran on past it moves to the window it ran in */
+            const int64_t over_all = max64(0, wrap_sub(fa_prev, start));
+            const int64_t over_k = max64(0, wrap_sub(fk_prev, start));
+            acc[1] = wrap_sub(acc[1], over_all);
+            acc[0] = wrap_sub(acc[0], over_k);
+            if (tl_window(&w, window, win_start, start, acc) < 0)
+                goto done;
+            acc[0] = over_k;
+            acc[1] = over_all;
+            acc[2] = acc[3] = acc[4] = acc[5] = 0;
+            window = key_i;
+            win_start = start;
+        }
+        acc[0] = (int64_t)((uint64_t)acc[0] + (uint64_t)busy_c);
+        acc[1] = (int64_t)((uint64_t)acc[1] + (uint64_t)all_c);
+        fa_run = max64(fa_run, end);
+        fk_run = max64(fk_run, is_kernel ? end : neg);
+        if (is_kernel)
+            fk_out = max64(fk_out, end);
+    }
+    memcpy(w.rows + w.n * TL_ROW, acc, sizeof acc);
+    PyObject *out = PyBytes_FromStringAndSize(
+        (const char *)w.rows, (Py_ssize_t)((size_t)(w.n * TL_ROW + TL_SUMS) * sizeof(int64_t)));
+    if (out != NULL)
+        result = Py_BuildValue("(NLLLLL)", out, (long long)window, (long long)win_start,
+                               (long long)(n ? running : max_ord), (long long)fa_run,
+                               (long long)fk_out);
+done:
+    if (w.rows != w.room)
+        PyMem_Free(w.rows);
+    release_all(&h);
+    return result;
+}
+
+/* Of rows[lo:hi], sorted by start, the first whose start passes x (> x; or, `ties` 0, a tie
+ * passes too: >= x), galloped to from lo (the blocks merged are mostly short). */
+static Py_ssize_t tl_first_past(const int64_t *rows, Py_ssize_t lo, Py_ssize_t hi, int64_t x,
+                                int ties)
+{
+#define TL_PAST(r) (ties ? rows[TL_W * (r) + TL_START] > x : rows[TL_W * (r) + TL_START] >= x)
+    Py_ssize_t before = lo - 1, at = lo, step = 1; /* not past at `before` (or none) */
+    while (at < hi && !TL_PAST(at)) {
+        before = at;
+        at += step;
+        step <<= 1;
+    }
+    if (at > hi)
+        at = hi; /* past at `at`, or at == hi */
+    while (at - before > 1) {
+        Py_ssize_t mid = before + (at - before) / 2;
+        if (TL_PAST(mid))
+            at = mid;
+        else
+            before = mid;
+    }
+    return at;
+#undef TL_PAST
+}
+
+/* Room for `rows` rows in *tmp (holding *room); 0, or -1 with the error set. */
+static int tl_room(int64_t **tmp, Py_ssize_t *room, Py_ssize_t rows)
+{
+    if (rows <= *room)
+        return 0;
+    PyMem_Free(*tmp);
+    if ((*tmp = PyMem_Malloc((size_t)(TL_W * rows) * sizeof(int64_t))) == NULL) {
+        *room = 0;
+        PyErr_NoMemory();
+        return -1;
+    }
+    *room = rows;
+    return 0;
+}
+
+/* The sorted runs [a, m) and [m, b) of out merged stably in place (ties: the first run's
+ * first): the rows already in place left there, the shorter run's rest moved aside (into
+ * *tmp) and merged back block by block, from the front or from the back (a buffer's few
+ * copies into its kernels: those moved once); 0, or -1 with the error set. */
+static int tl_merge(int64_t *out, Py_ssize_t a, Py_ssize_t m, Py_ssize_t b, int64_t **tmp,
+                    Py_ssize_t *room)
+{
+    const size_t row = TL_W * sizeof(int64_t);
+    if (out[TL_W * (m - 1) + TL_START] <= out[TL_W * m + TL_START])
+        return 0; /* in order already (the usual: one buffer after another) */
+    a = tl_first_past(out, a, m, out[TL_W * m + TL_START], 1);
+    b = tl_first_past(out, m, b, out[TL_W * (m - 1) + TL_START], 0);
+    const Py_ssize_t left = m - a, right = b - m;
+    if (tl_room(tmp, room, left < right ? left : right) < 0)
+        return -1;
+    int64_t *t = *tmp;
+    if (left <= right) { /* the first run's rest aside, merged from the front */
+        memcpy(t, out + TL_W * a, (size_t)left * row);
+        Py_ssize_t i = 0, j = m, d = a; /* d <= j: the rows written never pass those to read */
+        while (i < left && j < b) {
+            Py_ssize_t k;
+            if (t[TL_W * i + TL_START] <= out[TL_W * j + TL_START]) {
+                k = tl_first_past(t, i, left, out[TL_W * j + TL_START], 1);
+                memcpy(out + TL_W * d, t + TL_W * i, (size_t)(k - i) * row);
+                d += k - i;
+                i = k;
+            } else {
+                k = tl_first_past(out, j, b, t[TL_W * i + TL_START], 0);
+                memmove(out + TL_W * d, out + TL_W * j, (size_t)(k - j) * row);
+                d += k - j;
+                j = k;
+            }
+        }
+        memcpy(out + TL_W * d, t + TL_W * i, (size_t)(left - i) * row); /* (the second's: in
+                                                                          * place) */
+        return 0;
+    }
+    /* the second run's rest aside, merged from the back: i, j the last rows unread of each,
+     * d the last row unwritten (d >= i: the rows written never pass those to read) */
+    memcpy(t, out + TL_W * m, (size_t)right * row);
+    Py_ssize_t i = m - 1, j = right - 1, d = b - 1;
+    while (i >= a && j >= 0) {
+        Py_ssize_t k;
+        if (out[TL_W * i + TL_START] > t[TL_W * j + TL_START]) { /* the first run's, later */
+            k = tl_first_past(out, a, i + 1, t[TL_W * j + TL_START], 1);
+            memmove(out + TL_W * (d - (i - k)), out + TL_W * k, (size_t)(i + 1 - k) * row);
+            d -= i + 1 - k;
+            i = k - 1;
+        } else { /* the second run's, from its first at or after the first run's row */
+            k = tl_first_past(t, 0, j + 1, out[TL_W * i + TL_START], 0);
+            memcpy(out + TL_W * (d - (j - k)), t + TL_W * k, (size_t)(j + 1 - k) * row);
+            d -= j + 1 - k;
+            j = k - 1;
+        }
+    }
+    memcpy(out + TL_W * a, t, (size_t)(j + 1) * row); /* (the first's: in place) */
+    return 0;
+}
+
+/* timeline_sort(chunks, out): the timeline's pooled chunks (int64[m][7] each) one after
+ * another into out (int64[n][7], n their rows), sorted stably by start (NumPy's argsort,
+ * kind "stable", and take): the rows in runs in order (a row a few places back moved
+ * there), the runs merged pairwise (the pool's chunks, and a buffer's kernels and copies,
+ * come as such runs: each merge mostly blocks copied, or none). */
+PyObject *cupti_timeline_sort(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *chunks_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "OO", &chunks_obj, &out_obj))
+        return NULL;
+    PyObject *chunks = PySequence_Fast(chunks_obj, "timeline_sort: a sequence of row arrays");
+    if (chunks == NULL)
+        return NULL;
+    const Py_ssize_t k = PySequence_Fast_GET_SIZE(chunks);
+    held h = {PyMem_Calloc((size_t)k + 1, sizeof(Py_buffer)), 0, k + 1};
+    Py_ssize_t bounds_room[64], *bounds = bounds_room, runs = 0, tmp_room = 0;
+    int64_t *tmp = NULL;
+    PyObject *result = NULL;
+    if (h.views == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t cells = -1, filled = 0;
+    int64_t *out = int64s(&h, out_obj, &cells, 1);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t c = 0; c < k; c++) {
+        Py_ssize_t m = -1;
+        const int64_t *rows = int64s(&h, PySequence_Fast_GET_ITEM(chunks, c), &m, 0);
+        if (rows == NULL)
+            goto done;
+        if (m % TL_W || m > cells - filled)
+            break;
+        memcpy(out + filled, rows, (size_t)m * sizeof(int64_t));
+        filled += m;
+    }
+    if (filled != cells || cells % TL_W) {
+        PyErr_SetString(PyExc_ValueError, "timeline_sort: rows of 7, out their length");
+        goto done;
+    }
+    const Py_ssize_t n = cells / TL_W;
+    Py_ssize_t run = 0; /* the runs: bounds[r] their first rows, then n */
+    bounds[runs++] = 0;
+    for (Py_ssize_t i = 1; i < n; i++) {
+        const int64_t x = out[TL_W * i + TL_START];
+        if (out[TL_W * (i - 1) + TL_START] <= x)
+            continue;
+        Py_ssize_t j = i - 1; /* out[j] starts after x: its place is j or before */
+        while (j > run && i - j < 8 && out[TL_W * (j - 1) + TL_START] > x)
+            j--;
+        if (j == run || out[TL_W * (j - 1) + TL_START] <= x) { /* a few places back */
+            int64_t moved[TL_W];
+            memcpy(moved, out + TL_W * i, sizeof moved);
+            memmove(out + TL_W * (j + 1), out + TL_W * j,
+                    (size_t)(TL_W * (i - j)) * sizeof(int64_t));
+            memcpy(out + TL_W * j, moved, sizeof moved);
+            continue;
+        }
+        if (runs + 1 == 64 && bounds == bounds_room) { /* many runs: room for every row's */
+            if ((bounds = PyMem_Malloc((size_t)(n + 1) * sizeof(Py_ssize_t))) == NULL) {
+                bounds = bounds_room;
+                PyErr_NoMemory();
+                goto done;
+            }
+            memcpy(bounds, bounds_room, sizeof bounds_room);
+        }
+        bounds[runs++] = run = i;
+    }
+    bounds[runs] = n;
+    while (runs > 1) { /* pairwise, the runs halved each turn */
+        Py_ssize_t kept = 0;
+        for (Py_ssize_t r = 0; r < runs; r += 2) {
+            if (r + 1 < runs && tl_merge(out, bounds[r], bounds[r + 1], bounds[r + 2], &tmp,
+                                         &tmp_room) < 0)
+                goto done;
+            bounds[kept++] = bounds[r];
+        }
+        bounds[kept] = n;
+        runs = kept;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    if (bounds != bounds_room)
+        PyMem_Free(bounds);
+    PyMem_Free(tmp);
+    release_all(&h);
+    Py_DECREF(chunks);
+    return result;
+}

@@ -33,6 +33,12 @@ enum {
     TABLE_OP_DEVICE = 4, TABLE_OP_NAME = 7, TABLE_OP_ROWS = 8
 };
 
+/* timeline_place(rows, iter_end, state, acc, constants) -> a chunk of a device's GPU timeline
+ * placed (analysis.gpu_figures._Timeline): the finished windows and the state after. */
+PyObject *cupti_timeline_place(PyObject *self, PyObject *args);
+/* timeline_sort(chunks, out) -> None: a timeline's pooled rows into out, stably by start. */
+PyObject *cupti_timeline_sort(PyObject *self, PyObject *args);
+
 /* This file's functions added to the module (0; -1 with the error set). */
 int cupti_locate_ready(PyObject *module);
 

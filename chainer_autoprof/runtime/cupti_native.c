@@ -1072,6 +1072,8 @@ static PyMethodDef methods[] = {
     METHOD(close, METH_NOARGS, "Completed buffers are freed unread from now on."),
     METHOD(counts, METH_NOARGS, "What the buffer callbacks saw (a dict)."),
     METHOD(count_values, METH_NOARGS, "counts() but names and unread, as a tuple."),
+    {"timeline_place", cupti_timeline_place, METH_VARARGS, "A chunk of a GPU timeline placed."},
+    {"timeline_sort", cupti_timeline_sort, METH_VARARGS, "A GPU timeline's rows sorted."},
     {NULL, NULL, 0, NULL},
 };
 
