@@ -156,6 +156,10 @@ class FakeCupti:
     def wait(self) -> None:
         self._wait()
 
+    def clock_fails(self, on: bool) -> None:
+        """Whether ``cuptiGetTimestamp`` fails from now on."""
+        self.lib.cupti_fake_clock_fails(int(on))
+
     @property
     def served(self) -> int:
         """Records handed over so far (those of the enabled kinds and calls)."""

@@ -127,6 +127,28 @@ def test_each_buffer_brings_a_clock_pair_read_as_it_completed(tmp_path):
         assert abs(cupti - (c0 + (perf - p0) * (1 + drift))) <= read / 2 + 1_000
 
 
+def test_a_failing_clock_read_loses_no_buffer(tmp_path):
+    """Where CUPTI's clock fails as a buffer completes, the buffer still comes (without a
+    clock pair: the map keeps the pairs it has), every operation in it, no error counted."""
+    rec = recording("b16")
+    fake = FakeCupti(rec, tmp_path)
+    batches: list[ActivityBatch] = []
+    with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path),
+                  cupti_readers.ENV_CUPTI_READER: None}):
+        collector = cupti_readers.start(batches.append)
+    assert not isinstance(collector, str), collector
+    pairs = len(collector.pair_rows())  # the start's
+    fake.clock_fails(True)
+    fake.serve(3, 0.0)
+    fake.wait()
+    fake.clock_fails(False)
+    assert collector.stop(5.0) is None
+    assert len(batches) == 3 == collector.buffers
+    assert sum(b.op_count for b in batches) == len(rec.batch.ops)
+    assert collector.callback_errors == 0
+    assert len(collector.pair_rows()) == pairs + 1  # the end's only
+
+
 def _table_rows(column: np.ndarray) -> int:
     """How many rows the extension's table behind ``column`` has room for."""
     block = column

@@ -18,6 +18,7 @@
  *   cupti_fake_serve(pace_us)         a thread hands them over, `pace_us` apart
  *   cupti_fake_wait()                 joins that thread
  *   cupti_fake_system_ids(on)         whether cuptiSetThreadIdType(SYSTEM) succeeds
+ *   cupti_fake_clock_fails(on)        whether cuptiGetTimestamp fails (CUPTI_ERROR_UNKNOWN)
  *   cupti_fake_served()               records handed over so far
  */
 #include <pthread.h>
@@ -51,6 +52,7 @@ static int serving;
 static size_t pieces;
 static long pace_us;
 static int system_ids;
+static volatile int clock_fails;
 static uint32_t enabled_kinds;  /* bit per CUpti_ActivityKind < 32 */
 /* Each call's own switch (cuptiActivityEnableRuntimeApi / DriverApi): CALL_UNSET, CALL_ON,
  * CALL_OFF.  As CUPTI documents it: with its kind enabled a call is recorded unless switched
@@ -326,6 +328,7 @@ EXPORT void cupti_fake_wait(void)
 }
 
 EXPORT void cupti_fake_system_ids(int on) { system_ids = on; }
+EXPORT void cupti_fake_clock_fails(int on) { clock_fails = on; }
 
 EXPORT long cupti_fake_served(void) { return (long)served; }
 
@@ -415,6 +418,8 @@ EXPORT CUptiResult cuptiActivityGetNumDroppedRecords(CUcontext context, uint32_t
 
 EXPORT CUptiResult cuptiGetTimestamp(uint64_t *timestamp)
 {
+    if (clock_fails)
+        return CUPTI_ERROR_UNKNOWN;
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     int64_t since = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec - clock_p0;
