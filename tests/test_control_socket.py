@@ -19,6 +19,7 @@ import os
 import pwd
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,8 @@ from pathlib import Path
 
 import pytest
 from support import REPO, clean_env, program, write_script
+
+from chainer_autoprof.common import control
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 USERADD = shutil.which("useradd")
@@ -268,6 +271,20 @@ def test_the_socket_lies_in_the_sessions_private_directory_and_dump_finds_it(tmp
     assert list(directory.iterdir()) == []  # the socket went with the process
 
 
+def _process_without_a_leftover_socket() -> subprocess.Popen:
+    """A sleeping process without the agent whose pid has no socket file left over."""
+    for _ in range(20):
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                env=clean_env())
+        left = [os.path.join(d, f"{proc.pid}{control.SUFFIX}")
+                for d in control.candidate_dirs(os.geteuid(), clean_env())]
+        if not any(os.path.lexists(path) for path in left):
+            return proc
+        proc.kill()
+        proc.wait()
+    raise AssertionError("every pid tried had a control socket left over")
+
+
 def test_dump_of_a_process_that_is_gone_or_never_had_the_agent_says_which(tmp_path):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
@@ -276,9 +293,9 @@ def test_dump_of_a_process_that_is_gone_or_never_had_the_agent_says_which(tmp_pa
                             env=clean_env(), capture_output=True, text=True, timeout=60)
     if result.returncode == 1 and "no such process" in result.stderr:
         assert result.stderr.strip() == f"chainer-autoprof dump: pid {pid}: no such process"
-    # one that never ran the agent
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                               env=clean_env())
+    # one that never ran the agent (and whose pid no earlier agent left a socket for: a
+    # process killed in another test may have had it, and then dump rightly says that)
+    sleeper = _process_without_a_leftover_socket()
     try:
         result = subprocess.run([sys.executable, "-m", "chainer_autoprof", "dump",
                                  str(sleeper.pid)], env=clean_env(), capture_output=True,
@@ -289,3 +306,28 @@ def test_dump_of_a_process_that_is_gone_or_never_had_the_agent_says_which(tmp_pa
     assert result.returncode == 1
     assert result.stderr.startswith(f"chainer-autoprof dump: pid {sleeper.pid}: no agent "
                                     "listens there (no control socket in ")
+
+
+@pytest.mark.skipif(not control.LINUX, reason="what is bound is read from /proc/net/unix")
+def test_a_sweep_removes_only_the_sockets_no_process_has_bound(tmp_path):
+    """The run's first process, at its end, removes the control sockets left by agents that
+    died by a signal (a pool's workers): a socket still bound (a live agent's), a file that
+    is not a socket, and a name that is not a pid's stay."""
+    directory = tmp_path / f"{control.DIR_NAME}-sweep"
+    directory.mkdir(mode=0o700)
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    live.bind(str(directory / f"101{control.SUFFIX}"))
+    live.listen(1)
+    for name in (f"102{control.SUFFIX}", f"103{control.SUFFIX}", f"x{control.SUFFIX}"):
+        gone = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        gone.bind(str(directory / name))  # closed below without its file removed: left over
+        gone.close()
+    (directory / f"104{control.SUFFIX}").write_text("not a socket")
+    try:
+        assert control.sweep_left(str(directory)) == 2
+        assert sorted(p.name for p in directory.iterdir()) == [
+            f"101{control.SUFFIX}", f"104{control.SUFFIX}", f"x{control.SUFFIX}"]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(directory / f"101{control.SUFFIX}"))  # the live one still answers
+    finally:
+        live.close()

@@ -103,11 +103,18 @@ def test_sigterm_in_a_training_loop_still_gets_the_summary(tmp_path):
 
 def test_forked_children_die_by_sigterm_at_once_and_pools_end(tmp_path):
     """SIGTERM sent right after a fork (a pool's terminate, a supervisor) finds the default
-    action in the child, never a handler inherited from the parent's agent."""
+    action in the child, never a handler inherited from the parent's agent; the control
+    sockets of the children it killed do not stay behind once the run has ended."""
     script = write_script(tmp_path, "pool.py", program("signals_pool"))
+    tmp = tmp_path / "tmp"  # where the run's control sockets go (none of other runs there)
+    tmp.mkdir()
     proc = subprocess.run([sys.executable, str(script), "40", "20"],
-                          env=clean_env(CHAINER_PROF_ENABLE="1",
+                          env=clean_env(CHAINER_PROF_ENABLE="1", TMPDIR=str(tmp),
+                                        XDG_RUNTIME_DIR="",
                                         CHAINER_PROF_TRACE=str(tmp_path / "t.json")),
                           cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["alive 0", "pools done"], proc.stderr
+    sockets = [p for p in tmp.glob("chainer_autoprof-*/*") if p.is_socket()]
+    assert sockets == []
+    assert list(tmp.glob("chainer_autoprof-*"))  # (the run listened there)

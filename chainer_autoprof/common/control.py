@@ -219,13 +219,51 @@ def _bind(path: str, backlog: int) -> socket.socket:
     return sock
 
 
-def unlisten(listening: Listening) -> None:
-    """Remove the socket file (and a directory made for it); the socket is closed by the caller."""
+def unlisten(listening: Listening, sweep: bool = False) -> None:
+    """Remove the socket file (and a directory made for it); the socket is closed by the caller.
+    ``sweep`` (a run's first process, at its end): also those its directory holds that no
+    process has bound (:func:`sweep_left`)."""
     with contextlib.suppress(OSError):
         os.unlink(listening.path)
+    if sweep:
+        sweep_left(os.path.dirname(listening.path))
     if listening.own_dir is not None:
         with contextlib.suppress(OSError):
             os.rmdir(listening.own_dir)
+
+
+def sweep_left(directory: str) -> int:
+    """Remove the control sockets in ``directory`` (this user's own) that no process has bound
+    now: left by agents that died at once by a signal, as a pool's workers do when it ends
+    them with SIGTERM, or were killed.  Linux only (``/proc/net/unix`` says what is bound);
+    how many were removed.  Each file is looked at before what is bound is read, and removed
+    only if it is still the same file (a process of the same pid that binds anew after the
+    read makes a new one)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    seen: dict[str, int] = {}  # path -> inode, of our sockets named as control sockets
+    for name in names:
+        if name.endswith(SUFFIX) and name[:-len(SUFFIX)].isdigit():
+            path = os.path.join(directory, name)
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                if stat.S_ISSOCK(st.st_mode) and st.st_uid == os.geteuid():
+                    seen[path] = st.st_ino
+    bound = _bound_paths() if seen else None
+    if bound is None:
+        return 0
+    removed = 0
+    for path in seen.keys() - set(bound):
+        try:
+            if os.lstat(path).st_ino != seen[path]:
+                continue
+            os.unlink(path)
+        except OSError:
+            continue
+        removed += 1
+    return removed
 
 
 # -- who -------------------------------------------------------------------------------
@@ -282,13 +320,22 @@ def _process_environ(pid: int) -> dict[str, str]:
 def bound_sockets() -> dict[int, list[str]]:
     """Linux: the control socket paths bound now (``/proc/net/unix``), per pid in their name."""
     found: dict[int, list[str]] = {}
+    for path in _bound_paths() or []:
+        found.setdefault(int(os.path.basename(path)[:-len(SUFFIX)]), []).append(path)
+    return found
+
+
+def _bound_paths() -> list[str] | None:
+    """Linux: the control socket paths bound now (``/proc/net/unix``); ``None`` where that
+    cannot be read (another system, no /proc)."""
     if not LINUX:
-        return found
+        return None
     try:
         with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()[1:]
     except OSError:
-        return found
+        return None
+    found = []
     for line in lines:
         fields = line.split(None, 7)
         if len(fields) < 8 or not fields[7].startswith("/"):
@@ -297,7 +344,7 @@ def bound_sockets() -> dict[int, list[str]]:
         directory, name = os.path.split(path)
         stem = name[:-len(SUFFIX)] if name.endswith(SUFFIX) else ""
         if stem.isdigit() and os.path.basename(directory).startswith(DIR_NAME):
-            found.setdefault(int(stem), []).append(path)
+            found.append(path)
     return found
 
 

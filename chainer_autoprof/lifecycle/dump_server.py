@@ -25,6 +25,7 @@ from typing import Callable, Mapping, Optional, Tuple
 from ..common import control, log
 from ..common.outputs import FileId, close_if_ours, identity, still_ours
 from ..common.typedefs import JsonObject
+from .processes import is_child
 
 #: Seconds a client may take to send its request.
 REQUEST_TIMEOUT = 5.0
@@ -140,8 +141,9 @@ class DumpServer:
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=2.0)
             close_if_ours(sock.detach(), ident)
-        if listening is not None:  # also the file of a socket the program closed
-            control.unlisten(listening)
+        if listening is not None:  # also the file of a socket the program closed; the run's
+            # first process also removes those its children's deaths by a signal left
+            control.unlisten(listening, sweep=not is_child())
 
     def forget(self) -> None:
         """In a forked child: the inherited socket is the parent's (close our copy only)."""
