@@ -146,7 +146,8 @@ static struct { const char *ptr; int64_t id; } name_cache[NAME_CACHE];
 
 static size_t buffer_bytes = 8u << 20;
 /* called with (ops Block, its rows, api Block, its rows, rows of room, the first new name's
- * id, how many new names, the NameStore that holds their texts) */
+ * id, how many new names, the NameStore that holds their texts, the buffer's clock pair or
+ * None) */
 static PyObject *on_buffer;
 static volatile int closed = 1;   /* set: completed buffers are freed unread */
 static long long walked_records; /* counts.records, readable without the lock */
