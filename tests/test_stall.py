@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import stat
 import subprocess
@@ -207,7 +208,10 @@ def test_sigkill_leaves_a_trace_that_report_summarizes(tmp_path):
     out = report.stdout
     assert "this run did not end normally: its trace was last written at" in out
     where = next(line for line in out.splitlines() if "where it was:" in line)
-    assert "MainThread in iteration" in where
+    # the last write caught the loop in an iteration, or (rarely: a print to a slow pipe)
+    # between two, after the one it had finished
+    assert "MainThread in iteration" in where or re.search(
+        r"after iteration \d+: MainThread outside every recorded range", where), where
     counted = int(out.split("iterations")[1].split("counted")[0])
     # the iterations that completed up to a few seconds before the death
     assert counted + 3 >= last_done - 60, (counted, last_done)
@@ -221,7 +225,8 @@ def test_sigkill_leaves_a_trace_that_report_summarizes(tmp_path):
             assert browser.problems() == []
             shown = browser.evaluate("document.querySelector('#abnormal').innerText")
             assert shown.startswith("this run did not end normally")
-            assert "where it was: in iteration" in shown
+            assert "where it was: in iteration" in shown or \
+                "where it was: after iteration" in shown, shown
             assert browser.evaluate("document.body.dataset.verdict") == "input-bound"
 
     # A write cut short by the death is ignored: the records before it still read.
