@@ -228,8 +228,9 @@ class _Timeline:
         sums[0] += self.acc
         starts = [self.win_start, *start[b_idx].tolist()]
         keys = [self.key, *window[b_idx].tolist()]
-        for j in range(n_w - 1):
-            self._close(keys[j], starts[j], starts[j + 1], sums[j])
+        if n_w > 1:  # the windows finished here: (key, t0, t1, six sums) each
+            self._close_windows(np.column_stack((keys[:-1], starts[:-1], starts[1:],
+                                                 sums[:-1])).astype(np.int64))
         self.key, self.win_start = keys[-1], starts[-1]
         self.acc = sums[-1]
         self.max_ord = int(running[-1]) if n else self.max_ord
@@ -252,8 +253,10 @@ class _Timeline:
             self.iter_end = {o: e for o, e in self.iter_end.items() if o >= self.max_ord - 1024}
 
     def _close_windows(self, closed: Int64Array) -> None:
-        """:meth:`_close` of each row (key, t0, t1, six sums) of ``closed``, as one block (the
-        same rows: a run's windows at its end are many)."""
+        """The finished windows, rows (key, t0, t1, six sums) of ``closed``: those of counted
+        iterations (not before the first, nor what the loop ran outside one, nor the
+        warm-up) added to the series and totals, as one block (a run's windows at its end
+        are many)."""
         key, t0 = closed[:, 0], closed[:, 1]
         counted = (key >= 0) & (key % 2 == 0) & (t0 != _NEG) & (key // 2 >= self.warmup_skip)
         if not counted.any():
@@ -269,26 +272,12 @@ class _Timeline:
         self.totals += rows.sum(axis=0)
         self.series.extend(rows.astype(np.float64) / 1e6)
 
-    def _close(self, key: int, t0: int, t1: int, s: Int64Array) -> None:
-        if key < 0 or key % 2 or t0 == _NEG:
-            return  # before the first iteration, or what the loop ran outside one
-        busy, active, host, other, between, launched = (int(x) for x in s[:6])
-        span = t1 - t0
-        copies = max(0, active - busy)
-        row = (span, busy, host, copies, between, launched, other)
-        if key // 2 >= self.warmup_skip:
-            self.counted += 1
-            if self.series is None:
-                self.series = Series(self.max_kept, len(WINDOW_COLUMNS))
-                self.totals = np.zeros(len(WINDOW_COLUMNS), dtype=np.int64)
-            self.totals += np.array(row, dtype=np.int64)
-            self.series.extend(np.array([row], dtype=np.float64) / 1e6)
-
     def finish(self) -> None:
         self.place(None)
         if self.win_start != _NEG and self.fa != _NEG:
             end = max(self.fa, self.win_start)
-            self._close(self.key, self.win_start, end, self.acc)
+            self._close_windows(np.array([[self.key, self.win_start, end, *self.acc.tolist()]],
+                                         dtype=np.int64))
         self.key, self.win_start, self.acc = -1, _NEG, np.zeros(6, dtype=np.int64)
 
 
