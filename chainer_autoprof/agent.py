@@ -127,15 +127,33 @@ class Agent:
         from .lifecycle.gpu_session import GpuSession  # only when GPU activity is wanted
 
         recorder = self.recorder
+        window = self.tracer.window
         session = GpuSession(recorder, record_limit=int(self.cfg.record_limit),
                              warmup_skip=recorder.warm_skip,
-                             window=self.cfg.iterations is not None,
-                             main_tid=None)  # the loop thread: the first to iterate
+                             window=window is not None,
+                             main_tid=None,  # the loop thread: the first to iterate
+                             recording=window is None or window.open)
+        if window is not None:  # CUPTI records inside the capture window only
+            window.on_open = functools.partial(session.record, True)
+            window.on_close = self._gpu_window_closed
         # its hooks, each one append and a no-op unless it records: the thread map from the
         # first thread state on, the recorder's blocks once CuPy's import started it
         self.tracer.on_new_thread = session.thread_started
         recorder.gpu_handover = session.handover
         return session
+
+    def _gpu_window_closed(self) -> None:
+        """The capture window closes: one wait for the GPUs, so that every operation
+        launched in it has ended and been recorded, then CUPTI records no more."""
+        gpu = self.gpu
+        if gpu is None or gpu.state != "running":
+            return
+        try:
+            self.backend.synchronize(self.tracer.sync.devices)
+        except Exception as exc:  # the program's next GPU call will say it too  # noqa: BLE001
+            log.warning(f"GPU activity: the GPUs could not be waited for as the capture "
+                        f"window closed ({type(exc).__name__}: {exc})")
+        gpu.record(False)
 
     def _monitor(self) -> Monitor:
         """The watchdog, the background writes of the trace so far and the dump server."""

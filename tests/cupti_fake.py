@@ -160,6 +160,21 @@ class FakeCupti:
         """Whether ``cuptiGetTimestamp`` fails from now on."""
         self.lib.cupti_fake_clock_fails(int(on))
 
+    def run(self, count: int) -> None:
+        """The program runs on: the stream's next ``count`` entries happen now, kept as what
+        is enabled now says, and are handed over at once on this thread."""
+        self.lib.cupti_fake_run(ctypes.c_long(count))
+
+    @property
+    def enabled_kinds(self) -> set[int]:
+        """The CUPTI activity kinds enabled now."""
+        bits = int(self.lib.cupti_fake_enabled_kinds())
+        return {kind for kind in range(32) if bits >> kind & 1}
+
+    def call_recorded(self, kind: int, cbid: int) -> bool:
+        """Whether a runtime or driver call (``kind``) of id ``cbid`` is recorded now."""
+        return bool(self.lib.cupti_fake_call_recorded(int(kind), int(cbid)))
+
     @property
     def served(self) -> int:
         """Records handed over so far (those of the enabled kinds and calls)."""

@@ -278,6 +278,36 @@ def test_a_start_that_fails_switches_everything_off():
     assert session.finish() is None  # nothing more is said at exit
 
 
+def test_cupti_that_cannot_be_switched_on_as_a_window_opens_is_one_line(capsys):
+    """A CUPTI error as the capture window opens never reaches the program (the switch is
+    made as its iteration begins): one line, GPU activity off from then on, CUPTI stopped,
+    nothing more said at exit."""
+    from chainer_autoprof.runtime.gpu_activity import CuptiCollector
+
+    class Refusing(CuptiCollector):
+        def _enable(self) -> None:
+            raise RuntimeError("CUPTI_ERROR_UNKNOWN")
+
+    def start(on_batch, table):
+        collector = Refusing(on_batch, names=table)
+        collector.running = True
+        return collector
+
+    session, recorder, _tracer = _session(start_collector=start)
+    session.recording = False  # a window that opens later
+    session.start()
+    assert session.state == "running" and not session.collector.recording
+    session.record(True)  # what the agent calls as the window opens
+    assert session.state == "off" and not session.collector.running
+    assert session.why_off == "CUPTI could not be switched on (CUPTI_ERROR_UNKNOWN)"
+    _hand_over_a_block_and_a_thread(recorder)
+    assert session.queued == 0
+    assert session.finish() is None
+    lines = [line for line in capsys.readouterr().err.splitlines() if "GPU activity" in line]
+    assert lines == ["chainer_autoprof: GPU activity off: CUPTI could not be switched on "
+                     "(CUPTI_ERROR_UNKNOWN)"]
+
+
 def _hand_over_a_block_and_a_thread(recorder) -> None:
     """What the recorder and the tracer tell the session: a block, a new thread's state."""
     recorder.gpu_handover((1, np.zeros((1, 4), dtype=np.int64)))

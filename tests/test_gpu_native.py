@@ -236,6 +236,46 @@ def test_cupti_records_only_the_launching_calls_by_default(name, calls, tmp_path
         rec.batch.api.correlation[launching].tolist())
 
 
+@pytest.mark.parametrize("calls", [None, "all"])
+def test_switched_off_cupti_records_nothing_and_on_again_as_before(calls, tmp_path, extension):
+    """Outside a capture window CUPTI is switched off (``record(False)``): every kind and
+    every launching call off in libcupti, so what the program runs then is not traced at all;
+    switched on again, the operations and their calls are recorded as from the start."""
+    rec = recording("b16")
+    fake = FakeCupti(rec, tmp_path)
+    batches: list[ActivityBatch] = []
+    with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path),
+                  cupti_readers.ENV_CUPTI_READER: None, cupti_native.ENV_CUPTI_CALLS: calls}):
+        collector = cupti_readers.start(batches.append)
+    assert not isinstance(collector, str), collector
+    ops_kinds = {gr.CUPTI_KIND_CONCURRENT_KERNEL, gr.CUPTI_KIND_MEMCPY, gr.CUPTI_KIND_MEMSET}
+    launch = (gr.CUPTI_KIND_DRIVER, int(extension.DRIVER_LAUNCH_CBIDS[0]))
+    on = fake.enabled_kinds, fake.call_recorded(*launch)
+    assert ops_kinds <= on[0] and on[1]
+    entries = stream_entries(rec)
+    third = len(entries) // 3
+    is_op = np.isin(entries["kind"], list(ops_kinds))
+
+    collector.record(False)
+    assert fake.enabled_kinds == set() and not fake.call_recorded(*launch)
+    fake.run(third)
+    assert fake.served == 0 and not batches
+    collector.record(True)
+    assert (fake.enabled_kinds, fake.call_recorded(*launch)) == on
+    fake.run(third)
+    collector.record(False)
+    collector.record(False)  # idempotent
+    fake.run(-1)  # the rest
+    assert collector.stop(5.0) is None
+    ops = GpuOps.concat([b.ops for b in batches])
+    middle = entries[third:2 * third]
+    assert sorted(ops.correlation.tolist()) == sorted(
+        middle["f"][is_op[third:2 * third], 2].tolist())
+    handed = gr.ApiCalls.concat([b.api for b in batches])
+    assert set(handed.correlation.tolist()) <= set(ops.correlation.tolist())
+    assert fake.enabled_kinds == set()
+
+
 def test_a_libcupti_that_switches_no_call_on_records_every_call_and_says_so(tmp_path):
     with environ({"CUPTI_FAKE_NO_CALL_SWITCH": "1"}):
         rec, _batches, collector, fake = collect("b16", tmp_path, pieces=1, calls=None)

@@ -6,12 +6,17 @@ import json
 from pathlib import Path
 
 import pytest
-from support import EXAMPLES, run_python
+from cupti_fake import build_library
+from support import EXAMPLES, REPO, native_under_test, program, run_python, run_with_agent
+from verdict_workloads import SCRIPT
 
+from chainer_autoprof.common import gpu_records as gr
 from chainer_autoprof.common import names
 from chainer_autoprof.common.settings import SettingsError, from_environ
+from chainer_autoprof.runtime import cupti_native, cupti_readers
 from chainer_autoprof.runtime.device import CountingBackend
 from chainer_autoprof.runtime.events import Tracer
+from chainer_autoprof.runtime.hotpath import build
 from chainer_autoprof.runtime.policies import CaptureWindow, SyncPolicy
 
 LOOP = EXAMPLES / "recorder_custom_loop.py"
@@ -125,3 +130,50 @@ def test_exit_after_window_raises_system_exit_at_the_edge():
     assert info.value.code == 0
     assert not ts.iter_busy and not ts.stack  # nothing left open
     assert (backend.profiler_starts, backend.profiler_stops) == (1, 1)
+
+
+@pytest.mark.skipif(not native_under_test(), reason="native extensions are not under test")
+def test_gpu_activity_traces_only_inside_the_window(tmp_path):
+    """With GPU activity, CUPTI traces nothing outside the capture window (outside it, GPU
+    activity costs nothing): started at CuPy's import, it is switched off at once, on as the
+    window opens, off as it closes, after one wait for the GPUs so that every operation
+    launched in the window has ended.  The tests' libcupti logs each switch with its time;
+    CuPy is a stand-in without a GPU, which Chainer imports."""
+    build.build_cupti_in_place()
+    cupy = tmp_path / "no_gpu_cupy" / "cupy"
+    cupy.mkdir(parents=True)
+    (cupy / "__init__.py").write_text(program("gpu_faults_no_gpu_cupy"))
+    log, trace = tmp_path / "switches.log", tmp_path / "t.json"
+    run = run_with_agent(
+        tmp_path, SCRIPT, {"CHAINER_PROF_TRACE": str(trace), "CHAINER_PROF_GPU_ACTIVITY": "1",
+                           "CHAINER_PROF_ITERATIONS": "4:8", "CHAINER_PROF_GRANULARITY": "link"},
+        script_args=("mlp", "--iterations", "12"), nvtx=False, timeout=180,
+        env={"PYTHONPATH": f"{REPO}:{cupy.parent}",
+             cupti_native.ENV_CUPTI_LIBRARY: str(build_library()),
+             cupti_readers.ENV_CUPTI_READER: "native", "CUPTI_FAKE_LOG": str(log)})
+    assert run.returncode == 0, run.stderr
+    switches = [(int(t), what, int(key), int(on)) for t, what, key, on in
+                (line.split() for line in log.read_text().splitlines())]
+    kernels = [(t, on) for t, what, key, on in switches
+               if what == "kind" and key == gr.CUPTI_KIND_CONCURRENT_KERNEL]
+    # on at CuPy's import and off at once; on as the window opens, off as it closes
+    assert [on for _t, on in kernels] == [1, 0, 1, 0], switches
+    spans = [(kernels[0][0], kernels[1][0]), (kernels[2][0], kernels[3][0])]
+    # every kind and call switched on within those spans, and off again at their end
+    state: dict[tuple[str, int], int] = {}
+    for t, what, key, on in switches:
+        assert any(a <= t <= b for a, b in spans)
+        state[what, key] = on
+        if t in (kernels[1][0], kernels[3][0]):
+            assert not any(state.values())
+    assert any(what == "driver" for _t, what, _k, _on in switches)  # the launching calls
+    data = json.loads(trace.read_text())
+    start = data["otherData"]["chainer_autoprof"]["clock"]["perf_counter_ns_at_start"]
+    iterations, _ = trace_iterations(trace)
+    assert iterations == [4, 5, 6, 7]
+    steps = [e for e in data["traceEvents"] if e["ph"] == "X" and e["name"] == "iteration"]
+    first = start + min(e["ts"] for e in steps) * 1000
+    last = start + max(e["ts"] + e["dur"] for e in steps) * 1000
+    assert spans[0][1] < spans[1][0] <= first and last <= spans[1][1]
+    # the wait for the GPUs as the window closes, before the CUDA profiler stops
+    assert run.sync_log() == ["profiler_start", "sync", "profiler_stop"]

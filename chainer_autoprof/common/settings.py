@@ -235,8 +235,9 @@ SETTINGS: tuple[Setting, ...] = (
             "%r MPI rank, %q{VAR} environment variable, which must be set); the ranks of an "
             "MPI job need a path each (rank%r.json).", "PATH"),
     Setting("iterations", parse_window, None,
-            "Capture window START:STOP or START:+COUNT: ranges and recording only for "
-            "those iterations, CUDA profiler started/stopped at its edges.", "START:STOP"),
+            "Capture window START:STOP or START:+COUNT: ranges, recording and GPU activity "
+            "only for those iterations, CUDA profiler started/stopped at its edges.",
+            "START:STOP"),
     _switch("exit_after_window", False,
             "End the program cleanly once the capture window has closed."),
     Setting("warmup", _int_range(0, None), 3,
@@ -270,7 +271,8 @@ SETTINGS: tuple[Setting, ...] = (
             "GPU time per link without synchronizing: CUPTI kernel, copy and memset activity "
             "(cupti-python: pip install chainer-autoprof[cupti]), recorded from CuPy's import, "
             "each kernel tied to the range that launched it; GPU figures in the summary, "
-            "GPU tracks in the trace."),
+            "GPU tracks in the trace.  With --iterations CUPTI traces the window's "
+            "iterations only."),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

@@ -88,6 +88,7 @@ class Collector(Protocol):
     @property
     def pair_count(self) -> int: ...
     def stop(self, timeout_s: float) -> str | None: ...
+    def record(self, on: bool) -> None: ...
     def after_fork(self) -> None: ...
 
 
@@ -126,11 +127,15 @@ class GpuSession:
     def __init__(self, recorder: Recorder, *, record_limit: int,
                  warmup_skip: int, window: bool, main_tid: int | None,
                  start_collector: StartCollector = start_cupti,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, recording: bool = True) -> None:
         self.recorder = recorder
         self.ops_limit = max(0, record_limit // EVENTS_PER_OP)
         self.warmup_skip = warmup_skip
         self.window = window
+        #: Whether CUPTI records now (:meth:`record`: off outside a capture window).
+        self.recording = recording
+        #: How often CUPTI was switched on and off (:meth:`record`), said in the record.
+        self.switches = 0
         self.main_tid = main_tid
         self.limits = limits
         self._start_collector = start_collector
@@ -209,9 +214,40 @@ class GpuSession:
         self.reader = str(getattr(got, "reader", "python"))
         log.info(f"GPU activity: CUPTI's records read by the {self.reader} reader")
         self.state = "running"
+        if not self.recording:  # before the capture window: CUPTI off until it opens
+            self._switch(False)
+            if self.state != "running":
+                return
         self._thread = threading.Thread(target=self._run, name="chainer_autoprof-gpu",
                                         daemon=True)
         self._thread.start()
+
+    def record(self, on: bool) -> None:
+        """The capture window opened (``on``) or closed (the caller synchronized the GPUs
+        first, so that every operation launched in it has ended): CUPTI records only inside
+        it, and outside it costs nothing.  Never raises: a fault is one line, and GPU
+        activity is off from then on."""
+        if on == self.recording:
+            return
+        self.recording = on
+        if self.state == "running":
+            self._switch(on)
+
+    def _switch(self, on: bool) -> None:
+        collector = self.collector
+        assert collector is not None
+        try:
+            collector.record(on)
+            self.switches += 1
+        except Exception as exc:  # CUPTI's error: no GPU figures, the run goes on  # noqa: BLE001
+            why = f"CUPTI could not be switched {'on' if on else 'off'} ({exc})"
+            log.warning(f"GPU activity off: {why}")
+            self.state = "finished"
+            try:
+                collector.stop(STOP_WAIT_S)
+            finally:
+                self._stop.set()
+                self._off(why)
 
     def _off(self, why: str) -> None:
         self.state = "off"
@@ -401,8 +437,10 @@ class GpuSession:
 
     def _source(self, fig: GpuFigures) -> str:
         kernels = sum(int(p["kernels"]) for p in fig.phases.values())
+        where = " (CUPTI on in the capture window only)" if self.window else ""
         return (f"CUPTI kernel activity, {figures.count(kernels)} kernels over "
-                f"{fig.iterations} counted iterations, each tied to the range that launched it")
+                f"{fig.iterations} counted iterations{where}, each tied to the range that "
+                "launched it")
 
     def _counts(self) -> dict[str, int]:
         c = self.collector

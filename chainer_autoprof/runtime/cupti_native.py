@@ -281,6 +281,15 @@ class NativeCuptiCollector(CuptiCollector):
         self._check(ext.register(self.buffer_bytes, self._on_buffer),
                     "cuptiActivityRegisterCallbacks")
         self.system_thread_ids = ext.system_thread_ids() == SUCCESS
+        self._enable()
+        ext.flush_period(FLUSH_PERIOD_MS)  # -1 or an error: buffers go when full
+        self._pair()
+
+    def _enable(self) -> None:
+        """Enable the operations' kinds and the calls :attr:`calls` names (``launches``
+        falls back to ``all`` where libcupti refuses a call's switch)."""
+        ext = self._ext
+        assert ext is not None
         for kind in OP_KIND_IDS:
             self._check(ext.enable(kind), f"cuptiActivityEnable({kind})")
             self._enabled.append(kind)
@@ -294,8 +303,6 @@ class NativeCuptiCollector(CuptiCollector):
                 for name in quiet:
                     if name in table:  # a failure leaves the call recorded: harmless
                         ext.enable_api(domain, table[name], False)
-        ext.flush_period(FLUSH_PERIOD_MS)  # -1 or an error: buffers go when full
-        self._pair()
 
     def _switch_on_launches(self, ext: ModuleType) -> bool:
         """Switch on, call by call, those that put work on a stream (the API kinds stay

@@ -123,6 +123,8 @@ class CuptiCollector:
         self.callback_errors = 0
         self.last_error = ""
         self.running = False
+        #: Whether CUPTI's activity kinds are enabled while running (:meth:`record`).
+        self.recording = True
         #: Set once collection stopped: a buffer CUPTI still hands over is not converted.
         self.closed = False
         #: Which reader runs: ``native (libcupti's path)`` or ``python (why not native)``.
@@ -217,6 +219,16 @@ class CuptiCollector:
                 raise
             self.system_thread_ids = False
         cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+        self._enable()
+        try:
+            cupti.activity_flush_period(FLUSH_PERIOD_MS)
+        except Exception:  # noqa: BLE001
+            pass  # CUPTI hands buffers over when they fill, and at the end
+        self._pair()
+
+    def _enable(self) -> None:
+        """Enable the activity kinds, the quiet calls switched off (CUPTI's error raises)."""
+        cupti = self._cupti
         for name in ACTIVITY_KINDS:
             kind = getattr(cupti.ActivityKind, name)
             cupti.activity_enable(kind)
@@ -224,11 +236,6 @@ class CuptiCollector:
         _quiet(cupti, "runtime_api_trace_cbid", "activity_enable_runtime_api",
                QUIET_RUNTIME)
         _quiet(cupti, "driver_api_trace_cbid", "activity_enable_driver_api", QUIET_DRIVER)
-        try:
-            cupti.activity_flush_period(FLUSH_PERIOD_MS)
-        except Exception:  # noqa: BLE001
-            pass  # CUPTI hands buffers over when they fill, and at the end
-        self._pair()
 
     def _let_go(self) -> None:
         """Nothing more of CUPTI is called."""
@@ -271,6 +278,18 @@ class CuptiCollector:
         self.closed = True  # a buffer CUPTI hands over later is not read
         return (f"CUPTI did not hand back its last buffers within {timeout_s:g} s: the GPU "
                 "figures miss the last records")
+
+    def record(self, on: bool) -> None:
+        """Record (``on``) or not, while running: CUPTI's activity kinds enabled or disabled,
+        so that outside a capture window CUPTI traces nothing and costs nothing.  What was
+        recorded before comes with CUPTI's next buffer.  CUPTI's error raises."""
+        if not self.running or on == self.recording:
+            return
+        self.recording = on
+        if on:
+            self._enable()
+        else:
+            self._disable()
 
     def after_fork(self) -> None:
         """A forked child: CUPTI's state is its parent's; nothing is called, nothing kept."""

@@ -63,9 +63,12 @@ class CaptureWindow:
     At the window's edges the CUDA profiler is started and stopped through the
     device backend, so ``nvprof --profile-from-start off`` and
     ``nsys --capture-range=cudaProfilerApi`` capture exactly the window.
+    ``on_open`` and ``on_close`` (set by whoever composes it) are called right after the
+    profiler is started, and right before it is stopped.
     """
 
-    __slots__ = ("backend", "done", "exit_after", "on_close", "open", "start", "stop")
+    __slots__ = ("backend", "done", "exit_after", "on_close", "on_open", "open", "start",
+                 "stop")
 
     def __init__(self, start: int, stop: int, backend: DeviceBackend, exit_after: bool,
                  on_close: Callable[[], None] | None = None) -> None:
@@ -75,6 +78,7 @@ class CaptureWindow:
         self.exit_after = exit_after
         self.open = start == 0
         self.done = False
+        self.on_open: Callable[[], None] | None = None
         self.on_close = on_close
         if self.open:
             backend.profiler_start()
@@ -84,12 +88,14 @@ class CaptureWindow:
         if n == self.start and not self.open and not self.done:
             self.open = True
             self.backend.profiler_start()
+            if self.on_open is not None:
+                self.on_open()
         elif n == self.stop and self.open:
             self.open = False
             self.done = True
-            self.backend.profiler_stop()
             if self.on_close is not None:
                 self.on_close()
+            self.backend.profiler_stop()
             if self.exit_after:
                 sys.exit(0)
 

@@ -20,6 +20,13 @@
  *   cupti_fake_system_ids(on)         whether cuptiSetThreadIdType(SYSTEM) succeeds
  *   cupti_fake_clock_fails(on)        whether cuptiGetTimestamp fails (CUPTI_ERROR_UNKNOWN)
  *   cupti_fake_served()               records handed over so far
+ *   cupti_fake_run(count)             the program runs on: the stream's next `count` entries
+ *                                     happen now, kept as what is enabled now says, and are
+ *                                     handed over at once, on the calling thread
+ *   cupti_fake_enabled_kinds()        the enabled kinds, a bit per CUpti_ActivityKind
+ *   cupti_fake_call_recorded(kind, cbid)  whether a call of that kind and id is recorded now
+ * With CUPTI_FAKE_LOG set, every switch of a kind or a call appends a line to that file:
+ * CLOCK_MONOTONIC ns (time.perf_counter_ns), the function, the kind or cbid, the value.
  */
 #include <pthread.h>
 #include <stddef.h>
@@ -54,6 +61,22 @@ static long pace_us;
 static int system_ids;
 static volatile int clock_fails;
 static uint32_t enabled_kinds;  /* bit per CUpti_ActivityKind < 32 */
+/* One line per switch to $CUPTI_FAKE_LOG, where set (see the header). */
+static void log_switch(const char *what, long id, int value)
+{
+    const char *path = getenv("CUPTI_FAKE_LOG");
+    if (path == NULL || *path == '\0')
+        return;
+    FILE *f = fopen(path, "a");
+    if (f == NULL)
+        return;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    fprintf(f, "%lld %s %ld %d\n", (long long)now.tv_sec * 1000000000LL + now.tv_nsec, what, id,
+            value);
+    fclose(f);
+}
+
 /* Each call's own switch (cuptiActivityEnableRuntimeApi / DriverApi): CALL_UNSET, CALL_ON,
  * CALL_OFF.  As CUPTI documents it: with its kind enabled a call is recorded unless switched
  * off; without, only if switched on; enabling the kind later overrides the switches. */
@@ -332,6 +355,24 @@ EXPORT void cupti_fake_clock_fails(int on) { clock_fails = on; }
 
 EXPORT long cupti_fake_served(void) { return (long)served; }
 
+EXPORT void cupti_fake_run(long count)
+{
+    pthread_mutex_lock(&deliver_lock);
+    released = count < 0 || released + (size_t)count > n_stream ? n_stream
+                                                               : released + (size_t)count;
+    pthread_mutex_unlock(&deliver_lock);
+    deliver();
+}
+
+EXPORT unsigned cupti_fake_enabled_kinds(void) { return enabled_kinds; }
+
+EXPORT int cupti_fake_call_recorded(int kind, int cbid)
+{
+    entry e = {.kind = kind};
+    e.f[3] = cbid;
+    return wanted(&e);
+}
+
 /* -- CUPTI -------------------------------------------------------------------------------- */
 EXPORT CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc req,
                                                   CUpti_BuffersCallbackCompleteFunc comp)
@@ -347,6 +388,7 @@ EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind)
 {
     if ((unsigned)kind >= 32)
         return CUPTI_ERROR_NOT_COMPATIBLE;
+    log_switch("kind", (long)kind, 1);
     enabled_kinds |= 1u << kind;
     if (kind == CUPTI_ACTIVITY_KIND_RUNTIME)
         memset(runtime_call, CALL_UNSET, sizeof runtime_call);
@@ -359,6 +401,7 @@ EXPORT CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind)
 {
     if ((unsigned)kind >= 32)
         return CUPTI_ERROR_NOT_COMPATIBLE;
+    log_switch("kind", (long)kind, 0);
     enabled_kinds &= ~(1u << kind);
     return CUPTI_SUCCESS;
 }
@@ -370,6 +413,7 @@ EXPORT CUptiResult cuptiActivityEnableRuntimeApi(CUpti_CallbackId cbid, uint8_t 
     if (enable && getenv("CUPTI_FAKE_NO_CALL_SWITCH")) /* a libcupti that switches none on */
         return CUPTI_ERROR_NOT_SUPPORTED;
     runtime_call[cbid] = enable ? CALL_ON : CALL_OFF;
+    log_switch("runtime", (long)cbid, enable != 0);
     return CUPTI_SUCCESS;
 }
 
@@ -380,6 +424,7 @@ EXPORT CUptiResult cuptiActivityEnableDriverApi(CUpti_CallbackId cbid, uint8_t e
     if (enable && getenv("CUPTI_FAKE_NO_CALL_SWITCH")) /* a libcupti that switches none on */
         return CUPTI_ERROR_NOT_SUPPORTED;
     driver_call[cbid] = enable ? CALL_ON : CALL_OFF;
+    log_switch("driver", (long)cbid, enable != 0);
     return CUPTI_SUCCESS;
 }
 

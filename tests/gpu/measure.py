@@ -8,9 +8,11 @@ recording only the launching calls (``launches``, the default;
 ``reader_only.py``: what CUPTI's tracing and the reading cost without the agent's analysis),
 and the same with no call recorded (``kernels``: CUPTI's tracing of the operations alone), so
 that one run splits the cost: off -> kernels CUPTI's operations, kernels -> reader their
-calls, reader -> launches the agent's analysis.  Each configuration's throughput and process wall
-against the targets (within 3%; wall within 3% + 1 s), and for the CNN the per-link GPU
-times, the busy share and its idle split with HolisticTraceAnalysis's beside them."""
+calls, reader -> launches the agent's analysis; and with a capture window of 10 of its 50
+iterations (``window``: CUPTI switched on and off at its edges).  Each configuration's
+throughput and process wall against the targets (within 3%; wall within 3% + 1 s), and for
+the CNN the per-link GPU times, the busy share and its idle split with
+HolisticTraceAnalysis's beside them."""
 
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ CONFIGS = {
     "launches": {"CHAINER_PROF_GPU_ACTIVITY": "1", "CHAINER_AUTOPROF_CUPTI_CALLS": "launches"},
     "reader": {"CHAINER_PROF_GPU_ACTIVITY": "0"},
     "kernels": {"CHAINER_PROF_GPU_ACTIVITY": "0", "READER_ONLY_CALLS": "none"},
+    # the RNN's 50 iterations, CUPTI on for ten of them only (switched at the window's edges)
+    "window": {"CHAINER_PROF_GPU_ACTIVITY": "1", "CHAINER_PROF_ITERATIONS": "20:+10"},
 }
 #: Configurations that run the script through a wrapper: ``reader``, CUPTI and the native
 #: reader as the agent starts them (launching calls), the buffers discarded: against ``off``
@@ -47,10 +51,11 @@ WRAPPERS = {"reader": HERE / "reader_only.py", "kernels": HERE / "reader_only.py
 #: Each configuration with GPU activity as the verdicts name it.
 LABELS = {"all": "GPU activity, every call", "launches": "GPU activity, launching calls",
           "reader": "CUPTI and the reader alone",
-          "kernels": "CUPTI's operations alone (no call recorded)"}
+          "kernels": "CUPTI's operations alone (no call recorded)",
+          "window": "GPU activity in a window of 10 of the 50 iterations"}
 #: What the CNN compares, and the RNN, where the cost is.
 CNN_CONFIGS = ("off", "all", "launches")
-RNN_CONFIGS = ("off", "launches", "reader", "kernels")
+RNN_CONFIGS = ("off", "launches", "reader", "kernels", "window")
 
 
 def under_agent(script: str, args: list[str], config: str, trace: Path,

@@ -10,7 +10,8 @@
 #                            # activity off, on with every API call recorded (the CNN), and
 #                            # on with only the launching calls recorded (the default; the
 #                            # RNN also with CUPTI and the reader alone, with and without the
-#                            # calls: reader_only.py),
+#                            # calls: reader_only.py, and with a capture window of 10 of
+#                            # its 50 iterations),
 #                            # rotated three times; then the gpu-marked tests; CUPTI_READER=python:
 #                            # cupti-python's reader instead of the native one
 #

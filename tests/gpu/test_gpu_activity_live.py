@@ -61,15 +61,45 @@ def test_gpu_collector_ties_each_kernel_to_its_launch_on_this_thread(cp, reader,
     assert len(got.clock_pairs) >= 2
 
 
-@pytest.mark.parametrize("calls", ["all", "launches"])
+@pytest.mark.parametrize("reader", ["native", "python"])
+def test_gpu_switched_off_cupti_traces_nothing_and_on_again_everything(cp, reader,
+                                                                      monkeypatch):
+    """``record(False)`` (a capture window closed, the GPU waited for) switches CUPTI's
+    tracing off: kernels launched then are not recorded; those before and after are."""
+    monkeypatch.setenv(cupti_readers.ENV_CUPTI_READER, reader)
+    phases = {name: cp.ElementwiseKernel("float32 x", "float32 y", "y = x * 2", name)
+              for name in ("before_window", "outside_window", "in_window")}
+    a = cp.ones(1 << 20, dtype=cp.float32)
+    batches = []
+    got = cupti_readers.start(batches.append)
+    assert not isinstance(got, str), got
+
+    def launch(name: str, times: int) -> None:
+        for _ in range(times):
+            phases[name](a)
+        cp.cuda.runtime.deviceSynchronize()
+
+    launch("before_window", 5)
+    got.record(False)
+    launch("outside_window", 7)
+    got.record(True)
+    launch("in_window", 3)
+    assert got.stop(timeout_s=10) is None
+    names = [got.names.name(int(n)) for b in batches for n in b.ops.name.tolist() if n >= 0]
+    counts = {name: sum(name in n for n in names) for name in phases}
+    assert counts == {"before_window": 5, "outside_window": 0, "in_window": 3}, counts
+
+
+@pytest.mark.parametrize("calls,window", [("all", ""), ("launches", ""),
+                                          ("launches", "10:25")])
 def test_gpu_the_cnn_trains_with_gpu_activity_and_reports_gpu_time_per_link(cp, tmp_path,
-                                                                           calls):
+                                                                           calls, window):
     """With CUPTI recording only the launching calls (the default) or every call: every
-    kernel attributed."""
+    kernel attributed; with a capture window, CUPTI traces its iterations only."""
     trace = tmp_path / "b512.json"
     env = dict(os.environ, CHAINER_PROF_TRACE=str(trace), CHAINER_PROF_GRANULARITY="link",
                CHAINER_PROF_GPU_ACTIVITY="1", CHAINER_PROF_WARMUP="5",
-               CHAINER_AUTOPROF_CUPTI_CALLS=calls)
+               CHAINER_AUTOPROF_CUPTI_CALLS=calls, CHAINER_PROF_ITERATIONS=window)
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "chainer_autoprof", str(HERE / "cnn.py"),
                            "--batch", "512", "--iterations", "30"], env=env,
@@ -86,3 +116,7 @@ def test_gpu_the_cnn_trains_with_gpu_activity_and_reports_gpu_time_per_link(cp, 
     assert "conv2" in top, fig.links[:3]
     data = json.loads(trace.read_text())
     assert any(e.get("cat") == "kernel" for e in data["traceEvents"])
+    if window:  # nothing traced outside it: every kernel launched in one of its iterations
+        assert 10 <= fig.iterations <= 15, fig.iterations
+        assert fig.warmup_kernel_ms == 0.0  # iterations 5 to 9 ran untraced
+        assert "CUPTI on in the capture window only" in fig.source
