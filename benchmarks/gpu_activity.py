@@ -8,10 +8,11 @@ Each reader of CUPTI's records runs as in a live run, in one process per recordi
 * ``native``: the C reader (``runtime/cupti_native.c``) on the tests' libcupti
   (``tests/cupti_fake``), whose buffers are filled beforehand (CUPTI's own work while the
   program runs) and handed over on its own thread: ``reading`` is the walk of each buffer in
-  C (CUPTI's ``cuptiActivityGetNextRecord`` included: the test library's) and the one
-  handover per buffer into the session's queue; ``attributing and summing`` is the session's
-  drain: every operation tied to its launching range and added to the per-link and
-  per-phase sums (``LaunchAttributor`` and ``GpuFigureBuilder.add``).
+  C (CUPTI's ``cuptiActivityGetNextRecord`` included: the test library's) into the
+  extension's queue, on CUPTI's thread, without the GIL; ``attributing and summing`` is the
+  session's drain: the queued tables handed to Python (one call per buffer), every operation
+  tied to its launching range and added to the per-link and per-phase sums
+  (``LaunchAttributor`` and ``GpuFigureBuilder.add``).
 * ``launches``: the native reader with CUPTI recording only the launching calls
   (``CHAINER_AUTOPROF_CUPTI_CALLS=launches``): fewer records for the same operations, so
   its figure per record is higher and per operation lower.

@@ -385,8 +385,32 @@ def test_a_failing_consumer_is_counted_and_cuptis_thread_goes_on(tmp_path):
     _, _, collector, _ = collect("b16", tmp_path, pieces=3, on_batch=broken)
     assert len(calls) == 3 and collector.callback_errors == 3
     assert "consumer bug" in collector.last_error
-    # handed over on the library's thread, as CUPTI's: not one Python made
-    assert all(name.startswith("Dummy") for name in calls)
+    # handed over by the collector's stop, on its thread: CUPTI's (the library's) thread
+    # never entered Python (it would be a "Dummy" thread there)
+    assert calls == ["chainer_autoprof-cupti-stop"] * 3
+
+
+def test_buffers_waiting_for_python_are_bounded_and_what_goes_is_counted(tmp_path, extension):
+    """Walked buffers wait in C for the drain, their tables' bytes bounded: a drain that does
+    not come (here: none until the stop) costs the newest buffers' operations, each counted
+    (``queue_dropped_ops``, in the run record's collector counts), never memory."""
+    rec = recording("b16")
+    fake = FakeCupti(rec, tmp_path)
+    seen: list[ActivityBatch] = []
+    limit = 100 << 10  # bytes of rows: a few of the ten buffers (350 KiB in all)
+    with environ({cupti_native.ENV_CUPTI_LIBRARY: str(fake.path)}):
+        collector = cupti_native.start(seen.append, waiting_bytes=limit)
+    assert not isinstance(collector, str), collector
+    fake.serve(10, 0.0)
+    fake.wait()
+    assert 0 < extension.waiting() < 10
+    assert collector.stop(5.0) is None
+    handed = sum(len(b.ops) for b in seen)
+    assert collector.queue_dropped_ops > 0 and handed + collector.queue_dropped_ops == \
+        len(rec.batch.ops)
+    rows = sum(len(b.ops) * len(GpuOps.columns()) + len(b.api) * 6 for b in seen) * 8
+    assert rows <= limit
+    assert extension.counts()["unread"] == 10 - len(seen)
 
 
 def test_once_closed_a_late_buffer_is_freed_unread(tmp_path, extension):
@@ -454,8 +478,9 @@ def test_without_a_gpu_the_real_libcupti_says_so_in_one_line():
 
 
 def test_a_buffer_is_walked_while_the_training_holds_the_gil(tmp_path, extension):
-    """The walk of a buffer needs no GIL: while this thread keeps it (a Python loop, no
-    switch for 30 s), CUPTI's thread reads every record; only the handover waits for it."""
+    """CUPTI's thread never takes the GIL: while this thread keeps it (a Python loop, no
+    switch for 30 s), CUPTI's thread reads every record of a buffer and queues its tables;
+    they reach Python when a thread of ours takes them (``hand_over``, the drain's)."""
     rec = recording("b512")
     fake = FakeCupti(rec, tmp_path)
     seen: list[ActivityBatch] = []
@@ -469,13 +494,15 @@ def test_a_buffer_is_walked_while_the_training_holds_the_gil(tmp_path, extension
     try:
         fake.serve(1, 0.0, prepared=True)
         deadline = time.perf_counter() + 10.0
-        while extension.walked() < expected and time.perf_counter() < deadline:
+        while extension.waiting() < 1 and time.perf_counter() < deadline:
             pass  # Python bytecode: the GIL stays with this thread
-        walked, handed = extension.walked(), len(seen)
+        walked, queued, handed = extension.walked(), extension.waiting(), len(seen)
     finally:
         sys.setswitchinterval(switch)
     fake.wait()
-    assert walked == expected and handed == 0
+    assert (walked, queued, handed) == (expected, 1, 0)
+    collector.hand_over()
+    assert extension.waiting() == 0
     assert len(seen) == 1 and len(seen[0].ops) == len(rec.batch.ops)
     assert collector.stop(5.0) is None
 

@@ -17,7 +17,9 @@ Three queues, each filled by a single append and drained by the session's own th
 * the thread map: ``(threading.get_ident() & 0xFFFFFFFF, tid)`` told once per new thread
   state (:meth:`GpuSession.thread_started`, the agent's ``Tracer.on_new_thread``), for a
   CUPTI without system thread ids;
-* CUPTI's buffers, converted on CUPTI's thread (``on_batch``).
+* CUPTI's buffers (``on_batch``): converted on CUPTI's thread by cupti-python's reader;
+  walked in C on CUPTI's thread by the native reader and handed over by the drain itself
+  (the collector's ``hand_over``: CUPTI's thread never takes the GIL).
 
 Bounds: the drain keeps at most :data:`MAX_QUEUED_BLOCKS` blocks and
 :data:`MAX_QUEUED_BATCHES` buffers waiting (the oldest blocks, the newest buffers are
@@ -88,6 +90,7 @@ class Collector(Protocol):
     @property
     def pair_count(self) -> int: ...
     def stop(self, timeout_s: float) -> str | None: ...
+    def hand_over(self) -> None: ...
     def record(self, on: bool) -> None: ...
     def after_fork(self) -> None: ...
 
@@ -187,7 +190,8 @@ class GpuSession:
             self._queue.append(block)
 
     def _on_batch(self, batch: ActivityBatch) -> None:
-        """CUPTI's thread: queue a buffer's records (the newest are dropped when full)."""
+        """Queue a buffer's records (the newest are dropped when full): on CUPTI's thread
+        (cupti-python), or on the drain's as it takes the native reader's (``hand_over``)."""
         with self._count_lock:
             if self._queued_batches >= MAX_QUEUED_BATCHES:
                 self.dropped_ops += len(batch.ops)
@@ -286,6 +290,7 @@ class GpuSession:
         collector = self.collector
         if collector is None:
             return
+        collector.hand_over()  # buffers waiting in C (native): queued after the blocks so far
         analysis = self.analysis
         if analysis is None:
             if not collector.pair_count:
@@ -447,7 +452,8 @@ class GpuSession:
         assert c is not None
         return {"buffers": c.buffers, "records": c.records, "dropped_records": c.dropped_records,
                 "incomplete": c.incomplete, "callback_errors": c.callback_errors,
-                "queue_dropped_ops": self.dropped_ops, "queue_dropped_ranges": self.dropped_ranges,
+                "queue_dropped_ops": self.dropped_ops + int(getattr(c, "queue_dropped_ops", 0)),
+                "queue_dropped_ranges": self.dropped_ranges,
                 "analysis_cpu_us": self.drain_cpu_ns // 1000}
 
     def _notes(self, fig: GpuFigures) -> list[str]:

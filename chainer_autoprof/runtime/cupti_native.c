@@ -8,7 +8,10 @@
  * buffer is walked in C with CUPTI's record structs (cupti_activity.h), without the GIL.
  *
  * What comes out, per buffer, as two int64 tables (column after column, handed over without
- * a copy) given to one Python callable (the only moment the GIL is taken, once per buffer):
+ * a copy), queued here; CUPTI's thread never takes the GIL (it never waits for the training
+ * thread, nor can a flush made with the GIL held wait on it).  Python takes the queue when it
+ * drains (hand_over(): the GIL held, on its own thread), giving each buffer's tables to one
+ * callable:
  *   ops: kernels, copies and memsets, one row of OP_COLUMNS each (the order of
  *        common.gpu_records.GpuOps), -1 where a column does not apply;
  *   api: the runtime/driver calls that launched those operations (API_COLUMNS, the order
@@ -145,14 +148,14 @@ static unsigned long store_generation; /* changes with `store` (under lock, the 
 static struct { const char *ptr; int64_t id; } name_cache[NAME_CACHE];
 
 static size_t buffer_bytes = 8u << 20;
-/* called with (ops Block, its rows, api Block, its rows, rows of room, the first new name's
- * id, how many new names, the NameStore that holds their texts, the buffer's clock pair or
- * None) */
+/* called by py_hand_over, once per buffer, with (ops Block, its rows, api Block, its rows,
+ * rows of room, the first new name's id, how many new names, the NameStore that holds their
+ * texts, the buffer's clock pair or None) */
 static PyObject *on_buffer;
 static volatile int closed = 1;   /* set: completed buffers are freed unread */
 static long long walked_records; /* counts.records, readable without the lock */
 static struct {
-    long long buffers, records, ops, api_handed, incomplete, dropped, errors, unread;
+    long long buffers, records, ops, api_handed, incomplete, dropped, errors, unread, overflow;
 } counts;
 
 /* -- column tables (one per buffer, room for every record it can hold) ------------------ */
@@ -160,6 +163,30 @@ typedef struct {
     int64_t *cols; /* column c, row i at cols[c * cap + i] */
     size_t n, cap, width;
 } table;
+
+/* A walked buffer waiting for Python (py_hand_over): its tables, the range of names new in
+ * it, the store it added them to (by generation), its clock pair. */
+typedef struct waiting_buffer {
+    struct waiting_buffer *next;
+    table ops, api;
+    size_t first_name, new_names;
+    unsigned long generation;
+    int64_t p0, p1; /* CLOCK_MONOTONIC around CUPTI's clock */
+    uint64_t cupti_ns;
+    int clock_ok;
+} waiting_buffer;
+/* The rows' bytes waiting at most (under `lock`; set by register): beyond, a buffer's
+ * tables are freed and its operations counted (counts.overflow).  Python takes the queue at
+ * every drain (a few buffers), and a collector's stop takes it whole. */
+static size_t max_waiting_bytes = (size_t)256 << 20; /* register's third argument */
+static waiting_buffer *waiting_head, *waiting_tail;
+static size_t waiting_count, waiting_bytes;
+static pid_t owner_pid; /* the process that registered (a forked child takes no lock) */
+
+static size_t rows_bytes(const table *t)
+{
+    return t->n * t->width * sizeof(int64_t);
+}
 
 /* The smallest record this module reads (CUpti_ActivityAPI): a buffer of `valid` bytes holds
  * fewer rows of any table than valid / MIN_RECORD + 1. */
@@ -509,15 +536,6 @@ static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *ma
     *max_records = 0;
 }
 
-static int python_finalizing(void)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    return Py_IsFinalizing();
-#else
-    return _Py_IsFinalizing();
-#endif
-}
-
 /* A table's memory handed to Python without a copy: a buffer (read and write) that frees
  * it when the last view of it goes.  Column c of a table of `cap` rows starts at c * cap. */
 typedef struct {
@@ -669,8 +687,8 @@ static int64_t monotonic_ns(void)
 
 /* The clock pair of a buffer, (CUPTI ns, perf_counter ns, read ns) as
  * gpu_activity.read_clock_pair makes it (CUPTI's clock read between two of the agent's, the
- * pair's agent time their middle), read in C before the GIL is waited for: the reads stay
- * close together, and Python makes no call for them.  None where CUPTI's clock fails. */
+ * pair's agent time their middle), read in C as the buffer completes: the reads stay close
+ * together, and Python makes no call for them.  None where CUPTI's clock fails. */
 static PyObject *clock_pair(int64_t p0, uint64_t cupti, int64_t p1, int ok)
 {
     if (!ok)
@@ -679,57 +697,45 @@ static PyObject *clock_pair(int64_t p0, uint64_t cupti, int64_t p1, int ok)
                          (long long)(p1 - p0));
 }
 
-/* Hand one buffer's tables to Python (GIL taken here, and only here), with the range of
- * name ids new in it (their texts stay in `names` until Python asks) and its clock pair. */
-static void hand_over(table *ops, table *api, size_t first_name, size_t new_names,
-                      unsigned long generation)
+/* Queue a walked buffer's tables for Python (moved into the queue: `ops` and `api` give them
+ * up), with the clock pair read now: CUPTI's thread never waits for the GIL (Python takes
+ * the queue on a thread of its own, py_hand_over).  Dropped and counted when closed or full. */
+static void enqueue(table *ops, table *api, size_t first_name, size_t new_names,
+                    unsigned long generation)
 {
-    if (closed || !Py_IsInitialized() || python_finalizing())
-        return;
-    uint64_t cupti_ns = 0;
-    const int64_t p0 = monotonic_ns();
-    const int clock_ok = lib.timestamp(&cupti_ns) == CUPTI_SUCCESS;
-    const int64_t p1 = monotonic_ns();
-    PyGILState_STATE gil = PyGILState_Ensure();
-    /* closed while this thread waited for the GIL, or another collector registered since
-     * the walk (its store may be gone: the store changes only with the GIL held) */
-    if (closed || on_buffer == NULL || generation != store_generation) {
+    waiting_buffer *w = closed ? NULL : malloc(sizeof(waiting_buffer));
+    if (w != NULL) {
+        w->next = NULL;
+        w->ops = *ops;
+        w->api = *api;
+        w->first_name = first_name;
+        w->new_names = new_names;
+        w->generation = generation;
+        w->p0 = monotonic_ns();
+        w->clock_ok = lib.timestamp(&w->cupti_ns) == CUPTI_SUCCESS;
+        w->p1 = monotonic_ns();
+    }
+    const size_t bytes = rows_bytes(ops) + rows_bytes(api);
+    pthread_mutex_lock(&lock);
+    if (w == NULL || closed || waiting_bytes + bytes > max_waiting_bytes) {
+        if (w == NULL && !closed)
+            counts.errors++;
+        if (!closed && w != NULL)
+            counts.overflow += (long long)ops->n;
         counts.unread++;
-        PyGILState_Release(gil);
-        return;
+        pthread_mutex_unlock(&lock);
+        free(w);
+        return; /* the caller frees the tables */
     }
-    PyObject *callback = on_buffer, *names = (PyObject *)store;
-    Py_INCREF(callback);
-    PyObject *o = columns(ops), *a = columns(api);
-    int ok = o != NULL && a != NULL;
-    PyObject *args[9] = {o,
-                         PyLong_FromSsize_t((Py_ssize_t)ops->n),
-                         a,
-                         PyLong_FromSsize_t((Py_ssize_t)api->n),
-                         PyLong_FromSsize_t((Py_ssize_t)ops->cap),
-                         PyLong_FromSsize_t((Py_ssize_t)first_name),
-                         PyLong_FromSsize_t((Py_ssize_t)new_names),
-                         names,
-                         clock_pair(p0, cupti_ns, p1, clock_ok)};
-    for (int k = 1; k < 9; k++)
-        ok = ok && args[k] != NULL;
-    if (ok) {
-        PyObject *r = PyObject_Vectorcall(callback, args, 9, NULL);
-        ok = r != NULL;
-        Py_XDECREF(r);
-    }
-    for (int k = 3; k < 7; k++)
-        Py_XDECREF(args[k]);
-    Py_XDECREF(args[1]);
-    Py_XDECREF(args[8]);
-    if (!ok) {
-        counts.errors++;
-        PyErr_Clear(); /* CUPTI's thread must never carry our exception */
-    }
-    Py_XDECREF(o);
-    Py_XDECREF(a);
-    Py_DECREF(callback);
-    PyGILState_Release(gil);
+    if (waiting_tail != NULL)
+        waiting_tail->next = w;
+    else
+        waiting_head = w;
+    waiting_tail = w;
+    waiting_count++;
+    waiting_bytes += bytes;
+    pthread_mutex_unlock(&lock);
+    ops->cols = api->cols = NULL; /* the queue's now */
 }
 
 static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t *buffer,
@@ -769,9 +775,107 @@ static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_
     pthread_mutex_unlock(&lock);
     free(buffer);
     if (!failed && (ops.n || api.n || new_names))
-        hand_over(&ops, &api, first_name, new_names, generation);
+        enqueue(&ops, &api, first_name, new_names, generation);
     free(ops.cols);
     free(api.cols);
+}
+
+static void free_waiting(waiting_buffer *w)
+{
+    while (w != NULL) {
+        waiting_buffer *next = w->next;
+        free(w->ops.cols);
+        free(w->api.cols);
+        free(w);
+        w = next;
+    }
+}
+
+/* Hand one waiting buffer to the callback (the GIL held): 0, or -1 when it raised (the
+ * error cleared and counted: the next buffer still goes). */
+static int hand(PyObject *callback, PyObject *names, waiting_buffer *w)
+{
+    PyObject *o = columns(&w->ops), *a = columns(&w->api);
+    int ok = o != NULL && a != NULL;
+    PyObject *args[9] = {o,
+                         PyLong_FromSsize_t((Py_ssize_t)w->ops.n),
+                         a,
+                         PyLong_FromSsize_t((Py_ssize_t)w->api.n),
+                         PyLong_FromSsize_t((Py_ssize_t)w->ops.cap),
+                         PyLong_FromSsize_t((Py_ssize_t)w->first_name),
+                         PyLong_FromSsize_t((Py_ssize_t)w->new_names),
+                         names,
+                         clock_pair(w->p0, w->cupti_ns, w->p1, w->clock_ok)};
+    for (int k = 1; k < 9; k++)
+        ok = ok && args[k] != NULL;
+    if (ok) {
+        PyObject *r = PyObject_Vectorcall(callback, args, 9, NULL);
+        ok = r != NULL;
+        Py_XDECREF(r);
+    }
+    for (int k = 1; k < 9; k++)
+        if (k != 2 && k != 7)
+            Py_XDECREF(args[k]);
+    Py_XDECREF(o);
+    Py_XDECREF(a);
+    if (!ok)
+        PyErr_Clear();
+    return ok ? 0 : -1;
+}
+
+/* hand_over(): the buffers walked since the last call handed to the registered callback on
+ * this thread, in the order CUPTI completed them; how many.  A buffer walked for another
+ * collector's store (one registered since) is freed unread. */
+static PyObject *py_hand_over(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    if (owner_pid != getpid())
+        return PyLong_FromLong(0); /* a forked child: the queue is its parent's */
+    pthread_mutex_lock(&lock);
+    waiting_buffer *w = closed ? NULL : waiting_head;
+    if (w != NULL) {
+        waiting_head = waiting_tail = NULL;
+        waiting_count = waiting_bytes = 0;
+    }
+    const unsigned long generation = store_generation;
+    PyObject *callback = on_buffer, *names = (PyObject *)store;
+    Py_XINCREF(callback);
+    Py_XINCREF(names);
+    pthread_mutex_unlock(&lock);
+    long handed = 0, errors = 0, unread = 0;
+    while (w != NULL) {
+        waiting_buffer *next = w->next;
+        w->next = NULL;
+        if (callback == NULL || names == NULL || w->generation != generation)
+            unread++;
+        else if (hand(callback, names, w))
+            errors++;
+        else
+            handed++;
+        free_waiting(w);
+        w = next;
+    }
+    Py_XDECREF(callback);
+    Py_XDECREF(names);
+    if (errors || unread) {
+        pthread_mutex_lock(&lock);
+        counts.errors += errors;
+        counts.unread += unread;
+        pthread_mutex_unlock(&lock);
+    }
+    return PyLong_FromLong(handed);
+}
+
+/* waiting(): buffers walked and not yet handed over. */
+static PyObject *py_waiting(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    pthread_mutex_lock(&lock);
+    size_t n = waiting_count;
+    pthread_mutex_unlock(&lock);
+    return PyLong_FromSize_t(n);
 }
 
 /* -- the module's functions --------------------------------------------------------------- */
@@ -868,13 +972,14 @@ static NameStore *reset(NameStore *fresh)
 static PyObject *py_register(PyObject *self, PyObject *args)
 {
     (void)self;
-    Py_ssize_t bytes;
+    Py_ssize_t bytes, waiting_limit;
     PyObject *callback;
-    if (!PyArg_ParseTuple(args, "nO:register", &bytes, &callback))
+    if (!PyArg_ParseTuple(args, "nOn:register", &bytes, &callback, &waiting_limit))
         return NULL;
     NEED_LIB();
-    if (bytes < 4096 || !PyCallable_Check(callback)) {
-        PyErr_SetString(PyExc_ValueError, "register(bytes >= 4096, callable)");
+    if (bytes < 4096 || !PyCallable_Check(callback) || waiting_limit < 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "register(bytes >= 4096, callable, waiting_bytes >= 0)");
         return NULL;
     }
     NameStore *fresh = name_store_new();
@@ -882,16 +987,22 @@ static PyObject *py_register(PyObject *self, PyObject *args)
         return NULL;
     pthread_mutex_lock(&lock);
     NameStore *earlier = reset(fresh);
+    waiting_buffer *left = waiting_head; /* an earlier collector's, never handed over */
+    waiting_head = waiting_tail = NULL;
+    waiting_count = waiting_bytes = 0;
     api_table = calloc(API_SLOTS, sizeof(api_slot));
     waiting = calloc(WAIT_SLOTS, sizeof(uint32_t));
     int ok = api_table != NULL && waiting != NULL;
     buffer_bytes = (size_t)bytes;
+    max_waiting_bytes = (size_t)waiting_limit;
     pthread_mutex_unlock(&lock);
+    free_waiting(left);
     Py_XDECREF(earlier); /* kept alive by a name table that still needs its texts */
     if (!ok)
         return PyErr_NoMemory();
     Py_INCREF(callback);
     Py_XSETREF(on_buffer, callback);
+    owner_pid = getpid();
     closed = 0;
     RESULT_WITHOUT_GIL(lib.register_callbacks(buffer_requested, buffer_completed));
 }
@@ -1006,12 +1117,22 @@ static PyObject *py_result_string(PyObject *self, PyObject *arg)
     return PyUnicode_FromString(text);
 }
 
-/* close(): buffers completed from now on are freed unread; the callback is let go. */
+/* close(): buffers completed from now on, and those waiting, are freed unread (counted); the
+ * callback is let go.  A forked child leaves the queue (its parent's) alone. */
 static PyObject *py_close(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
     closed = 1;
+    if (owner_pid == getpid()) {
+        pthread_mutex_lock(&lock);
+        waiting_buffer *w = waiting_head;
+        counts.unread += (long long)waiting_count;
+        waiting_head = waiting_tail = NULL;
+        waiting_count = waiting_bytes = 0;
+        pthread_mutex_unlock(&lock);
+        free_waiting(w);
+    }
     Py_CLEAR(on_buffer);
     Py_RETURN_NONE;
 }
@@ -1022,24 +1143,24 @@ static PyObject *py_counts(PyObject *self, PyObject *noargs)
     (void)noargs;
     pthread_mutex_lock(&lock);
     PyObject *d = Py_BuildValue(
-        "{sLsLsLsLsLsLsLsLsn}", "buffers", counts.buffers, "records", counts.records, "ops",
+        "{sLsLsLsLsLsLsLsLsLsn}", "buffers", counts.buffers, "records", counts.records, "ops",
         counts.ops, "api_handed", counts.api_handed, "incomplete", counts.incomplete,
         "dropped_records", counts.dropped, "errors", counts.errors, "unread", counts.unread,
-        "names", (Py_ssize_t)(store != NULL ? store->n : 0));
+        "overflow", counts.overflow, "names", (Py_ssize_t)(store != NULL ? store->n : 0));
     pthread_mutex_unlock(&lock);
     return d;
 }
 
-/* count_values(): (buffers, records, ops, api_handed, incomplete, dropped_records, errors),
- * what counts() says, as a tuple (read after every buffer: no dict built). */
+/* count_values(): (buffers, records, ops, api_handed, incomplete, dropped_records, errors,
+ * overflow), what counts() says, as a tuple (no dict built). */
 static PyObject *py_count_values(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
     pthread_mutex_lock(&lock);
-    PyObject *t = Py_BuildValue("(LLLLLLL)", counts.buffers, counts.records, counts.ops,
+    PyObject *t = Py_BuildValue("(LLLLLLLL)", counts.buffers, counts.records, counts.ops,
                                 counts.api_handed, counts.incomplete, counts.dropped,
-                                counts.errors);
+                                counts.errors, counts.overflow);
     pthread_mutex_unlock(&lock);
     return t;
 }
@@ -1059,7 +1180,8 @@ static PyMethodDef methods[] = {
     METHOD(walked, METH_NOARGS, "Records read so far (no lock taken)."),
     METHOD(load, METH_O, "load(path): dlopen libcupti; None, or why not (str)."),
     METHOD(register, METH_VARARGS,
-     "register(buffer_bytes, on_buffer): this module's buffer callbacks; CUPTI's result."),
+     "register(buffer_bytes, on_buffer, waiting_bytes): this module's buffer callbacks, the\n"
+     "walked tables' bytes that may wait for hand_over; CUPTI's result."),
     METHOD(enable, METH_O, "enable(kind): cuptiActivityEnable's result."),
     METHOD(disable, METH_O, "disable(kind): cuptiActivityDisable's result."),
     METHOD(enable_api, METH_VARARGS,
@@ -1071,6 +1193,9 @@ static PyMethodDef methods[] = {
     METHOD(timestamp, METH_NOARGS, "CUPTI's clock (ns)."),
     METHOD(result_string, METH_O, "CUPTI's name of a result code."),
     METHOD(close, METH_NOARGS, "Completed buffers are freed unread from now on."),
+    METHOD(hand_over, METH_NOARGS,
+     "The buffers walked since the last call to the callback, on this thread; how many."),
+    METHOD(waiting, METH_NOARGS, "Buffers walked and not yet handed over."),
     METHOD(counts, METH_NOARGS, "What the buffer callbacks saw (a dict)."),
     METHOD(count_values, METH_NOARGS, "counts() but names and unread, as a tuple."),
     {"timeline_place", cupti_timeline_place, METH_VARARGS, "A chunk of a GPU timeline placed."},

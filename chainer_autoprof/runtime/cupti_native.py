@@ -73,6 +73,10 @@ ACTIVITY_KIND_IDS = OP_KIND_IDS + API_KIND_IDS
 ENV_CUPTI_CALLS = "CHAINER_AUTOPROF_CUPTI_CALLS"
 DEFAULT_CALLS = "launches"
 CALLS_CHOICES = ("all", "launches")
+#: The walked tables' bytes that may wait in the extension for :meth:`hand_over` (the drain
+#: takes them four times a second; 16 full buffers' rows): beyond, a buffer's operations
+#: are dropped and counted (``queue_dropped_ops``), never memory.
+WAITING_BYTES = 256 << 20
 #: CUPTI_SUCCESS
 SUCCESS = 0
 #: The rows of the extension's operation and call tables: the columns, in order.
@@ -155,10 +159,11 @@ class NativeCuptiCollector(CuptiCollector):
     def __init__(self, on_batch: Callable[[ActivityBatch], None], *,
                  buffer_bytes: int = BUFFER_BYTES, names: NameTable | None = None,
                  extension: ModuleType | None = None, library: str = "",
-                 calls: str = DEFAULT_CALLS) -> None:
+                 calls: str = DEFAULT_CALLS, waiting_bytes: int = WAITING_BYTES) -> None:
         super().__init__(on_batch, buffer_bytes=buffer_bytes, names=names)
         self._ext = extension
         self.library = library
+        self.waiting_bytes = waiting_bytes
         #: The API calls CUPTI records (:data:`ENV_CUPTI_CALLS`): as asked, until
         #: :meth:`_subscribe` finds libcupti refusing ``launches``.
         self.calls = calls
@@ -173,10 +178,12 @@ class NativeCuptiCollector(CuptiCollector):
         #: new names are added unread: they cannot be in the table already).
         self._in_order = True
         self.api_handed = 0
+        #: Operations of buffers the extension dropped: too many waited for Python.
+        self.queue_dropped_ops = 0
         self._no_external = ExternalIds.empty()  # the native reader reads none: one for all
         self._errors = 0  # ours; the extension counts its own (a buffer it could not read)
 
-    # -- what the extension calls, once per buffer, on CUPTI's thread --------------------
+    # -- what the extension calls, once per buffer, in hand_over ------------------------
     def _on_buffer(self, ops: Buffer, n_ops: int, api: Buffer, n_api: int, room: int,
                    first_name: int, new_names: int, store: NameSource,
                    pair: ClockPair | None) -> None:
@@ -241,12 +248,19 @@ class NativeCuptiCollector(CuptiCollector):
             self._remap = grown
         self._remap[first:top] = ours  # all at once: a name's first buffer holds hundreds
 
+    def hand_over(self) -> None:
+        """The buffers the extension walked since the last call, to ``on_batch`` now, on this
+        thread (CUPTI's own thread never takes the GIL)."""
+        ext = self._ext
+        if ext is not None and not self.closed:
+            ext.hand_over()
+
     def _sync_counts(self) -> None:
         ext = self._ext
         if ext is None:
             return
         (self.buffers, records, self.ops, self.api_handed, self.incomplete,
-         self.dropped_records, errors) = ext.count_values()
+         self.dropped_records, errors, self.queue_dropped_ops) = ext.count_values()
         self.records = records - self.incomplete
         self.callback_errors = self._errors + errors
         if errors and not self.last_error:
@@ -278,7 +292,7 @@ class NativeCuptiCollector(CuptiCollector):
         raises)."""
         ext = self._ext
         assert ext is not None
-        self._check(ext.register(self.buffer_bytes, self._on_buffer),
+        self._check(ext.register(self.buffer_bytes, self._on_buffer, self.waiting_bytes),
                     "cuptiActivityRegisterCallbacks")
         self.system_thread_ids = ext.system_thread_ids() == SUCCESS
         self._enable()
@@ -333,6 +347,7 @@ class NativeCuptiCollector(CuptiCollector):
             return
         try:
             self._check(ext.flush_all(FLUSH_FORCED), "cuptiActivityFlushAll")
+            ext.hand_over()
             self._pair()
         except Exception as exc:  # counted, never reaches the callback's caller  # noqa: BLE001
             self._errors += 1
@@ -373,8 +388,8 @@ class NativeCuptiCollector(CuptiCollector):
 
 
 def start(on_batch: Callable[[ActivityBatch], None], *, buffer_bytes: int = BUFFER_BYTES,
-          names: NameTable | None = None, calls: str = DEFAULT_CALLS
-          ) -> NativeCuptiCollector | str:
+          names: NameTable | None = None, calls: str = DEFAULT_CALLS,
+          waiting_bytes: int = WAITING_BYTES) -> NativeCuptiCollector | str:
     """A running native collector (the first libcupti that loads), or why there is none;
     ``calls``: :data:`ENV_CUPTI_CALLS`."""
     try:
@@ -384,7 +399,8 @@ def start(on_batch: Callable[[ActivityBatch], None], *, buffer_bytes: int = BUFF
     reasons: list[str] = []
     for library in libcupti_candidates():
         collector = NativeCuptiCollector(on_batch, buffer_bytes=buffer_bytes, names=names,
-                                         extension=ext, library=library, calls=calls)
+                                         extension=ext, library=library, calls=calls,
+                                         waiting_bytes=waiting_bytes)
         reason = collector.start()
         if reason is None:
             return collector

@@ -279,6 +279,9 @@ class CuptiCollector:
         return (f"CUPTI did not hand back its last buffers within {timeout_s:g} s: the GPU "
                 "figures miss the last records")
 
+    def hand_over(self) -> None:
+        """Hand completed buffers to ``on_batch`` now: here they were, on CUPTI's thread."""
+
     def record(self, on: bool) -> None:
         """Record (``on``) or not, while running: CUPTI's activity kinds enabled or disabled,
         so that outside a capture window CUPTI traces nothing and costs nothing.  What was

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import threading
 
 from chainer_autoprof.runtime import cupti_native
 
@@ -34,10 +35,18 @@ def main() -> None:
         calls = "none"
     print(f"reader_only: CUPTI read by the native ({reader.library}) reader, "
           f"calls {calls}", file=sys.stderr)
+    done = threading.Event()
+
+    def drain() -> None:  # the walked buffers taken into Python as the agent's drain does
+        while not done.wait(0.25):
+            reader.hand_over()
+
+    threading.Thread(target=drain, name="reader-only-drain", daemon=True).start()
     sys.argv = [script, *args]
     try:
         runpy.run_path(script, run_name="__main__")
     finally:
+        done.set()
         reader.flush()
         late = reader.stop(5.0)
         print(f"reader_only: {reader.records} records in {reader.buffers} buffers read"
