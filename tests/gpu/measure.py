@@ -9,7 +9,8 @@ recording only the launching calls (``launches``, the default;
 and the same with no call recorded (``kernels``: CUPTI's tracing of the operations alone), so
 that one run splits the cost: off -> kernels CUPTI's operations, kernels -> reader their
 calls, reader -> launches the agent's analysis; and with a capture window of 10 of its 50
-iterations (``window``: CUPTI switched on and off at its edges).  Each configuration's
+iterations (``window``: CUPTI switched on and off at its edges; what one switch costs is
+printed last).  Each configuration's
 throughput and process wall against the targets (within 3%; wall within 3% + 1 s), and for
 the CNN the per-link GPU times, the busy share and its idle split with
 HolisticTraceAnalysis's beside them."""
@@ -188,10 +189,37 @@ def ptb(out: Path, words: int = 35_000, rounds: int = 3) -> bool:
     return judged(f"ptb ({words} words)", runs)
 
 
+def switch_cost(turns: int = 10) -> None:
+    """What switching CUPTI off and on again costs (a capture window's edges): the native
+    reader in this process, each switch timed between small kernels; printed, not judged."""
+    import cupy
+
+    from chainer_autoprof.runtime import cupti_readers
+
+    reader = cupti_readers.start(lambda batch: None)
+    if isinstance(reader, str):
+        print(f"\nswitch cost: no reader ({reader})")
+        return
+    a = cupy.ones(1 << 20, dtype=cupy.float32)
+    off, on = [], []
+    for _ in range(turns):
+        for times, on_ in ((off, False), (on, True)):
+            (a * 2).sum()
+            cupy.cuda.runtime.deviceSynchronize()
+            t0 = time.perf_counter()
+            reader.record(on_)
+            times.append(time.perf_counter() - t0)
+    reader.stop(5.0)
+    print(f"\nswitch cost (native reader, {reader.calls} calls): CUPTI off "
+          f"{statistics.median(off) * 1e3:.3f} ms, on {statistics.median(on) * 1e3:.3f} ms "
+          f"(medians of {turns})", flush=True)
+
+
 def main() -> int:
     out = Path(tempfile.mkdtemp(prefix="gpu-activity-"))
     ok = ptb(out)  # the case that matters most first: a short GPU lease ends the run
     ok = all([cnn(16, out), cnn(512, out)]) and ok
+    switch_cost()
     print(f"\ntraces in {out}")
     return 0 if ok else 1
 
