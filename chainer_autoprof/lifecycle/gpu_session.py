@@ -137,8 +137,6 @@ class GpuSession:
         self.window = window
         #: Whether CUPTI records now (:meth:`record`: off outside a capture window).
         self.recording = recording
-        #: How often CUPTI was switched on and off (:meth:`record`), said in the record.
-        self.switches = 0
         self.main_tid = main_tid
         self.limits = limits
         self._start_collector = start_collector
@@ -242,7 +240,6 @@ class GpuSession:
         assert collector is not None
         try:
             collector.record(on)
-            self.switches += 1
         except Exception as exc:  # CUPTI's error: no GPU figures, the run goes on  # noqa: BLE001
             why = f"CUPTI could not be switched {'on' if on else 'off'} ({exc})"
             log.warning(f"GPU activity off: {why}")

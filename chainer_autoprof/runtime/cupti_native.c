@@ -104,7 +104,7 @@ enum { DOMAIN_RUNTIME = 0, DOMAIN_DRIVER = 1 };
 #define API_SLOTS (1u << API_BITS)
 #define WAIT_BITS 16
 #define WAIT_SLOTS (1u << WAIT_BITS)
-#define NAME_CACHE 4096 /* pointer -> id, direct-mapped */
+#define NAME_CACHE 4096 /* pointer -> id, two ways a set (NAME_CACHE / 2 sets); a power of 2 */
 
 /* A kept call: its record as CUPTI wrote it, copied whole (kind 0: an empty slot), but for
  * `returnValue`, which this module does not read: there, whether it was handed over. */
@@ -266,9 +266,15 @@ static inline __attribute__((always_inline)) int64_t name_id(const char *s)
 {
     if (s == NULL)
         return -1;
-    size_t slot = ((uintptr_t)s >> 3) & (NAME_CACHE - 1);
+    /* the set by every bit of the pointer (multiplied by 2^64 / phi: where the heap put
+     * the names decides their low bits, and some layouts gave many the same ones), two ways
+     * a set (two names that share one do not evict each other as kernels alternate) */
+    const size_t slot = (size_t)(((uint64_t)(uintptr_t)s * UINT64_C(0x9E3779B97F4A7C15)) >> 52)
+                        & (NAME_CACHE - 2);
     if (name_cache[slot].ptr == s)
         return name_cache[slot].id;
+    if (name_cache[slot + 1].ptr == s)
+        return name_cache[slot + 1].id;
     return name_looked_up(s, slot); /* out of line: the walk's registers stay its own */
 }
 
@@ -292,6 +298,15 @@ static char *store_text(NameStore *st, size_t size)
 }
 
 /* name_id's lookup past the pointer cache: by text, new names appended. */
+/* `s` as the newest of its set (the older way keeps the set's other name); its id. */
+static int64_t cached(size_t slot, const char *s, int64_t id)
+{
+    name_cache[slot + 1] = name_cache[slot];
+    name_cache[slot].ptr = s;
+    name_cache[slot].id = id;
+    return id;
+}
+
 static int64_t name_looked_up(const char *s, size_t slot)
 {
     NameStore *st = store;
@@ -301,11 +316,8 @@ static int64_t name_looked_up(const char *s, size_t slot)
         size_t mask = st->cap_index - 1;
         for (size_t i = (size_t)h & mask; st->index[i]; i = (i + 1) & mask) {
             name_entry *e = &st->names[st->index[i] - 1];
-            if (e->hash == h && e->len == len && memcmp(e->text, s, len) == 0) {
-                name_cache[slot].ptr = s;
-                name_cache[slot].id = st->index[i] - 1;
-                return st->index[i] - 1;
-            }
+            if (e->hash == h && e->len == len && memcmp(e->text, s, len) == 0)
+                return cached(slot, s, st->index[i] - 1);
         }
     }
     if (st->n == st->cap) {
@@ -336,9 +348,7 @@ static int64_t name_looked_up(const char *s, size_t slot)
     st->names[id].len = len;
     st->names[id].hash = h;
     index_insert(st, id);
-    name_cache[slot].ptr = s;
-    name_cache[slot].id = id;
-    return id;
+    return cached(slot, s, id);
 }
 
 /* -- the walk of one buffer ---------------------------------------------------------------- */

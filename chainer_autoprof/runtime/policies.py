@@ -63,14 +63,16 @@ class CaptureWindow:
     At the window's edges the CUDA profiler is started and stopped through the
     device backend, so ``nvprof --profile-from-start off`` and
     ``nsys --capture-range=cudaProfilerApi`` capture exactly the window.
-    ``on_open`` and ``on_close`` (set by whoever composes it) are called right after the
-    profiler is started, and right before it is stopped.
+    ``on_open`` and ``on_close`` (given, or set later by whoever composes it) are called
+    right after the profiler is started at the window's opening (not at construction), and
+    right before it is stopped.
     """
 
     __slots__ = ("backend", "done", "exit_after", "on_close", "on_open", "open", "start",
                  "stop")
 
     def __init__(self, start: int, stop: int, backend: DeviceBackend, exit_after: bool,
+                 on_open: Callable[[], None] | None = None,
                  on_close: Callable[[], None] | None = None) -> None:
         self.start = start
         self.stop = stop
@@ -78,7 +80,7 @@ class CaptureWindow:
         self.exit_after = exit_after
         self.open = start == 0
         self.done = False
-        self.on_open: Callable[[], None] | None = None
+        self.on_open = on_open
         self.on_close = on_close
         if self.open:
             backend.profiler_start()
