@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Callable, Union
@@ -180,6 +181,7 @@ class NativeCuptiCollector(CuptiCollector):
         self.api_handed = 0
         #: Operations of buffers the extension dropped: too many waited for Python.
         self.queue_dropped_ops = 0
+        self._handing = threading.Lock()  # (hand_over)
         self._no_external = ExternalIds.empty()  # the native reader reads none: one for all
         self._errors = 0  # ours; the extension counts its own (a buffer it could not read)
 
@@ -250,10 +252,13 @@ class NativeCuptiCollector(CuptiCollector):
 
     def hand_over(self) -> None:
         """The buffers the extension walked since the last call, to ``on_batch`` now, on this
-        thread (CUPTI's own thread never takes the GIL)."""
+        thread (CUPTI's own thread never takes the GIL); one thread at a time (the drain's
+        and a stop's flush), so that they reach ``on_batch`` in the order CUPTI completed
+        them."""
         ext = self._ext
         if ext is not None and not self.closed:
-            ext.hand_over()
+            with self._handing:
+                ext.hand_over()
 
     def _sync_counts(self) -> None:
         ext = self._ext
@@ -347,7 +352,7 @@ class NativeCuptiCollector(CuptiCollector):
             return
         try:
             self._check(ext.flush_all(FLUSH_FORCED), "cuptiActivityFlushAll")
-            ext.hand_over()
+            self.hand_over()
             self._pair()
         except Exception as exc:  # counted, never reaches the callback's caller  # noqa: BLE001
             self._errors += 1
