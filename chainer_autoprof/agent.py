@@ -146,13 +146,14 @@ class Agent:
         """The capture window closes: one wait for the GPUs, so that every operation
         launched in it has ended and been recorded, then CUPTI records no more."""
         gpu = self.gpu
-        if gpu is None or gpu.state != "running":
+        if gpu is None:
             return
-        try:
-            self.backend.synchronize(self.tracer.sync.devices)
-        except Exception as exc:  # the program's next GPU call will say it too  # noqa: BLE001
-            log.warning(f"GPU activity: the GPUs could not be waited for as the capture "
-                        f"window closed ({type(exc).__name__}: {exc})")
+        if gpu.state == "running":  # (not yet: CuPy's import will start it switched off)
+            try:
+                self.backend.synchronize(self.tracer.sync.devices)
+            except Exception as exc:  # the program's next GPU call says it too  # noqa: BLE001
+                log.warning(f"GPU activity: the GPUs could not be waited for as the capture "
+                            f"window closed ({type(exc).__name__}: {exc})")
         gpu.record(False)
 
     def _monitor(self) -> Monitor:

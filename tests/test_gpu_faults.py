@@ -308,6 +308,19 @@ def test_cupti_that_cannot_be_switched_on_as_a_window_opens_is_one_line(capsys):
                      "(CUPTI_ERROR_UNKNOWN)"]
 
 
+def test_a_window_that_closed_before_cupys_import_leaves_cupti_off():
+    """CUPTI starts at CuPy's import: a capture window that opened and closed before it (the
+    agent tells the waiting session) starts it switched off; one that opens later, on."""
+    session, _recorder, _tracer = _session()
+    session.record(True)
+    session.record(False)  # both before CuPy's import
+    session.start()
+    assert session.state == "running" and not session.collector.recording
+    session.record(True)
+    assert session.collector.recording
+    session.stop(timeout_s=5)
+
+
 def _hand_over_a_block_and_a_thread(recorder) -> None:
     """What the recorder and the tracer tell the session: a block, a new thread's state."""
     recorder.gpu_handover((1, np.zeros((1, 4), dtype=np.int64)))

@@ -727,11 +727,11 @@ static void enqueue(table *ops, table *api, size_t first_name, size_t new_names,
     }
     const size_t bytes = rows_bytes(ops) + rows_bytes(api);
     pthread_mutex_lock(&lock);
-    if (w == NULL || closed || waiting_bytes + bytes > max_waiting_bytes) {
-        if (w == NULL && !closed)
-            counts.errors++;
-        if (!closed && w != NULL)
-            counts.overflow += (long long)ops->n;
+    if (closed || w == NULL || waiting_bytes + bytes > max_waiting_bytes) {
+        if (!closed && w == NULL)
+            counts.errors++; /* out of memory */
+        else if (!closed)
+            counts.overflow += (long long)ops->n; /* the queue is full */
         counts.unread++;
         pthread_mutex_unlock(&lock);
         free(w);
