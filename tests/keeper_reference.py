@@ -352,17 +352,21 @@ def attributed_ops(iteration: object, first_corr: int, tid: object, counted_from
     return AttributedOps(ops, attr)
 
 
-def long_run_buffers(seed: int, count: int, size: int = 60) -> list[AttributedOps]:
+def long_run_buffers(seed: int, count: int, size: int = 60,
+                     extensions: bool = False) -> list[AttributedOps]:
     """``count`` buffers of a long training run as CUPTI cuts them (``size`` operations or
     so each, iterations of 20 to 40 going on from one buffer to the next): start-up
     operations outside any iteration, three warm-up iterations, then now and then an
     evaluation outside any iteration, late operations of an old iteration, a second
     thread's buffer, a buffer out of order, and at the end one iteration larger than any
-    limit under 400."""
+    limit under 400.  ``extensions``: after most iterations, up to three operations outside
+    any (a Trainer's extensions, e.g. LogReport summing the reported values on the GPU)."""
     rng = np.random.default_rng(seed)
     rows: list[tuple[int, int]] = [(-1, 1)] * 13  # (iteration, thread)
     for i in range(count * size // 30):
         rows += [(i, 1)] * int(rng.integers(20, 41))
+        if extensions:
+            rows += [(-1, 1)] * int(rng.integers(0, 4))
         if i % 40 == 39:
             rows += [(-1, 1)] * int(rng.integers(5, 90))  # an evaluation
     buffers, at, corr = [], 0, 0

@@ -522,12 +522,13 @@ def test_the_benchmark_measures_every_segment_of_both_readers():
     segments = [line.split()[1:3] for line in proc.stdout.splitlines()
                 if line.startswith("segment ")]
     labels = [label for label, _n in segments]
-    for run in ("native-live", "native-12", "native-x10", "launches-live", "python-live",
-                "python-12", "python-x10", "native-limit"):
+    for run in ("native-live", "native-trainer", "native-12", "native-x10", "launches-live",
+                "python-live", "python-12", "python-x10", "native-limit"):
         assert [f"read:{run}", f"attribute:{run}", f"finish:{run}"] == \
             [x for x in labels if x.endswith(f":{run}") and not x.startswith("launches:")]
     served = {label: int(n) for label, n in segments}
-    assert served["read:native-live"] == served["read:python-live"] > 4000
+    assert served["read:native-live"] == served["read:python-live"] == \
+        served["read:native-trainer"] > 4000
     assert served["read:native-x10"] == 10 * served["read:native-live"] == \
         served["read:native-limit"]
     # the launching calls alone: the same operations, under three records in four
@@ -536,6 +537,45 @@ def test_the_benchmark_measures_every_segment_of_both_readers():
            if line.startswith("segment read:")}
     assert ops["read:launches-live"] == ops["read:native-live"] > 1000
     assert labels[-9:] == ["thread:off", "thread:on"] * 4 + ["launches:native-x10"]
+
+
+def test_the_benchmarks_trainer_run_puts_operations_between_iterations(tmp_path, extension,
+                                                                       monkeypatch):
+    """benchmarks/gpu_activity.py's ``trainer`` buffer is what it stands for: the same
+    operations as the live one, every iteration kept, a few operations of each iteration
+    but the last now outside any iteration, between iterations; C groups it (the live
+    one's: the usual runs)."""
+    from support import REPO
+
+    from chainer_autoprof.lifecycle import gpu_session
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import gpu_activity as bench
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    # (the benchmark's process drains by hand: its setting undone for the tests after this)
+    monkeypatch.setattr(gpu_session, "DRAIN_INTERVAL_S", gpu_session.DRAIN_INTERVAL_S)
+    cache: dict[str, object] = {}
+    seen = []
+    for between in (0.0, bench.TRAINER_SHARE):
+        primed = bench.Primed("b16", "native", tmp_path / str(between), cache, 1, 200_000,
+                              between)
+        primed.fake.prepare(1)
+        primed.hand_over(1)
+        assert primed.session._drain_safely()
+        keeper = primed.session.analysis.keeper
+        keeper._settle()
+        it = np.concatenate([block.items.attr.iteration for block in keeper.blocks])
+        seen.append((len(it), int((it < 0).sum()), len(np.unique(it[it >= 0])),
+                     int(np.count_nonzero(np.diff(it))) + 1))
+        primed.session.stop()
+        found = extension.keeper_runs((it, np.full(len(it), 5, dtype=np.int64)))
+        assert len(found) == (5 if between else 8)  # C's groups, or the usual runs
+    (ops, outside, iterations, runs), (ops_t, outside_t, iterations_t, runs_t) = seen
+    assert ops_t == ops and iterations_t == iterations == 15 and runs == iterations + 1
+    assert 2 * iterations <= outside_t - outside <= 5 * iterations  # some 3 an iteration
+    assert runs_t > 2 * (iterations - 1)  # an outside run after most iterations
 
 
 # -- the attribution's range lookup in C (runtime/cupti_locate.c) and its NumPy twin --------
@@ -970,7 +1010,11 @@ def test_the_trace_keepers_runs_in_c_are_numpys_at_every_row(extension):
             if row:
                 fell = it.copy()
                 fell[row] = it[row - 1] - 1
-                assert extension.keeper_runs((fell, tid, counted)) is None
+                got = extension.keeper_runs((fell, tid, counted))
+                if fell[row] == -1:  # outside any iteration, between iterations: NumPy's groups
+                    assert _interleaved(got) == _numpy_groups(fell, 1 << 40)
+                else:
+                    assert got is None
             if row in runs and counted[row] == 1 and it[row] >= 0:  # a counted run goes
                 warm = counted.copy()  # back to warm-up: C leaves it to NumPy
                 warm[row] = 0
@@ -982,6 +1026,57 @@ def test_the_trace_keepers_runs_in_c_are_numpys_at_every_row(extension):
     empty = np.zeros(0, dtype=np.int64)
     assert extension.keeper_runs((empty, empty, empty)) is None
 
+
+
+def _numpy_groups(it: np.ndarray, thread: int) -> tuple[object, ...]:
+    """The groups the trace keeper's NumPy path makes of one thread's buffer."""
+    _keys, firsts, inverse, counts = np.unique(it, return_index=True, return_inverse=True,
+                                               return_counts=True)
+    return (thread, int(it[it >= 0][0]), firsts.tolist(), counts.tolist(),
+            inverse.reshape(-1).tolist())
+
+
+def _interleaved(found: tuple[object, ...] | None) -> tuple[object, ...] | None:
+    """``keeper_runs``' answer on such a buffer, its bytes read."""
+    if found is None or len(found) != 5:
+        return found
+    thread, first, *tables = found
+    return (thread, first, *(np.frombuffer(t, np.int64).tolist() for t in tables))
+
+
+def test_a_trainers_buffer_gets_numpys_groups_from_c(extension):
+    """A buffer as a Trainer's run makes them (one thread; after each update its extensions'
+    operations, outside any iteration, before the next iteration's) gets from C the groups
+    NumPy's path makes, without a sort; another thread, a second value outside, an
+    iteration that falls, or nothing but operations outside: NumPy's path, as before."""
+    rng = np.random.default_rng(11)
+    for n_iter in (1, 2, 5, 40):
+        parts = []
+        for i in range(n_iter):
+            parts += [i] * int(rng.integers(1, 30)) + [-1] * int(rng.integers(0, 4))
+        it = np.array([-1, *parts, -1], dtype=np.int64)  # (start-up's op first, one at the end)
+        if np.all(np.diff(it) >= 0):
+            continue  # (in order: the usual buffer's runs)
+        tid = np.full(len(it), 7, dtype=np.int64)
+        got = extension.keeper_runs((it, tid, (it >= 1).astype(np.int64)))
+        assert _interleaved(got) == _numpy_groups(it, 7)
+        assert extension.keeper_runs((it, tid)) == got  # (the counted column unread)
+        for change in ("thread", "outside", "falls"):
+            bad, bad_tid = it.copy(), tid.copy()
+            row = int(rng.integers(0, len(it)))
+            if change == "thread":
+                bad_tid[row] = 8
+            elif change == "outside":
+                bad[np.flatnonzero(it < 0)[-1]] = -2
+            else:
+                inside = np.flatnonzero(it > 0)
+                if not len(inside):
+                    continue
+                bad[inside[-1]] = 0
+                bad[inside[-1] - 1] = max(1, bad[inside[-1] - 1])
+            assert extension.keeper_runs((bad, bad_tid)) is None, change
+    assert extension.keeper_runs((np.full(9, -1, np.int64), np.full(9, 7, np.int64)))[1] == \
+        bytes(8)  # all outside: one run (the usual answer)
 
 
 def test_the_usual_buffers_block_is_read_in_c_as_its_columns(extension):
@@ -1054,14 +1149,18 @@ def test_the_trace_keeper_makes_a_usual_buffers_groups_only_when_needed(extensio
     assert len(lazy.complete_iterations()) == 640 - 40
 
 
-@pytest.mark.parametrize("seed, limit", [(3, 500), (4, 150), (5, 1000)])
-def test_the_trace_keeper_at_its_limit_drops_what_the_reference_did(extension, seed, limit):
+@pytest.mark.parametrize("seed, limit, extensions", [(3, 500, False), (4, 150, False),
+                                                    (5, 1000, False), (6, 300, True),
+                                                    (7, 150, True)])
+def test_the_trace_keeper_at_its_limit_drops_what_the_reference_did(extension, seed, limit,
+                                                                    extensions):
     """Over a long run at the limit (iterations going on from one buffer to the next, an
     evaluation now and then, late operations, another thread, a buffer out of order, an
-    iteration alone over the limit at the end), the keeper keeps and drops, buffer after
+    iteration alone over the limit at the end; with ``extensions``, a Trainer's operations
+    outside any iteration after most iterations), the keeper keeps and drops, buffer after
     buffer, the operations its reference (one object and heap entry a group) did, and says
-    the same counts, whole iterations and note: on C's lane, on NumPy's groups, and asked
-    only now and then (its buffers' groups waiting)."""
+    the same counts, whole iterations and note: on C's lane or C's groups, on NumPy's
+    groups, and asked only now and then (its buffers' groups waiting)."""
     from keeper_reference import ReferenceKeeper, keeper_state, long_run_buffers
 
     from chainer_autoprof.analysis.gpu_analysis import AttributedKeeper
@@ -1069,17 +1168,22 @@ def test_the_trace_keeper_at_its_limit_drops_what_the_reference_did(extension, s
     reference = ReferenceKeeper(limit)
     numpy_, native, lazy = (AttributedKeeper(limit), AttributedKeeper(limit, extension),
                             AttributedKeeper(limit, extension))
-    in_lane = 0
-    for turn, items in enumerate(long_run_buffers(seed, 160)):
+    in_lane = grouped_in_c = 0
+    for turn, items in enumerate(long_run_buffers(seed, 160, extensions=extensions)):
         for keeper in (reference, numpy_, native, lazy):
             keeper.add(items)
         in_lane += bool(native._lane)
+        found = extension.keeper_runs((items.attr.iteration, items.attr.tid))
+        grouped_in_c += found is not None and len(found) == 5
         want = keeper_state(reference)
         assert keeper_state(numpy_) == want and keeper_state(native) == want
         if turn % 10 == 9:
             assert keeper_state(lazy) == want
         assert sum(len(block.items) for block in native.blocks) <= 2 * limit
-    assert in_lane > 100  # the usual buffers went by C's lane
+    if extensions:  # a Trainer's buffers went by C's groups
+        assert grouped_in_c > 100
+    else:  # the usual buffers went by C's lane (an evaluation's: by C's groups)
+        assert in_lane > 100 and grouped_in_c > 0
     assert reference.dropped_iterations > 200 and reference.dropped_by[0] > 300
 
 

@@ -344,7 +344,9 @@ class _Groups:
 
 #: ``keeper_runs``' word on a usual buffer: (thread, each run's first row, the first counted
 #: run's row (-1: not read), the first run in an iteration, its row, its ordinal, the last
-#: run's row, the last ordinal).
+#: run's row, the last ordinal).  (On one thread's buffer whose operations outside any
+#: iteration come between its iterations, as a Trainer's extensions launch them, it is
+#: five: thread, first iteration's ordinal, and its groups' firsts, rows and each row's.)
 _Usual = tuple[int, bytes, int, int, int, int, int, int]
 #: A buffer kept whose groups are not made yet: its operations, each group's first row
 #: (``bytes`` of native int64 from C, or an array), rows per group (``None``: up to the next
@@ -439,6 +441,12 @@ class AttributedKeeper:
                         (attr.iteration, attr.tid, attr.counted) if kept > limit
                         else (attr.iteration, attr.tid))
             except (ValueError, BufferError):  # not contiguous int64: NumPy's path below
+                found = None
+            if found is not None and len(found) == 5:  # outside runs between iterations
+                if not self._dropped_upto or found[1] > self._dropped_upto.get(found[0], -1):
+                    self._keep(items, n, found[2], np.frombuffer(found[3], dtype=np.int64),
+                               np.frombuffer(found[4], dtype=np.int64), found[0], None)
+                    return  # (the groups np.unique makes below, made in C: no sort)
                 found = None
             if found is not None and (  # none late: its first iteration after those dropped
                     not self._dropped_upto or found[4] == n or

@@ -1648,11 +1648,13 @@ done:
  * those outside any: ordinal < 0), its first row and ordinal (none: the run count, n, -1);
  * the counted row the first row of the first run in an iteration whose first row is counted
  * (counted == 1; n: none); when every operation is of one thread, the ordinals never fall
- * and no warm-up run follows a counted one (the usual buffer: its groups' keys ascend); None
- * otherwise (the keeper's NumPy path groups them).  Without the counted column (the keeper
- * under its limit: its groups wait), the counted row is -1 and the runs' classes unread.  No operation: None.  Nothing per run is
- * made a Python object: the keeper reads the runs' columns with NumPy only when it needs
- * them. */
+ * and no warm-up run follows a counted one (the usual buffer: its groups' keys ascend); a
+ * buffer of one thread whose operations outside any iteration come between its iterations
+ * gets its groups as NumPy makes them (interleaved_groups); None otherwise (the keeper's
+ * NumPy path groups them).  Without the counted column (the keeper under its limit: its
+ * groups wait), the counted row is -1 and the runs' classes unread.  No operation: None.
+ * Nothing per run is made a Python object: the keeper reads the runs' columns with NumPy
+ * only when it needs them. */
 enum { G_ITERATION, G_TID, G_COUNTED, G_N };
 
 /* Two rows in one SSE2 or NEON register (GCC's and Clang's vector extension), four rows a
@@ -1716,15 +1718,113 @@ static Py_ssize_t run_end(const int64_t *it, Py_ssize_t n, Py_ssize_t first)
     return hi;
 }
 
+/* A tuple of n PyObject references (stolen; NULL with the error set if one is NULL: the
+ * others released). */
+static PyObject *tuple_of(PyObject **items, int n)
+{
+    int made = 1;
+    for (int k = 0; k < n; k++)
+        made &= items[k] != NULL;
+    PyObject *result = made ? PyTuple_New(n) : NULL;
+    for (int k = 0; k < n; k++) {
+        if (result != NULL)
+            PyTuple_SET_ITEM(result, k, items[k]);
+        else
+            Py_XDECREF(items[k]);
+    }
+    return result;
+}
+
+/* Whether every tid[i] is `thread` (two rows a register, no branch per row). */
+static int all_of_thread(const int64_t *tid, int64_t thread, Py_ssize_t n)
+{
+    const rows2 none = {0, 0}, same = none + (uint64_t)thread;
+    rows2 other2 = none;
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        other2 |= (load2(tid + i) ^ same) | (load2(tid + i + 2) ^ same);
+    uint64_t other = other2[0] | other2[1];
+    for (; i < n; i++)
+        other |= (uint64_t)(tid[i] ^ thread);
+    return !other;
+}
+
+/* keeper_runs' answer for a buffer of one thread whose operations outside any iteration
+ * (one negative ordinal) come between its iterations (ascending), as a Trainer's
+ * extensions launch them after each update: (thread, its first iteration's ordinal, each
+ * group's first row, its rows, each row's group): the groups NumPy's np.unique makes (the
+ * operations outside first, then each iteration); None where the buffer is not so.
+ * Run by run (a run's rows scanned, its group filled in): some five instructions a row. */
+static PyObject *interleaved_groups(const int64_t *it, const int64_t *tid, int64_t thread,
+                                    Py_ssize_t n)
+{
+    if (!all_of_thread(tid, thread, n))
+        return Py_NewRef(Py_None);
+    PyObject *group_bytes = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    int64_t *firsts = PyMem_Malloc((size_t)(n + 1) * 2 * sizeof(int64_t));
+    if (group_bytes == NULL || firsts == NULL) {
+        Py_XDECREF(group_bytes);
+        PyMem_Free(firsts);
+        return PyErr_NoMemory();
+    }
+    int64_t *group_of = (int64_t *)PyBytes_AS_STRING(group_bytes);
+    int64_t *counts = firsts + n + 1;
+    /* group 0: the operations outside (its first row known at the first); 1..: iterations */
+    Py_ssize_t groups = 1, outside = -1;
+    int64_t outside_ordinal = -1, last = -1; /* (last: -1 before the first iteration) */
+    int ok = 1;
+    counts[0] = 0;
+    for (Py_ssize_t i = 0, end; i < n && ok; i = end) {
+        const int64_t v = it[i];
+        for (end = i + 1; end < n && it[end] == v; end++)
+            ;
+        Py_ssize_t group = 0;
+        if (v < 0) {
+            if (outside < 0) {
+                outside = i;
+                outside_ordinal = v;
+            }
+            ok = v == outside_ordinal;
+        } else {
+            if (v != last) {
+                ok = v > last;
+                last = v;
+                firsts[groups] = i;
+                counts[groups++] = 0;
+            }
+            group = groups - 1;
+        }
+        counts[group] += end - i;
+        fill_int64s(group_of + i, end - i, group);
+    }
+    PyObject *result = NULL;
+    if (!ok || outside < 0 || groups == 1) {
+        result = Py_NewRef(Py_None);
+        Py_DECREF(group_bytes);
+    } else {
+        firsts[0] = outside;
+        PyObject *items[5] = {
+            PyLong_FromLongLong(thread), PyLong_FromLongLong(it[firsts[1]]),
+            PyBytes_FromStringAndSize((const char *)firsts, groups * (Py_ssize_t)sizeof(int64_t)),
+            PyBytes_FromStringAndSize((const char *)counts, groups * (Py_ssize_t)sizeof(int64_t)),
+            group_bytes};
+        result = tuple_of(items, 5);
+    }
+    PyMem_Free(firsts);
+    return result;
+}
+
 /* keeper_runs' answer for n operations' iteration ordinals, threads and (NULL: not read)
  * counted flags; a new reference, or NULL with the error set. */
 static PyObject *runs_of(const int64_t *it, const int64_t *tid, const int64_t *counted,
                          Py_ssize_t n)
 {
     PyObject *result = NULL;
-    const int64_t thread = n > 0 ? tid[0] : 0;
-    if (!(n > 0 && one_thread_in_order(it, tid, thread, n)))
+    if (n <= 0)
         return Py_NewRef(Py_None);
+    const int64_t thread = tid[0];
+    if (!one_thread_in_order(it, tid, thread, n))
+        return interleaved_groups(it, tid, thread, n);
     Py_ssize_t runs = 0;
     int64_t *firsts = PyMem_Malloc((size_t)n * sizeof(int64_t));
     if (firsts == NULL)
@@ -1762,16 +1862,7 @@ static PyObject *runs_of(const int64_t *it, const int64_t *tid, const int64_t *c
             PyLong_FromLongLong(first_run < runs ? it[firsts[first_run]] : -1),
             PyLong_FromSsize_t((Py_ssize_t)firsts[runs - 1]),
             PyLong_FromLongLong(it[n - 1])};
-        int made = 1;
-        for (int k = 0; k < 8; k++)
-            made &= items[k] != NULL;
-        result = made ? PyTuple_New(8) : NULL;
-        for (int k = 0; k < 8; k++) {
-            if (result != NULL)
-                PyTuple_SET_ITEM(result, k, items[k]);
-            else
-                Py_XDECREF(items[k]);
-        }
+        result = tuple_of(items, 8);
     }
     PyMem_Free(firsts);
     return result;
