@@ -539,23 +539,29 @@ def test_the_benchmark_measures_every_segment_of_both_readers():
     assert labels[-9:] == ["thread:off", "thread:on"] * 4 + ["launches:native-x10"]
 
 
-def test_the_benchmarks_trainer_run_puts_operations_between_iterations(tmp_path, extension,
-                                                                       monkeypatch):
-    """benchmarks/gpu_activity.py's ``trainer`` buffer is what it stands for: the same
-    operations as the live one, every iteration kept, a few operations of each iteration
-    but the last now outside any iteration, between iterations; C groups it (the live
-    one's: the usual runs)."""
+@pytest.fixture
+def bench(monkeypatch):
+    """benchmarks/gpu_activity.py as a module (its ``Primed`` replays, in this process)."""
     from support import REPO
 
     from chainer_autoprof.lifecycle import gpu_session
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
-        import gpu_activity as bench
+        import gpu_activity
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
     # (the benchmark's process drains by hand: its setting undone for the tests after this)
     monkeypatch.setattr(gpu_session, "DRAIN_INTERVAL_S", gpu_session.DRAIN_INTERVAL_S)
+    return gpu_activity
+
+
+def test_the_benchmarks_trainer_run_puts_operations_between_iterations(tmp_path, extension,
+                                                                       bench):
+    """benchmarks/gpu_activity.py's ``trainer`` buffer is what it stands for: the same
+    operations as the live one, every iteration kept, a few operations of each iteration
+    but the last now outside any iteration, between iterations; C groups it (the live
+    one's: the usual runs)."""
     cache: dict[str, object] = {}
     seen = []
     for between in (0.0, bench.TRAINER_SHARE):
@@ -1583,3 +1589,57 @@ def test_the_timelines_pool_is_sorted_in_c_as_numpys_stable_sort(extension):
         got = np.empty_like(pooled)
         extension.timeline_sort(chunks, got)
         assert np.array_equal(got, pooled[np.argsort(pooled[:, 0], kind="stable")])
+
+
+def test_the_full_traces_compaction_copies_a_buffers_two_tables_as_its_columns(
+        tmp_path, extension, bench, monkeypatch):
+    """With the trace full, the keeper compacts its blocks at every buffer: a usual buffer's
+    rows copied as its two tables (the attribution's block and the reader's table) are its
+    rows copied column by column, every column; and a replay at the limit (ten buffers,
+    whole iterations dropped at each) keeps and drops the same operations either way."""
+    from chainer_autoprof.analysis.gpu_attribution import AttributedOps, BlockAttributedOps
+
+    def columns(items):
+        return ({c: getattr(items.ops, c).tolist() for c in items.ops.columns()},
+                {c: getattr(items.attr, c).tolist() for c in items.attr.columns()})
+
+    cache: dict[str, object] = {}
+    primed = bench.Primed("b16", "native", tmp_path / "one", cache)
+    primed.fake.prepare(1)
+    primed.hand_over(1)
+    assert primed.session._drain_safely()
+    (items, *_), = primed.session.analysis.keeper._pending  # the buffer, as the keeper got it
+    assert isinstance(items, BlockAttributedOps) and items.op_table is not None
+    n = len(items)
+    for a, b in ((0, n), (1, n), (n // 3, n - 5), (n - 1, n)):
+        made = items.copied(a, b)
+        assert isinstance(made, BlockAttributedOps) and len(made) == b - a
+        want = columns(AttributedOps(items.ops.take(slice(a, b)), items.attr.take(slice(a, b))))
+        assert columns(made) == want
+        assert not np.shares_memory(made.block, items.block)
+    primed.session.stop()
+
+    copied = BlockAttributedOps.copied
+    by_tables = []
+
+    def counting(self, a, b):
+        made = copied(self, a, b)
+        by_tables.append(made is not None)
+        return made
+
+    seen = []
+    for tables in (True, False):
+        monkeypatch.setattr(BlockAttributedOps, "copied",
+                            counting if tables else lambda self, a, b: None)
+        primed = bench.Primed("b16", "native", tmp_path / str(tables), cache, 10,
+                              bench.LIMIT_RECORDS)
+        primed.fake.prepare(10)
+        primed.hand_over(10)
+        assert primed.session._drain_safely()
+        keeper = primed.session.analysis.keeper
+        kept = keeper.records()
+        seen.append((kept.ops.correlation.tolist(), kept.attr.iteration.tolist(), keeper.kept,
+                     keeper.dropped, list(keeper.dropped_by), keeper.complete_iterations()))
+        primed.session.stop()
+    assert seen[0] == seen[1] and len(seen[0][0]) > 100 and seen[0][3] > 10_000
+    assert by_tables.count(True) >= 9  # a compaction at (nearly) every buffer, by the tables

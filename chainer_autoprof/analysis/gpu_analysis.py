@@ -359,6 +359,8 @@ _Pending = tuple[AttributedOps, bytes | Int64Array, Int64Array | None, Int64Arra
 
 def _copied(items: AttributedOps, a: int, b: int) -> AttributedOps:
     """Rows ``a:b`` of ``items``, copied (a view would keep every row's memory alive)."""
+    if isinstance(items, BlockAttributedOps) and (made := items.copied(a, b)) is not None:
+        return made
     ops, attr = items.ops, items.attr
     return AttributedOps(
         type(ops)(**{c: getattr(ops, c)[a:b].copy() for c in ops.columns()}),

@@ -55,6 +55,7 @@ from ..common.gpu_records import (
     RowIndex,
     TableBatch,
     table_columns,
+    table_rows,
 )
 from .gpu_clock import ClockMap
 from .range_kinds import K_GC, K_LINK, K_LINK_BWD, K_OTHER, K_PHASE0, LinkIds, range_kind
@@ -203,6 +204,19 @@ class BlockAttributedOps(AttributedOps):
     @attr.setter
     def attr(self, value: Attribution) -> None:
         self._attr = value
+
+    def copied(self, a: int, b: int) -> BlockAttributedOps | None:
+        """Rows ``a:b`` copied as two tables (its block's and the reader's), not a column
+        each (the trace keeper's compaction at every buffer of a full trace); ``None`` where
+        its operations came as columns.  (Its column views write through to the tables.)"""
+        if self.op_table is None:
+            return None
+        table = table_rows(self.op_table, self._room, len(GpuOps.columns()), self._n)
+        table = table[:, a:b].copy()
+        made = BlockAttributedOps.__new__(BlockAttributedOps)
+        made.block, made._n = self.block[:, a:b].copy(), b - a
+        made.op_table, made._room = table, b - a
+        return made
 
 
 _ATTRIBUTION_COLUMNS = Attribution.columns()

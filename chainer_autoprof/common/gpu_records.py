@@ -371,14 +371,20 @@ class ActivityBatch:
                 for i in range(pieces)]
 
 
+def table_rows(table: Any, room: int, columns: int, n: int) -> Int64Array:
+    """``table``'s first ``columns`` columns (int64, column c's rows from c * ``room`` on),
+    the first ``n`` rows of each, as one 2-D view (a column a row)."""
+    view: Int64Array = np.ndarray((columns, n), np.int64, table, 0, (room * 8, 8))
+    return view
+
+
 def table_columns(cls: type[T], table: Any, room: int, n: int) -> T:
     """The table ``cls`` of ``table``'s columns (int64, column c's rows from c * ``room`` on),
     the first ``n`` rows of each: views, one 2-D view's rows iterated in C (zip stops at the
     last name), no Python line per column."""
     names = cls.columns()
     made = cls.__new__(cls)
-    made.__dict__.update(zip(names, np.ndarray((len(names), n), np.int64, table, 0,
-                                               (room * 8, 8))))
+    made.__dict__.update(zip(names, table_rows(table, room, len(names), n)))
     return made
 
 
