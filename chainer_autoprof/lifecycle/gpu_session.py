@@ -83,6 +83,7 @@ class Collector(Protocol):
     dropped_records: int
     incomplete: int
     callback_errors: int
+    queue_dropped_ops: int
     last_error: str
 
     @property
@@ -449,7 +450,7 @@ class GpuSession:
         assert c is not None
         return {"buffers": c.buffers, "records": c.records, "dropped_records": c.dropped_records,
                 "incomplete": c.incomplete, "callback_errors": c.callback_errors,
-                "queue_dropped_ops": self.dropped_ops + int(getattr(c, "queue_dropped_ops", 0)),
+                "queue_dropped_ops": self.dropped_ops + c.queue_dropped_ops,
                 "queue_dropped_ranges": self.dropped_ranges,
                 "analysis_cpu_us": self.drain_cpu_ns // 1000}
 

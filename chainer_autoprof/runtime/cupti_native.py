@@ -179,8 +179,6 @@ class NativeCuptiCollector(CuptiCollector):
         #: new names are added unread: they cannot be in the table already).
         self._in_order = True
         self.api_handed = 0
-        #: Operations of buffers the extension dropped: too many waited for Python.
-        self.queue_dropped_ops = 0
         self._handing = threading.Lock()  # (hand_over)
         self._no_external = ExternalIds.empty()  # the native reader reads none: one for all
         self._errors = 0  # ours; the extension counts its own (a buffer it could not read)

@@ -121,6 +121,9 @@ class CuptiCollector:
         self.dropped_records = 0
         self.incomplete = 0
         self.callback_errors = 0
+        #: Operations of buffers dropped before the session saw them (the native reader's
+        #: queue full; this reader hands each buffer on at once).
+        self.queue_dropped_ops = 0
         self.last_error = ""
         self.running = False
         #: Whether CUPTI's activity kinds are enabled while running (:meth:`record`).
